@@ -1,0 +1,138 @@
+"""Ledger benchmark: append throughput with group commit, replay throughput, tail lag.
+
+    .venv/bin/python bench/ledger_bench.py [--backend postgres|sqlite|both] [--seconds 5]
+
+For each backend, on a fresh database: events/s appended by 1, 10 and 100 concurrent
+appenders (each append one realistic request-trail event, durably committed), with the
+mean events per transaction; then events/s replayed through the request-view projection
+(read + decode + fold + write); and the live projection's lag sampled while 100 appenders
+run. A benchmark, not a test: figures vary with the machine; compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ledger.db import create_engine, migrate
+from ledger.projection import ProjectionRunner
+from ledger.store import ANY_VERSION, EventStore
+from ledger.views import all_projections
+from tests.ledger.factories import succeeded_trail
+
+PG_ADMIN = os.environ.get(
+    "WAYBILL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+
+
+def _fresh_database(backend: str, tmp: Path) -> str:
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp / 'bench.db'}"
+    else:
+        admin = make_url(PG_ADMIN)
+        with psycopg.connect(
+            admin.set(drivername="postgresql").render_as_string(False), autocommit=True
+        ) as conn:
+            conn.execute("DROP DATABASE IF EXISTS waybill_bench WITH (FORCE)")
+            conn.execute("CREATE DATABASE waybill_bench")
+        url = admin.set(drivername="postgresql+psycopg", database="waybill_bench").render_as_string(
+            False
+        )
+    migrate(url)
+    return url
+
+
+async def _append_load(store: EventStore, concurrency: int, seconds: float) -> tuple[int, float]:
+    trail = succeeded_trail("bench")
+    deadline = time.perf_counter() + seconds
+    counts = [0] * concurrency
+
+    async def worker(index: int) -> None:
+        i = 0
+        while time.perf_counter() < deadline:
+            event = trail[i % len(trail)]
+            await store.append(f"request-bench-{index}-{i // len(trail)}", ANY_VERSION, [event])
+            counts[index] += 1
+            i += 1
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(i) for i in range(concurrency)))
+    return sum(counts), time.perf_counter() - started
+
+
+async def bench_backend(backend: str, seconds: float) -> dict[str, object]:
+    results: dict[str, object] = {"backend": backend}
+    with tempfile.TemporaryDirectory() as tmp:
+        url = _fresh_database(backend, Path(tmp))
+        engine = create_engine(url)
+        store = EventStore(engine)
+        for concurrency in (1, 10, 100):
+            before = store.stats["batches"]
+            events, elapsed = await _append_load(store, concurrency, seconds)
+            batches = store.stats["batches"] - before
+            results[f"append_c{concurrency}_events_per_s"] = round(events / elapsed)
+            results[f"append_c{concurrency}_events_per_tx"] = round(events / max(batches, 1), 1)
+
+        # Tail lag under load: a live projection runner beside 100 appenders.
+        runner = ProjectionRunner(store, all_projections(), poll_interval_s=0.05)
+        await runner.catch_up_all()
+        stop = asyncio.Event()
+        live = asyncio.create_task(runner.run(stop))
+        lags: list[int] = []
+
+        async def sample() -> None:
+            while not stop.is_set():
+                lags.append(max((await runner.lag()).values()))
+                await asyncio.sleep(0.1)
+
+        sampler = asyncio.create_task(sample())
+        events, elapsed = await _append_load(store, 100, seconds)
+        stop.set()
+        await asyncio.gather(live, sampler)
+        results["tail_load_events_per_s"] = round(events / elapsed)
+        results["tail_lag_p50_events"] = int(statistics.median(lags)) if lags else 0
+        results["tail_lag_max_events"] = max(lags) if lags else 0
+
+        head = (await store.head())[0]
+        started = time.perf_counter()
+        count = 0
+        async for _ in store.iterate():
+            count += 1
+        results["read_events_per_s"] = round(count / (time.perf_counter() - started))
+        requests = runner.get("requests")
+        started = time.perf_counter()
+        replayed = await runner.replay(requests)
+        results["replay_requests_events_per_s"] = round(replayed / (time.perf_counter() - started))
+        results["ledger_events"] = head
+        await store.close()
+        await engine.dispose()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["postgres", "sqlite", "both"], default="both")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    backends = ["postgres", "sqlite"] if args.backend == "both" else [args.backend]
+    for backend in backends:
+        results = asyncio.run(bench_backend(backend, args.seconds))
+        width = max(len(k) for k in results)
+        for key, value in results.items():
+            print(f"{key:<{width}}  {value}")
+        print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Waybill books: events, the append-only store, accounting, projections, queries."""

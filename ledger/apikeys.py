@@ -1,0 +1,103 @@
+"""API keys: creation, revocation and lookup. A key's secret is shown once and stored nowhere;
+the ledger and the read model keep only its SHA-256."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import Literal, TypeGuard
+
+from sqlalchemy import select
+
+from ledger.events import KeyCreated, KeyRevoked
+from ledger.projection import ProjectionRunner
+from ledger.schema import api_keys
+from ledger.store import NO_STREAM, EventStore
+from ledger.views.keys import KeysProjection
+
+__all__ = ["ApiKey", "UnknownKey", "create_key", "find_key", "revoke_key", "secret_digest"]
+
+Role = Literal["client", "admin", "finance", "auditor"]
+ROLES: tuple[Role, ...] = ("client", "admin", "finance", "auditor")
+
+
+def is_role(value: str) -> TypeGuard[Role]:
+    return value in ROLES
+
+
+class UnknownKey(LookupError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    key_id: str
+    workspace: str
+    role: Role
+    revoked: bool
+
+
+@dataclass(frozen=True, slots=True)
+class NewKey:
+    key_id: str
+    secret: str
+    workspace: str
+    role: Role
+
+
+def secret_digest(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _stream(key_id: str) -> str:
+    return f"key-{key_id}"
+
+
+async def _project(store: EventStore) -> None:
+    # The keys read model is what authentication reads; bring it up to date at once so a
+    # new key works, and a revoked key is refused, as soon as the command returns.
+    runner = ProjectionRunner(store, [KeysProjection()])
+    await runner.catch_up(runner.get("keys"))
+
+
+async def create_key(
+    store: EventStore, workspace: str, role: Role = "client", *, created_by: str | None = None
+) -> NewKey:
+    key_id = f"key_{secrets.token_hex(8)}"
+    secret = f"wb_{secrets.token_urlsafe(32)}"
+    event = KeyCreated(
+        key_id=key_id,
+        workspace=workspace,
+        role=role,
+        secret_sha256=secret_digest(secret),
+        created_by=created_by,
+    )
+    await store.append(_stream(key_id), NO_STREAM, [event])
+    await _project(store)
+    return NewKey(key_id, secret, workspace, role)
+
+
+async def revoke_key(
+    store: EventStore, key_id: str, *, revoked_by: str | None = None, reason: str | None = None
+) -> None:
+    history = await store.read_stream(_stream(key_id))
+    if not history:
+        raise UnknownKey(f"no key {key_id!r}")
+    if any(e.type == KeyRevoked.type for e in history):
+        return  # already revoked: revoking again records nothing new
+    event = KeyRevoked(key_id=key_id, revoked_by=revoked_by, reason=reason)
+    await store.append(_stream(key_id), history[-1].version, [event])
+    await _project(store)
+
+
+async def find_key(store: EventStore, secret: str) -> ApiKey | None:
+    async with store.engine.connect() as conn:
+        row = (
+            await conn.execute(
+                select(api_keys).where(api_keys.c.secret_sha256 == secret_digest(secret))
+            )
+        ).first()
+    if row is None:
+        return None
+    return ApiKey(row.key_id, row.workspace, row.role, row.revoked_at is not None)

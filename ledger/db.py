@@ -1,0 +1,173 @@
+"""Database URLs, engines and migrations for the two supported backends.
+
+PostgreSQL (``postgresql+psycopg://``) is the production store; SQLite is the embedded
+default. Both are reached through SQLAlchemy's async engine (psycopg 3 and aiosqlite), and
+both are migrated by the same Alembic scripts in ``alembic/`` at the repository root.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+from sqlalchemy import event
+from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+__all__ = [
+    "DEFAULT_DATABASE_URL",
+    "READ_ONLY",
+    "async_url",
+    "create_engine",
+    "current_revision",
+    "head_revision",
+    "is_postgres",
+    "migrate",
+    "resolve_database_url",
+    "sync_url",
+]
+
+DEFAULT_DATABASE_URL = "sqlite:///waybill.db"
+READ_ONLY = "waybill_read_only"
+"""Execution option for a connection that only reads: on SQLite it need not take the write lock."""
+ALEMBIC_DIR = Path(__file__).resolve().parent.parent / "alembic"
+
+
+class DatabaseUrlError(ValueError):
+    pass
+
+
+def resolve_database_url(url: str | None) -> str:
+    """The URL to use: the argument, else ``WAYBILL_DATABASE_URL``, else a local SQLite file."""
+    return url or os.environ.get("WAYBILL_DATABASE_URL") or DEFAULT_DATABASE_URL
+
+
+def _parse(url: str) -> URL:
+    try:
+        parsed = make_url(url)
+    except Exception as error:  # sqlalchemy raises ArgumentError with a terse message
+        raise DatabaseUrlError(f"not a database URL: {url!r}") from error
+    if parsed.get_backend_name() not in ("postgresql", "sqlite"):
+        raise DatabaseUrlError(
+            f"unsupported database {parsed.get_backend_name()!r}: use postgresql or sqlite"
+        )
+    return parsed
+
+
+def is_postgres(url: str) -> bool:
+    return _parse(url).get_backend_name() == "postgresql"
+
+
+def async_url(url: str) -> URL:
+    parsed = _parse(url)
+    if parsed.get_backend_name() == "postgresql":
+        return parsed.set(drivername="postgresql+psycopg")
+    return parsed.set(drivername="sqlite+aiosqlite")
+
+
+def sync_url(url: str) -> URL:
+    parsed = _parse(url)
+    if parsed.get_backend_name() == "postgresql":
+        return parsed.set(drivername="postgresql+psycopg")
+    return parsed.set(drivername="sqlite+pysqlite")
+
+
+def _json_serializer(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+    """An async engine configured for the ledger's needs on either backend."""
+    target = async_url(url)
+    if target.get_backend_name() == "postgresql":
+        return create_async_engine(
+            target,
+            pool_size=pool_size,
+            max_overflow=pool_size,
+            pool_pre_ping=True,
+            json_serializer=_json_serializer,
+            json_deserializer=orjson.loads,
+        )
+    engine = create_async_engine(
+        target,
+        json_serializer=_json_serializer,
+        json_deserializer=orjson.loads,
+        connect_args={"timeout": 30},
+    )
+    _configure_sqlite(engine)
+    return engine
+
+
+def _configure_sqlite(engine: AsyncEngine) -> None:
+    # pysqlite's own transaction handling defers BEGIN until the first write, which lets two
+    # writers both read the head row and then collide. We take over: every transaction is
+    # BEGIN IMMEDIATE (one writer at a time, waiting on busy_timeout), in WAL mode so readers
+    # never block the writer. synchronous=FULL: an acknowledged append survives power loss.
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=FULL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(connection: Connection) -> None:
+        if connection.get_execution_options().get(READ_ONLY):
+            connection.exec_driver_sql("BEGIN")
+        else:
+            connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _alembic_config(url: str) -> Any:
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(ALEMBIC_DIR))
+    # ConfigParser interpolation would eat '%' in passwords.
+    config.set_main_option(
+        "sqlalchemy.url", sync_url(url).render_as_string(hide_password=False).replace("%", "%%")
+    )
+    return config
+
+
+def migrate(url: str, revision: str = "head") -> None:
+    """Upgrade the database at ``url`` to ``revision`` (Alembic is the only schema path)."""
+    from alembic import command
+
+    command.upgrade(_alembic_config(url), revision)
+
+
+def head_revision() -> str | None:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(_alembic_config("sqlite://")).get_current_head()
+
+
+async def current_revision(engine: AsyncEngine) -> str | None:
+    """The revision the database is at, or None if it was never migrated."""
+    from sqlalchemy import inspect, text
+
+    async with engine.connect() as conn:
+        has_table = await conn.run_sync(
+            lambda sync_conn: inspect(sync_conn).has_table("alembic_version")
+        )
+        if not has_table:
+            return None
+        row = (await conn.execute(text("SELECT version_num FROM alembic_version"))).first()
+        return None if row is None else str(row[0])
+
+
+def dialect_insert(engine_or_conn: Any, table: Any) -> Any:
+    """An INSERT that supports ``on_conflict_do_*`` on the connection's backend."""
+    if engine_or_conn.dialect.name == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return pg_insert(table)
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return sqlite_insert(table)

@@ -1,0 +1,547 @@
+"""The event catalogue: every fact Waybill records, in one place.
+
+Each event type is a frozen pydantic model with a past-tense name, a schema version and
+exactly the fields it carries; anything else is refused before it can reach the store.
+The catalogue follows SPEC §7. Rules that hold for every type:
+
+- no prompt or completion text and no secret, ever: prompts appear as a hash and sizes;
+- money is an exact ``Decimal`` (serialized as a plain decimal string, never a float);
+- durations are integer milliseconds; instants are the store's ``recorded_at`` unless a
+  field says otherwise;
+- reason codes, failure classes and evidence use the vocabularies defined here once.
+
+Changing a type's fields means a new ``schema_version`` and an upcaster in ``UPCASTERS``
+that turns the old payload into the new one, so that old events keep their meaning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from enum import StrEnum
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+)
+
+__all__ = [
+    "CATALOGUE",
+    "UPCASTERS",
+    "AccountRef",
+    "AttemptFinished",
+    "AttemptStarted",
+    "BreakerTransitioned",
+    "BudgetReleased",
+    "BudgetReservationDenied",
+    "BudgetReserved",
+    "BudgetSettled",
+    "Candidate",
+    "ConfigActivated",
+    "Event",
+    "EventValidationError",
+    "Evidence",
+    "FailoverDecided",
+    "FailureClass",
+    "InvalidEventPayload",
+    "KeyCreated",
+    "KeyRevoked",
+    "Money",
+    "ReasonCode",
+    "ReconciliationImported",
+    "RequestCompleted",
+    "RequestFailed",
+    "RequestReceived",
+    "Requirements",
+    "RouteChoice",
+    "RouteEvaluated",
+    "UnknownEventType",
+    "UnknownUsageOpened",
+    "UnknownUsageSettled",
+    "Usage",
+    "decode_event",
+    "encode_event",
+]
+
+
+# --- vocabularies (SPEC §4 and §5): defined once, used by router, ledger and API alike ---
+
+
+class ReasonCode(StrEnum):
+    """Why a mapping was excluded from a route evaluation (SPEC §4)."""
+
+    ENDPOINT_DISABLED = "endpoint_disabled"
+    MODEL_KIND_MISMATCH = "model_kind_mismatch"
+    MISSING_CAPABILITY = "missing_capability"
+    CONTEXT_TOO_SMALL = "context_too_small"
+    REGION_NOT_ALLOWED = "region_not_allowed"
+    DATA_CLASS_NOT_ALLOWED = "data_class_not_allowed"
+    BREAKER_OPEN = "breaker_open"
+    ALREADY_TRIED = "already_tried"
+    OVER_BUDGET = "over_budget"
+    SCOPE_EMPTY = "scope_empty"
+
+
+class FailureClass(StrEnum):
+    """How an attempt failed (SPEC §5)."""
+
+    RATE_LIMITED = "rate_limited"
+    QUOTA_EXHAUSTED = "quota_exhausted"
+    CREDENTIALS = "credentials"
+    POLICY_DENIED = "policy_denied"
+    MODEL_UNAVAILABLE = "model_unavailable"
+    CONTEXT_TOO_SMALL = "context_too_small"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    NETWORK_ERROR = "network_error"
+    TIMEOUT = "timeout"
+    RESPONSE_TOO_LARGE = "response_too_large"
+    NON_RETRYABLE = "non_retryable"
+    CLIENT_CANCELED = "client_canceled"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+
+
+class Evidence(StrEnum):
+    """What we know about whether the upstream started (and so may bill) the work."""
+
+    NOT_STARTED = "not_started"
+    UNKNOWN = "unknown"
+    STARTED = "started"
+
+
+# --- field types ---
+
+
+def _refuse_float(value: Any) -> Any:
+    # A float has already lost exactness; money must arrive as Decimal, int or string.
+    if isinstance(value, float):
+        raise ValueError("money must be a decimal string or Decimal, not a float")
+    return value
+
+
+Money = Annotated[
+    Decimal,
+    BeforeValidator(_refuse_float),
+    Field(allow_inf_nan=False),
+    PlainSerializer(lambda d: format(d, "f"), return_type=str, when_used="json"),
+]
+"""An exact amount of US dollars; serialized as a plain decimal string (no exponent)."""
+
+NonNegInt = Annotated[int, Field(ge=0)]
+Id = Annotated[str, Field(min_length=1, max_length=200)]
+Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
+class _Record(BaseModel):
+    """Base for every value inside an event: frozen, closed, exact."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
+
+
+# --- value objects shared by several events ---
+
+
+class Usage(_Record):
+    input_tokens: NonNegInt
+    output_tokens: NonNegInt
+    cached_input_tokens: NonNegInt = 0
+
+
+class Requirements(_Record):
+    """What a request needs from an endpoint, inferred from its body and headers."""
+
+    kind: str = "chat"
+    capabilities: tuple[str, ...] = ()
+    regions: tuple[str, ...] | None = None  # None: the workspace's regions apply unnarrowed
+    data_class: Literal["public", "internal", "restricted"] = "internal"
+    estimated_input_tokens: NonNegInt = 0
+    max_output_tokens: NonNegInt | None = None
+    stream: bool = False
+    allow_failover: bool = True
+    max_cost_usd: Money | None = None
+    deadline_ms: NonNegInt | None = None
+
+
+class Candidate(_Record):
+    """One mapping of the model group as seen by one route evaluation."""
+
+    endpoint: Id
+    model: Id
+    mapping_index: NonNegInt
+    tier: NonNegInt
+    weight: Annotated[int, Field(gt=0)]
+    eligible: bool
+    reason_code: ReasonCode | None = None
+    detail: str | None = None  # e.g. the missing capability, the region, the breaker scope
+    worst_case_usd: Money | None = None
+
+
+class RouteChoice(_Record):
+    endpoint: Id
+    model: Id
+    mapping_index: NonNegInt
+    tier: NonNegInt
+    weight: Annotated[int, Field(gt=0)]
+    selection_position: NonNegInt  # position in the tier's smooth weighted round-robin
+
+
+class AccountRef(_Record):
+    """A budget account touched by a reservation, with the window it was charged to."""
+
+    account_id: Id  # e.g. "workspace:acme:2026-11", "key:k_123:2026-11-30", "request:r_1"
+    kind: Literal["request", "key", "workspace"]
+    window_start: str | None = None  # ISO date of the window's first day (UTC); None: total
+    limit_usd: Money
+
+
+# --- the events ---
+
+
+class Event(_Record):
+    """Base of every ledger event. Subclasses set ``type`` and ``schema_version``."""
+
+    type: ClassVar[str]
+    schema_version: ClassVar[int] = 1
+
+
+class RequestReceived(Event):
+    type: ClassVar[str] = "RequestReceived"
+
+    request_id: Id
+    workspace: Id
+    key_id: Id
+    model_group: str
+    requirements: Requirements
+    config_generation: str
+    prompt_sha256: Sha256Hex
+    prompt_bytes: NonNegInt
+    message_count: NonNegInt
+    idempotency_key_sha256: Sha256Hex | None = None
+    trace_id: str | None = None
+
+
+class RouteEvaluated(Event):
+    type: ClassVar[str] = "RouteEvaluated"
+
+    request_id: Id
+    sequence: Annotated[int, Field(ge=1)]  # 1 for the first evaluation, +1 per re-evaluation
+    candidates: tuple[Candidate, ...]
+    tried_endpoints: tuple[str, ...] = ()
+    chosen: RouteChoice | None = None  # None: nothing eligible is left
+
+
+class BudgetReserved(Event):
+    type: ClassVar[str] = "BudgetReserved"
+
+    request_id: Id
+    attempt_id: Id
+    reservation_id: Id
+    amount_usd: Money
+    accounts: tuple[AccountRef, ...]
+    endpoint: Id
+    model: Id
+
+
+class BudgetReservationDenied(Event):
+    type: ClassVar[str] = "BudgetReservationDenied"
+
+    request_id: Id
+    endpoint: Id
+    model: Id
+    amount_usd: Money
+    account_id: Id
+    account_kind: Literal["request", "key", "workspace"]
+    limit_usd: Money
+    available_usd: Money
+
+
+class AttemptStarted(Event):
+    type: ClassVar[str] = "AttemptStarted"
+
+    request_id: Id
+    attempt_id: Id
+    attempt_number: Annotated[int, Field(ge=1)]
+    cause: Literal["first", "retry", "failover", "hedge"]
+    endpoint: Id
+    driver: Literal["openai", "anthropic"]
+    model: Id  # the upstream model name
+    tier: NonNegInt
+    weight: Annotated[int, Field(gt=0)]
+    reservation_id: Id | None = None
+    server_address: str | None = None
+    server_port: int | None = None
+    stream: bool = False
+
+
+class AttemptFinished(Event):
+    type: ClassVar[str] = "AttemptFinished"
+
+    request_id: Id
+    attempt_id: Id
+    status: Literal["succeeded", "failed"]
+    failure_class: FailureClass | None = None
+    evidence: Evidence
+    http_status: int | None = None
+    error_code: str | None = None  # the upstream's own error code, if it gave one
+    usage: Usage | None = None  # None: usage unknown
+    upstream_request_id: str | None = None
+    response_id: str | None = None
+    response_model: str | None = None
+    finish_reason: str | None = None
+    retry_after_ms: NonNegInt | None = None
+    duration_ms: NonNegInt
+    time_to_first_chunk_ms: NonNegInt | None = None
+    stream_committed: bool = False  # at least one event reached the client
+    invalid_events: NonNegInt = 0  # stream events skipped as not valid JSON
+    response_bytes: NonNegInt = 0
+
+
+class FailoverDecided(Event):
+    type: ClassVar[str] = "FailoverDecided"
+
+    request_id: Id
+    after_attempt_id: Id
+    failure_class: FailureClass
+    evidence: Evidence
+    action: Literal["retry", "failover", "stop"]
+    allowed: bool
+    reason: str  # a stable code, e.g. "quota_exhausted_never_fails_over"
+    backoff_ms: NonNegInt | None = None
+
+
+class BudgetSettled(Event):
+    type: ClassVar[str] = "BudgetSettled"
+
+    request_id: Id
+    attempt_id: Id
+    reservation_id: Id
+    reserved_usd: Money
+    settled_usd: Money
+    released_usd: Money
+    usage: Usage
+
+
+class BudgetReleased(Event):
+    type: ClassVar[str] = "BudgetReleased"
+
+    request_id: Id
+    attempt_id: Id
+    reservation_id: Id
+    released_usd: Money
+    reason: str  # e.g. "not_started"
+
+
+class UnknownUsageOpened(Event):
+    type: ClassVar[str] = "UnknownUsageOpened"
+
+    settlement_id: Id
+    request_id: Id
+    attempt_id: Id
+    reservation_id: Id
+    workspace: Id
+    key_id: Id
+    endpoint: Id
+    model: Id
+    held_usd: Money
+    cause: str  # failure class, "broken_stream" or "crash_recovery"
+
+
+class UnknownUsageSettled(Event):
+    type: ClassVar[str] = "UnknownUsageSettled"
+
+    settlement_id: Id
+    request_id: Id
+    attempt_id: Id
+    reservation_id: Id
+    held_usd: Money
+    settled_usd: Money
+    released_usd: Money
+    source: Literal["reconciliation", "operator"]
+    actor: Id  # key id of who settled it
+    reason: str | None = None
+    reconciliation_id: Id | None = None
+    usage: Usage | None = None
+
+
+class RequestCompleted(Event):
+    type: ClassVar[str] = "RequestCompleted"
+
+    request_id: Id
+    endpoint: Id
+    model: Id
+    attempts: Annotated[int, Field(ge=1)]
+    http_status: int = 200
+    usage: Usage | None = None
+    cost_usd: Money | None = None
+    finish_reason: str | None = None
+    duration_ms: NonNegInt
+
+
+class RequestFailed(Event):
+    type: ClassVar[str] = "RequestFailed"
+
+    request_id: Id
+    http_status: int
+    error_code: str
+    error_type: str
+    message: str
+    attempts: NonNegInt
+    endpoint: str | None = None  # the endpoint a broken stream was committed to
+    stream_started: bool = False  # True: a partial failure (SPEC §3 status partial_failure)
+    duration_ms: NonNegInt
+
+
+class BreakerTransitioned(Event):
+    type: ClassVar[str] = "BreakerTransitioned"
+
+    scope: Literal["endpoint", "mapping"]
+    target: Id  # endpoint id, or "endpoint/model" for mapping scope
+    from_state: Literal["closed", "open", "half_open"]
+    to_state: Literal["closed", "open", "half_open"]
+    failure_class: FailureClass | None = None
+    consecutive_failures: NonNegInt = 0
+    cooldown_ms: NonNegInt | None = None
+    config_generation: str
+    request_id: Id | None = None
+
+
+class ReconciliationLine(_Record):
+    line: Annotated[int, Field(ge=1)]
+    attempt_id: str | None = None
+    provider_request_id: str | None = None
+    detail: str | None = None
+    expected_usd: Money | None = None
+    provider_usd: Money | None = None
+
+
+class ReconciliationImported(Event):
+    type: ClassVar[str] = "ReconciliationImported"
+
+    reconciliation_id: Id
+    provider: str | None = None
+    file_sha256: Sha256Hex
+    lines: NonNegInt
+    matched: tuple[ReconciliationLine, ...] = ()
+    settled_unknown: tuple[ReconciliationLine, ...] = ()
+    amount_mismatches: tuple[ReconciliationLine, ...] = ()
+    unmatched_provider_lines: tuple[ReconciliationLine, ...] = ()
+    unmatched_attempts: tuple[ReconciliationLine, ...] = ()
+    imported_by: Id
+
+
+class KeyCreated(Event):
+    type: ClassVar[str] = "KeyCreated"
+
+    key_id: Id
+    workspace: Id
+    role: Literal["client", "admin", "finance", "auditor"]
+    secret_sha256: Sha256Hex  # the secret itself is never recorded
+    created_by: str | None = None
+    label: str | None = None
+
+
+class KeyRevoked(Event):
+    type: ClassVar[str] = "KeyRevoked"
+
+    key_id: Id
+    revoked_by: str | None = None
+    reason: str | None = None
+
+
+class ConfigActivated(Event):
+    type: ClassVar[str] = "ConfigActivated"
+
+    generation: str
+    config_sha256: Sha256Hex
+    summary: dict[str, Any]  # the redacted config: ids, drivers, regions, mappings — no secret
+
+
+# --- the registry ---
+
+
+CATALOGUE: Mapping[str, type[Event]] = {
+    cls.type: cls
+    for cls in (
+        RequestReceived,
+        RouteEvaluated,
+        BudgetReserved,
+        BudgetReservationDenied,
+        AttemptStarted,
+        AttemptFinished,
+        FailoverDecided,
+        BudgetSettled,
+        BudgetReleased,
+        UnknownUsageOpened,
+        UnknownUsageSettled,
+        RequestCompleted,
+        RequestFailed,
+        BreakerTransitioned,
+        ReconciliationImported,
+        KeyCreated,
+        KeyRevoked,
+        ConfigActivated,
+    )
+}
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+UPCASTERS: Mapping[tuple[str, int], Upcaster] = {}
+"""(type, old schema version) → function returning the payload at version + 1."""
+
+
+class EventValidationError(ValueError):
+    """An event that the catalogue refuses; nothing is written."""
+
+
+class UnknownEventType(EventValidationError):
+    def __init__(self, event_type: str) -> None:
+        super().__init__(f"unknown event type {event_type!r}: not in the event catalogue")
+        self.event_type = event_type
+
+
+class InvalidEventPayload(EventValidationError):
+    def __init__(self, event_type: str, error: ValidationError) -> None:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<payload>'}: {e['msg']}"
+            for e in error.errors()
+        )
+        super().__init__(f"invalid {event_type} payload: {problems}")
+        self.event_type = event_type
+
+
+def encode_event(event: Event) -> dict[str, Any]:
+    """The JSON form of an event's data, as recorded and hashed."""
+    cls = CATALOGUE.get(type(event).type)
+    if cls is not type(event):
+        raise UnknownEventType(type(event).type)
+    return event.model_dump(mode="json")
+
+
+def decode_event(event_type: str, schema_version: int, data: Mapping[str, Any]) -> Event:
+    """Validate a payload against the catalogue, upcasting older schema versions first."""
+    cls = CATALOGUE.get(event_type)
+    if cls is None:
+        raise UnknownEventType(event_type)
+    payload = dict(data)
+    version = schema_version
+    while version < cls.schema_version:
+        upcast = UPCASTERS.get((event_type, version))
+        if upcast is None:
+            raise EventValidationError(
+                f"no upcaster for {event_type} schema version {version} → {version + 1}"
+            )
+        payload = upcast(payload)
+        version += 1
+    if version != cls.schema_version:
+        raise EventValidationError(
+            f"{event_type} schema version {schema_version} is newer than this code's "
+            f"{cls.schema_version}"
+        )
+    try:
+        return cls.model_validate(payload)
+    except ValidationError as error:
+        raise InvalidEventPayload(event_type, error) from None

@@ -1,0 +1,169 @@
+"""Projections: read models kept in step with the ledger, checkpointed and rebuildable.
+
+A projection consumes events in position order, in pages. Each page is applied in ONE
+transaction that also moves the projection's checkpoint, so a read model and its checkpoint
+can never disagree: a crash between pages loses nothing and applies nothing twice. The
+checkpoint row is locked for the page's duration, so two runners (two gateway processes, or
+a replay beside a live gateway) take turns instead of applying the same page twice.
+Handlers are written as upserts from the page's final state, so re-applying a page would
+change nothing either.
+
+``ProjectionRunner.run`` catches up, then tails: on PostgreSQL it wakes on the appender's
+NOTIFY (``ledger.tail``), in-process on the store's commit signal, and otherwise polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import ClassVar
+
+from sqlalchemy import Table, delete, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ledger.db import dialect_insert
+from ledger.schema import events, ledger_head, projection_checkpoints
+from ledger.store import EventStore, RecordedEvent, decode_payload
+from ledger.tail import Wakeup
+
+__all__ = ["Projection", "ProjectionRunner"]
+
+_log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+"""Called with (events applied so far, events to apply in all)."""
+
+
+class Projection(ABC):
+    """A named read model built from ledger events."""
+
+    name: ClassVar[str]
+    tables: ClassVar[tuple[Table, ...]]
+    """The tables this projection owns; cleared when it is replayed."""
+    event_types: ClassVar[frozenset[str] | None] = None
+    """The event types it reads; None for all."""
+
+    @abstractmethod
+    async def apply(self, conn: AsyncConnection, batch: Sequence[RecordedEvent]) -> None:
+        """Apply a page of events (already filtered to ``event_types``) inside ``conn``'s
+        transaction. Must be idempotent and must not commit."""
+
+
+class ProjectionRunner:
+    def __init__(
+        self,
+        store: EventStore,
+        projections: Sequence[Projection],
+        *,
+        page_size: int = 2000,
+        poll_interval_s: float = 1.0,
+    ) -> None:
+        self.store = store
+        self.projections = {p.name: p for p in projections}
+        self.page_size = page_size
+        self.poll_interval_s = poll_interval_s
+
+    def get(self, name: str) -> Projection:
+        try:
+            return self.projections[name]
+        except KeyError:
+            known = ", ".join(sorted(self.projections))
+            raise KeyError(f"unknown projection {name!r} (known: {known})") from None
+
+    async def step(self, projection: Projection) -> int:
+        """Apply the next page; returns how many events it consumed (0: up to date)."""
+        async with self.store.engine.begin() as conn:
+            checkpoint = await _lock_checkpoint(conn, projection.name)
+            rows = (
+                await conn.execute(
+                    select(events.c.position, events.c.hash, events.c.payload)
+                    .where(events.c.position > checkpoint)
+                    .order_by(events.c.position)
+                    .limit(self.page_size)
+                )
+            ).all()
+            if not rows:
+                return 0
+            wanted = projection.event_types
+            decoded = (decode_payload(r.position, r.hash, r.payload) for r in rows)
+            batch = [e for e in decoded if wanted is None or e.type in wanted]
+            if batch:
+                await projection.apply(conn, batch)
+            await conn.execute(
+                update(projection_checkpoints)
+                .where(projection_checkpoints.c.name == projection.name)
+                .values(position=rows[-1].position, updated_at=datetime.now(UTC))
+            )
+            return len(rows)
+
+    async def catch_up(self, projection: Projection, progress: Progress | None = None) -> int:
+        lag = (await self.lag())[projection.name]
+        done = 0
+        while consumed := await self.step(projection):
+            done += consumed
+            if progress is not None:
+                progress(done, max(lag, done))
+        return done
+
+    async def catch_up_all(self) -> int:
+        return sum([await self.catch_up(p) for p in self.projections.values()])
+
+    async def replay(self, projection: Projection, progress: Progress | None = None) -> int:
+        """Clear the projection's tables and rebuild them from position 0."""
+        async with self.store.engine.begin() as conn:
+            await _lock_checkpoint(conn, projection.name)
+            for table in reversed(projection.tables):
+                await conn.execute(delete(table))
+            await conn.execute(
+                update(projection_checkpoints)
+                .where(projection_checkpoints.c.name == projection.name)
+                .values(position=0, updated_at=datetime.now(UTC))
+            )
+        return await self.catch_up(projection, progress)
+
+    async def lag(self) -> dict[str, int]:
+        """Head position minus checkpoint, per projection: how far each read model trails."""
+        async with self.store.engine.connect() as conn:
+            head = (await conn.execute(select(ledger_head.c.position))).scalar_one()
+            rows = (
+                await conn.execute(
+                    select(projection_checkpoints.c.name, projection_checkpoints.c.position)
+                )
+            ).all()
+        checkpoints = {str(name): int(position) for name, position in rows}
+        return {name: int(head) - checkpoints.get(name, 0) for name in self.projections}
+
+    async def run(self, stop: asyncio.Event, wakeup: Wakeup | None = None) -> None:
+        """Catch up, then follow the ledger until ``stop`` is set."""
+        wakeup = wakeup or Wakeup(self.store, poll_interval_s=self.poll_interval_s)
+        async with wakeup:
+            while not stop.is_set():
+                try:
+                    await self.catch_up_all()
+                except Exception:
+                    # A read model must not take the gateway down; it retries on the next
+                    # wake-up and its lag shows that it is behind.
+                    _log.exception("projection runner failed; retrying")
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.poll_interval_s):
+                        await wakeup.wait(stop)
+
+
+async def _lock_checkpoint(conn: AsyncConnection, name: str) -> int:
+    await conn.execute(
+        dialect_insert(conn, projection_checkpoints)
+        .values(name=name, position=0, updated_at=datetime.now(UTC))
+        .on_conflict_do_nothing(index_elements=["name"])
+    )
+    position = (
+        await conn.execute(
+            select(projection_checkpoints.c.position)
+            .where(projection_checkpoints.c.name == name)
+            .with_for_update()
+        )
+    ).scalar_one()
+    return int(position)

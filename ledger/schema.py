@@ -1,0 +1,115 @@
+"""The ledger's tables, as SQLAlchemy Core metadata.
+
+Alembic migrations (``alembic/versions``) are the only way these tables change; this module
+describes the current shape for queries and must agree with the latest migration (a test
+compares them).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    UniqueConstraint,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+from ledger.types import MoneyColumn
+
+__all__ = [
+    "api_keys",
+    "events",
+    "ledger_head",
+    "metadata",
+    "projection_checkpoints",
+    "request_views",
+]
+
+metadata = MetaData()
+
+Json = JSON().with_variant(JSONB(), "postgresql")
+
+events = Table(
+    "events",
+    metadata,
+    # Assigned by the appender under the head-row lock, never by a sequence: see store.py.
+    Column("position", BigInteger, primary_key=True, autoincrement=False),
+    Column("stream_id", String(200), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("type", String(100), nullable=False),
+    Column("schema_version", Integer, nullable=False),
+    Column("data", Json, nullable=False),
+    Column("metadata", Json, nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False),
+    # The exact canonical bytes that were hashed; data/metadata above are their queryable copy.
+    Column("payload", LargeBinary, nullable=False),
+    Column("hash", String(64), nullable=False),
+    UniqueConstraint("stream_id", "version", name="uq_events_stream_version"),
+    CheckConstraint("version >= 1", name="ck_events_version_positive"),
+)
+
+# One row: the last appended position and hash. Every append locks it; see store.py.
+ledger_head = Table(
+    "ledger_head",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("position", BigInteger, nullable=False),
+    Column("hash", String(64), nullable=False),
+    CheckConstraint("id = 1", name="ck_ledger_head_single_row"),
+)
+
+projection_checkpoints = Table(
+    "projection_checkpoints",
+    metadata,
+    Column("name", String(100), primary_key=True),
+    Column("position", BigInteger, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+)
+
+# --- read models (projections; rebuilt from events by `waybill replay`) ---
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("key_id", String(200), primary_key=True),
+    Column("workspace", String(200), nullable=False),
+    Column("role", String(20), nullable=False),
+    Column("secret_sha256", String(64), nullable=False, unique=True),
+    Column("label", String(200)),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("revoked_at", DateTime(timezone=True)),
+)
+
+request_views = Table(
+    "request_views",
+    metadata,
+    Column("request_id", String(200), primary_key=True),
+    Column("workspace", String(200), nullable=False),
+    Column("key_id", String(200), nullable=False),
+    Column("model", String(200), nullable=False),
+    Column("status", String(20), nullable=False),
+    Column("endpoint", String(200)),
+    Column("upstream_model", String(200)),
+    Column("attempts", Integer, nullable=False),
+    Column("reserved_usd", MoneyColumn, nullable=False),
+    Column("settled_usd", MoneyColumn, nullable=False),
+    Column("held_unknown_usd", MoneyColumn, nullable=False),
+    Column("http_status", Integer),
+    Column("error_code", String(100)),
+    Column("input_tokens", BigInteger),
+    Column("output_tokens", BigInteger),
+    Column("duration_ms", BigInteger),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    Column("completed_at", DateTime(timezone=True)),
+    Column("last_position", BigInteger, nullable=False),
+)
+Index("ix_request_views_workspace_created", request_views.c.workspace, request_views.c.created_at)

@@ -1,0 +1,454 @@
+"""The append-only event store: the one place where events are ordered, hashed and written.
+
+Appends from every concurrent request in this process go through one ``Appender`` task that
+commits them in batches (group commit): while one transaction is in flight, the next
+appends queue up and share the following transaction. Each append is still atomic and
+checked on its own: a stream version that is already taken fails that append alone, with
+nothing of it written.
+
+Every event's hash covers the previous event's hash, its position and its exact canonical
+bytes (``payload``), so ``verify`` detects any edit, insertion or deletion made around the
+database's immutability triggers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import weakref
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import func, insert, select, text, update
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from ledger.db import READ_ONLY
+from ledger.events import Event, EventValidationError, decode_event, encode_event
+from ledger.schema import events, ledger_head
+
+__all__ = [
+    "ANY_VERSION",
+    "GENESIS_HASH",
+    "NO_STREAM",
+    "EventStore",
+    "LedgerUnavailable",
+    "RecordedEvent",
+    "WrongExpectedVersion",
+    "chain_hash",
+]
+
+GENESIS_HASH = "0" * 64
+ANY_VERSION: None = None
+"""``expected_version`` that appends at the stream's end, whatever its version."""
+NO_STREAM = 0
+"""``expected_version`` for a stream that must not exist yet."""
+
+_MAX_BATCH_EVENTS = 1000
+
+
+class WrongExpectedVersion(Exception):
+    """The stream is not at the version the caller expected; nothing was written."""
+
+    def __init__(self, stream_id: str, expected: int, actual: int) -> None:
+        super().__init__(
+            f"stream {stream_id!r} is at version {actual}, not the expected {expected}: "
+            "another writer appended first; nothing was written"
+        )
+        self.stream_id = stream_id
+        self.expected = expected
+        self.actual = actual
+
+
+class LedgerUnavailable(Exception):
+    """The database could not durably record the append; nothing was acknowledged."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedEvent:
+    """An event as it stands in the ledger."""
+
+    position: int
+    stream_id: str
+    version: int
+    type: str
+    schema_version: int
+    data: dict[str, Any]
+    metadata: dict[str, Any]
+    recorded_at: datetime
+    hash: str
+    payload: bytes
+
+    def event(self) -> Event:
+        """The typed event, upcast to the current schema version."""
+        return decode_event(self.type, self.schema_version, self.data)
+
+    def as_json(self) -> dict[str, Any]:
+        """The event in the query API's stable shape (SPEC §3)."""
+        return {
+            "position": self.position,
+            "stream_id": self.stream_id,
+            "version": self.version,
+            "type": self.type,
+            "schema_version": self.schema_version,
+            "data": self.data,
+            "metadata": self.metadata,
+            "recorded_at": self.recorded_at.isoformat(),
+            "hash": self.hash,
+        }
+
+
+def canonical_payload(
+    *,
+    stream_id: str,
+    version: int,
+    event_type: str,
+    schema_version: int,
+    data: Mapping[str, Any],
+    metadata: Mapping[str, Any],
+    recorded_at: str,
+) -> bytes:
+    """The exact bytes that are stored and hashed: sorted-key, compact UTF-8 JSON."""
+    return orjson.dumps(
+        {
+            "stream_id": stream_id,
+            "version": version,
+            "type": event_type,
+            "schema_version": schema_version,
+            "data": data,
+            "metadata": metadata,
+            "recorded_at": recorded_at,
+        },
+        option=orjson.OPT_SORT_KEYS,
+    )
+
+
+def chain_hash(previous_hash: str, position: int, payload: bytes) -> str:
+    digest = hashlib.sha256(bytes.fromhex(previous_hash))
+    digest.update(position.to_bytes(8, "big"))
+    digest.update(payload)
+    return digest.hexdigest()
+
+
+def decode_payload(position: int, hash_: str, payload: bytes) -> RecordedEvent:
+    body = orjson.loads(payload)
+    return RecordedEvent(
+        position=position,
+        stream_id=body["stream_id"],
+        version=body["version"],
+        type=body["type"],
+        schema_version=body["schema_version"],
+        data=body["data"],
+        metadata=body["metadata"],
+        recorded_at=datetime.fromisoformat(body["recorded_at"]),
+        hash=hash_,
+        payload=payload,
+    )
+
+
+@dataclass(slots=True)
+class _PendingAppend:
+    stream_id: str
+    expected_version: int | None
+    events: list[tuple[str, int, dict[str, Any]]]
+    metadata: dict[str, Any]
+    future: asyncio.Future[list[RecordedEvent]]
+    result: list[RecordedEvent] | BaseException | None = None
+
+
+@dataclass
+class _AppenderState:
+    queue: deque[_PendingAppend] = field(default_factory=deque)
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    closing: bool = False
+    batches: int = 0
+    appended: int = 0
+
+
+class EventStore:
+    """Append to and read from the ledger. One instance per process and event loop."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self._postgres = engine.dialect.name == "postgresql"
+        self._state = _AppenderState()
+        self._commit_signals: weakref.WeakSet[asyncio.Event] = weakref.WeakSet()
+
+    def commit_signal(self) -> asyncio.Event:
+        """An event this store sets after each commit (the caller clears it)."""
+        signal = asyncio.Event()
+        self._commit_signals.add(signal)
+        return signal
+
+    # --- append path ---
+
+    async def append(
+        self,
+        stream_id: str,
+        expected_version: int | None,
+        new_events: Sequence[Event],
+        *,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> list[RecordedEvent]:
+        """Append ``new_events`` to ``stream_id`` atomically.
+
+        ``expected_version`` is the stream's current version (``NO_STREAM`` for a new
+        stream) or ``ANY_VERSION``. Raises ``WrongExpectedVersion`` if another writer got
+        there first, ``EventValidationError`` for an event the catalogue refuses (both
+        before anything is written) and ``LedgerUnavailable`` if the commit failed.
+        Returns once the events are durably committed.
+        """
+        pending = self._prepare(stream_id, expected_version, new_events, metadata)
+        state = self._state
+        if state.closing:
+            raise LedgerUnavailable("the event store is closed")
+        if state.task is None:
+            state.task = asyncio.create_task(self._run_appender(), name="waybill-appender")
+        state.queue.append(pending)
+        state.wakeup.set()
+        # A cancelled caller does not withdraw its append: it is committed all the same.
+        return await asyncio.shield(pending.future)
+
+    def _prepare(
+        self,
+        stream_id: str,
+        expected_version: int | None,
+        new_events: Sequence[Event],
+        metadata: Mapping[str, Any] | None,
+    ) -> _PendingAppend:
+        if not stream_id or len(stream_id) > 200:
+            raise EventValidationError(f"invalid stream id {stream_id!r}")
+        if expected_version is not None and expected_version < 0:
+            raise EventValidationError(f"invalid expected version {expected_version}")
+        if not new_events:
+            raise EventValidationError("an append needs at least one event")
+        encoded = []
+        for event in new_events:
+            if not isinstance(event, Event):
+                raise EventValidationError(f"not a catalogue event: {event!r}")
+            encoded.append((type(event).type, type(event).schema_version, encode_event(event)))
+        meta = dict(metadata or {})
+        try:
+            orjson.dumps(meta)
+        except TypeError as error:
+            raise EventValidationError(f"metadata is not JSON: {error}") from None
+        future: asyncio.Future[list[RecordedEvent]] = asyncio.get_running_loop().create_future()
+        return _PendingAppend(stream_id, expected_version, encoded, meta, future)
+
+    async def _run_appender(self) -> None:
+        state = self._state
+        while True:
+            if not state.queue:
+                if state.closing:
+                    return
+                state.wakeup.clear()
+                await state.wakeup.wait()
+                continue
+            batch: list[_PendingAppend] = []
+            size = 0
+            while state.queue and (
+                not batch or size + len(state.queue[0].events) <= _MAX_BATCH_EVENTS
+            ):
+                pending = state.queue.popleft()
+                batch.append(pending)
+                size += len(pending.events)
+            try:
+                await self._commit(batch)
+            except Exception as error:
+                # Every caller must hear how its append ended; a database failure is
+                # reported as LedgerUnavailable, anything else (a bug) as itself.
+                failure: BaseException = error
+                if isinstance(error, SQLAlchemyError | OSError):
+                    failure = LedgerUnavailable(f"the ledger could not commit: {error}")
+                for pending in batch:
+                    pending.result = failure
+            for pending in batch:
+                _resolve(pending)
+            state.batches += 1
+            for signal in self._commit_signals:
+                signal.set()
+
+    async def _commit(self, batch: list[_PendingAppend]) -> None:
+        async with self.engine.begin() as conn:
+            # THE LOCK. Every append transaction, in every process, first locks the single
+            # ledger_head row and holds it until commit. So transactions that write events
+            # are strictly serialized: positions are head+1, head+2, ... with no gaps, and
+            # the transaction that got position N has committed (and is visible) before the
+            # one that gets N+1 can even read the head. A reader tailing `position > p`
+            # therefore can never see N+1 without N — the bigserial pitfall (sequence values
+            # taken in one order, committed in another) cannot happen. It also gives the hash
+            # chain its single predecessor. The cost, one writer at a time, is paid once per
+            # batch rather than per event thanks to group commit. On SQLite, BEGIN IMMEDIATE
+            # (ledger.db) takes the database write lock, which is the same serialization.
+            head = (
+                await conn.execute(
+                    select(ledger_head.c.position, ledger_head.c.hash)
+                    .where(ledger_head.c.id == 1)
+                    .with_for_update()
+                )
+            ).one()
+            position, previous = int(head.position), str(head.hash)
+            versions = await _stream_versions(conn, {p.stream_id for p in batch})
+            recorded_at = datetime.now(UTC)
+            stamp = recorded_at.isoformat()
+            rows: list[dict[str, Any]] = []
+            for pending in batch:
+                current = versions.get(pending.stream_id, 0)
+                expected = pending.expected_version
+                if expected is not None and expected != current:
+                    pending.result = WrongExpectedVersion(pending.stream_id, expected, current)
+                    continue
+                recorded = []
+                for offset, (event_type, schema_version, data) in enumerate(pending.events, 1):
+                    position += 1
+                    payload = canonical_payload(
+                        stream_id=pending.stream_id,
+                        version=current + offset,
+                        event_type=event_type,
+                        schema_version=schema_version,
+                        data=data,
+                        metadata=pending.metadata,
+                        recorded_at=stamp,
+                    )
+                    previous = chain_hash(previous, position, payload)
+                    row = RecordedEvent(
+                        position=position,
+                        stream_id=pending.stream_id,
+                        version=current + offset,
+                        type=event_type,
+                        schema_version=schema_version,
+                        data=data,
+                        metadata=pending.metadata,
+                        recorded_at=recorded_at,
+                        hash=previous,
+                        payload=payload,
+                    )
+                    recorded.append(row)
+                    rows.append(_row(row))
+                versions[pending.stream_id] = current + len(pending.events)
+                pending.result = recorded
+            if not rows:
+                return
+            await conn.execute(insert(events), rows)
+            await conn.execute(
+                update(ledger_head)
+                .where(ledger_head.c.id == 1)
+                .values(position=position, hash=previous)
+            )
+            if self._postgres:
+                # Delivered at commit to every LISTENing projection runner (ledger.tail).
+                await conn.execute(
+                    text("SELECT pg_notify('waybill_events', :head)"), {"head": str(position)}
+                )
+
+    async def close(self) -> None:
+        """Commit what is queued, then stop the appender."""
+        state = self._state
+        state.closing = True
+        state.wakeup.set()
+        if state.task is not None:
+            await state.task
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {"batches": self._state.batches, "queued": len(self._state.queue)}
+
+    # --- reads ---
+
+    async def head(self) -> tuple[int, str]:
+        """The last committed position and its hash (0 and the genesis hash when empty)."""
+        async with self._read() as conn:
+            row = (
+                await conn.execute(
+                    select(ledger_head.c.position, ledger_head.c.hash).where(ledger_head.c.id == 1)
+                )
+            ).one()
+        return int(row.position), str(row.hash)
+
+    async def read_all(self, after: int = 0, limit: int = 1000) -> list[RecordedEvent]:
+        """Events with position > ``after``, in position order."""
+        async with self._read() as conn:
+            result = await conn.execute(
+                select(events.c.position, events.c.hash, events.c.payload)
+                .where(events.c.position > after)
+                .order_by(events.c.position)
+                .limit(limit)
+            )
+            return [decode_payload(r.position, r.hash, r.payload) for r in result]
+
+    async def read_stream(self, stream_id: str, after_version: int = 0) -> list[RecordedEvent]:
+        async with self._read() as conn:
+            result = await conn.execute(
+                select(events.c.position, events.c.hash, events.c.payload)
+                .where(events.c.stream_id == stream_id, events.c.version > after_version)
+                .order_by(events.c.version)
+            )
+            return [decode_payload(r.position, r.hash, r.payload) for r in result]
+
+    async def iterate(self, after: int = 0, page: int = 2000) -> AsyncIterator[RecordedEvent]:
+        while True:
+            batch = await self.read_all(after, page)
+            for recorded in batch:
+                yield recorded
+            if len(batch) < page:
+                return
+            after = batch[-1].position
+
+    def _read(self) -> _ReadConnection:
+        return _ReadConnection(self.engine)
+
+
+class _ReadConnection:
+    """A connection for reads; on SQLite it does not take the write lock."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._conn: AsyncConnection | None = None
+
+    async def __aenter__(self) -> AsyncConnection:
+        self._conn = await self._engine.connect()
+        return await self._conn.execution_options(**{READ_ONLY: True})
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._conn is not None
+        await self._conn.close()
+
+
+async def _stream_versions(conn: AsyncConnection, stream_ids: set[str]) -> dict[str, int]:
+    result = await conn.execute(
+        select(events.c.stream_id, func.max(events.c.version))
+        .where(events.c.stream_id.in_(sorted(stream_ids)))
+        .group_by(events.c.stream_id)
+    )
+    return {str(stream_id): int(version) for stream_id, version in result}
+
+
+def _row(recorded: RecordedEvent) -> dict[str, Any]:
+    return {
+        "position": recorded.position,
+        "stream_id": recorded.stream_id,
+        "version": recorded.version,
+        "type": recorded.type,
+        "schema_version": recorded.schema_version,
+        "data": recorded.data,
+        "metadata": recorded.metadata,
+        "recorded_at": recorded.recorded_at,
+        "payload": recorded.payload,
+        "hash": recorded.hash,
+    }
+
+
+def _resolve(pending: _PendingAppend) -> None:
+    if pending.future.done():
+        return
+    if isinstance(pending.result, BaseException):
+        pending.future.set_exception(pending.result)
+    elif pending.result is None:
+        pending.future.set_exception(LedgerUnavailable("append was not processed"))
+    else:
+        pending.future.set_result(pending.result)

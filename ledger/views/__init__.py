@@ -1,0 +1,13 @@
+"""The ledger's read models. ``all_projections()`` lists every one, for runners and replay."""
+
+from __future__ import annotations
+
+from ledger.projection import Projection
+from ledger.views.keys import KeysProjection
+from ledger.views.requests import RequestViewProjection
+
+__all__ = ["KeysProjection", "RequestViewProjection", "all_projections"]
+
+
+def all_projections() -> list[Projection]:
+    return [KeysProjection(), RequestViewProjection()]

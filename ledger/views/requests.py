@@ -1,0 +1,136 @@
+"""The request view (SPEC §3): one row per request, folded from its events.
+
+``fold_request`` is the pure reducer; ``RequestViewProjection`` loads the rows a page of
+events touches, folds the page in memory and writes each touched row once. Each row keeps
+the position of the last event folded into it, which makes re-applying a page a no-op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ledger import events as ev
+from ledger.db import dialect_insert
+from ledger.projection import Projection
+from ledger.schema import request_views
+from ledger.store import RecordedEvent
+
+__all__ = ["RequestViewProjection", "fold_request"]
+
+_ZERO = Decimal(0)
+
+View = dict[str, Any]
+
+
+def fold_request(view: View | None, recorded: RecordedEvent) -> View | None:
+    """The request view after ``recorded``; None while the request is not known yet."""
+    event = recorded.event()
+    if isinstance(event, ev.RequestReceived):
+        if view is not None:
+            return view
+        return {
+            "request_id": event.request_id,
+            "workspace": event.workspace,
+            "key_id": event.key_id,
+            "model": event.model_group,
+            "status": "in_progress",
+            "endpoint": None,
+            "upstream_model": None,
+            "attempts": 0,
+            "reserved_usd": _ZERO,
+            "settled_usd": _ZERO,
+            "held_unknown_usd": _ZERO,
+            "http_status": None,
+            "error_code": None,
+            "input_tokens": None,
+            "output_tokens": None,
+            "duration_ms": None,
+            "created_at": recorded.recorded_at,
+            "completed_at": None,
+            "last_position": recorded.position,
+        }
+    if view is None or recorded.position <= view["last_position"]:
+        return view
+    view = dict(view, last_position=recorded.position)
+    match event:
+        case ev.AttemptStarted():
+            view["attempts"] = max(view["attempts"], event.attempt_number)
+        case ev.BudgetReserved():
+            view["reserved_usd"] += event.amount_usd
+        case ev.BudgetSettled():
+            view["settled_usd"] += event.settled_usd
+        case ev.UnknownUsageOpened():
+            view["held_unknown_usd"] += event.held_usd
+        case ev.UnknownUsageSettled():
+            view["held_unknown_usd"] -= event.held_usd
+            view["settled_usd"] += event.settled_usd
+        case ev.RequestCompleted():
+            view.update(
+                status="succeeded",
+                endpoint=event.endpoint,
+                upstream_model=event.model,
+                http_status=event.http_status,
+                input_tokens=event.usage.input_tokens if event.usage else None,
+                output_tokens=event.usage.output_tokens if event.usage else None,
+                duration_ms=event.duration_ms,
+                completed_at=recorded.recorded_at,
+            )
+        case ev.RequestFailed():
+            view.update(
+                status="partial_failure" if event.stream_started else "failed",
+                endpoint=event.endpoint,
+                http_status=event.http_status,
+                error_code=event.error_code,
+                duration_ms=event.duration_ms,
+                completed_at=recorded.recorded_at,
+            )
+    return view
+
+
+class RequestViewProjection(Projection):
+    name = "requests"
+    tables = (request_views,)
+    event_types = frozenset(
+        {
+            ev.RequestReceived.type,
+            ev.AttemptStarted.type,
+            ev.BudgetReserved.type,
+            ev.BudgetSettled.type,
+            ev.UnknownUsageOpened.type,
+            ev.UnknownUsageSettled.type,
+            ev.RequestCompleted.type,
+            ev.RequestFailed.type,
+        }
+    )
+
+    async def apply(self, conn: AsyncConnection, batch: Sequence[RecordedEvent]) -> None:
+        ids = {str(e.data["request_id"]) for e in batch}
+        result = await conn.execute(
+            select(request_views).where(request_views.c.request_id.in_(sorted(ids)))
+        )
+        views: dict[str, View | None] = {row.request_id: dict(row._mapping) for row in result}
+        touched: set[str] = set()
+        for recorded in batch:
+            request_id = str(recorded.data["request_id"])
+            before = views.get(request_id)
+            after = fold_request(before, recorded)
+            if after is not before:
+                views[request_id] = after
+                touched.add(request_id)
+        rows = [view for r in sorted(touched) if (view := views[r]) is not None]
+        if not rows:
+            return
+        statement = dialect_insert(conn, request_views)
+        columns = [c.name for c in request_views.columns if c.name != "request_id"]
+        await conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=["request_id"],
+                set_={name: statement.excluded[name] for name in columns},
+            ),
+            rows,
+        )

@@ -1,0 +1,1 @@
+"""Traces and metrics, derived from ledger events."""

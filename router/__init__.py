@@ -1,0 +1,1 @@
+"""Waybill gateway: HTTP app, config, routing policy, drivers, breakers."""

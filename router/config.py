@@ -1,0 +1,636 @@
+"""The gateway's config (SPEC §2): one YAML file parsed once into frozen, validated objects.
+
+Everything is checked at start-up, and every problem is reported at once as a `ConfigError`
+whose lines read `models[0].mappings[1].weight: must be > 0`. Nothing downstream reads raw
+dicts: routing, drivers and the ledger see only the typed objects defined here.
+
+Secrets enter only as `${env:NAME}` references, resolved at load time into `SecretStr`, so
+no repr, dump, log line or ledger event can carry them (SPEC §2, §7). Money is `Decimal`.
+"""
+
+from __future__ import annotations
+
+import collections.abc as cabc
+import hashlib
+import os
+import re
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+__all__ = [
+    "DATA_CLASSES",
+    "FAILURE_CLASSES",
+    "KNOWN_CAPABILITIES",
+    "Breaker",
+    "Budget",
+    "BudgetWindow",
+    "Config",
+    "ConfigError",
+    "DataClass",
+    "Defaults",
+    "Driver",
+    "Endpoint",
+    "Hedge",
+    "Mapping",
+    "ModelGroup",
+    "Price",
+    "RetryRule",
+    "RetrySameEndpoint",
+    "Workspace",
+    "data_class_rank",
+    "load_config",
+    "parse_config",
+]
+
+Driver = Literal["openai", "anthropic"]
+DataClass = Literal["public", "internal", "restricted"]
+BudgetWindow = Literal["day", "month", "total"]
+
+# Ordered least to most sensitive: a request may raise its workspace's class, never lower it.
+DATA_CLASSES: tuple[DataClass, ...] = ("public", "internal", "restricted")
+
+# The failure classes of SPEC §5; `retry_same_endpoint` keys must be one of these.
+FAILURE_CLASSES: tuple[str, ...] = (
+    "rate_limited",
+    "quota_exhausted",
+    "credentials",
+    "policy_denied",
+    "model_unavailable",
+    "context_too_small",
+    "upstream_unavailable",
+    "network_error",
+    "timeout",
+    "response_too_large",
+    "non_retryable",
+    "client_canceled",
+    "deadline_exceeded",
+)
+
+# Capabilities inferred from a request body. Other lowercase tokens are accepted too, because
+# clients may require extra ones through `X-Waybill-Capabilities` (SPEC §3).
+KNOWN_CAPABILITIES: frozenset[str] = frozenset({"text", "stream", "tools", "json_schema", "vision"})
+
+_Sized = TypeVar("_Sized", bound=cabc.Sized)
+
+_ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+_CAPABILITY = re.compile(r"[a-z][a-z0-9_.-]*")
+
+
+def data_class_rank(data_class: DataClass) -> int:
+    """Position in public < internal < restricted."""
+    return DATA_CLASSES.index(data_class)
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; `errors` holds every `(path, message)` found."""
+
+    def __init__(self, errors: cabc.Iterable[tuple[str, str]]) -> None:
+        self.errors: tuple[tuple[str, str], ...] = tuple(errors)
+        super().__init__("\n".join(f"{path}: {message}" for path, message in self.errors))
+
+
+# --- field types -------------------------------------------------------------------------
+
+
+def _error(message: str) -> PydanticCustomError:
+    return PydanticCustomError("config", message)
+
+
+def _check_name(value: str) -> str:
+    if not value or any(ch.isspace() for ch in value):
+        raise _error("must be a non-empty name without spaces")
+    return value
+
+
+def _check_capability(value: str) -> str:
+    if not _CAPABILITY.fullmatch(value):
+        raise _error("must be a lowercase capability token such as 'vision'")
+    return value
+
+
+def _non_empty(value: _Sized) -> _Sized:
+    # An AfterValidator, not Field(min_length=1): pydantic would also report a list whose
+    # only item is invalid as "too short", doubling that item's error.
+    if not value:
+        raise _error("must not be empty")
+    return value
+
+
+def _to_money(value: object) -> Decimal:
+    # Via str(): the float 0.15 becomes Decimal('0.15'), not 0.1499999999999999944...
+    if isinstance(value, bool) or not isinstance(value, int | float | str | Decimal):
+        raise _error("must be a number")
+    try:
+        money = Decimal(str(value).strip())
+    except InvalidOperation:
+        raise _error("must be a number") from None
+    if not money.is_finite():
+        raise _error("must be a finite number")
+    if money < 0:
+        raise _error("must be >= 0")
+    return money
+
+
+_Name = Annotated[StrictStr, AfterValidator(_check_name)]
+_Capability = Annotated[StrictStr, AfterValidator(_check_capability)]
+_Money = Annotated[Decimal, BeforeValidator(_to_money)]
+_PositiveInt = Annotated[StrictInt, Field(gt=0)]
+_NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
+_NonEmpty = AfterValidator(_non_empty)
+
+
+def _environ(info: ValidationInfo) -> cabc.Mapping[str, str]:
+    context = info.context
+    if isinstance(context, dict) and context.get("environ") is not None:
+        environ: cabc.Mapping[str, str] = context["environ"]
+        return environ
+    return os.environ
+
+
+def _resolve_env(name: str, environ: cabc.Mapping[str, str]) -> str:
+    value = environ.get(name)
+    if value is None:
+        raise _error(f"unresolvable ${{env:{name}}}: environment variable '{name}' is not set")
+    if not value:
+        raise _error(f"unresolvable ${{env:{name}}}: environment variable '{name}' is empty")
+    return value
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+# --- defaults ----------------------------------------------------------------------------
+
+
+class RetryRule(_Frozen):
+    """How often one failure class may retry the same endpoint (SPEC §4)."""
+
+    max: _NonNegativeInt = 0
+    backoff_ms: tuple[_NonNegativeInt, _NonNegativeInt] = (100, 500)  # jittered between the two
+    max_retry_after_ms: _NonNegativeInt = 5000  # a longer Retry-After is not waited for
+
+    @field_validator("backoff_ms")
+    @classmethod
+    def _ordered(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if value[0] > value[1]:
+            raise _error("must be [lo, hi] with lo <= hi")
+        return value
+
+
+class RetrySameEndpoint(_Frozen):
+    """One rule per failure class of SPEC §5; a class left out is never retried in place."""
+
+    rate_limited: RetryRule = RetryRule(max=1)
+    quota_exhausted: RetryRule = RetryRule()
+    credentials: RetryRule = RetryRule()
+    policy_denied: RetryRule = RetryRule()
+    model_unavailable: RetryRule = RetryRule()
+    context_too_small: RetryRule = RetryRule()
+    upstream_unavailable: RetryRule = RetryRule(max=1)
+    network_error: RetryRule = RetryRule()
+    timeout: RetryRule = RetryRule()  # a silent route is not retried
+    response_too_large: RetryRule = RetryRule()
+    non_retryable: RetryRule = RetryRule()
+    client_canceled: RetryRule = RetryRule()
+    deadline_exceeded: RetryRule = RetryRule()
+
+    def rule(self, failure_class: str) -> RetryRule:
+        if failure_class not in FAILURE_CLASSES:
+            raise KeyError(failure_class)
+        rule: RetryRule = getattr(self, failure_class)
+        return rule
+
+
+class Breaker(_Frozen):
+    failure_threshold: _PositiveInt = 2
+    base_cooldown_ms: _PositiveInt = 5000
+    max_cooldown_ms: _PositiveInt = 30000
+
+    @model_validator(mode="after")
+    def _cooldowns_ordered(self) -> Breaker:
+        if self.base_cooldown_ms > self.max_cooldown_ms:
+            raise _error("base_cooldown_ms must be <= max_cooldown_ms")
+        return self
+
+
+class Hedge(_Frozen):
+    enabled: StrictBool = False
+    after_ms: _PositiveInt = 2000
+    max_ways: Annotated[StrictInt, Field(ge=2)] = 2
+
+
+class Defaults(_Frozen):
+    max_attempts: _PositiveInt = 4
+    deadline_ms: _PositiveInt = 60000
+    attempt_timeout_ms: _PositiveInt = 30000
+    first_token_timeout_ms: _PositiveInt = 10000
+    stream_idle_timeout_ms: _PositiveInt = 15000
+    retry_same_endpoint: RetrySameEndpoint = RetrySameEndpoint()
+    breaker: Breaker = Breaker()
+    on_credentials_error: Literal["stop", "failover"] = "stop"
+    on_unknown_execution: Literal["failover", "stop"] = "failover"
+    hedge: Hedge = Hedge()
+
+
+# --- endpoints, model groups, workspaces ---------------------------------------------------
+
+
+class Endpoint(_Frozen):
+    id: _Name
+    driver: Driver
+    base_url: StrictStr
+    # Omitted for upstreams without auth; otherwise only ever a ${env:NAME} reference.
+    api_key: SecretStr | None = None
+    region: _Name
+    data_classes: Annotated[frozenset[DataClass], _NonEmpty]
+    trust_not_started: StrictBool = False
+    enabled: StrictBool = True
+    max_response_bytes: _PositiveInt = 8 * 1024 * 1024
+    anthropic_version: StrictStr | None = None  # the driver's default when omitted
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _api_key_by_reference(cls, value: object, info: ValidationInfo) -> object:
+        if value is None:
+            return None
+        # The message never echoes the value: it may be a pasted secret.
+        match = _ENV_REF.fullmatch(value) if isinstance(value, str) else None
+        if match is None:
+            raise _error("must be a ${env:NAME} reference, never a literal secret")
+        return _resolve_env(match.group(1), _environ(info))
+
+    @field_validator("base_url", mode="before")
+    @classmethod
+    def _base_url_references(cls, value: object, info: ValidationInfo) -> object:
+        if not isinstance(value, str):
+            return value
+        environ = _environ(info)
+        return _ENV_REF.sub(lambda m: _resolve_env(m.group(1), environ), value)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise _error("must be an http:// or https:// URL")
+        if parts.username is not None or parts.password is not None:
+            raise _error("must not embed credentials; use api_key")
+        return value
+
+    @property
+    def base_url_host(self) -> str:
+        """Host and port only: what may be recorded and shown."""
+        parts = urlsplit(self.base_url)
+        host = parts.hostname or ""
+        return f"{host}:{parts.port}" if parts.port else host
+
+
+class Price(_Frozen):
+    """US dollars per million tokens."""
+
+    input_per_mtok: _Money
+    output_per_mtok: _Money
+    cached_input_per_mtok: _Money
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cached_defaults_to_input(cls, data: object) -> object:
+        if isinstance(data, dict) and "cached_input_per_mtok" not in data:
+            # A stand-in 0 when input_per_mtok is missing too: that error is reported anyway.
+            return {**data, "cached_input_per_mtok": data.get("input_per_mtok", 0)}
+        return data
+
+
+class Mapping(_Frozen):
+    """One route of a model group: an endpoint and the upstream model it serves."""
+
+    endpoint: _Name
+    model: _Name
+    tier: _NonNegativeInt = 0  # 0 = primary pool; higher = fallback pools
+    weight: _PositiveInt = 1  # an integer, so the weighted round-robin stays exact
+    # The conservative default: never send a request needing what was not declared.
+    capabilities: Annotated[frozenset[_Capability], _NonEmpty] = frozenset({"text"})
+    context_window: _PositiveInt
+    max_output_tokens: _PositiveInt
+    price: Price
+
+    @model_validator(mode="after")
+    def _output_fits_context(self) -> Mapping:
+        if self.max_output_tokens > self.context_window:
+            raise _error("max_output_tokens must be <= context_window")
+        return self
+
+
+class ModelGroup(_Frozen):
+    name: _Name
+    kind: Literal["chat"] = "chat"
+    mappings: Annotated[tuple[Mapping, ...], _NonEmpty]
+
+
+class Budget(_Frozen):
+    limit_usd: _Money
+    window: BudgetWindow
+
+
+class Workspace(_Frozen):
+    id: _Name
+    models: Annotated[tuple[_Name, ...], _NonEmpty]
+    regions: Annotated[frozenset[_Name], _NonEmpty]
+    data_class: DataClass
+    budget: Budget | None = None
+    key_budget: Budget | None = None  # the default for each of its keys
+
+
+class Config(_Frozen):
+    """The whole config. Build it with `load_config` or `parse_config`: they also check
+    cross-references and duplicate ids, which need the raw document and its paths."""
+
+    generation: StrictStr
+    defaults: Defaults = Defaults()
+    endpoints: Annotated[tuple[Endpoint, ...], _NonEmpty]
+    models: Annotated[tuple[ModelGroup, ...], _NonEmpty]
+    workspaces: Annotated[tuple[Workspace, ...], _NonEmpty]
+
+    _endpoints: dict[str, Endpoint] = PrivateAttr(default_factory=dict)
+    _model_groups: dict[str, ModelGroup] = PrivateAttr(default_factory=dict)
+    _workspaces: dict[str, Workspace] = PrivateAttr(default_factory=dict)
+
+    @field_validator("generation", mode="before")
+    @classmethod
+    def _generation_as_text(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return str(value)
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+        raise _error("must be an integer or a non-empty string")
+
+    def model_post_init(self, context: Any, /) -> None:
+        # Lookups are computed once: the request path never scans lists.
+        self._endpoints = {e.id: e for e in self.endpoints}
+        self._model_groups = {g.name: g for g in self.models}
+        self._workspaces = {w.id: w for w in self.workspaces}
+
+    def endpoint(self, endpoint_id: str) -> Endpoint | None:
+        return self._endpoints.get(endpoint_id)
+
+    def model_group(self, name: str) -> ModelGroup | None:
+        return self._model_groups.get(name)
+
+    def workspace(self, workspace_id: str) -> Workspace | None:
+        return self._workspaces.get(workspace_id)
+
+    def redacted_summary(self) -> dict[str, Any]:
+        """What a `ConfigActivated` event records: JSON-able, deterministic, no secrets,
+        no URL paths or queries (only the host), money as decimal strings."""
+        return {
+            "generation": self.generation,
+            "defaults": self.defaults.model_dump(mode="json"),
+            "endpoints": [
+                {
+                    "id": e.id,
+                    "driver": e.driver,
+                    "base_url_host": e.base_url_host,
+                    "region": e.region,
+                    "data_classes": sorted(e.data_classes, key=data_class_rank),
+                    "trust_not_started": e.trust_not_started,
+                    "enabled": e.enabled,
+                    "max_response_bytes": e.max_response_bytes,
+                    "has_api_key": e.api_key is not None,
+                }
+                for e in self.endpoints
+            ],
+            "models": [
+                {
+                    "name": g.name,
+                    "kind": g.kind,
+                    "mappings": [_mapping_summary(m) for m in g.mappings],
+                }
+                for g in self.models
+            ],
+            "workspaces": [
+                {
+                    "id": w.id,
+                    "models": list(w.models),
+                    "regions": sorted(w.regions),
+                    "data_class": w.data_class,
+                    "budget": _budget_summary(w.budget),
+                    "key_budget": _budget_summary(w.key_budget),
+                }
+                for w in self.workspaces
+            ],
+        }
+
+
+def _mapping_summary(m: Mapping) -> dict[str, Any]:
+    return {
+        "endpoint": m.endpoint,
+        "model": m.model,
+        "tier": m.tier,
+        "weight": m.weight,
+        "capabilities": sorted(m.capabilities),
+        "context_window": m.context_window,
+        "max_output_tokens": m.max_output_tokens,
+        "price": {name: str(value) for name, value in m.price},
+    }
+
+
+def _budget_summary(budget: Budget | None) -> dict[str, str] | None:
+    return None if budget is None else {"limit_usd": str(budget.limit_usd), "window": budget.window}
+
+
+# --- loading -------------------------------------------------------------------------------
+
+
+def load_config(
+    path: str | os.PathLike[str], *, environ: cabc.Mapping[str, str] | None = None
+) -> Config:
+    """Read, parse and validate a config file; raise `ConfigError` on any problem."""
+    source = os.fspath(path)
+    try:
+        raw = Path(source).read_bytes()
+    except FileNotFoundError:
+        raise ConfigError([(source, "file not found")]) from None
+    except OSError as exc:
+        raise ConfigError([(source, f"cannot read file: {exc.strerror or exc}")]) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError([(source, "not UTF-8 text")]) from None
+    return _build(text, raw, source, environ)
+
+
+def parse_config(
+    text: str, *, source: str = "<string>", environ: cabc.Mapping[str, str] | None = None
+) -> Config:
+    """Parse and validate config text; `source` names it in error messages."""
+    return _build(text, text.encode("utf-8"), source, environ)
+
+
+def _build(text: str, raw: bytes, source: str, environ: cabc.Mapping[str, str] | None) -> Config:
+    document = _load_yaml(text, source)
+    # The default generation names these exact bytes, so an unchanged file keeps it.
+    data = {"generation": hashlib.sha256(raw).hexdigest()[:12], **document}
+    errors: list[tuple[str, str]] = []
+    config: Config | None = None
+    # Validated outside any `except` block so a ValidationError (whose text echoes input
+    # values, possibly a pasted secret) is never chained to the ConfigError.
+    try:
+        config = Config.model_validate(data, context={"environ": environ})
+    except ValidationError as exc:
+        errors.extend((_path(e["loc"]), _message(e)) for e in exc.errors())
+    errors.extend(_reference_errors(data))
+    if errors or config is None:
+        raise ConfigError(errors)
+    return config
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate and non-string keys, which PyYAML would accept
+    silently (the last duplicate wins; `on:` becomes True)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[str] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag != "tag:yaml.org,2002:str":
+                raise yaml.constructor.ConstructorError(
+                    None, None, "keys must be strings (quote this one)", key_node.start_mark
+                )
+            if key_node.value in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key '{key_node.value}'", key_node.start_mark
+                )
+            seen.add(key_node.value)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str, source: str) -> dict[str, Any]:
+    try:
+        document = yaml.load(text, Loader=_Loader)  # a SafeLoader subclass: no arbitrary objects
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        # Only the problem, never PyYAML's excerpt of the offending line.
+        raise ConfigError([(source, f"invalid YAML: {where}{exc.problem}")]) from None
+    except yaml.YAMLError:
+        raise ConfigError([(source, "invalid YAML")]) from None
+    if document is None:
+        raise ConfigError([(source, "empty config file")])
+    if not isinstance(document, dict):
+        kind = type(document).__name__
+        raise ConfigError([(source, f"must be a mapping of config keys, not a {kind}")])
+    return document
+
+
+# --- error paths -----------------------------------------------------------------------------
+
+
+def _path(loc: cabc.Sequence[int | str]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else part)
+    return path
+
+
+_SIMPLE_MESSAGES = {
+    "extra_forbidden": "unknown key",
+    "missing": "required",
+    "int_type": "must be an integer",
+    "bool_type": "must be a boolean (true or false)",
+    "string_type": "must be a string",
+    "tuple_type": "must be a list",
+    "list_type": "must be a list",
+    "frozen_set_type": "must be a list",
+    "set_type": "must be a list",
+    "model_type": "must be a mapping",
+    "dict_type": "must be a mapping",
+}
+
+
+def _message(error: ErrorDetails) -> str:
+    kind, ctx, loc = error["type"], error.get("ctx", {}), error["loc"]
+    if kind == "extra_forbidden" and len(loc) >= 2 and loc[-2] == "retry_same_endpoint":
+        return "unknown failure class; expected one of " + ", ".join(FAILURE_CLASSES)
+    if kind in _SIMPLE_MESSAGES:
+        return _SIMPLE_MESSAGES[kind]
+    if kind == "greater_than":
+        return f"must be > {ctx['gt']}"
+    if kind == "greater_than_equal":
+        return f"must be >= {ctx['ge']}"
+    if kind == "literal_error":
+        return f"must be {ctx['expected']}"
+    if kind == "too_short":
+        return "must not be empty" if ctx["min_length"] == 1 else "has too few items"
+    if kind == "too_long":
+        return f"must have at most {ctx['max_length']} items"
+    return error["msg"]  # our own PydanticCustomError messages, already in this style
+
+
+def _items(container: object, key: str) -> cabc.Iterator[tuple[int, dict[str, Any]]]:
+    section = container.get(key) if isinstance(container, dict) else None
+    if isinstance(section, list):
+        for index, item in enumerate(section):
+            if isinstance(item, dict):
+                yield index, item
+
+
+def _unique(
+    data: dict[str, Any], section: str, key: str, noun: str, errors: list[tuple[str, str]]
+) -> set[str] | None:
+    """Names declared in a section, reporting repeats; None when the section is unusable,
+    so a broken section does not make every reference to it an error as well."""
+    if not isinstance(data.get(section), list):
+        return None
+    names: set[str] = set()
+    for index, item in _items(data, section):
+        name = item.get(key)
+        if isinstance(name, str):
+            if name in names:
+                errors.append((f"{section}[{index}].{key}", f"duplicate {noun} '{name}'"))
+            names.add(name)
+    return names
+
+
+def _reference_errors(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """Duplicate ids and dangling references, read from the raw document so they are
+    reported together with any type errors pydantic found."""
+    errors: list[tuple[str, str]] = []
+    endpoint_ids = _unique(data, "endpoints", "id", "id", errors)
+    group_names = _unique(data, "models", "name", "name", errors)
+    _unique(data, "workspaces", "id", "id", errors)
+    for i, group in _items(data, "models"):
+        for j, mapping in _items(group, "mappings"):
+            ref = mapping.get("endpoint")
+            if endpoint_ids is not None and isinstance(ref, str) and ref not in endpoint_ids:
+                errors.append((f"models[{i}].mappings[{j}].endpoint", f"unknown endpoint '{ref}'"))
+    for i, workspace in _items(data, "workspaces"):
+        names = workspace.get("models")
+        if group_names is None or not isinstance(names, list):
+            continue
+        for j, name in enumerate(names):
+            if isinstance(name, str) and name not in group_names:
+                errors.append((f"workspaces[{i}].models[{j}]", f"unknown model group '{name}'"))
+    return errors

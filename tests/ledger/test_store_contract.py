@@ -1,0 +1,313 @@
+"""The event store's contract, run against SQLite and PostgreSQL alike."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import pytest
+from pydantic import ValidationError
+from sqlalchemy import func, select, text
+
+from ledger import events as ev
+from ledger.db import create_engine
+from ledger.schema import events
+from ledger.store import (
+    ANY_VERSION,
+    GENESIS_HASH,
+    NO_STREAM,
+    EventStore,
+    RecordedEvent,
+    WrongExpectedVersion,
+    chain_hash,
+)
+from ledger.verify import verify_chain
+from tests.ledger.factories import key_created, received, succeeded_trail
+
+
+async def _count(store: EventStore) -> int:
+    async with store.engine.connect() as conn:
+        return int((await conn.execute(select(func.count()).select_from(events))).scalar_one())
+
+
+async def test_append_then_read_back_in_order_with_typed_events(store: EventStore) -> None:
+    trail = succeeded_trail("r1")
+    recorded = await store.append("request-r1", NO_STREAM, trail, metadata={"trace_id": "t1"})
+
+    assert [r.position for r in recorded] == list(range(1, len(trail) + 1))
+    assert [r.version for r in recorded] == list(range(1, len(trail) + 1))
+    assert await store.read_stream("request-r1") == recorded
+    assert await store.read_all() == recorded
+    assert [r.event() for r in recorded] == trail
+    assert all(r.metadata == {"trace_id": "t1"} for r in recorded)
+    assert await store.head() == (len(trail), recorded[-1].hash)
+
+
+async def test_each_hash_covers_previous_hash_position_and_exact_bytes(store: EventStore) -> None:
+    recorded = await store.append("request-r1", NO_STREAM, succeeded_trail("r1"))
+    previous = GENESIS_HASH
+    for r in recorded:
+        assert r.hash == chain_hash(previous, r.position, r.payload)
+        previous = r.hash
+    # The stored bytes are the exact bytes that were hashed, not a re-serialization.
+    async with store.engine.connect() as conn:
+        stored = (await conn.execute(select(events.c.payload).order_by(events.c.position))).all()
+    assert [bytes(row.payload) for row in stored] == [r.payload for r in recorded]
+
+
+async def test_money_is_recorded_as_exact_decimal_strings(store: EventStore) -> None:
+    [recorded] = await store.append(
+        "request-r1",
+        NO_STREAM,
+        [succeeded_trail("r1", cost="0.0000015")[5]],
+    )
+    assert recorded.data["settled_usd"] == "0.0000015"
+    assert b'"settled_usd":"0.0000015"' in recorded.payload
+
+
+async def test_taken_version_raises_and_writes_nothing(store: EventStore) -> None:
+    await store.append("request-r1", NO_STREAM, [received("r1")])
+    with pytest.raises(WrongExpectedVersion) as caught:
+        await store.append("request-r1", NO_STREAM, succeeded_trail("r1")[1:3])
+    assert caught.value.actual == 1
+    assert "another writer appended first" in str(caught.value)
+    assert await _count(store) == 1
+    assert (await store.head())[0] == 1
+
+
+async def test_concurrent_appends_at_same_version_exactly_one_wins(store: EventStore) -> None:
+    await store.append("request-r1", NO_STREAM, [received("r1")])
+    trail = succeeded_trail("r1")
+    outcomes = await asyncio.gather(
+        *(store.append("request-r1", 1, [trail[1]]) for _ in range(5)), return_exceptions=True
+    )
+    winners = [o for o in outcomes if isinstance(o, list)]
+    losers = [o for o in outcomes if isinstance(o, WrongExpectedVersion)]
+    assert len(winners) == 1 and len(losers) == 4
+    assert [r.version for r in await store.read_stream("request-r1")] == [1, 2]
+
+
+async def test_a_conflict_in_a_batch_does_not_fail_the_other_appends(store: EventStore) -> None:
+    await store.append("request-r1", NO_STREAM, [received("r1")])
+    outcomes = await asyncio.gather(
+        store.append("request-r2", NO_STREAM, [received("r2")]),
+        store.append("request-r1", NO_STREAM, [received("r1")]),  # taken
+        store.append("request-r3", ANY_VERSION, [received("r3")]),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[0], list) and isinstance(outcomes[2], list)
+    assert isinstance(outcomes[1], WrongExpectedVersion)
+    assert [r.position for r in await store.read_all()] == [1, 2, 3]
+
+
+async def test_any_version_appends_at_the_stream_end(store: EventStore) -> None:
+    await store.append("request-r1", NO_STREAM, [received("r1")])
+    [second] = await store.append("request-r1", ANY_VERSION, [succeeded_trail("r1")[1]])
+    assert second.version == 2
+
+
+async def test_unknown_type_and_bad_payload_are_refused_and_nothing_is_written(
+    store: EventStore,
+) -> None:
+    with pytest.raises(ev.UnknownEventType, match="'RequestTeleported'"):
+        ev.decode_event("RequestTeleported", 1, {})
+    with pytest.raises(ev.InvalidEventPayload, match="weight"):
+        ev.decode_event(
+            "RouteEvaluated",
+            1,
+            {
+                "request_id": "r1",
+                "sequence": 1,
+                "candidates": [
+                    {
+                        "endpoint": "e",
+                        "model": "m",
+                        "mapping_index": 0,
+                        "tier": 0,
+                        "weight": 0,
+                        "eligible": True,
+                    }
+                ],
+            },
+        )
+    with pytest.raises(ValidationError):
+        ev.BudgetSettled(  # a float is not money
+            request_id="r1",
+            attempt_id="a",
+            reservation_id="r",
+            reserved_usd=0.1,
+            settled_usd="0.1",
+            released_usd="0",
+            usage=ev.Usage(input_tokens=1, output_tokens=1),
+        )
+    with pytest.raises(ValidationError):
+        ev.KeyCreated(
+            key_id="k", workspace="w", role="client", secret_sha256="x" * 64, extra_field=1
+        )  # type: ignore[call-arg]
+    with pytest.raises(ev.EventValidationError):
+        await store.append("request-r1", NO_STREAM, [{"type": "RequestReceived"}])  # type: ignore[list-item]
+    with pytest.raises(ev.EventValidationError):
+        await store.append("request-r1", NO_STREAM, [received("r1")], metadata={"x": object()})
+    assert await _count(store) == 0
+
+
+async def test_every_catalogue_type_round_trips_through_its_json_form() -> None:
+    for name, cls in ev.CATALOGUE.items():
+        assert cls.type == name
+        assert cls.model_config.get("frozen") is True
+        assert cls.model_config.get("extra") == "forbid"
+    for event in [*succeeded_trail("r1"), key_created()]:
+        data = ev.encode_event(event)
+        assert ev.decode_event(type(event).type, type(event).schema_version, data) == event
+
+
+async def test_group_commit_batches_concurrent_appends_without_gaps(store: EventStore) -> None:
+    n = 300
+    await asyncio.gather(
+        *(store.append(f"request-r{i}", NO_STREAM, [received(f"r{i}")]) for i in range(n))
+    )
+    assert store.stats["batches"] < n / 3, store.stats
+    positions = [r.position for r in await store.read_all(limit=10_000)]
+    assert positions == list(range(1, n + 1))
+
+
+async def test_cancelled_caller_still_gets_its_append_committed(store: EventStore) -> None:
+    task = asyncio.create_task(store.append("request-r1", NO_STREAM, [received("r1")]))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await store.append("request-r2", NO_STREAM, [received("r2")])  # flushes the queue
+    assert {r.stream_id for r in await store.read_all()} == {"request-r1", "request-r2"}
+
+
+@pytest.mark.slow
+async def test_concurrent_appenders_and_a_tailing_reader_see_every_event_once_in_order(
+    database_url: str,
+) -> None:
+    # Two stores on two engines stand for two gateway processes: their transactions really
+    # interleave in the database. A reader tails `position > checkpoint` meanwhile.
+    writers = [EventStore(create_engine(database_url)) for _ in range(2)]
+    reader = EventStore(create_engine(database_url))
+    per_task, tasks_per_writer = 40, 8
+    expected_total = per_task * tasks_per_writer * len(writers) * 2
+    done = asyncio.Event()
+
+    async def write(store: EventStore, w: int, t: int) -> None:
+        for i in range(per_task):
+            rid = f"w{w}t{t}i{i}"
+            await store.append(f"request-{rid}", NO_STREAM, succeeded_trail(rid)[:2])
+
+    seen: list[RecordedEvent] = []
+
+    async def tail() -> None:
+        checkpoint = 0
+        while True:
+            finished = done.is_set()
+            page = await reader.read_all(after=checkpoint, limit=500)
+            seen.extend(page)
+            if page:
+                checkpoint = page[-1].position
+            elif finished:
+                return
+            else:
+                await asyncio.sleep(0.005)
+
+    tailer = asyncio.create_task(tail())
+    await asyncio.gather(
+        *(write(s, w, t) for w, s in enumerate(writers) for t in range(tasks_per_writer))
+    )
+    done.set()
+    await tailer
+    assert [r.position for r in seen] == list(range(1, expected_total + 1))
+    assert len({(r.stream_id, r.version) for r in seen}) == expected_total
+    assert (await verify_chain(reader)).ok
+    for s in [*writers, reader]:
+        await s.close()
+        await s.engine.dispose()
+
+
+async def test_verify_passes_on_an_untouched_ledger(store: EventStore) -> None:
+    for i in range(5):
+        await store.append(f"request-r{i}", NO_STREAM, succeeded_trail(f"r{i}"))
+    result = await verify_chain(store)
+    assert result.ok and result.checked == 35 and result.head_position == 35
+
+
+async def _tamper(store: EventStore, statement: str) -> None:
+    """Edit the events table behind the immutability triggers' back, as an attacker might."""
+    async with store.engine.begin() as conn:
+        if store.engine.dialect.name == "postgresql":
+            await conn.execute(text("ALTER TABLE events DISABLE TRIGGER USER"))
+            await conn.execute(text(statement))
+            await conn.execute(text("ALTER TABLE events ENABLE TRIGGER USER"))
+        else:
+            await conn.execute(text("DROP TRIGGER events_no_update"))
+            await conn.execute(text("DROP TRIGGER events_no_delete"))
+            await conn.execute(text(statement))
+
+
+@pytest.mark.parametrize(
+    ("statement", "problem"),
+    [
+        (
+            "UPDATE events SET payload = CAST(REPLACE(CAST(payload AS TEXT), '0.0012', '0.0001') "
+            "AS {blob}) WHERE position = 6",
+            "hash does not match",
+        ),
+        ("UPDATE events SET data = {json} WHERE position = 6", "column 'data'"),
+        ("UPDATE events SET type = 'RequestFailed' WHERE position = 6", "column 'type'"),
+        ("DELETE FROM events WHERE position = 6", "position 6 is missing"),
+    ],
+)
+async def test_verify_names_the_first_event_edited_behind_the_triggers(
+    store: EventStore, statement: str, problem: str
+) -> None:
+    await store.append("request-r1", NO_STREAM, succeeded_trail("r1"))
+    await store.append("request-r2", NO_STREAM, succeeded_trail("r2"))
+    postgres = store.engine.dialect.name == "postgresql"
+    statement = statement.format(
+        blob="BYTEA" if postgres else "BLOB",
+        json="'{\"x\": 1}'::jsonb" if postgres else "'{\"x\": 1}'",
+    )
+    if postgres and "payload" in statement:
+        statement = (
+            "UPDATE events SET payload = convert_to(replace(convert_from(payload, "
+            "'UTF8'), '0.0012', '0.0001'), 'UTF8') WHERE position = 6"
+        )
+    await _tamper(store, statement)
+    result = await verify_chain(store)
+    assert not result.ok
+    assert result.first_bad_position == 6
+    assert problem in (result.problem or "")
+
+
+async def test_verify_catches_a_truncated_tail(store: EventStore) -> None:
+    await store.append("request-r1", NO_STREAM, succeeded_trail("r1"))
+    await _tamper(store, "DELETE FROM events WHERE position = 7")
+    result = await verify_chain(store)
+    assert not result.ok and result.first_bad_position == 7
+
+
+async def test_database_refuses_update_and_delete_of_events(store: EventStore) -> None:
+    await store.append("request-r1", NO_STREAM, [received("r1")])
+    for statement in ("UPDATE events SET type = 'X'", "DELETE FROM events"):
+        with pytest.raises(Exception, match="append-only"):
+            async with store.engine.begin() as conn:
+                await conn.execute(text(statement))
+    assert await _count(store) == 1
+
+
+async def test_postgres_refuses_truncate_of_events(postgres_url: str) -> None:
+    engine = create_engine(postgres_url)
+    try:
+        with pytest.raises(Exception, match="append-only"):
+            async with engine.begin() as conn:
+                await conn.execute(text("TRUNCATE events"))
+    finally:
+        await engine.dispose()
+
+
+def test_secret_hash_in_factories_is_not_a_secret() -> None:
+    # Keys are recorded by the SHA-256 of their secret only (ledger.events.KeyCreated).
+    assert key_created("k").secret_sha256 == hashlib.sha256(b"k").hexdigest()

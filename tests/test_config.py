@@ -1,0 +1,696 @@
+"""The config contract (SPEC §2): what validates, what is rejected and with which path."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from router.config import (
+    DATA_CLASSES,
+    FAILURE_CLASSES,
+    Config,
+    ConfigError,
+    Defaults,
+    RetrySameEndpoint,
+    data_class_rank,
+    load_config,
+    parse_config,
+)
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "config.example.yaml"
+SECRET = "sk-live-DO-NOT-LEAK-0123456789"
+ENV = {"OPENAI_API_KEY": SECRET, "ANTHROPIC_API_KEY": SECRET + "-ant"}
+
+
+def _base() -> dict[str, Any]:
+    """A small valid config; tests mutate a deep copy."""
+    return {
+        "endpoints": [
+            {
+                "id": "openai-east",
+                "driver": "openai",
+                "base_url": "https://example.invalid/v1",
+                "api_key": "${env:OPENAI_API_KEY}",
+                "region": "us-east",
+                "data_classes": ["public", "internal"],
+            },
+            {
+                "id": "anthropic-eu",
+                "driver": "anthropic",
+                "base_url": "https://anthropic.invalid",
+                "region": "eu-west",
+                "data_classes": ["public"],
+            },
+        ],
+        "models": [
+            {
+                "name": "chat-default",
+                "mappings": [
+                    {
+                        "endpoint": "openai-east",
+                        "model": "gpt-4o-mini",
+                        "tier": 0,
+                        "weight": 3,
+                        "capabilities": ["text", "stream"],
+                        "context_window": 128000,
+                        "max_output_tokens": 16384,
+                        "price": {"input_per_mtok": 0.15, "output_per_mtok": 0.60},
+                    },
+                    {
+                        "endpoint": "anthropic-eu",
+                        "model": "claude",
+                        "tier": 1,
+                        "context_window": 200000,
+                        "max_output_tokens": 8192,
+                        "price": {"input_per_mtok": 3, "output_per_mtok": 15},
+                    },
+                ],
+            }
+        ],
+        "workspaces": [
+            {
+                "id": "acme",
+                "models": ["chat-default"],
+                "regions": ["us-east"],
+                "data_class": "internal",
+            }
+        ],
+    }
+
+
+def _parse(data: dict[str, Any], environ: dict[str, str] | None = None) -> Config:
+    return parse_config(yaml.safe_dump(data), environ=ENV if environ is None else environ)
+
+
+def _errors(data: dict[str, Any], environ: dict[str, str] | None = None) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        _parse(data, environ)
+    return str(caught.value).splitlines()
+
+
+def _mutated(mutate: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    data = copy.deepcopy(_base())
+    mutate(data)
+    return data
+
+
+def _endpoint(data: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    endpoint: dict[str, Any] = data["endpoints"][index]
+    return endpoint
+
+
+def _mapping(data: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    mapping: dict[str, Any] = data["models"][0]["mappings"][index]
+    return mapping
+
+
+# --- what validates --------------------------------------------------------------------------
+
+
+def test_example_config_validates() -> None:
+    config = load_config(EXAMPLE, environ=ENV)
+    assert config.generation == "7"
+    assert [e.id for e in config.endpoints] == ["openai-east", "anthropic-eu", "local-vllm"]
+    assert config.endpoints[2].api_key is None
+    assert config.endpoints[2].enabled is False
+    assert config.models[0].mappings[0].price.output_per_mtok == Decimal("0.60")
+    assert config.workspaces[1].budget is not None
+    assert config.workspaces[1].budget.window == "total"
+
+
+def test_base_config_validates_and_lookups_find_each_object() -> None:
+    config = _parse(_base())
+    assert config.endpoint("openai-east") is config.endpoints[0]
+    assert config.model_group("chat-default") is config.models[0]
+    assert config.workspace("acme") is config.workspaces[0]
+    assert config.endpoint("nope") is None
+    assert config.model_group("nope") is None
+    assert config.workspace("nope") is None
+
+
+# --- errors: exact path and message ---------------------------------------------------------
+
+ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
+    (
+        "unknown_key",
+        lambda d: _endpoint(d).update(regoin="us-east"),
+        "endpoints[0].regoin: unknown key",
+    ),
+    (
+        "unknown_top_level_key",
+        lambda d: d.update(endpionts=[]),
+        "endpionts: unknown key",
+    ),
+    (
+        "unknown_endpoint_reference",
+        lambda d: _mapping(d, 1).update(endpoint="nowhere"),
+        "models[0].mappings[1].endpoint: unknown endpoint 'nowhere'",
+    ),
+    (
+        "zero_weight",
+        lambda d: _mapping(d, 1).update(weight=0),
+        "models[0].mappings[1].weight: must be > 0",
+    ),
+    (
+        "negative_weight",
+        lambda d: _mapping(d).update(weight=-2),
+        "models[0].mappings[0].weight: must be > 0",
+    ),
+    (
+        "fractional_weight",
+        lambda d: _mapping(d).update(weight=1.5),
+        "models[0].mappings[0].weight: must be an integer",
+    ),
+    (
+        "negative_tier",
+        lambda d: _mapping(d).update(tier=-1),
+        "models[0].mappings[0].tier: must be >= 0",
+    ),
+    ("missing_price", lambda d: _mapping(d).pop("price"), "models[0].mappings[0].price: required"),
+    (
+        "missing_input_price",
+        lambda d: _mapping(d)["price"].pop("input_per_mtok"),
+        "models[0].mappings[0].price.input_per_mtok: required",
+    ),
+    (
+        "negative_price",
+        lambda d: _mapping(d)["price"].update(output_per_mtok=-1),
+        "models[0].mappings[0].price.output_per_mtok: must be >= 0",
+    ),
+    (
+        "price_not_a_number",
+        lambda d: _mapping(d)["price"].update(output_per_mtok="cheap"),
+        "models[0].mappings[0].price.output_per_mtok: must be a number",
+    ),
+    (
+        "literal_api_key",
+        lambda d: _endpoint(d).update(api_key=SECRET),
+        "endpoints[0].api_key: must be a ${env:NAME} reference, never a literal secret",
+    ),
+    (
+        "duplicate_endpoint_id",
+        lambda d: d["endpoints"].append({**_endpoint(d, 1), "id": "openai-east"}),
+        "endpoints[2].id: duplicate id 'openai-east'",
+    ),
+    (
+        "duplicate_model_group_name",
+        lambda d: d["models"].append(copy.deepcopy(d["models"][0])),
+        "models[1].name: duplicate name 'chat-default'",
+    ),
+    (
+        "duplicate_workspace_id",
+        lambda d: d["workspaces"].append(copy.deepcopy(d["workspaces"][0])),
+        "workspaces[1].id: duplicate id 'acme'",
+    ),
+    (
+        "workspace_unknown_model_group",
+        lambda d: d["workspaces"][0]["models"].append("chat-nope"),
+        "workspaces[0].models[1]: unknown model group 'chat-nope'",
+    ),
+    (
+        "bad_driver",
+        lambda d: _endpoint(d).update(driver="gemini"),
+        "endpoints[0].driver: must be 'openai' or 'anthropic'",
+    ),
+    (
+        "bad_data_class",
+        lambda d: d["workspaces"][0].update(data_class="secret"),
+        "workspaces[0].data_class: must be 'public', 'internal' or 'restricted'",
+    ),
+    (
+        "bad_endpoint_data_class",
+        lambda d: _endpoint(d)["data_classes"].append("top-secret"),
+        "endpoints[0].data_classes[2]: must be 'public', 'internal' or 'restricted'",
+    ),
+    (
+        "bad_on_credentials_error",
+        lambda d: d.update(defaults={"on_credentials_error": "retry"}),
+        "defaults.on_credentials_error: must be 'stop' or 'failover'",
+    ),
+    (
+        "bad_budget_window",
+        lambda d: d["workspaces"][0].update(budget={"limit_usd": 5, "window": "week"}),
+        "workspaces[0].budget.window: must be 'day', 'month' or 'total'",
+    ),
+    (
+        "string_for_integer",
+        lambda d: d.update(defaults={"max_attempts": "four"}),
+        "defaults.max_attempts: must be an integer",
+    ),
+    (
+        "boolean_for_integer",
+        lambda d: d.update(defaults={"max_attempts": True}),
+        "defaults.max_attempts: must be an integer",
+    ),
+    (
+        "zero_max_attempts",
+        lambda d: d.update(defaults={"max_attempts": 0}),
+        "defaults.max_attempts: must be > 0",
+    ),
+    (
+        "string_for_boolean",
+        lambda d: _endpoint(d).update(enabled="maybe"),
+        "endpoints[0].enabled: must be a boolean (true or false)",
+    ),
+    (
+        "integer_for_name",
+        lambda d: _endpoint(d).update(region=5),
+        "endpoints[0].region: must be a string",
+    ),
+    (
+        "mapping_for_list",
+        lambda d: d.update(endpoints={"id": "x"}),
+        "endpoints: must be a list",
+    ),
+    (
+        "scalar_for_mapping",
+        lambda d: d.update(defaults="fast"),
+        "defaults: must be a mapping",
+    ),
+    ("missing_section", lambda d: d.pop("workspaces"), "workspaces: required"),
+    (
+        "empty_mappings",
+        lambda d: d["models"][0].update(mappings=[]),
+        "models[0].mappings: must not be empty",
+    ),
+    (
+        "unknown_failure_class",
+        lambda d: d.update(defaults={"retry_same_endpoint": {"overloaded": {"max": 1}}}),
+        "defaults.retry_same_endpoint.overloaded: unknown failure class; expected one of "
+        + ", ".join(FAILURE_CLASSES),
+    ),
+    (
+        "backoff_out_of_order",
+        lambda d: d.update(
+            defaults={"retry_same_endpoint": {"upstream_unavailable": {"backoff_ms": [500, 100]}}}
+        ),
+        "defaults.retry_same_endpoint.upstream_unavailable.backoff_ms: "
+        "must be [lo, hi] with lo <= hi",
+    ),
+    (
+        "backoff_wrong_length",
+        lambda d: d.update(
+            defaults={"retry_same_endpoint": {"upstream_unavailable": {"backoff_ms": [1, 2, 3]}}}
+        ),
+        "defaults.retry_same_endpoint.upstream_unavailable.backoff_ms: must have at most 2 items",
+    ),
+    (
+        "breaker_cooldowns_out_of_order",
+        lambda d: d.update(defaults={"breaker": {"base_cooldown_ms": 60000}}),
+        "defaults.breaker: base_cooldown_ms must be <= max_cooldown_ms",
+    ),
+    (
+        "base_url_not_http",
+        lambda d: _endpoint(d).update(base_url="ftp://example.invalid"),
+        "endpoints[0].base_url: must be an http:// or https:// URL",
+    ),
+    (
+        "base_url_with_credentials",
+        lambda d: _endpoint(d).update(base_url="https://user:pw@example.invalid/v1"),
+        "endpoints[0].base_url: must not embed credentials; use api_key",
+    ),
+    (
+        "output_larger_than_context",
+        lambda d: _mapping(d).update(max_output_tokens=200000),
+        "models[0].mappings[0]: max_output_tokens must be <= context_window",
+    ),
+    (
+        "uppercase_capability",
+        lambda d: _mapping(d).update(capabilities=["Vision"]),
+        "models[0].mappings[0].capabilities[0]: must be a lowercase capability token such as "
+        "'vision'",
+    ),
+    (
+        "name_with_space",
+        lambda d: _endpoint(d).update(region="us east"),
+        "endpoints[0].region: must be a non-empty name without spaces",
+    ),
+    (
+        "bad_kind",
+        lambda d: d["models"][0].update(kind="embedding"),
+        "models[0].kind: must be 'chat'",
+    ),
+    (
+        "bad_generation",
+        lambda d: d.update(generation=[1]),
+        "generation: must be an integer or a non-empty string",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [pytest.param(m, e, id=name) for name, m, e in ERROR_CASES],
+)
+def test_each_invalid_config_reports_exactly_its_path_and_message(
+    mutate: Callable[[dict[str, Any]], None], expected: str
+) -> None:
+    assert _errors(_mutated(mutate)) == [expected]
+
+
+def test_unresolvable_env_reference_is_an_error_at_its_path() -> None:
+    assert _errors(_base(), environ={}) == [
+        "endpoints[0].api_key: unresolvable ${env:OPENAI_API_KEY}: "
+        "environment variable 'OPENAI_API_KEY' is not set"
+    ]
+
+
+def test_empty_env_value_is_an_error() -> None:
+    assert _errors(_base(), environ={"OPENAI_API_KEY": ""}) == [
+        "endpoints[0].api_key: unresolvable ${env:OPENAI_API_KEY}: "
+        "environment variable 'OPENAI_API_KEY' is empty"
+    ]
+
+
+def test_config_error_carries_a_list_of_path_message_pairs() -> None:
+    data = _mutated(lambda d: _mapping(d, 1).update(weight=0))
+    with pytest.raises(ConfigError) as caught:
+        _parse(data)
+    assert caught.value.errors == (("models[0].mappings[1].weight", "must be > 0"),)
+
+
+def test_several_errors_are_all_reported_together() -> None:
+    def mutate(d: dict[str, Any]) -> None:
+        _endpoint(d).update(regoin="x")
+        _mapping(d).update(weight=0, tier=-1)
+        _mapping(d, 1).update(endpoint="nowhere")
+        d["workspaces"][0]["models"] = ["chat-nope"]
+        d["endpoints"].append({**_endpoint(d, 1), "id": "openai-east"})
+
+    assert sorted(_errors(_mutated(mutate), environ={})) == sorted(
+        [
+            "endpoints[0].regoin: unknown key",
+            "endpoints[0].api_key: unresolvable ${env:OPENAI_API_KEY}: "
+            "environment variable 'OPENAI_API_KEY' is not set",
+            "models[0].mappings[0].tier: must be >= 0",
+            "models[0].mappings[0].weight: must be > 0",
+            "models[0].mappings[1].endpoint: unknown endpoint 'nowhere'",
+            "endpoints[2].id: duplicate id 'openai-east'",
+            "workspaces[0].models[0]: unknown model group 'chat-nope'",
+        ]
+    )
+
+
+def test_a_broken_endpoints_section_does_not_also_flag_every_reference() -> None:
+    assert _errors(_mutated(lambda d: d.update(endpoints="none"))) == ["endpoints: must be a list"]
+
+
+# --- errors: the file itself ------------------------------------------------------------------
+
+
+def test_yaml_syntax_error_names_the_line() -> None:
+    text = "endpoints:\n  - id: a\n    driver: [openai\n"
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, source="gw.yaml")
+    (line,) = str(caught.value).splitlines()
+    assert line.startswith("gw.yaml: invalid YAML: line 4, column 1: ")
+
+
+def test_duplicate_yaml_key_is_an_error_with_its_line() -> None:
+    text = "generation: 1\ndefaults:\n  max_attempts: 2\n  max_attempts: 3\n"
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, source="gw.yaml")
+    assert str(caught.value) == (
+        "gw.yaml: invalid YAML: line 4, column 3: duplicate key 'max_attempts'"
+    )
+
+
+def test_non_string_yaml_key_is_an_error() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config("on: 1\n", source="gw.yaml")
+    assert str(caught.value) == (
+        "gw.yaml: invalid YAML: line 1, column 1: keys must be strings (quote this one)"
+    )
+
+
+def test_yaml_anchors_and_merge_keys_still_work() -> None:
+    data = _base()
+    text = yaml.safe_dump({k: v for k, v in data.items() if k != "endpoints"}) + (
+        "endpoints:\n"
+        "  - &east {id: openai-east, driver: openai, base_url: 'https://a.invalid',"
+        " region: us-east, data_classes: [public]}\n"
+        "  - <<: *east\n"
+        "    id: anthropic-eu\n"  # overrides the merged id: not a duplicate key
+        "    driver: anthropic\n"
+    )
+    config = parse_config(text, environ=ENV)
+    assert [(e.id, e.driver, e.region) for e in config.endpoints] == [
+        ("openai-east", "openai", "us-east"),
+        ("anthropic-eu", "anthropic", "us-east"),
+    ]
+
+
+def test_top_level_that_is_not_a_mapping_is_an_error() -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config("- a\n- b\n", source="gw.yaml")
+    assert str(caught.value) == "gw.yaml: must be a mapping of config keys, not a list"
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n", "---\n"])
+def test_empty_file_is_an_error(text: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text, source="gw.yaml")
+    assert str(caught.value) == "gw.yaml: empty config file"
+
+
+def test_missing_file_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "absent.yaml"
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == f"{path}: file not found"
+
+
+def test_directory_instead_of_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(tmp_path)
+    assert str(caught.value).startswith(f"{tmp_path}: cannot read file: ")
+
+
+def test_non_utf8_file_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.yaml"
+    path.write_bytes(b"generation: caf\xe9\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == f"{path}: not UTF-8 text"
+
+
+# --- secrets ------------------------------------------------------------------------------------
+
+
+def test_env_references_resolve_from_the_given_environ() -> None:
+    data = _mutated(lambda d: _endpoint(d).update(base_url="https://${env:GW_HOST}/v1"))
+    config = _parse(data, environ={"OPENAI_API_KEY": "k-1", "GW_HOST": "api.example.invalid"})
+    api_key = config.endpoints[0].api_key
+    assert api_key is not None
+    assert api_key.get_secret_value() == "k-1"
+    assert config.endpoints[0].base_url == "https://api.example.invalid/v1"
+    assert config.endpoints[1].api_key is None
+
+
+def test_env_references_default_to_the_process_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "from-process")
+    config = parse_config(yaml.safe_dump(_base()))
+    api_key = config.endpoints[0].api_key
+    assert api_key is not None
+    assert api_key.get_secret_value() == "from-process"
+
+
+def test_secret_never_appears_in_repr_str_dumps_or_summary() -> None:
+    config = load_config(EXAMPLE, environ=ENV)
+    renderings = [
+        repr(config),
+        str(config),
+        repr(config.endpoints[0]),
+        config.model_dump_json(),
+        str(config.model_dump()),
+        json.dumps(config.redacted_summary()),
+    ]
+    for text in renderings:
+        assert SECRET not in text
+    api_key = config.endpoints[0].api_key
+    assert api_key is not None
+    assert api_key.get_secret_value() == SECRET
+
+
+def test_literal_secret_is_not_echoed_by_the_error_or_its_context() -> None:
+    data = _mutated(lambda d: _endpoint(d).update(api_key=SECRET))
+    with pytest.raises(ConfigError) as caught:
+        _parse(data)
+    assert SECRET not in str(caught.value)
+    assert SECRET not in repr(caught.value.errors)
+    # No chained pydantic error (whose text would quote the input value).
+    assert caught.value.__cause__ is None
+    assert caught.value.__context__ is None
+
+
+def test_yaml_error_does_not_quote_the_offending_line() -> None:
+    text = f"endpoints:\n  - api_key: {SECRET}\n   bad: [\n"
+    with pytest.raises(ConfigError) as caught:
+        parse_config(text)
+    assert SECRET not in str(caught.value)
+
+
+def test_redacted_summary_is_json_and_records_only_the_host() -> None:
+    data = _mutated(
+        lambda d: _endpoint(d).update(base_url="https://api.example.invalid:8443/v1?tenant=t")
+    )
+    summary = _parse(data).redacted_summary()
+    assert json.loads(json.dumps(summary)) == summary
+    endpoint = summary["endpoints"][0]
+    assert endpoint["base_url_host"] == "api.example.invalid:8443"
+    assert endpoint["has_api_key"] is True
+    assert "tenant" not in json.dumps(summary)
+    assert summary["models"][0]["mappings"][0]["price"] == {
+        "input_per_mtok": "0.15",
+        "output_per_mtok": "0.6",
+        "cached_input_per_mtok": "0.15",
+    }
+    assert summary["workspaces"][0]["budget"] is None
+
+
+# --- money, generation, immutability -------------------------------------------------------
+
+
+def test_prices_are_exact_decimals() -> None:
+    config = parse_config(
+        yaml.safe_dump(_base()).replace("input_per_mtok: 0.15", "input_per_mtok: 0.1"),
+        environ=ENV,
+    )
+    price = config.models[0].mappings[0].price
+    assert price.input_per_mtok == Decimal("0.1")
+    assert price.input_per_mtok * 3 == Decimal("0.3")  # 0.1 * 3 != 0.3 in float
+    assert _parse(_base()).models[0].mappings[0].price.input_per_mtok == Decimal("0.15")
+    assert isinstance(price.output_per_mtok, Decimal)
+
+
+def test_money_accepts_quoted_decimal_strings() -> None:
+    data = _mutated(
+        lambda d: d["workspaces"][0].update(budget={"limit_usd": "12.345", "window": "day"})
+    )
+    budget = _parse(data).workspaces[0].budget
+    assert budget is not None
+    assert budget.limit_usd == Decimal("12.345")
+
+
+def test_cached_input_price_defaults_to_the_input_price() -> None:
+    mappings = _parse(_base()).models[0].mappings
+    assert mappings[0].price.cached_input_per_mtok == Decimal("0.15")
+    assert mappings[1].price.cached_input_per_mtok == Decimal("3")
+
+
+def test_generation_defaults_to_a_hash_of_the_bytes() -> None:
+    text = yaml.safe_dump(_base())
+    config = parse_config(text, environ=ENV)
+    assert config.generation == hashlib.sha256(text.encode()).hexdigest()[:12]
+    assert parse_config(text, environ=ENV).generation == config.generation
+    assert parse_config(text + "# edited\n", environ=ENV).generation != config.generation
+
+
+def test_generation_of_a_file_hashes_its_raw_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "gw.yaml"
+    path.write_bytes(yaml.safe_dump(_base()).encode())
+    expected = hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+    assert load_config(path, environ=ENV).generation == expected
+
+
+@pytest.mark.parametrize(("value", "expected"), [(7, "7"), ("2024-06-blue", "2024-06-blue")])
+def test_explicit_generation_is_kept_as_a_string(value: object, expected: str) -> None:
+    assert _parse(_mutated(lambda d: d.update(generation=value))).generation == expected
+
+
+def test_config_objects_are_frozen() -> None:
+    config = _parse(_base())
+    with pytest.raises(ValidationError):
+        config.generation = "other"  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        config.models[0].mappings[0].weight = 9  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        config.defaults.breaker.failure_threshold = 1  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        config.endpoints.append(config.endpoints[0])  # type: ignore[attr-defined]
+
+
+# --- defaults ----------------------------------------------------------------------------------
+
+# SPEC §2's values, written out independently of the code that applies them.
+SPEC_DEFAULTS: dict[str, Any] = {
+    "max_attempts": 4,
+    "deadline_ms": 60000,
+    "attempt_timeout_ms": 30000,
+    "first_token_timeout_ms": 10000,
+    "stream_idle_timeout_ms": 15000,
+    "retry_same_endpoint": {
+        "rate_limited": {"max": 1, "max_retry_after_ms": 5000},
+        "upstream_unavailable": {"max": 1, "backoff_ms": [100, 500]},
+        "timeout": {"max": 0},
+    },
+    "breaker": {"failure_threshold": 2, "base_cooldown_ms": 5000, "max_cooldown_ms": 30000},
+    "on_credentials_error": "stop",
+    "on_unknown_execution": "failover",
+    "hedge": {"enabled": False, "after_ms": 2000, "max_ways": 2},
+}
+
+
+@given(st.sets(st.sampled_from(sorted(SPEC_DEFAULTS))))
+def test_every_spec_default_applies_when_omitted(written: set[str]) -> None:
+    data = _base()
+    data["defaults"] = {key: SPEC_DEFAULTS[key] for key in written}
+    assert (
+        _parse(data).defaults
+        == _parse(_mutated(lambda d: d.update(defaults=SPEC_DEFAULTS))).defaults
+    )
+
+
+def test_omitted_defaults_equal_the_spec_values() -> None:
+    defaults = _parse(_base()).defaults
+    assert defaults == Defaults()
+    retry = defaults.retry_same_endpoint
+    assert (retry.rate_limited.max, retry.rate_limited.max_retry_after_ms) == (1, 5000)
+    assert (retry.upstream_unavailable.max, retry.upstream_unavailable.backoff_ms) == (
+        1,
+        (100, 500),
+    )
+    assert retry.timeout.max == 0
+    assert all(
+        retry.rule(c).max == 0
+        for c in FAILURE_CLASSES
+        if c not in SPEC_DEFAULTS["retry_same_endpoint"]
+    )
+    endpoint, mapping = _parse(_base()).endpoints[1], _parse(_base()).models[0].mappings[1]
+    assert (endpoint.trust_not_started, endpoint.enabled) == (False, True)
+    assert endpoint.max_response_bytes == 8 * 1024 * 1024
+    assert (mapping.weight, mapping.capabilities) == (1, frozenset({"text"}))
+    assert _parse(_base()).models[0].kind == "chat"
+
+
+def test_overriding_one_retry_rule_keeps_the_others() -> None:
+    data = _mutated(
+        lambda d: d.update(defaults={"retry_same_endpoint": {"rate_limited": {"max": 3}}})
+    )
+    retry = _parse(data).defaults.retry_same_endpoint
+    assert (retry.rate_limited.max, retry.rate_limited.max_retry_after_ms) == (3, 5000)
+    assert retry.upstream_unavailable.max == 1
+
+
+def test_retry_rules_cover_exactly_the_spec_failure_classes() -> None:
+    assert tuple(RetrySameEndpoint.model_fields) == FAILURE_CLASSES
+    with pytest.raises(KeyError):
+        RetrySameEndpoint().rule("overloaded")
+
+
+def test_data_classes_rank_public_below_internal_below_restricted() -> None:
+    assert [data_class_rank(c) for c in DATA_CLASSES] == [0, 1, 2]
+    assert DATA_CLASSES == ("public", "internal", "restricted")
