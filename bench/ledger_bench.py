@@ -53,7 +53,9 @@ def _fresh_database(backend: str, tmp: Path) -> str:
     return url
 
 
-async def _append_load(store: EventStore, concurrency: int, seconds: float) -> tuple[int, float]:
+async def _append_load(
+    store: EventStore, concurrency: int, seconds: float, per_append: int = 1
+) -> tuple[int, float]:
     trail = succeeded_trail("bench")
     deadline = time.perf_counter() + seconds
     counts = [0] * concurrency
@@ -61,10 +63,10 @@ async def _append_load(store: EventStore, concurrency: int, seconds: float) -> t
     async def worker(index: int) -> None:
         i = 0
         while time.perf_counter() < deadline:
-            event = trail[i % len(trail)]
-            await store.append(f"request-bench-{index}-{i // len(trail)}", ANY_VERSION, [event])
-            counts[index] += 1
-            i += 1
+            batch = [trail[(i + k) % len(trail)] for k in range(per_append)]
+            await store.append(f"request-bench-{index}-{i // len(trail)}", ANY_VERSION, batch)
+            counts[index] += per_append
+            i += per_append
 
     started = time.perf_counter()
     await asyncio.gather(*(worker(i) for i in range(concurrency)))
@@ -77,12 +79,13 @@ async def bench_backend(backend: str, seconds: float) -> dict[str, object]:
         url = _fresh_database(backend, Path(tmp))
         engine = create_engine(url)
         store = EventStore(engine)
-        for concurrency in (1, 10, 100):
+        for concurrency, per_append in ((1, 1), (10, 1), (100, 1), (100, 5)):
             before = store.stats["batches"]
-            events, elapsed = await _append_load(store, concurrency, seconds)
+            events, elapsed = await _append_load(store, concurrency, seconds, per_append)
             batches = store.stats["batches"] - before
-            results[f"append_c{concurrency}_events_per_s"] = round(events / elapsed)
-            results[f"append_c{concurrency}_events_per_tx"] = round(events / max(batches, 1), 1)
+            label = f"append_c{concurrency}x{per_append}"
+            results[f"{label}_events_per_s"] = round(events / elapsed)
+            results[f"{label}_events_per_tx"] = round(events / max(batches, 1), 1)
 
         # Tail lag under load: a live projection runner beside 100 appenders.
         runner = ProjectionRunner(store, all_projections(), poll_interval_s=0.05)

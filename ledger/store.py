@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import func, insert, select, text, update
+from sqlalchemy import insert, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -211,8 +211,9 @@ class EventStore:
             state.task = asyncio.create_task(self._run_appender(), name="waybill-appender")
         state.queue.append(pending)
         state.wakeup.set()
-        # A cancelled caller does not withdraw its append: it is committed all the same.
-        return await asyncio.shield(pending.future)
+        # A cancelled caller cancels only its wait: the append stays queued and is committed
+        # all the same (an answered request must never be missing from the ledger).
+        return await pending.future
 
     def _prepare(
         self,
@@ -334,16 +335,14 @@ class EventStore:
                 pending.result = recorded
             if not rows:
                 return
-            await conn.execute(insert(events), rows)
-            await conn.execute(
-                update(ledger_head)
-                .where(ledger_head.c.id == 1)
-                .values(position=position, hash=previous)
-            )
             if self._postgres:
-                # Delivered at commit to every LISTENing projection runner (ledger.tail).
+                await _write_postgres(conn, rows, recorded_at, position, previous)
+            else:
+                await conn.execute(insert(events), rows)
                 await conn.execute(
-                    text("SELECT pg_notify('waybill_events', :head)"), {"head": str(position)}
+                    update(ledger_head)
+                    .where(ledger_head.c.id == 1)
+                    .values(position=position, hash=previous)
                 )
 
     async def close(self) -> None:
@@ -419,13 +418,84 @@ class _ReadConnection:
         await self._conn.close()
 
 
-async def _stream_versions(conn: AsyncConnection, stream_ids: set[str]) -> dict[str, int]:
-    result = await conn.execute(
-        select(events.c.stream_id, func.max(events.c.version))
-        .where(events.c.stream_id.in_(sorted(stream_ids)))
-        .group_by(events.c.stream_id)
+# One round trip for the whole batch: the rows as parallel arrays (one statement, however many
+# events), the head row update, and the NOTIFY that wakes tailing readers at commit. Sent on
+# the driver connection (inside SQLAlchemy's transaction) so that the arrays travel in
+# PostgreSQL's binary format: text-format arrays cost a regex escape per element.
+_PG_WRITE = """
+    WITH inserted AS (
+        INSERT INTO events (position, stream_id, version, type, schema_version, data,
+                            metadata, recorded_at, payload, hash)
+        SELECT p, s, v, t, sv, CAST(d AS jsonb), CAST(m AS jsonb), %(recorded_at)s, b, h
+        FROM unnest(%(positions)b::bigint[], %(stream_ids)b::text[], %(versions)b::int[],
+                    %(types)b::text[], %(schema_versions)b::int[], %(datas)b::text[],
+                    %(metadatas)b::text[], %(payloads)b::bytea[], %(hashes)b::text[])
+             AS u(p, s, v, t, sv, d, m, b, h)
+        RETURNING 1
+    ), head AS (
+        UPDATE ledger_head SET position = %(head)s, hash = %(head_hash)s WHERE id = 1
+        RETURNING 1
     )
-    return {str(stream_id): int(version) for stream_id, version in result}
+    SELECT pg_notify('waybill_events', %(head)s::text),
+           (SELECT count(*) FROM inserted), (SELECT count(*) FROM head)
+"""
+
+
+async def _write_postgres(
+    conn: AsyncConnection,
+    rows: list[dict[str, Any]],
+    recorded_at: datetime,
+    head: int,
+    head_hash: str,
+) -> None:
+    raw = await conn.get_raw_connection()
+    driver = raw.driver_connection
+    assert driver is not None
+    async with driver.cursor() as cursor:
+        await cursor.execute(
+            _PG_WRITE,
+            {
+                "recorded_at": recorded_at,
+                "positions": [r["position"] for r in rows],
+                "stream_ids": [r["stream_id"] for r in rows],
+                "versions": [r["version"] for r in rows],
+                "types": [r["type"] for r in rows],
+                "schema_versions": [r["schema_version"] for r in rows],
+                "datas": [orjson.dumps(r["data"]).decode() for r in rows],
+                "metadatas": [orjson.dumps(r["metadata"]).decode() for r in rows],
+                "payloads": [r["payload"] for r in rows],
+                "hashes": [r["hash"] for r in rows],
+                "head": head,
+                "head_hash": head_hash,
+            },
+        )
+
+
+async def _stream_versions(conn: AsyncConnection, stream_ids: set[str]) -> dict[str, int]:
+    # One index probe per stream (the last version via the (stream_id, version) unique
+    # index), however long the stream: never a scan of the stream's events.
+    if conn.dialect.name == "postgresql":
+        # An array parameter keeps the statement text constant, so it is prepared once.
+        result = await conn.execute(
+            text(
+                "SELECT s.id, (SELECT e.version FROM events e WHERE e.stream_id = s.id "
+                "ORDER BY e.version DESC LIMIT 1) "
+                "FROM unnest(CAST(:ids AS text[])) AS s(id)"
+            ),
+            {"ids": sorted(stream_ids)},
+        )
+    else:
+        # SQLite: a VALUES table of the ids (placeholders only; the ids are bound).
+        names = [f"s{i}" for i in range(len(stream_ids))]
+        rows = ", ".join(f"(:{name})" for name in names)
+        result = await conn.execute(
+            text(
+                f"WITH s(id) AS (VALUES {rows}) SELECT s.id, "
+                "(SELECT max(e.version) FROM events e WHERE e.stream_id = s.id) FROM s"
+            ),
+            dict(zip(names, sorted(stream_ids), strict=True)),
+        )
+    return {str(stream_id): int(version) for stream_id, version in result if version is not None}
 
 
 def _row(recorded: RecordedEvent) -> dict[str, Any]:

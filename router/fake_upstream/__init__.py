@@ -1,0 +1,11 @@
+"""The fault-injecting fake LLM provider that tests and `waybill demo` run over real HTTP.
+
+`FakeUpstream` serves OpenAI `POST /v1/chat/completions`, `GET /v1/models` and Anthropic
+`POST /v1/messages` on 127.0.0.1, answering each inference request with the next `Behavior`
+of its plan. Standalone: `python -m router.fake_upstream --port 8900`.
+"""
+
+from router.fake_upstream.behavior import Behavior, Kind, LineEnding
+from router.fake_upstream.server import FakeUpstream, RecordedRequest
+
+__all__ = ["Behavior", "FakeUpstream", "Kind", "LineEnding", "RecordedRequest"]

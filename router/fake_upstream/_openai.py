@@ -1,0 +1,217 @@
+"""The OpenAI chat completions dialect: bodies, chunk streams and error JSON as OpenAI sends
+them (`{"error": {"message", "type", "param", "code"}}`, `x-request-id`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from router.fake_upstream._reply import (
+    Dialect,
+    ErrorResponse,
+    Prompt,
+    Reply,
+    SseEvent,
+    StreamScript,
+    dumps,
+    error_headers,
+    int_or_none,
+    prompt_tokens,
+    server_error_message,
+)
+from router.fake_upstream.behavior import Behavior, Kind
+
+__all__ = ["OPENAI"]
+
+
+class _OpenAI(Dialect):
+    name = "openai"
+    request_id_header = "x-request-id"
+    message_id_prefix = "chatcmpl-"
+
+    def parse(self, body: dict[str, Any]) -> Prompt:
+        tools = body.get("tools")
+        names = tuple(
+            str(t["function"].get("name"))
+            for t in (tools if isinstance(tools, list) else [])
+            if isinstance(t, dict) and isinstance(t.get("function"), dict)
+        )
+        options = body.get("stream_options")
+        limit = int_or_none(body.get("max_completion_tokens"))
+        return Prompt(
+            model=str(body.get("model") or "fake-model"),
+            prompt_tokens=prompt_tokens(body),
+            max_tokens=limit if limit is not None else int_or_none(body.get("max_tokens")),
+            tool_names=names,
+            stream=body.get("stream") is True,
+            include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+        )
+
+    @staticmethod
+    def _usage(reply: Reply) -> dict[str, Any]:
+        return {
+            "prompt_tokens": reply.prompt_tokens,
+            "completion_tokens": reply.completion_tokens,
+            "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
+
+    @staticmethod
+    def _finish(reply: Reply) -> str:
+        return "tool_calls" if reply.finish == "tool" else reply.finish
+
+    def body(self, reply: Reply) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": reply.text, "refusal": None}
+        if reply.tool_name is not None:
+            message["content"] = None
+            message["tool_calls"] = [
+                {
+                    "id": reply.tool_call_id,
+                    "type": "function",
+                    "function": {"name": reply.tool_name, "arguments": reply.text},
+                }
+            ]
+        return {
+            "id": reply.message_id,
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": reply.model,
+            "system_fingerprint": "fp_fake",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": self._finish(reply),
+                }
+            ],
+            "usage": self._usage(reply),
+        }
+
+    def stream(self, reply: Reply, prompt: Prompt) -> StreamScript:
+        created = int(time.time())
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> SseEvent:
+            payload: dict[str, Any] = {
+                "id": reply.message_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": reply.model,
+                "system_fingerprint": "fp_fake",
+                "choices": [
+                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                ],
+            }
+            if prompt.include_usage:
+                payload["usage"] = None
+            return SseEvent(dumps(payload))
+
+        if reply.tool_name is None:
+            events = [chunk({"role": "assistant", "content": ""})]
+            events += [chunk({"content": piece}) for piece in reply.pieces]
+        else:
+            start = {
+                "index": 0,
+                "id": reply.tool_call_id,
+                "type": "function",
+                "function": {"name": reply.tool_name, "arguments": ""},
+            }
+            events = [chunk({"role": "assistant", "content": None, "tool_calls": [start]})]
+            events += [
+                chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
+                for piece in reply.pieces
+            ]
+        finish_index = len(events)
+        events.append(chunk({}, self._finish(reply)))
+        if prompt.include_usage:
+            usage = {
+                "id": reply.message_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": reply.model,
+                "system_fingerprint": "fp_fake",
+                "choices": [],
+                "usage": self._usage(reply),
+            }
+            events.append(SseEvent(dumps(usage)))
+        events.append(SseEvent("[DONE]"))
+        return StreamScript(events, finish_index, len(events) - 1)
+
+    def malformed(self, reply: Reply) -> SseEvent:
+        return SseEvent('{"id":"' + reply.message_id + '","object":"chat.completion.chunk",')
+
+    def error(self, behavior: Behavior, prompt: Prompt, request_id: str) -> ErrorResponse:
+        model = prompt.model
+        tokens = prompt.prompt_tokens
+        status, type_, code, param, message = {
+            Kind.RATE_LIMITED: (
+                429,
+                "requests",
+                "rate_limit_exceeded",
+                None,
+                f"Rate limit reached for {model} on requests per min (RPM): Limit 3, Used 3.",
+            ),
+            Kind.INSUFFICIENT_QUOTA: (
+                429,
+                "insufficient_quota",
+                "insufficient_quota",
+                None,
+                "You exceeded your current quota, please check your plan and billing details.",
+            ),
+            Kind.UNAUTHORIZED: (
+                401,
+                "invalid_request_error",
+                "invalid_api_key",
+                None,
+                "Incorrect API key provided.",
+            ),
+            Kind.FORBIDDEN: (
+                403,
+                "invalid_request_error",
+                "permission_denied",
+                None,
+                "You do not have access to this project.",
+            ),
+            Kind.CONTENT_POLICY: (
+                400,
+                "invalid_request_error",
+                "content_policy_violation",
+                "messages",
+                "Your request was rejected as a result of our safety system "
+                "(content filter: content management policy).",
+            ),
+            Kind.CONTEXT_LENGTH_EXCEEDED: (
+                400,
+                "invalid_request_error",
+                "context_length_exceeded",
+                "messages",
+                "This model's maximum context length is 8192 tokens. However, your messages "
+                f"resulted in {max(tokens, 8193)} tokens. "
+                "Please reduce the length of the messages.",
+            ),
+            Kind.MODEL_NOT_FOUND: (
+                404,
+                "invalid_request_error",
+                "model_not_found",
+                None,
+                f"The model `{model}` does not exist or you do not have access to it.",
+            ),
+            Kind.NOT_STARTED: (
+                503,
+                "server_error",
+                "service_unavailable",
+                None,
+                "The server is not ready; the request was not started.",
+            ),
+        }.get(behavior.kind, (500, "server_error", None, None, ""))
+        status = behavior.status or status
+        message = behavior.message or message or server_error_message(status)
+        body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
+        return ErrorResponse(status, body, error_headers(behavior))
+
+    def bad_request(self, message: str, request_id: str) -> ErrorResponse:
+        error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+        return ErrorResponse(400, {"error": error}, {})
+
+
+OPENAI: Dialect = _OpenAI()

@@ -1,0 +1,242 @@
+"""The fake upstream's answer before it has a wire format: the reply, the SSE framing, and
+the Dialect interface that the OpenAI and Anthropic modules implement.
+
+Pure values and functions from a parsed request and a Behavior; the server decides when and
+how the bytes go out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from router.fake_upstream.behavior import Behavior, Kind, LineEnding
+
+__all__ = [
+    "Dialect",
+    "ErrorResponse",
+    "Prompt",
+    "Reply",
+    "SseEvent",
+    "StreamScript",
+    "dumps",
+    "error_headers",
+    "frame",
+    "int_or_none",
+    "json_object",
+    "make_reply",
+    "prompt_tokens",
+    "server_error_message",
+]
+
+DEFAULT_CHUNKS = 6
+_FILLER = "héllo 日本 🚀 " * 64  # ~1.3 KiB of multibyte text per large_body piece
+_EOL = {"lf": "\n", "crlf": "\r\n", "cr": "\r"}
+
+
+def dumps(value: Any) -> str:
+    # Raw UTF-8, not \u escapes: split_utf8 and byte-size tests depend on real multibyte text.
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+@dataclass(frozen=True)
+class SseEvent:
+    data: str
+    event: str | None = None
+
+
+def frame(event: SseEvent, line_ending: LineEnding) -> bytes:
+    eol = _EOL[line_ending]
+    lines = ([f"event: {event.event}"] if event.event else []) + [f"data: {event.data}"]
+    return (eol.join(lines) + eol + eol).encode()
+
+
+@dataclass(frozen=True)
+class StreamScript:
+    """The events of one stream. Faults cut it before `finish_index` (the event carrying the
+    finish / stop reason) or drop `done_index` (`[DONE]` / `message_stop`)."""
+
+    events: list[SseEvent]
+    finish_index: int
+    done_index: int
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What the fake reads from a request body, whatever the dialect."""
+
+    model: str
+    prompt_tokens: int
+    max_tokens: int | None
+    tool_names: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+@dataclass(frozen=True)
+class Reply:
+    request_id: str
+    message_id: str
+    model: str
+    pieces: tuple[str, ...]  # text pieces, or tool-argument pieces for a tool call
+    finish: Literal["stop", "length", "tool"]
+    prompt_tokens: int
+    completion_tokens: int
+    tool_name: str | None
+    tool_call_id: str
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+
+@dataclass(frozen=True)
+class ErrorResponse:
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+
+def _text_chars(content: Any) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        return sum(_text_chars(part.get("text")) for part in content if isinstance(part, dict))
+    return 0
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    messages = body.get("messages")
+    chars = _text_chars(body.get("system"))
+    if isinstance(messages, list):
+        chars += sum(_text_chars(m.get("content")) for m in messages if isinstance(m, dict))
+    return chars // 4 + 1
+
+
+def int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def json_object(text: str) -> Any:
+    try:
+        return json.loads(text or "{}")
+    except ValueError:
+        return {"raw": text}
+
+
+def _words(name: str, n: int) -> list[str]:
+    base = ["Hello", " from", f" {name}:", " héllo", " 日本", " 🚀"]
+    return [(" Hello" if i and i % len(base) == 0 else base[i % len(base)]) for i in range(n)]
+
+
+def _split_arguments(arguments: str) -> list[str]:
+    step = max(1, math.ceil(len(arguments) / 3))
+    return [arguments[i : i + step] for i in range(0, len(arguments), step)] or [""]
+
+
+def make_reply(
+    upstream: str, request_id: str, message_id: str, prompt: Prompt, behavior: Behavior
+) -> Reply:
+    """The deterministic answer: words naming the upstream, never more tokens than asked.
+
+    large_body keeps its size whatever the limit (it exists to overflow the gateway's
+    max_response_bytes) but still reports no more output tokens than the request allowed.
+    """
+    limit = prompt.max_tokens
+    base = Reply(
+        request_id=request_id,
+        message_id=message_id,
+        model=prompt.model,
+        pieces=(),
+        finish="stop",
+        prompt_tokens=prompt.prompt_tokens,
+        completion_tokens=0,
+        tool_name=None,
+        tool_call_id=f"call_{request_id.removeprefix('req_')}",
+    )
+    if behavior.kind is Kind.TOOL_CALL:
+        name = behavior.tool_name or (prompt.tool_names[0] if prompt.tool_names else "get_weather")
+        pieces = _split_arguments(behavior.tool_arguments)
+        return replace(
+            base,
+            pieces=tuple(pieces),
+            finish="tool",
+            completion_tokens=len(pieces) + 1,
+            tool_name=name,
+        )
+    if behavior.kind is Kind.LARGE_BODY:
+        count = max(1, math.ceil(behavior.min_bytes / len(_FILLER.encode())))
+        words = [_FILLER] * count
+        tokens = count if limit is None else min(count, max(limit, 0))
+        capped = tokens < count
+    else:
+        wanted = DEFAULT_CHUNKS if behavior.n_chunks is None else behavior.n_chunks
+        tokens = wanted if limit is None else min(wanted, max(limit, 0))
+        words = _words(upstream, tokens)
+        capped = tokens < wanted
+    return replace(
+        base,
+        pieces=tuple(words),
+        finish="length" if capped else "stop",
+        completion_tokens=tokens,
+    )
+
+
+class Dialect(ABC):
+    """One provider's wire format."""
+
+    name: str
+    request_id_header: str
+    message_id_prefix: str
+
+    @abstractmethod
+    def parse(self, body: dict[str, Any]) -> Prompt:
+        """What the request asks for."""
+
+    @abstractmethod
+    def body(self, reply: Reply) -> dict[str, Any]:
+        """The buffered (non-streaming) response body."""
+
+    @abstractmethod
+    def stream(self, reply: Reply, prompt: Prompt) -> StreamScript:
+        """The SSE events of a streamed response."""
+
+    @abstractmethod
+    def malformed(self, reply: Reply) -> SseEvent:
+        """One event whose data is not valid JSON."""
+
+    @abstractmethod
+    def error(self, behavior: Behavior, prompt: Prompt, request_id: str) -> ErrorResponse:
+        """The provider's error response for an error kind."""
+
+    @abstractmethod
+    def bad_request(self, message: str, request_id: str) -> ErrorResponse:
+        """A 400 for a request the fake cannot read."""
+
+
+def _retry_headers(behavior: Behavior) -> dict[str, str]:
+    if behavior.retry_after is None:
+        return {}
+    return {
+        "retry-after": str(math.ceil(behavior.retry_after)),
+        "retry-after-ms": str(round(behavior.retry_after * 1000)),
+    }
+
+
+def error_headers(behavior: Behavior) -> dict[str, str]:
+    headers = _retry_headers(behavior)
+    if behavior.kind is Kind.NOT_STARTED:
+        headers["x-execution-state"] = "not-started"
+    return headers
+
+
+def server_error_message(status: int) -> str:
+    return {
+        408: "Request timed out.",
+        502: "Bad gateway.",
+        503: "The server is overloaded or not ready yet.",
+        504: "Gateway timeout.",
+    }.get(status, "The server had an error while processing your request.")

@@ -1,0 +1,250 @@
+"""What the fake upstream does with one inference request: a frozen, JSON-friendly Behavior.
+
+A Behavior names one outcome (`kind`) plus the few parameters that shape it. The same value
+is built in-process (`Behavior.rate_limited(retry_after=2)`) or from JSON sent to the control
+API (`{"kind": "rate_limited", "retry_after": 2}`).
+
+Stream events are counted from the first SSE event the server writes, role preamble
+included: an OpenAI stream is `role, content x n, finish, [usage], [DONE]`; an Anthropic one
+is `message_start, content_block_start, ping, content_block_delta x n, content_block_stop,
+message_delta, message_stop`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Literal, cast
+
+__all__ = ["ERROR_KINDS", "Behavior", "Kind", "LineEnding"]
+
+LineEnding = Literal["lf", "crlf", "cr"]
+
+
+class Kind(StrEnum):
+    """Every outcome the fake upstream can produce."""
+
+    OK = "ok"
+    TOOL_CALL = "tool_call"
+    # HTTP error responses, with the provider's error body.
+    RATE_LIMITED = "rate_limited"
+    INSUFFICIENT_QUOTA = "insufficient_quota"
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    CONTENT_POLICY = "content_policy"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    MODEL_NOT_FOUND = "model_not_found"
+    SERVER_ERROR = "server_error"
+    NOT_STARTED = "not_started"
+    # Transport and stream faults.
+    RESET_BEFORE_BYTES = "reset_before_bytes"
+    DISCONNECT_BEFORE_FIRST_EVENT = "disconnect_before_first_event"
+    MID_STREAM_DISCONNECT = "mid_stream_disconnect"
+    STALL = "stall"
+    MALFORMED_EVENT = "malformed_event"
+    NO_DONE = "no_done"
+    LINE_ENDINGS = "line_endings"
+    SPLIT_UTF8 = "split_utf8"
+    LARGE_BODY = "large_body"
+
+
+# Kinds answered with an HTTP error status and the provider's JSON error body.
+ERROR_KINDS = frozenset(
+    {
+        Kind.RATE_LIMITED,
+        Kind.INSUFFICIENT_QUOTA,
+        Kind.UNAUTHORIZED,
+        Kind.FORBIDDEN,
+        Kind.CONTENT_POLICY,
+        Kind.CONTEXT_LENGTH_EXCEEDED,
+        Kind.MODEL_NOT_FOUND,
+        Kind.SERVER_ERROR,
+        Kind.NOT_STARTED,
+    }
+)
+
+_LINE_ENDINGS = ("lf", "crlf", "cr")
+
+
+@dataclass(frozen=True)
+class Behavior:
+    """One planned outcome. Parameters a kind does not use are ignored.
+
+    - status, message: error kinds; override the HTTP status / error message.
+    - retry_after: seconds; error kinds send `Retry-After` (whole seconds, rounded up)
+      and `retry-after-ms`.
+    - latency_ms: wait before the response headers (every kind).
+    - first_event_delay_ms: streams; wait after the headers before the first event.
+    - chunk_delay_ms: streams; wait between events.
+    - n_chunks: content pieces in the reply (default 6), capped by the request's max tokens.
+    - after_events: mid_stream_disconnect / stall / malformed_event; how many events go out
+      first. For stall, None means "before the headers".
+    - stall_s: how long a stall lasts before the server closes the connection (None: until
+      the client goes away or the server stops).
+    - line_ending: SSE line ending, for every streaming kind.
+    - split_delay_ms: split_utf8; pause between the tiny writes.
+    - min_bytes: large_body; the response body is at least this long.
+    - tool_name, tool_arguments: tool_call; the function called (default: the first tool
+      of the request) and its JSON arguments.
+    """
+
+    kind: Kind = Kind.OK
+    status: int | None = None
+    message: str | None = None
+    retry_after: float | None = None
+    latency_ms: float = 0.0
+    first_event_delay_ms: float = 0.0
+    chunk_delay_ms: float = 0.0
+    n_chunks: int | None = None
+    after_events: int | None = None
+    stall_s: float | None = None
+    line_ending: LineEnding = "lf"
+    split_delay_ms: float = 1.0
+    min_bytes: int = 0
+    tool_name: str | None = None
+    tool_arguments: str = '{"city": "Paris"}'
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", Kind(self.kind))
+        if self.status is not None and not 100 <= self.status <= 599:
+            raise ValueError(f"status: {self.status} is not an HTTP status")
+        if self.line_ending not in _LINE_ENDINGS:
+            raise ValueError(f"line_ending: must be one of {', '.join(_LINE_ENDINGS)}")
+        for name in ("latency_ms", "first_event_delay_ms", "chunk_delay_ms", "split_delay_ms"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0")
+        for opt in ("retry_after", "n_chunks", "after_events", "stall_s"):
+            value = getattr(self, opt)
+            if value is not None and value < 0:
+                raise ValueError(f"{opt}: must be >= 0")
+        if self.min_bytes < 0:
+            raise ValueError("min_bytes: must be >= 0")
+
+    # JSON
+
+    @classmethod
+    def from_json(cls, data: Any) -> Behavior:
+        """Build from a JSON object; a bare string is a kind. Raises ValueError."""
+        if isinstance(data, str):
+            data = {"kind": data}
+        if not isinstance(data, dict):
+            raise ValueError("a behavior is a JSON object with a 'kind'")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise ValueError(f"unknown behavior field(s): {', '.join(unknown)}")
+        if "kind" not in data:
+            raise ValueError("kind: required")
+        try:
+            kind = Kind(data["kind"])
+        except ValueError:
+            raise ValueError(f"kind: unknown behavior kind {data['kind']!r}") from None
+        try:
+            return cls(**{**cast(dict[str, Any], data), "kind": kind})
+        except TypeError as exc:
+            raise ValueError(str(exc)) from None
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields that differ from the defaults, plus `kind`."""
+        out: dict[str, Any] = {"kind": str(self.kind)}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name != "kind" and value != f.default:
+                out[f.name] = value
+        return out
+
+    # Convenience constructors, one per kind.
+
+    @classmethod
+    def ok(
+        cls,
+        *,
+        latency_ms: float = 0.0,
+        chunk_delay_ms: float = 0.0,
+        n_chunks: int | None = None,
+        first_event_delay_ms: float = 0.0,
+    ) -> Behavior:
+        return cls(
+            Kind.OK,
+            latency_ms=latency_ms,
+            chunk_delay_ms=chunk_delay_ms,
+            n_chunks=n_chunks,
+            first_event_delay_ms=first_event_delay_ms,
+        )
+
+    @classmethod
+    def tool_call(cls, name: str | None = None, arguments: str = '{"city": "Paris"}') -> Behavior:
+        return cls(Kind.TOOL_CALL, tool_name=name, tool_arguments=arguments)
+
+    @classmethod
+    def rate_limited(cls, retry_after: float | None = None) -> Behavior:
+        return cls(Kind.RATE_LIMITED, retry_after=retry_after)
+
+    @classmethod
+    def insufficient_quota(cls) -> Behavior:
+        return cls(Kind.INSUFFICIENT_QUOTA)
+
+    @classmethod
+    def unauthorized(cls) -> Behavior:
+        return cls(Kind.UNAUTHORIZED)
+
+    @classmethod
+    def forbidden(cls) -> Behavior:
+        return cls(Kind.FORBIDDEN)
+
+    @classmethod
+    def content_policy(cls, status: int = 400) -> Behavior:
+        return cls(Kind.CONTENT_POLICY, status=status)
+
+    @classmethod
+    def context_length_exceeded(cls) -> Behavior:
+        return cls(Kind.CONTEXT_LENGTH_EXCEEDED)
+
+    @classmethod
+    def model_not_found(cls) -> Behavior:
+        return cls(Kind.MODEL_NOT_FOUND)
+
+    @classmethod
+    def server_error(cls, status: int = 500, retry_after: float | None = None) -> Behavior:
+        return cls(Kind.SERVER_ERROR, status=status, retry_after=retry_after)
+
+    @classmethod
+    def not_started(cls) -> Behavior:
+        return cls(Kind.NOT_STARTED)
+
+    @classmethod
+    def reset_before_bytes(cls) -> Behavior:
+        return cls(Kind.RESET_BEFORE_BYTES)
+
+    @classmethod
+    def disconnect_before_first_event(cls) -> Behavior:
+        return cls(Kind.DISCONNECT_BEFORE_FIRST_EVENT)
+
+    @classmethod
+    def mid_stream_disconnect(cls, after_events: int = 2) -> Behavior:
+        return cls(Kind.MID_STREAM_DISCONNECT, after_events=after_events)
+
+    @classmethod
+    def stall(cls, after_events: int | None = None, stall_s: float | None = None) -> Behavior:
+        return cls(Kind.STALL, after_events=after_events, stall_s=stall_s)
+
+    @classmethod
+    def malformed_event(cls, after_events: int = 1) -> Behavior:
+        return cls(Kind.MALFORMED_EVENT, after_events=after_events)
+
+    @classmethod
+    def no_done(cls) -> Behavior:
+        return cls(Kind.NO_DONE)
+
+    @classmethod
+    def line_endings(cls, line_ending: LineEnding) -> Behavior:
+        return cls(Kind.LINE_ENDINGS, line_ending=line_ending)
+
+    @classmethod
+    def split_utf8(cls, split_delay_ms: float = 1.0) -> Behavior:
+        return cls(Kind.SPLIT_UTF8, split_delay_ms=split_delay_ms)
+
+    @classmethod
+    def large_body(cls, min_bytes: int) -> Behavior:
+        return cls(Kind.LARGE_BODY, min_bytes=min_bytes)
