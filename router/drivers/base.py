@@ -1,0 +1,491 @@
+"""What every driver shares: the request and binding it is given, what it returns, how it
+fails, and the HTTP edge (one pooled client, per-attempt timeouts, byte limits).
+
+A driver translates a chat request to its provider's API and the answer back to OpenAI
+shapes, and classifies failures with :func:`router.classify.classify`. It never decides a
+retry or a failover (SPEC §5: "only the core decides failover; a driver only classifies").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, ClassVar, Final, Self
+
+import httpx
+import orjson
+
+from ledger.events import Usage
+from router.classify import Classification, Transport, UpstreamOutcome, classify
+from router.config import Endpoint
+from router.sse import EndReason, SSEError, SSEIdleTimeout, SSEStream
+
+__all__ = [
+    "ATTEMPT_ID_HEADER",
+    "AttemptBinding",
+    "AttemptTimeouts",
+    "ChatRequest",
+    "Driver",
+    "DriverResult",
+    "DriverStream",
+    "SSEDriverStream",
+    "StreamErrorEvent",
+    "StreamTranslator",
+    "UpstreamFailure",
+    "count_bytes",
+    "elapsed_ms",
+    "retry_after_ms",
+    "sanitize",
+]
+
+ATTEMPT_ID_HEADER: Final = "X-Waybill-Attempt-Id"
+_MAX_ERROR_BODY: Final = 64 * 1024
+_MAX_MESSAGE_CHARS: Final = 300
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """The client's OpenAI-style chat body, and what the core resolved for this attempt."""
+
+    body: Mapping[str, Any]
+    upstream_model: str
+    max_tokens: int | None = None
+    stream: bool = False
+
+
+@dataclass(frozen=True)
+class AttemptTimeouts:
+    attempt_timeout_s: float  # no response headers by then: timeout
+    first_token_timeout_s: float | None = None  # stream: no first event by then
+    stream_idle_timeout_s: float | None = None  # stream: silence between events
+
+
+@dataclass(frozen=True)
+class AttemptBinding:
+    """One attempt bound to one endpoint; a config reload never changes it in flight."""
+
+    endpoint: Endpoint
+    upstream_model: str
+    attempt_id: str
+    timeouts: AttemptTimeouts
+    traceparent: str | None = None
+    extra_headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DriverResult:
+    """A buffered completion in OpenAI ``chat.completion`` shape."""
+
+    response: dict[str, Any]
+    usage: Usage | None  # None: the upstream did not say; usage is unknown
+    finish_reason: str | None
+    upstream_request_id: str | None
+    response_id: str | None
+    status: int
+
+
+class UpstreamFailure(Exception):
+    """An attempt that failed, with the facts seen and what they mean.
+
+    Its message holds the class, evidence, status and the provider's sanitized error text;
+    never a key, a prompt or a completion.
+    """
+
+    def __init__(
+        self,
+        outcome: UpstreamOutcome,
+        classification: Classification,
+        *,
+        events_yielded: bool = False,
+        upstream_request_id: str | None = None,
+    ) -> None:
+        self.outcome = outcome
+        self.classification = classification
+        self.events_yielded = events_yielded
+        self.upstream_request_id = upstream_request_id
+        where = outcome.transport or f"HTTP {outcome.http_status}"
+        detail = f": {outcome.error_message}" if outcome.error_message else ""
+        super().__init__(
+            f"{classification.failure_class} ({classification.evidence}, {where}){detail}"
+        )
+
+    @property
+    def failure_class(self) -> str:
+        return self.classification.failure_class
+
+
+class DriverStream(ABC):
+    """A streamed completion: iterate once for OpenAI ``chat.completion.chunk`` dicts.
+
+    Iteration raises :class:`UpstreamFailure` on a failure, with ``events_yielded`` telling
+    whether any chunk was already handed out. Use ``async with`` (or :meth:`aclose`) so the
+    connection goes back to the pool or is dropped.
+    """
+
+    usage: Usage | None = None
+    finish_reason: str | None = None
+    response_id: str | None = None
+    upstream_request_id: str | None = None
+    time_to_first_chunk_ms: int | None = None
+
+    @property
+    @abstractmethod
+    def invalid_events(self) -> int: ...
+
+    @abstractmethod
+    def __aiter__(self) -> AsyncIterator[dict[str, Any]]: ...
+
+    @abstractmethod
+    async def aclose(self) -> None: ...
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class Driver(ABC):
+    """One provider API. Holds one pooled ``httpx.AsyncClient``; close it with :meth:`aclose`."""
+
+    _request_id_header: ClassVar[str]
+
+    def __init__(self, client: httpx.AsyncClient | None = None) -> None:
+        self._client = client or httpx.AsyncClient(
+            limits=httpx.Limits(max_keepalive_connections=32, keepalive_expiry=30.0),
+            follow_redirects=False,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    @abstractmethod
+    async def complete(self, request: ChatRequest, binding: AttemptBinding) -> DriverResult:
+        """A buffered completion, or :class:`UpstreamFailure`."""
+
+    @abstractmethod
+    async def stream(self, request: ChatRequest, binding: AttemptBinding) -> DriverStream:
+        """Open a stream; a failure before the first event raises from iteration or here."""
+
+    # --- the HTTP edge, shared by the dialects ---
+
+    @abstractmethod
+    def _auth_headers(self, endpoint: Endpoint) -> dict[str, str]: ...
+
+    @abstractmethod
+    def _error_outcome(
+        self, status: int, body: Any, headers: httpx.Headers, secret: str | None
+    ) -> UpstreamOutcome: ...
+
+    def _headers(self, binding: AttemptBinding) -> dict[str, str]:
+        headers = {**binding.extra_headers, **self._auth_headers(binding.endpoint)}
+        headers[ATTEMPT_ID_HEADER] = binding.attempt_id
+        if binding.traceparent:
+            headers["traceparent"] = binding.traceparent
+        return headers
+
+    async def _open(
+        self, url: str, payload: Mapping[str, Any], binding: AttemptBinding, *, stream: bool
+    ) -> httpx.Response:
+        """Send the request and wait for the response headers within the attempt timeout."""
+        timeouts = binding.timeouts
+        read_timeout = timeouts.attempt_timeout_s
+        if stream and timeouts.stream_idle_timeout_s is not None:
+            read_timeout = max(read_timeout, timeouts.stream_idle_timeout_s)
+        request = self._client.build_request(
+            "POST",
+            url,
+            content=orjson.dumps(payload),
+            headers={**self._headers(binding), "content-type": "application/json"},
+            timeout=httpx.Timeout(read_timeout, connect=timeouts.attempt_timeout_s),
+        )
+        try:
+            async with asyncio.timeout(timeouts.attempt_timeout_s):
+                response = await self._client.send(request, stream=True)
+        except (TimeoutError, httpx.ReadTimeout, httpx.WriteTimeout) as exc:
+            raise self._transport_failure(binding, "timeout_before_headers") from exc
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+            raise self._transport_failure(binding, "connect_error") from exc
+        except httpx.TransportError as exc:
+            raise self._transport_failure(binding, "sent_then_reset") from exc
+        if response.status_code >= 400:
+            await self._raise_for_error(response, binding)
+        return response
+
+    async def _raise_for_error(self, response: httpx.Response, binding: AttemptBinding) -> None:
+        request_id = response.headers.get(self._request_id_header)
+        raw = b""
+        try:
+            async for piece in response.aiter_bytes():
+                raw += piece
+                if len(raw) > _MAX_ERROR_BODY:
+                    break
+        except httpx.TransportError:
+            pass  # the status alone classifies; a cut error body changes nothing
+        finally:
+            await response.aclose()
+        try:
+            body: Any = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        secret = _secret(binding.endpoint)
+        outcome = self._error_outcome(response.status_code, body, response.headers, secret)
+        raise UpstreamFailure(
+            outcome,
+            classify(outcome, trust_not_started=binding.endpoint.trust_not_started),
+            upstream_request_id=request_id,
+        )
+
+    def _transport_failure(
+        self,
+        binding: AttemptBinding,
+        transport: Transport,
+        *,
+        status: int | None = None,
+        events_yielded: bool = False,
+        request_id: str | None = None,
+        message: str | None = None,
+    ) -> UpstreamFailure:
+        outcome = UpstreamOutcome(http_status=status, transport=transport, error_message=message)
+        return UpstreamFailure(
+            outcome,
+            classify(outcome, trust_not_started=binding.endpoint.trust_not_started),
+            events_yielded=events_yielded,
+            upstream_request_id=request_id,
+        )
+
+    async def _read_body(self, response: httpx.Response, binding: AttemptBinding) -> Any:
+        """The whole JSON body of a 2xx, within ``max_response_bytes``."""
+        limit = binding.endpoint.max_response_bytes
+        request_id = response.headers.get(self._request_id_header)
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            declared = int(response.headers.get("content-length", "0"))
+            if declared > limit:
+                raise self._too_large(binding, response.status_code, request_id)
+            async for piece in response.aiter_bytes():
+                size += len(piece)
+                if size > limit:
+                    raise self._too_large(binding, response.status_code, request_id)
+                chunks.append(piece)
+        except httpx.TimeoutException as exc:
+            raise self._transport_failure(
+                binding, "broken_stream", status=response.status_code, request_id=request_id
+            ) from exc
+        except httpx.TransportError as exc:
+            raise self._transport_failure(
+                binding, "broken_stream", status=response.status_code, request_id=request_id
+            ) from exc
+        finally:
+            await response.aclose()
+        try:
+            return orjson.loads(b"".join(chunks))
+        except orjson.JSONDecodeError as exc:
+            raise self._transport_failure(
+                binding,
+                "invalid_response",
+                status=response.status_code,
+                request_id=request_id,
+                message="response body is not JSON",
+            ) from exc
+
+    def _too_large(
+        self, binding: AttemptBinding, status: int, request_id: str | None
+    ) -> UpstreamFailure:
+        limit = binding.endpoint.max_response_bytes
+        return self._transport_failure(
+            binding,
+            "response_too_large",
+            status=status,
+            request_id=request_id,
+            message=f"response over max_response_bytes ({limit})",
+        )
+
+
+# --- helpers shared by the dialects ---
+
+
+def _secret(endpoint: Endpoint) -> str | None:
+    return endpoint.api_key.get_secret_value() if endpoint.api_key is not None else None
+
+
+def sanitize(message: object, secret: str | None) -> str | None:
+    """A provider's error text, short and without the key (some echo part of it back)."""
+    if not isinstance(message, str) or not message:
+        return None
+    if secret:
+        message = message.replace(secret, "[redacted]")
+    return message[:_MAX_MESSAGE_CHARS]
+
+
+def retry_after_ms(headers: httpx.Headers) -> int | None:
+    """``retry-after-ms`` if given, else ``Retry-After`` in seconds (an HTTP date is ignored)."""
+    for name, scale in (("retry-after-ms", 1.0), ("retry-after", 1000.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        if math.isfinite(number) and number >= 0:
+            return math.ceil(number * scale)
+    return None
+
+
+def count_bytes(
+    source: AsyncIterator[bytes], limit: int, on_over: Exception
+) -> AsyncIterator[bytes]:
+    """Pass ``source`` through, raising ``on_over`` once more than ``limit`` bytes went by."""
+
+    async def counted() -> AsyncIterator[bytes]:
+        total = 0
+        async for piece in source:
+            total += len(piece)
+            if total > limit:
+                raise on_over
+            yield piece
+
+    return counted()
+
+
+def elapsed_ms(since: float) -> int:
+    return round((time.monotonic() - since) * 1000)
+
+
+# --- streaming, shared by the dialects ---
+
+
+class StreamErrorEvent(Exception):
+    """An error the provider reported inside a 200 stream (an ``error`` event)."""
+
+    def __init__(self, outcome: UpstreamOutcome) -> None:
+        self.outcome = outcome
+        super().__init__(outcome.error_type or "stream error event")
+
+
+class StreamTranslator(ABC):
+    """Turns one provider's stream events into OpenAI chunks, remembering the totals."""
+
+    usage: Usage | None = None
+    finish_reason: str | None = None
+    response_id: str | None = None
+
+    @abstractmethod
+    def translate(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        """The chunks for one event (maybe none); raises :class:`StreamErrorEvent`."""
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class SSEDriverStream(DriverStream):
+    """An upstream SSE body read through :class:`router.sse.SSEStream` and a translator."""
+
+    def __init__(
+        self,
+        driver: Driver,
+        response: httpx.Response,
+        binding: AttemptBinding,
+        translator: StreamTranslator,
+        started_at: float,
+    ) -> None:
+        self._driver = driver
+        self._response = response
+        self._binding = binding
+        self._translator = translator
+        self._started_at = started_at
+        self._sse: SSEStream | None = None
+        self.upstream_request_id = response.headers.get(driver._request_id_header)
+
+    @property
+    def invalid_events(self) -> int:
+        return self._sse.invalid_events if self._sse is not None else 0
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+    def _sync(self) -> None:
+        t = self._translator
+        self.usage, self.finish_reason, self.response_id = t.usage, t.finish_reason, t.response_id
+
+    def _fail(self, transport: Transport, yielded: bool, message: str) -> UpstreamFailure:
+        return self._driver._transport_failure(
+            self._binding,
+            transport,
+            status=self._response.status_code,
+            events_yielded=yielded,
+            request_id=self.upstream_request_id,
+            message=message,
+        )
+
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        timeouts = self._binding.timeouts
+        idle = timeouts.stream_idle_timeout_s
+        first = timeouts.first_token_timeout_s
+        if idle is not None and first is not None:
+            idle = max(idle, first)  # before the first event, only first_token_timeout rules
+        limit = self._binding.endpoint.max_response_bytes
+        body = count_bytes(self._response.aiter_bytes(), limit, _TooLarge())
+        sse = self._sse = SSEStream(body, idle_timeout_s=idle)
+        events = aiter(sse)
+        first_deadline = None if first is None else self._started_at + first
+        yielded = False
+        try:
+            while True:
+                try:
+                    if not yielded and first_deadline is not None:
+                        loop_deadline = asyncio.get_running_loop().time() + (
+                            first_deadline - time.monotonic()
+                        )
+                        async with asyncio.timeout_at(loop_deadline):
+                            event = await anext(events)
+                    else:
+                        event = await anext(events)
+                except StopAsyncIteration:
+                    break
+                chunks = self._translator.translate(event)
+                self._sync()
+                for chunk in chunks:
+                    if not yielded:
+                        self.time_to_first_chunk_ms = elapsed_ms(self._started_at)
+                        yielded = True
+                    yield chunk
+        except StreamErrorEvent as exc:
+            trust = self._binding.endpoint.trust_not_started
+            raise UpstreamFailure(
+                exc.outcome,
+                classify(exc.outcome, trust_not_started=trust),
+                events_yielded=yielded,
+                upstream_request_id=self.upstream_request_id,
+            ) from None
+        except _TooLarge:
+            raise self._fail("response_too_large", yielded, "over max_response_bytes") from None
+        except SSEIdleTimeout as exc:
+            kind: Transport = "broken_stream" if yielded else "first_token_timeout"
+            raise self._fail(kind, yielded, "stream idle") from exc
+        except TimeoutError as exc:
+            raise self._fail("first_token_timeout", yielded, "no first event in time") from exc
+        except SSEError as exc:
+            raise self._fail("broken_stream", yielded, type(exc).__name__) from exc
+        except httpx.TransportError as exc:
+            raise self._fail("broken_stream", yielded, "connection broke mid-stream") from exc
+        finally:
+            self._sync()
+            await self._response.aclose()
+        # SPEC §5: a clean end after a final chunk is complete even without [DONE]; a stream
+        # that stops without a finish reason (or inside a frame) is broken, never a success.
+        if self.finish_reason is None or sse.end_reason is EndReason.EOF_MID_FRAME:
+            raise self._fail("broken_stream", yielded, "stream ended without a finish reason")

@@ -1,0 +1,148 @@
+"""The OpenAI driver: any OpenAI-compatible chat completions API, passed through as is."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from ledger.events import Usage
+from router.classify import UpstreamOutcome
+from router.config import Endpoint
+from router.drivers.base import (
+    AttemptBinding,
+    ChatRequest,
+    Driver,
+    DriverResult,
+    DriverStream,
+    SSEDriverStream,
+    StreamErrorEvent,
+    StreamTranslator,
+    retry_after_ms,
+    sanitize,
+)
+
+__all__ = ["OpenAIDriver", "openai_usage"]
+
+
+class OpenAIDriver(Driver):
+    _request_id_header = "x-request-id"
+
+    def _auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
+        if endpoint.api_key is None:
+            return {}
+        return {"Authorization": f"Bearer {endpoint.api_key.get_secret_value()}"}
+
+    def _error_outcome(
+        self, status: int, body: Any, headers: httpx.Headers, secret: str | None
+    ) -> UpstreamOutcome:
+        error = body.get("error") if isinstance(body, dict) else None
+        if not isinstance(error, dict):
+            error = {}
+        return UpstreamOutcome(
+            http_status=status,
+            error_code=_str(error.get("code")),
+            error_type=_str(error.get("type")),
+            error_message=sanitize(error.get("message"), secret),
+            retry_after_ms=retry_after_ms(headers),
+            execution_state_header=headers.get("x-execution-state"),
+        )
+
+    @staticmethod
+    def _url(binding: AttemptBinding) -> str:
+        return binding.endpoint.base_url.rstrip("/") + "/chat/completions"
+
+    @staticmethod
+    def _payload(request: ChatRequest, *, stream: bool) -> dict[str, Any]:
+        payload = {**request.body, "model": request.upstream_model, "stream": stream}
+        if request.max_tokens is not None:
+            key = "max_completion_tokens" if "max_completion_tokens" in payload else "max_tokens"
+            payload[key] = request.max_tokens
+        if stream:
+            # Usage is what the books settle on; ask for it whatever the client asked.
+            options = payload.get("stream_options")
+            payload["stream_options"] = {
+                **(options if isinstance(options, dict) else {}),
+                "include_usage": True,
+            }
+        else:
+            payload.pop("stream_options", None)
+        return payload
+
+    async def complete(self, request: ChatRequest, binding: AttemptBinding) -> DriverResult:
+        response = await self._open(
+            self._url(binding), self._payload(request, stream=False), binding, stream=False
+        )
+        body = await self._read_body(response, binding)
+        request_id = response.headers.get(self._request_id_header)
+        choices = body.get("choices") if isinstance(body, dict) else None
+        if not isinstance(body, dict) or not isinstance(choices, list) or not choices:
+            raise self._transport_failure(
+                binding,
+                "invalid_response",
+                status=response.status_code,
+                request_id=request_id,
+                message="response has no choices",
+            )
+        first = choices[0] if isinstance(choices[0], dict) else {}
+        return DriverResult(
+            response=body,
+            usage=openai_usage(body.get("usage")),
+            finish_reason=_str(first.get("finish_reason")),
+            upstream_request_id=request_id,
+            response_id=_str(body.get("id")),
+            status=response.status_code,
+        )
+
+    async def stream(self, request: ChatRequest, binding: AttemptBinding) -> DriverStream:
+        started_at = time.monotonic()
+        response = await self._open(
+            self._url(binding), self._payload(request, stream=True), binding, stream=True
+        )
+        return SSEDriverStream(self, response, binding, _OpenAIChunks(), started_at)
+
+
+class _OpenAIChunks(StreamTranslator):
+    """OpenAI chunks pass through; this only notes the id, finish reason and usage."""
+
+    def translate(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        error = event.get("error")
+        if isinstance(error, dict):
+            raise StreamErrorEvent(
+                UpstreamOutcome(
+                    error_code=_str(error.get("code")),
+                    error_type=_str(error.get("type")),
+                    error_message=sanitize(error.get("message"), None),
+                )
+            )
+        if self.response_id is None:
+            self.response_id = _str(event.get("id"))
+        usage = openai_usage(event.get("usage"))
+        if usage is not None:
+            self.usage = usage
+        choices = event.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            if isinstance(choice, dict) and choice.get("finish_reason"):
+                self.finish_reason = _str(choice["finish_reason"])
+        return [event]
+
+
+def openai_usage(raw: object) -> Usage | None:
+    """An OpenAI ``usage`` object as a :class:`Usage`; None when absent or unreadable."""
+    if not isinstance(raw, dict):
+        return None
+    prompt, completion = raw.get("prompt_tokens"), raw.get("completion_tokens")
+    if not isinstance(prompt, int) or not isinstance(completion, int):
+        return None
+    details = raw.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    return Usage(
+        input_tokens=prompt,
+        output_tokens=completion,
+        cached_input_tokens=cached if isinstance(cached, int) else 0,
+    )
+
+
+def _str(value: object) -> str | None:
+    return None if value is None else str(value)

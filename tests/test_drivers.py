@@ -1,0 +1,347 @@
+"""Drivers against the fake provider over real HTTP on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from ledger.events import Evidence, FailureClass
+from router.config import Endpoint
+from router.drivers import (
+    AnthropicDriver,
+    AttemptBinding,
+    AttemptTimeouts,
+    ChatRequest,
+    Driver,
+    OpenAIDriver,
+    UpstreamFailure,
+)
+from router.fake_upstream import Behavior, FakeUpstream
+from router.fake_upstream.behavior import Kind
+
+SECRET = "sk-test-very-secret-0123456789"
+DRIVERS = ("openai", "anthropic")
+BODY = {
+    "model": "gateway-model",
+    "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Say hello."},
+    ],
+}
+
+
+def _endpoint(up: FakeUpstream, kind: str, **extra: object) -> Endpoint:
+    raw = {
+        "id": "east",
+        "driver": kind,
+        "base_url": up.base_url,
+        "api_key": "${env:KEY}",
+        "region": "eu",
+        "data_classes": ["internal"],
+        **extra,
+    }
+    return Endpoint.model_validate(raw, context={"environ": {"KEY": SECRET}})
+
+
+def _binding(
+    up: FakeUpstream,
+    kind: str,
+    *,
+    attempt: float = 5.0,
+    first: float = 5.0,
+    idle: float = 5.0,
+    traceparent: str | None = None,
+    **extra: object,
+) -> AttemptBinding:
+    return AttemptBinding(
+        endpoint=_endpoint(up, kind, **extra),
+        upstream_model="fake-model",
+        attempt_id="att_123",
+        timeouts=AttemptTimeouts(attempt, first, idle),
+        traceparent=traceparent,
+    )
+
+
+def _request(stream: bool = False) -> ChatRequest:
+    return ChatRequest(body=BODY, upstream_model="fake-model", max_tokens=64, stream=stream)
+
+
+@pytest.fixture(params=DRIVERS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+async def driver(kind: str) -> AsyncIterator[Driver]:
+    d: Driver = AnthropicDriver() if kind == "anthropic" else OpenAIDriver()
+    yield d
+    await d.aclose()
+
+
+async def _collect(driver: Driver, binding: AttemptBinding):
+    chunks = []
+    async with await driver.stream(_request(stream=True), binding) as stream:
+        async for chunk in stream:
+            chunks.append(chunk)
+    text = "".join(
+        c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices")
+    )
+    return stream, chunks, text
+
+
+async def _stream_failure(driver: Driver, binding: AttemptBinding) -> UpstreamFailure:
+    with pytest.raises(UpstreamFailure) as info:
+        await _collect(driver, binding)
+    return info.value
+
+
+async def _complete_failure(driver: Driver, binding: AttemptBinding) -> UpstreamFailure:
+    with pytest.raises(UpstreamFailure) as info:
+        await driver.complete(_request(), binding)
+    assert SECRET not in str(info.value) and SECRET not in repr(info.value)
+    return info.value
+
+
+# --- success ---
+
+
+async def test_buffered_completion_translates_content_usage_and_ids(driver, kind):
+    async with FakeUpstream("east") as up:
+        tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        result = await driver.complete(_request(), _binding(up, kind, traceparent=tp))
+        sent = up.requests[-1]
+    message = result.response["choices"][0]["message"]
+    assert isinstance(message["content"], str) and message["content"]
+    assert result.response["object"] == "chat.completion"
+    assert result.finish_reason == "stop"
+    assert result.usage is not None and result.usage.output_tokens > 0
+    assert result.upstream_request_id == sent.request_id
+    assert result.response_id
+    assert sent.headers.get("x-waybill-attempt-id") == "att_123"
+    assert sent.headers.get("traceparent") == tp
+
+
+async def test_openai_driver_sends_bearer_auth():
+    async with FakeUpstream("east") as up, _openai() as driver:
+        await driver.complete(_request(), _binding(up, "openai"))
+        sent = up.requests[-1]
+    assert sent.headers.get("authorization") == f"Bearer {SECRET}"
+    assert sent.json["model"] == "fake-model" and sent.json["max_tokens"] == 64
+
+
+async def test_anthropic_driver_maps_the_request_to_the_messages_api():
+    async with FakeUpstream("east") as up:
+        driver = AnthropicDriver()
+        body = {**BODY, "stop": "END", "temperature": 0.2}
+        request = ChatRequest(body=body, upstream_model="fake-model", max_tokens=32)
+        await driver.complete(request, _binding(up, "anthropic"))
+        await driver.aclose()
+        sent = up.requests[-1]
+    assert sent.path == "/v1/messages"
+    assert sent.headers.get("x-api-key") == SECRET
+    assert sent.headers.get("anthropic-version")
+    assert sent.json["system"] == "Be brief."
+    assert sent.json["messages"] == [{"role": "user", "content": "Say hello."}]
+    assert (sent.json["max_tokens"], sent.json["stop_sequences"]) == (32, ["END"])
+    assert sent.json["temperature"] == 0.2
+
+
+async def test_stream_chunks_concatenate_to_the_buffered_reply_with_usage(driver, kind):
+    async with FakeUpstream("east") as up:
+        buffered = await driver.complete(_request(), _binding(up, kind))
+        stream, chunks, text = await _collect(driver, _binding(up, kind))
+    assert text == buffered.response["choices"][0]["message"]["content"]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert stream.finish_reason == "stop"
+    assert stream.usage == buffered.usage
+    assert stream.response_id and stream.upstream_request_id
+    assert stream.time_to_first_chunk_ms is not None
+    assert stream.invalid_events == 0
+
+
+async def test_the_driver_reuses_its_pooled_connection(driver, kind):
+    async with FakeUpstream("east") as up:
+        for _ in range(3):
+            await driver.complete(_request(), _binding(up, kind))
+        assert up.connections == 1
+
+
+# --- HTTP errors ---
+
+
+async def test_rate_limited_with_retry_after_carries_retry_after_ms(driver, kind):
+    async with FakeUpstream("east", plan=[Behavior.rate_limited(retry_after=2)]) as up:
+        failure = await _complete_failure(driver, _binding(up, kind))
+    assert failure.classification.failure_class is FailureClass.RATE_LIMITED
+    assert failure.classification.retry_after_ms == 2000
+    assert failure.upstream_request_id
+
+
+async def test_insufficient_quota_is_quota_exhausted(driver, kind):
+    async with FakeUpstream("east", plan=[Behavior.insufficient_quota()]) as up:
+        failure = await _complete_failure(driver, _binding(up, kind))
+    assert failure.classification.failure_class is FailureClass.QUOTA_EXHAUSTED
+    assert failure.classification.may_fail_over == "no"
+
+
+@pytest.mark.parametrize(
+    ("behavior", "expected"),
+    [
+        (Behavior.unauthorized(), FailureClass.CREDENTIALS),
+        (Behavior.forbidden(), FailureClass.CREDENTIALS),
+        (Behavior.content_policy(), FailureClass.POLICY_DENIED),
+        (Behavior.content_policy(status=403), FailureClass.POLICY_DENIED),
+        (Behavior.context_length_exceeded(), FailureClass.CONTEXT_TOO_SMALL),
+        (Behavior.model_not_found(), FailureClass.MODEL_UNAVAILABLE),
+    ],
+    ids=["401", "403", "policy_400", "policy_403", "context", "model_not_found"],
+)
+async def test_error_responses_map_to_their_failure_class(driver, kind, behavior, expected):
+    async with FakeUpstream("east", plan=[behavior]) as up:
+        failure = await _complete_failure(driver, _binding(up, kind))
+    assert failure.classification.failure_class is expected
+    assert failure.classification.evidence is Evidence.NOT_STARTED
+
+
+async def test_500_is_upstream_unavailable_with_unknown_evidence(driver, kind):
+    async with FakeUpstream("east", plan=[Behavior.server_error(500)]) as up:
+        failure = await _complete_failure(driver, _binding(up, kind))
+    assert failure.classification.failure_class is FailureClass.UPSTREAM_UNAVAILABLE
+    assert failure.classification.evidence is Evidence.UNKNOWN
+
+
+@pytest.mark.parametrize(("trust", "evidence"), [(True, "not_started"), (False, "unknown")])
+async def test_not_started_503_is_believed_only_from_a_trusted_endpoint(
+    driver, kind, trust, evidence
+):
+    async with FakeUpstream("east", plan=[Behavior.not_started()]) as up:
+        binding = _binding(up, kind, trust_not_started=trust)
+        failure = await _complete_failure(driver, binding)
+    assert failure.outcome.http_status == 503
+    assert failure.classification.evidence == evidence
+
+
+async def test_streaming_error_status_fails_before_any_event(driver, kind):
+    async with FakeUpstream("east", plan=[Behavior.rate_limited(retry_after=1)]) as up:
+        failure = await _stream_failure(driver, _binding(up, kind))
+    assert failure.classification.failure_class is FailureClass.RATE_LIMITED
+    assert failure.events_yielded is False
+
+
+# --- transport faults ---
+
+
+async def test_reset_before_bytes_is_network_error(driver, kind):
+    async with FakeUpstream("east", plan=[Behavior.reset_before_bytes()]) as up:
+        failure = await _complete_failure(driver, _binding(up, kind))
+    assert failure.classification.failure_class is FailureClass.NETWORK_ERROR
+    assert failure.classification.evidence is Evidence.UNKNOWN
+
+
+async def test_connection_refused_is_network_error_not_started(driver, kind):
+    async with FakeUpstream("east") as up:
+        binding = _binding(up, kind)
+    failure = await _complete_failure(driver, binding)  # the server is gone
+    assert failure.classification.failure_class is FailureClass.NETWORK_ERROR
+    assert failure.classification.evidence is Evidence.NOT_STARTED
+
+
+async def test_stall_before_headers_with_a_tiny_attempt_timeout_is_timeout_unknown(driver, kind):
+    async with FakeUpstream("east", plan=[Behavior.stall(stall_s=2)]) as up:
+        failure = await _complete_failure(driver, _binding(up, kind, attempt=0.2))
+    assert failure.classification.failure_class is FailureClass.TIMEOUT
+    assert failure.classification.evidence is Evidence.UNKNOWN
+
+
+async def test_slow_first_event_is_first_token_timeout_before_anything_yielded(driver, kind):
+    behavior = Behavior.ok(first_event_delay_ms=1000)
+    async with FakeUpstream("east", plan=[behavior]) as up:
+        failure = await _stream_failure(driver, _binding(up, kind, first=0.2))
+    assert failure.outcome.transport == "first_token_timeout"
+    assert failure.classification.failure_class is FailureClass.TIMEOUT
+    assert failure.events_yielded is False
+
+
+async def test_disconnect_before_first_event_fails_with_nothing_yielded(driver, kind):
+    async with FakeUpstream("east", plan=[Behavior.disconnect_before_first_event()]) as up:
+        failure = await _stream_failure(driver, _binding(up, kind))
+    assert failure.classification.failure_class is FailureClass.NETWORK_ERROR
+    assert failure.events_yielded is False
+
+
+async def test_mid_stream_disconnect_is_a_failure_after_events_were_yielded(driver, kind):
+    async with FakeUpstream("east", plan=[Behavior.mid_stream_disconnect(after_events=5)]) as up:
+        failure = await _stream_failure(driver, _binding(up, kind))
+    assert failure.classification.failure_class is FailureClass.NETWORK_ERROR
+    assert failure.events_yielded is True
+
+
+async def test_idle_stream_after_events_is_a_broken_stream(driver, kind):
+    async with FakeUpstream("east", plan=[Behavior.stall(after_events=5, stall_s=2)]) as up:
+        failure = await _stream_failure(driver, _binding(up, kind, first=0.2, idle=0.2))
+    assert failure.outcome.transport == "broken_stream"
+    assert failure.events_yielded is True
+
+
+async def test_stream_without_done_after_the_final_chunk_is_a_success(driver, kind):
+    async with FakeUpstream("east", plan=[Behavior.ok(), Behavior.no_done()]) as up:
+        _, _, expected = await _collect(driver, _binding(up, kind))
+        stream, _, text = await _collect(driver, _binding(up, kind))
+    assert text == expected
+    assert stream.finish_reason == "stop"
+
+
+async def test_malformed_event_is_skipped_and_counted(driver, kind):
+    async with FakeUpstream("east", plan=[Behavior.malformed_event()]) as up:
+        stream, _, text = await _collect(driver, _binding(up, kind))
+    assert stream.invalid_events == 1
+    assert stream.finish_reason == "stop" and text
+
+
+async def test_malformed_buffered_body_is_a_failure(driver, kind):
+    async with FakeUpstream("east", plan=[Behavior.malformed_event()]) as up:
+        failure = await _complete_failure(driver, _binding(up, kind))
+    assert failure.outcome.transport == "invalid_response"
+
+
+@pytest.mark.parametrize(
+    "behavior",
+    [Behavior(Kind.SPLIT_UTF8), Behavior(Kind.LINE_ENDINGS, line_ending="cr")],
+    ids=["split_utf8", "cr"],
+)
+async def test_awkward_streams_give_the_exact_text(driver, kind, behavior):
+    async with FakeUpstream("east", plan=[Behavior.ok(), behavior]) as up:
+        _, _, expected = await _collect(driver, _binding(up, kind))
+        stream, _, text = await _collect(driver, _binding(up, kind))
+    assert text == expected and stream.finish_reason == "stop"
+
+
+async def test_split_utf8_buffered_body_is_exact(driver, kind):
+    async with FakeUpstream("east", plan=[Behavior.ok(), Behavior(Kind.SPLIT_UTF8)]) as up:
+        plain = await driver.complete(_request(), _binding(up, kind))
+        split = await driver.complete(_request(), _binding(up, kind))
+    content = split.response["choices"][0]["message"]["content"]
+    assert content == plain.response["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
+async def test_large_body_over_max_response_bytes_is_response_too_large(driver, kind, stream):
+    plan = [Behavior(Kind.LARGE_BODY, min_bytes=64 * 1024)]
+    async with FakeUpstream("east", plan=plan) as up:
+        binding = _binding(up, kind, max_response_bytes=16 * 1024)
+        if stream:
+            failure = await _stream_failure(driver, binding)
+        else:
+            failure = await _complete_failure(driver, binding)
+    assert failure.classification.failure_class is FailureClass.RESPONSE_TOO_LARGE
+    assert failure.classification.evidence is Evidence.STARTED
+
+
+class _openai:
+    async def __aenter__(self) -> OpenAIDriver:
+        self.driver = OpenAIDriver()
+        return self.driver
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.driver.aclose()
