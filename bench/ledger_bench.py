@@ -79,7 +79,7 @@ async def bench_backend(backend: str, seconds: float) -> dict[str, object]:
         url = _fresh_database(backend, Path(tmp))
         engine = create_engine(url)
         store = EventStore(engine)
-        for concurrency, per_append in ((1, 1), (10, 1), (100, 1), (100, 5)):
+        for concurrency, per_append in ((1, 1), (10, 1), (100, 1), (100, 5), (100, 10)):
             before = store.stats["batches"]
             events, elapsed = await _append_load(store, concurrency, seconds, per_append)
             batches = store.stats["batches"] - before
