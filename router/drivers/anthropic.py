@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from typing import Any, Final
 
-import httpx
 import orjson
 
 from ledger.events import Usage
@@ -26,7 +25,7 @@ from router.drivers.base import (
     SSEDriverStream,
     StreamErrorEvent,
     StreamTranslator,
-    retry_after_ms,
+    optional_str,
     sanitize,
 )
 
@@ -66,20 +65,6 @@ class AnthropicDriver(Driver):
             headers["x-api-key"] = endpoint.api_key.get_secret_value()
         return headers
 
-    def _error_outcome(
-        self, status: int, body: Any, headers: httpx.Headers, secret: str | None
-    ) -> UpstreamOutcome:
-        error = body.get("error") if isinstance(body, dict) else None
-        if not isinstance(error, dict):
-            error = {}
-        return UpstreamOutcome(
-            http_status=status,
-            error_type=_str(error.get("type")),
-            error_message=sanitize(error.get("message"), secret),
-            retry_after_ms=retry_after_ms(headers),
-            execution_state_header=headers.get("x-execution-state"),
-        )
-
     @staticmethod
     def _url(binding: AttemptBinding) -> str:
         return binding.endpoint.base_url.rstrip("/") + "/messages"
@@ -103,7 +88,7 @@ class AnthropicDriver(Driver):
             usage=_usage(body.get("usage")),
             finish_reason=completion["choices"][0]["finish_reason"],
             upstream_request_id=request_id,
-            response_id=_str(body.get("id")),
+            response_id=optional_str(body.get("id")),
             status=response.status_code,
         )
 
@@ -267,7 +252,7 @@ class _AnthropicEvents(StreamTranslator):
         kind = event.get("type")
         if kind == "message_start":
             message = event.get("message") or {}
-            self.response_id = _str(message.get("id"))
+            self.response_id = optional_str(message.get("id"))
             self._model = str(message.get("model") or self._model)
             usage = message.get("usage") or {}
             if isinstance(usage.get("input_tokens"), int):
@@ -302,7 +287,7 @@ class _AnthropicEvents(StreamTranslator):
             return self._message_delta(event)
         if kind == "error":
             error = event.get("error") or {}
-            type_ = _str(error.get("type"))
+            type_ = optional_str(error.get("type"))
             raise StreamErrorEvent(
                 UpstreamOutcome(
                     http_status=_ERROR_TYPE_STATUS.get(type_ or "", 500),
@@ -328,7 +313,3 @@ class _AnthropicEvents(StreamTranslator):
         if usage is not None:
             chunks.append({**self._chunk({}), "choices": [], "usage": _openai_usage(usage)})
         return chunks
-
-
-def _str(value: object) -> str | None:
-    return None if value is None else str(value)

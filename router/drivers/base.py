@@ -39,6 +39,7 @@ __all__ = [
     "UpstreamFailure",
     "count_bytes",
     "elapsed_ms",
+    "optional_str",
     "retry_after_ms",
     "sanitize",
 ]
@@ -182,10 +183,22 @@ class Driver(ABC):
     @abstractmethod
     def _auth_headers(self, endpoint: Endpoint) -> dict[str, str]: ...
 
-    @abstractmethod
     def _error_outcome(
         self, status: int, body: Any, headers: httpx.Headers, secret: str | None
-    ) -> UpstreamOutcome: ...
+    ) -> UpstreamOutcome:
+        # Both wire formats put the cause under "error" (OpenAI adds a "code"; Anthropic
+        # has only a "type"), so one reading serves both.
+        error = body.get("error") if isinstance(body, dict) else None
+        if not isinstance(error, dict):
+            error = {}
+        return UpstreamOutcome(
+            http_status=status,
+            error_code=optional_str(error.get("code")),
+            error_type=optional_str(error.get("type")),
+            error_message=sanitize(error.get("message"), secret),
+            retry_after_ms=retry_after_ms(headers),
+            execution_state_header=headers.get("x-execution-state"),
+        )
 
     def _headers(self, binding: AttemptBinding) -> dict[str, str]:
         headers = {**binding.extra_headers, **self._auth_headers(binding.endpoint)}
@@ -489,3 +502,7 @@ class SSEDriverStream(DriverStream):
         # that stops without a finish reason (or inside a frame) is broken, never a success.
         if self.finish_reason is None or sse.end_reason is EndReason.EOF_MID_FRAME:
             raise self._fail("broken_stream", yielded, "stream ended without a finish reason")
+
+
+def optional_str(value: object) -> str | None:
+    return None if value is None else str(value)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import httpx
-
 from ledger.events import Usage
 from router.classify import UpstreamOutcome
 from router.config import Endpoint
@@ -19,7 +17,7 @@ from router.drivers.base import (
     SSEDriverStream,
     StreamErrorEvent,
     StreamTranslator,
-    retry_after_ms,
+    optional_str,
     sanitize,
 )
 
@@ -33,21 +31,6 @@ class OpenAIDriver(Driver):
         if endpoint.api_key is None:
             return {}
         return {"Authorization": f"Bearer {endpoint.api_key.get_secret_value()}"}
-
-    def _error_outcome(
-        self, status: int, body: Any, headers: httpx.Headers, secret: str | None
-    ) -> UpstreamOutcome:
-        error = body.get("error") if isinstance(body, dict) else None
-        if not isinstance(error, dict):
-            error = {}
-        return UpstreamOutcome(
-            http_status=status,
-            error_code=_str(error.get("code")),
-            error_type=_str(error.get("type")),
-            error_message=sanitize(error.get("message"), secret),
-            retry_after_ms=retry_after_ms(headers),
-            execution_state_header=headers.get("x-execution-state"),
-        )
 
     @staticmethod
     def _url(binding: AttemptBinding) -> str:
@@ -89,9 +72,9 @@ class OpenAIDriver(Driver):
         return DriverResult(
             response=body,
             usage=openai_usage(body.get("usage")),
-            finish_reason=_str(first.get("finish_reason")),
+            finish_reason=optional_str(first.get("finish_reason")),
             upstream_request_id=request_id,
-            response_id=_str(body.get("id")),
+            response_id=optional_str(body.get("id")),
             status=response.status_code,
         )
 
@@ -111,20 +94,20 @@ class _OpenAIChunks(StreamTranslator):
         if isinstance(error, dict):
             raise StreamErrorEvent(
                 UpstreamOutcome(
-                    error_code=_str(error.get("code")),
-                    error_type=_str(error.get("type")),
+                    error_code=optional_str(error.get("code")),
+                    error_type=optional_str(error.get("type")),
                     error_message=sanitize(error.get("message"), None),
                 )
             )
         if self.response_id is None:
-            self.response_id = _str(event.get("id"))
+            self.response_id = optional_str(event.get("id"))
         usage = openai_usage(event.get("usage"))
         if usage is not None:
             self.usage = usage
         choices = event.get("choices")
         for choice in choices if isinstance(choices, list) else ():
             if isinstance(choice, dict) and choice.get("finish_reason"):
-                self.finish_reason = _str(choice["finish_reason"])
+                self.finish_reason = optional_str(choice["finish_reason"])
         return [event]
 
 
@@ -142,7 +125,3 @@ def openai_usage(raw: object) -> Usage | None:
         output_tokens=completion,
         cached_input_tokens=cached if isinstance(cached, int) else 0,
     )
-
-
-def _str(value: object) -> str | None:
-    return None if value is None else str(value)
