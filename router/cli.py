@@ -244,6 +244,27 @@ def keys_revoke(key_id: str, database_url: DatabaseUrl = None) -> None:
     out.print(f"revoked {key_id}")
 
 
+@app.command("check-config")
+def check_config_command(
+    config_file: Annotated[str, typer.Argument(help="The YAML config file to validate.")],
+) -> None:
+    """Validate a config file; exits non-zero with the path of every offending field."""
+    from router.config import ConfigError, load_config
+
+    try:
+        config = load_config(config_file)
+    except ConfigError as error:
+        err.print(f"[red]config is invalid[/red] ({config_file}):", highlight=False)
+        for line in str(error).splitlines():
+            err.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    out.print(
+        f"config OK: generation {config.generation}, {len(config.endpoints)} endpoints, "
+        f"{len(config.models)} model groups, {len(config.workspaces)} workspaces",
+        highlight=False,
+    )
+
+
 @app.command("demo")
 def demo_command(
     database_url: DatabaseUrl = None,

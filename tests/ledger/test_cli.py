@@ -15,8 +15,10 @@ from ledger.db import sync_url
 WAYBILL = [sys.executable, "-c", "from router.cli import main; main()"]
 
 
-def waybill(*args: str, database_url: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "WAYBILL_DATABASE_URL": database_url, "COLUMNS": "120"}
+def waybill(
+    *args: str, database_url: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **(env or {}), "WAYBILL_DATABASE_URL": database_url, "COLUMNS": "200"}
     return subprocess.run(
         [*WAYBILL, *args],
         env=env,
@@ -99,3 +101,22 @@ def test_user_errors_are_one_line_without_traceback(sqlite_url: str) -> None:
     assert bad_projection.returncode == 1 and "unknown projection 'nope'" in bad_projection.stderr
     for result in (unknown, bad_url, bad_projection):
         assert "Traceback" not in result.stderr
+
+
+def test_check_config_accepts_the_example_and_names_each_bad_field(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "docs" / "config.example.yaml"
+    env = {"OPENAI_API_KEY": "sk-test-secret-value", "ANTHROPIC_API_KEY": "sk-ant-secret"}
+    ok = waybill("check-config", str(example), database_url="sqlite://", env=env)
+    assert ok.returncode == 0, ok.stderr
+    assert "config OK" in ok.stdout
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        example.read_text().replace("weight: 3", "weight: 0", 1).replace("tier: 1", "tier: -1", 1)
+    )
+    result = waybill("check-config", str(bad), database_url="sqlite://", env=env)
+    assert result.returncode == 1
+    assert "].weight: must be > 0" in result.stderr
+    assert "].tier:" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "sk-test-secret-value" not in result.stderr + result.stdout
