@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 __all__ = [
@@ -47,7 +48,7 @@ def resolve_database_url(url: str | None) -> str:
 def _parse(url: str) -> URL:
     try:
         parsed = make_url(url)
-    except Exception as error:  # sqlalchemy raises ArgumentError with a terse message
+    except ArgumentError as error:
         raise DatabaseUrlError(f"not a database URL: {url!r}") from error
     if parsed.get_backend_name() not in ("postgresql", "sqlite"):
         raise DatabaseUrlError(

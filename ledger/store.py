@@ -167,7 +167,6 @@ class _AppenderState:
     task: asyncio.Task[None] | None = None
     closing: bool = False
     batches: int = 0
-    appended: int = 0
 
 
 class EventStore:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 
 import pytest
 from pydantic import ValidationError
@@ -306,8 +305,3 @@ async def test_postgres_refuses_truncate_of_events(postgres_url: str) -> None:
                 await conn.execute(text("TRUNCATE events"))
     finally:
         await engine.dispose()
-
-
-def test_secret_hash_in_factories_is_not_a_secret() -> None:
-    # Keys are recorded by the SHA-256 of their secret only (ledger.events.KeyCreated).
-    assert key_created("k").secret_sha256 == hashlib.sha256(b"k").hexdigest()
