@@ -1,0 +1,533 @@
+"""The routing core (SPEC §4, §5): evaluate → select → decide, free of I/O.
+
+For one request this module says which mappings of a model group may carry the next attempt
+and why each other one may not (:func:`evaluate`), which eligible mapping is next
+(:func:`select`, smooth weighted round-robin inside the best tier), and, after a failed
+attempt, whether to retry the same endpoint, fail over to another or stop (:func:`decide`,
+then :func:`next_context` for the following evaluation).
+
+It reads no clock and does no I/O: breakers and budgets are asked through callbacks the
+caller passes in, randomness comes only from the caller's ``random.Random``, and the only
+mutable state is the round-robin's, kept in the :class:`WeightedRoundRobin` the caller owns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import decimal
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Final, Literal, TypeAlias
+
+from ledger.events import Candidate, Evidence, FailureClass, ReasonCode, Requirements, RouteChoice
+from router.classify import Classification
+from router.config import (
+    Config,
+    DataClass,
+    Defaults,
+    Endpoint,
+    Mapping,
+    ModelGroup,
+    Workspace,
+    data_class_rank,
+)
+
+__all__ = [
+    "CHECK_ORDER",
+    "DECISION_REASONS",
+    "Action",
+    "AttemptOutcome",
+    "BreakerOpen",
+    "DataClass",
+    "Decision",
+    "OverBudget",
+    "RouteContext",
+    "Scope",
+    "TierKey",
+    "WeightedRoundRobin",
+    "decide",
+    "effective_scope",
+    "evaluate",
+    "next_context",
+    "select",
+    "worst_case_cost",
+]
+
+TierKey: TypeAlias = tuple[str, str, str, int]
+"""(workspace id, model group name, kind, tier): one smooth weighted round-robin each."""
+
+Action: TypeAlias = Literal["retry", "failover", "stop"]
+
+BreakerOpen: TypeAlias = Callable[[str, Mapping], "str | None"]
+"""(endpoint id, mapping) → None if the breakers admit it, else their scope, e.g. "endpoint"."""
+
+OverBudget: TypeAlias = Callable[[Decimal], "str | None"]
+"""worst-case cost → None if every account can cover it, else the account, e.g. "workspace:acme"."""
+
+
+# --- the request's policy scope ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The request's effective policy: the workspace's, narrowed by the caller's headers."""
+
+    regions: frozenset[str]
+    data_class: DataClass
+    empty: str | None = None  # the narrowing that came out empty, e.g. "regions"
+
+
+def effective_scope(workspace: Workspace, requirements: Requirements) -> Scope:
+    """The workspace's regions narrowed by the request's; the request's data class.
+
+    A narrowing that leaves nothing is marked ``empty``, never read as "unrestricted".
+    """
+    regions = workspace.regions
+    if requirements.regions is not None:
+        regions = regions & frozenset(requirements.regions)
+    # The app raises the class to the workspace's already; taking the higher one again here
+    # keeps SPEC §2's "a request may raise its workspace's class, never lower it" local.
+    data_class = max(workspace.data_class, requirements.data_class, key=data_class_rank)
+    return Scope(regions=regions, data_class=data_class, empty=None if regions else "regions")
+
+
+@dataclass(frozen=True)
+class RouteContext:
+    """What changes between the evaluations of one request."""
+
+    tried_endpoints: frozenset[str] = frozenset()  # left by a failover: never entered again
+    larger_context_than: int | None = None  # after context_too_small: only larger windows
+    excluded_models: frozenset[str] = frozenset()  # upstream models never tried again
+
+
+# --- worst-case cost ---------------------------------------------------------------------
+
+# Enough digits for any token count times any price, and a trap so that an inexact result
+# raises instead of silently rounding money.
+_EXACT: Final = decimal.Context(
+    prec=100, traps=[decimal.Inexact, decimal.InvalidOperation, decimal.Overflow]
+)
+_PER_MTOK_EXPONENT: Final = -6
+
+
+def _max_output_tokens(mapping: Mapping, requirements: Requirements) -> int:
+    # The request's own limit is what could be billed, even above the mapping's.
+    if requirements.max_output_tokens is not None:
+        return requirements.max_output_tokens
+    return mapping.max_output_tokens
+
+
+def worst_case_cost(mapping: Mapping, requirements: Requirements) -> Decimal:
+    """SPEC §4: estimated input tokens × input price + max output tokens × output price."""
+    price = mapping.price
+    input_cost = _EXACT.multiply(Decimal(requirements.estimated_input_tokens), price.input_per_mtok)
+    output_cost = _EXACT.multiply(
+        Decimal(_max_output_tokens(mapping, requirements)), price.output_per_mtok
+    )
+    return _EXACT.add(input_cost, output_cost).scaleb(_PER_MTOK_EXPONENT, _EXACT)
+
+
+# --- eligibility ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Subject:
+    """Everything one eligibility check may look at, for one mapping."""
+
+    endpoint: Endpoint
+    mapping: Mapping
+    group: ModelGroup
+    requirements: Requirements
+    scope: Scope
+    context: RouteContext
+    worst_case_usd: Decimal
+    breaker_open: BreakerOpen
+    over_budget: OverBudget | None
+
+
+def _endpoint_disabled(s: _Subject) -> str | None:
+    return None if s.endpoint.enabled else f"endpoint {s.endpoint.id} disabled"
+
+
+def _model_kind_mismatch(s: _Subject) -> str | None:
+    if s.group.kind == s.requirements.kind:
+        return None
+    return f"group kind {s.group.kind} != requested {s.requirements.kind}"
+
+
+def _already_tried(s: _Subject) -> str | None:
+    if s.endpoint.id in s.context.tried_endpoints:
+        return f"failed over from {s.endpoint.id}"
+    return None
+
+
+def _scope_empty(s: _Subject) -> str | None:
+    return s.scope.empty
+
+
+def _region_not_allowed(s: _Subject) -> str | None:
+    return None if s.endpoint.region in s.scope.regions else s.endpoint.region
+
+
+def _data_class_not_allowed(s: _Subject) -> str | None:
+    return None if s.scope.data_class in s.endpoint.data_classes else s.scope.data_class
+
+
+def _missing_capability(s: _Subject) -> str | None:
+    missing = set(s.requirements.capabilities) - s.mapping.capabilities
+    return ",".join(sorted(missing)) if missing else None
+
+
+def _context_too_small(s: _Subject) -> str | None:
+    mapping, context = s.mapping, s.context
+    if mapping.model in context.excluded_models:
+        return f"model {mapping.model} already failed as context_too_small"
+    floor = context.larger_context_than
+    if floor is not None and mapping.context_window <= floor:
+        return f"context_window {mapping.context_window} <= failed {floor}"
+    needed = s.requirements.estimated_input_tokens + _max_output_tokens(mapping, s.requirements)
+    if needed > mapping.context_window:
+        return f"context_window {mapping.context_window} < needed {needed}"
+    return None
+
+
+def _breaker_open(s: _Subject) -> str | None:
+    return s.breaker_open(s.endpoint.id, s.mapping)
+
+
+def _over_budget(s: _Subject) -> str | None:
+    return None if s.over_budget is None else s.over_budget(s.worst_case_usd)
+
+
+# The eligibility checks of SPEC §4, in the order they are applied; the FIRST one that fails
+# is the reason recorded on the candidate. The config's static facts come first, then the
+# request's history, its policy scope and its needs; live state (breakers, budgets) last, so
+# their callbacks are asked only about mappings that could otherwise carry the attempt.
+_Check: TypeAlias = Callable[[_Subject], "str | None"]
+_CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
+    (ReasonCode.ENDPOINT_DISABLED, _endpoint_disabled),
+    (ReasonCode.MODEL_KIND_MISMATCH, _model_kind_mismatch),
+    (ReasonCode.ALREADY_TRIED, _already_tried),
+    (ReasonCode.SCOPE_EMPTY, _scope_empty),
+    (ReasonCode.REGION_NOT_ALLOWED, _region_not_allowed),
+    (ReasonCode.DATA_CLASS_NOT_ALLOWED, _data_class_not_allowed),
+    (ReasonCode.MISSING_CAPABILITY, _missing_capability),
+    (ReasonCode.CONTEXT_TOO_SMALL, _context_too_small),
+    (ReasonCode.BREAKER_OPEN, _breaker_open),
+    (ReasonCode.OVER_BUDGET, _over_budget),
+)
+
+CHECK_ORDER: Final[tuple[ReasonCode, ...]] = tuple(code for code, _ in _CHECKS)
+"""Every reason code, in the order the checks run."""
+
+
+def evaluate(
+    config: Config,
+    workspace: Workspace,
+    group: ModelGroup,
+    requirements: Requirements,
+    context: RouteContext,
+    *,
+    breaker_open: BreakerOpen,
+    over_budget: OverBudget | None = None,
+) -> tuple[Candidate, ...]:
+    """One candidate per mapping of ``group``, in mapping order: eligible, or excluded with
+    the reason code of the first failing check in :data:`CHECK_ORDER`.
+
+    ``breaker_open`` and ``over_budget`` are called at most once per mapping, in mapping
+    order, and only for a mapping that passed every check before theirs.
+    """
+    scope = effective_scope(workspace, requirements)
+    candidates = []
+    for index, mapping in enumerate(group.mappings):
+        endpoint = config.endpoint(mapping.endpoint)
+        if endpoint is None:
+            # parse_config refuses dangling references: this is a group from another config.
+            raise ValueError(
+                f"model group {group.name!r} mapping {index} names endpoint "
+                f"{mapping.endpoint!r}, unknown to config generation {config.generation!r}"
+            )
+        subject = _Subject(
+            endpoint=endpoint,
+            mapping=mapping,
+            group=group,
+            requirements=requirements,
+            scope=scope,
+            context=context,
+            worst_case_usd=worst_case_cost(mapping, requirements),
+            breaker_open=breaker_open,
+            over_budget=over_budget,
+        )
+        reason, detail = _first_failure(subject)
+        candidates.append(
+            Candidate(
+                endpoint=mapping.endpoint,
+                model=mapping.model,
+                mapping_index=index,
+                tier=mapping.tier,
+                weight=mapping.weight,
+                eligible=reason is None,
+                reason_code=reason,
+                detail=detail,
+                worst_case_usd=subject.worst_case_usd,
+            )
+        )
+    return tuple(candidates)
+
+
+def _first_failure(subject: _Subject) -> tuple[ReasonCode | None, str | None]:
+    for code, check in _CHECKS:
+        detail = check(subject)
+        if detail is not None:
+            return code, detail
+    return None, None
+
+
+# --- selection ---------------------------------------------------------------------------
+
+
+@dataclass
+class _TierState:
+    current: dict[int, int]  # mapping index → current weight
+    selections: int = 0
+
+
+class WeightedRoundRobin:
+    """Smooth weighted round-robin (nginx's algorithm) per TierKey: deterministic; long-run
+    shares equal the weights.
+
+    Each round the current weight of every candidate taking part grows by its weight; the highest
+    current weight wins (ties: the lowest mapping index) and gives back the round's total.
+    State is kept per (key, mapping index), so a candidate sitting a round out (breaker,
+    budget, already tried) keeps its place. Not thread-safe: the gateway runs one event loop.
+    """
+
+    def __init__(self) -> None:
+        self._tiers: dict[TierKey, _TierState] = {}
+
+    def choose(self, key: TierKey, eligible: Sequence[Candidate]) -> tuple[Candidate, int]:
+        """The next candidate of ``key`` among ``eligible`` (ineligible ones take no part),
+        and its selection position: how many selections ``key`` made before this one."""
+        state = self._tiers.setdefault(key, _TierState(current={}))
+        current = state.current
+        best: Candidate | None = None
+        total = 0
+        for candidate in eligible:
+            if not candidate.eligible:
+                continue
+            index = candidate.mapping_index
+            current[index] = current.get(index, 0) + candidate.weight
+            total += candidate.weight
+            if best is None or _ahead(current, candidate, best):
+                best = candidate
+        if best is None:
+            raise ValueError(f"no eligible candidate to choose from for {key}")
+        current[best.mapping_index] -= total
+        position = state.selections
+        state.selections += 1
+        return best, position
+
+
+def _ahead(current: dict[int, int], candidate: Candidate, best: Candidate) -> bool:
+    mine, theirs = current[candidate.mapping_index], current[best.mapping_index]
+    return mine > theirs or (mine == theirs and candidate.mapping_index < best.mapping_index)
+
+
+def select(
+    candidates: Sequence[Candidate],
+    rr: WeightedRoundRobin,
+    workspace_id: str,
+    group: ModelGroup,
+) -> RouteChoice | None:
+    """The lowest tier with an eligible candidate, then SWRR inside it; None if none is."""
+    eligible = [c for c in candidates if c.eligible]
+    if not eligible:
+        return None
+    # SPEC §4: a lower tier is never chosen while a higher-priority one has a candidate.
+    tier = min(c.tier for c in eligible)
+    chosen, position = rr.choose(
+        (workspace_id, group.name, group.kind, tier), [c for c in eligible if c.tier == tier]
+    )
+    return RouteChoice(
+        endpoint=chosen.endpoint,
+        model=chosen.model,
+        mapping_index=chosen.mapping_index,
+        tier=chosen.tier,
+        weight=chosen.weight,
+        selection_position=position,
+    )
+
+
+# --- after a failed attempt: retry, failover or stop ----------------------------------------
+
+# Step 2's stop for a class whose "may fail over" is "no", e.g. "quota_exhausted_stops";
+# client_canceled and deadline_exceeded have stopped in step 1 before.
+_STOPS_BY_CLASS: Final = tuple(
+    f"{c.value}_stops"
+    for c in FailureClass
+    if c not in (FailureClass.CLIENT_CANCELED, FailureClass.DEADLINE_EXCEEDED)
+)
+
+DECISION_REASONS: Final[tuple[str, ...]] = (
+    # stop: limits of the whole request
+    "stream_committed",
+    "client_canceled",
+    "deadline_exceeded",
+    "max_attempts_reached",
+    # stop: the failure class or the config's policy for it
+    *_STOPS_BY_CLASS,
+    "policy_denied_never_routed_around",
+    "on_credentials_error_stop",
+    "on_unknown_execution_stop",
+    # retry the same endpoint
+    "retry_after_honoured",
+    "retry_with_backoff",
+    # stop: the caller forbade moving
+    "failover_forbidden_by_header",
+    # failover
+    "larger_context_failover",
+    "credentials_policy_failover",
+    "not_started_failover",
+    "unknown_execution_policy_failover",
+    "class_allows_failover",
+)
+"""Every reason :func:`decide` may give, a stable code recorded on ``FailoverDecided``."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str  # one of DECISION_REASONS
+    backoff_ms: int | None = None  # retry: how long to wait first
+
+    def __post_init__(self) -> None:
+        if self.reason not in DECISION_REASONS:
+            raise ValueError(f"unknown decision reason {self.reason!r}")
+
+    @property
+    def allowed(self) -> bool:
+        return self.action != "stop"
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    classification: Classification
+    attempts_made: int  # attempts of this request so far, including the one that just failed
+    retries_on_endpoint: int  # same-endpoint retries already made for this endpoint
+    remaining_ms: int  # whole-request deadline left
+    allow_failover: bool = True  # X-Waybill-Allow-Failover
+    stream_committed: bool = False  # an event reached the client: the endpoint is fixed
+
+
+def _stop(reason: str) -> Decision:
+    return Decision("stop", reason)
+
+
+def decide(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> Decision:
+    """What follows a failed attempt (SPEC §4 "Retry and failover are different acts", §5).
+
+    Whether a candidate is left to fail over to is the next evaluation's question.
+    """
+    c = outcome.classification
+    # 1. Limits of the whole request.
+    if outcome.stream_committed:
+        return _stop("stream_committed")
+    if c.failure_class is FailureClass.CLIENT_CANCELED:
+        return _stop("client_canceled")
+    if c.failure_class is FailureClass.DEADLINE_EXCEEDED or outcome.remaining_ms <= 0:
+        return _stop("deadline_exceeded")
+    if outcome.attempts_made >= defaults.max_attempts:
+        return _stop("max_attempts_reached")
+    # 2. May this class go on at all?
+    stop_reason = _class_stops(c, defaults)
+    if stop_reason is not None:
+        return _stop(stop_reason)
+    # 3. Retry the same endpoint first, where the config allows it.
+    retry = _retry(outcome, defaults, rng)
+    if retry is not None:
+        return retry
+    # 4. Otherwise move to another endpoint, if the caller lets us.
+    if not outcome.allow_failover:
+        return _stop("failover_forbidden_by_header")
+    return Decision("failover", _failover_reason(c))
+
+
+def _class_stops(c: Classification, defaults: Defaults) -> str | None:
+    """None if SPEC §5's "may fail over" column lets the request go on, else why not."""
+    match c.may_fail_over:
+        case "yes" | "larger_context_only":
+            return None
+        case "no":
+            return f"{c.failure_class.value}_stops"
+        case "never":
+            return "policy_denied_never_routed_around"
+        case "per_on_credentials_error":
+            if defaults.on_credentials_error == "failover":
+                return None
+            return "on_credentials_error_stop"
+        case "per_on_unknown_execution":
+            if c.evidence is Evidence.NOT_STARTED or defaults.on_unknown_execution == "failover":
+                return None
+            return "on_unknown_execution_stop"
+
+
+def _retry(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> Decision | None:
+    c = outcome.classification
+    if c.may_fail_over == "larger_context_only" or c.failure_class in (
+        FailureClass.CONTEXT_TOO_SMALL,  # the same model would refuse the same prompt again
+        FailureClass.TIMEOUT,  # a silent route is never retried, whatever the config says
+    ):
+        return None
+    rule = defaults.retry_same_endpoint.rule(c.failure_class.value)
+    if outcome.retries_on_endpoint >= rule.max:
+        return None
+    if c.failure_class is FailureClass.RATE_LIMITED:
+        # Only a Retry-After that fits both the rule and the deadline is waited for.
+        wait = c.retry_after_ms
+        if wait is None or wait > rule.max_retry_after_ms or wait >= outcome.remaining_ms:
+            return None
+        return Decision("retry", "retry_after_honoured", backoff_ms=wait)
+    low, high = rule.backoff_ms
+    backoff = rng.randint(low, high)
+    if backoff >= outcome.remaining_ms:
+        return None
+    return Decision("retry", "retry_with_backoff", backoff_ms=backoff)
+
+
+def _failover_reason(c: Classification) -> str:
+    if c.may_fail_over == "larger_context_only":
+        return "larger_context_failover"
+    if c.may_fail_over == "per_on_credentials_error":
+        return "credentials_policy_failover"
+    if c.evidence is Evidence.NOT_STARTED:
+        return "not_started_failover"
+    if c.may_fail_over == "per_on_unknown_execution":
+        # The attempt may have run: the core holds its reservation as unknown usage.
+        return "unknown_execution_policy_failover"
+    # "yes" with the work started (response_too_large): the table allows it outright.
+    return "class_allows_failover"
+
+
+def next_context(
+    context: RouteContext,
+    action: Action,
+    endpoint_id: str,
+    mapping: Mapping,
+    failure_class: FailureClass,
+) -> RouteContext:
+    """The context of the next evaluation after ``action`` on ``endpoint_id``/``mapping``."""
+    if action != "failover":
+        return context
+    tried = context.tried_endpoints | {endpoint_id}
+    if failure_class is not FailureClass.CONTEXT_TOO_SMALL:
+        return dataclasses.replace(context, tried_endpoints=tried)
+    floor = context.larger_context_than
+    return RouteContext(
+        tried_endpoints=tried,
+        larger_context_than=mapping.context_window
+        if floor is None
+        else max(floor, mapping.context_window),
+        excluded_models=context.excluded_models | {mapping.model},
+    )

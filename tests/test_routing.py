@@ -1,0 +1,999 @@
+"""The routing core against SPEC §4 and §5: eligibility, selection, retry and failover."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import random
+from collections import Counter
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger.events import Candidate, Evidence, FailureClass, ReasonCode, Requirements
+from router.classify import Classification, MayFailOver, UpstreamOutcome, classify
+from router.config import Config, Defaults, Mapping, ModelGroup, Workspace, parse_config
+from router.routing import (
+    CHECK_ORDER,
+    DECISION_REASONS,
+    AttemptOutcome,
+    Decision,
+    RouteContext,
+    Scope,
+    WeightedRoundRobin,
+    decide,
+    effective_scope,
+    evaluate,
+    next_context,
+    select,
+    worst_case_cost,
+)
+
+ENV = {"EAST_KEY": "sk-test-east"}
+
+CONFIG = """
+endpoints:
+  - id: east
+    driver: openai
+    base_url: https://east.invalid/v1
+    api_key: ${env:EAST_KEY}
+    region: us-east
+    data_classes: [public, internal]
+  - id: west
+    driver: anthropic
+    base_url: https://west.invalid
+    region: eu-west
+    data_classes: [public, internal, restricted]
+  - id: south
+    driver: openai
+    base_url: https://south.invalid/v1
+    region: ap-south
+    data_classes: [public, internal, restricted]
+  - id: dormant
+    driver: openai
+    base_url: https://off.invalid/v1
+    region: us-east
+    data_classes: [public, internal, restricted]
+    enabled: false
+models:
+  - name: chat
+    mappings:
+      - endpoint: east            # 0
+        model: small
+        tier: 0
+        weight: 3
+        capabilities: [text, stream, tools]
+        context_window: 8192
+        max_output_tokens: 1024
+        price: {input_per_mtok: 0.15, output_per_mtok: 0.60}
+      - endpoint: east            # 1: a second route to the same endpoint
+        model: large
+        tier: 0
+        weight: 1
+        capabilities: [text, stream, tools, vision]
+        context_window: 128000
+        max_output_tokens: 4096
+        price: {input_per_mtok: 2.5, output_per_mtok: 10}
+      - endpoint: west            # 2
+        model: claude
+        tier: 1
+        weight: 2
+        capabilities: [text, stream, tools, vision, json_schema]
+        context_window: 200000
+        max_output_tokens: 8192
+        price: {input_per_mtok: 3, output_per_mtok: 15}
+      - endpoint: south           # 3: outside acme's regions
+        model: far
+        tier: 1
+        capabilities: [text, stream]
+        context_window: 32000
+        max_output_tokens: 2048
+        price: {input_per_mtok: 1, output_per_mtok: 2}
+      - endpoint: dormant           # 4: disabled
+        model: spare
+        tier: 0
+        weight: 5
+        capabilities: [text, stream, tools, vision]
+        context_window: 128000
+        max_output_tokens: 4096
+        price: {input_per_mtok: 1, output_per_mtok: 2}
+workspaces:
+  - id: acme
+    models: [chat]
+    regions: [us-east, eu-west]
+    data_class: internal
+"""
+
+
+@functools.cache
+def _config() -> Config:
+    return parse_config(CONFIG, environ=ENV)
+
+
+def _workspace() -> Workspace:
+    workspace = _config().workspace("acme")
+    assert workspace is not None
+    return workspace
+
+
+def _group() -> ModelGroup:
+    group = _config().model_group("chat")
+    assert group is not None
+    return group
+
+
+def _admit(endpoint_id: str, mapping: Mapping) -> str | None:
+    return None
+
+
+def _evaluate(
+    requirements: Requirements | None = None,
+    context: RouteContext | None = None,
+    **callbacks: Any,
+) -> tuple[Candidate, ...]:
+    callbacks.setdefault("breaker_open", _admit)
+    return evaluate(
+        _config(),
+        _workspace(),
+        _group(),
+        requirements or Requirements(capabilities=("text",), estimated_input_tokens=100),
+        context or RouteContext(),
+        **callbacks,
+    )
+
+
+def _reasons(candidates: tuple[Candidate, ...]) -> list[str | None]:
+    return [c.reason_code.value if c.reason_code else None for c in candidates]
+
+
+# --- scope -------------------------------------------------------------------------------
+
+
+def test_scope_without_narrowing_is_the_workspaces_regions():
+    scope = effective_scope(_workspace(), Requirements())
+    assert scope == Scope(regions=frozenset({"us-east", "eu-west"}), data_class="internal")
+
+
+def test_scope_narrows_regions_to_the_intersection():
+    scope = effective_scope(_workspace(), Requirements(regions=("eu-west", "ap-south")))
+    assert scope.regions == frozenset({"eu-west"})
+    assert scope.empty is None
+
+
+@pytest.mark.parametrize("regions", [("ap-south",), ()])
+def test_scope_narrowed_to_nothing_is_marked_empty_not_unrestricted(regions):
+    scope = effective_scope(_workspace(), Requirements(regions=regions))
+    assert scope.regions == frozenset()
+    assert scope.empty == "regions"
+
+
+def test_scope_data_class_is_the_requests_and_never_below_the_workspaces():
+    assert effective_scope(_workspace(), Requirements(data_class="restricted")).data_class == (
+        "restricted"
+    )
+    assert effective_scope(_workspace(), Requirements(data_class="public")).data_class == (
+        "internal"
+    )
+
+
+# --- worst-case cost ---------------------------------------------------------------------
+
+
+def test_worst_case_cost_is_exact_decimal_with_the_mappings_max_output():
+    small = _group().mappings[0]  # 0.15 in, 0.60 out, max_output_tokens 1024
+    cost = worst_case_cost(small, Requirements(estimated_input_tokens=1234))
+    # 1234 × 0.15 / 1e6 + 1024 × 0.60 / 1e6 = 0.0001851 + 0.0006144
+    assert cost == Decimal("0.0007995")
+    assert isinstance(cost, Decimal)
+
+
+def test_worst_case_cost_uses_the_requests_max_tokens_even_above_the_mappings():
+    small = _group().mappings[0]
+    below = worst_case_cost(small, Requirements(estimated_input_tokens=0, max_output_tokens=10))
+    above = worst_case_cost(small, Requirements(estimated_input_tokens=0, max_output_tokens=5000))
+    assert below == Decimal("0.000006")
+    assert above == Decimal("0.003")
+
+
+def test_worst_case_cost_has_no_float_rounding():
+    # In floats 3 × 0.1 is 0.30000000000000004.
+    mapping = _mapping_with_prices(Decimal("0.1"), Decimal("0.1"), max_output=3)
+    cost = worst_case_cost(mapping, Requirements(estimated_input_tokens=0))
+    assert cost == Decimal("0.0000003")
+    assert Fraction(cost) == Fraction(3, 10**7)
+
+
+def _mapping_with_prices(input_price: Decimal, output_price: Decimal, max_output: int) -> Mapping:
+    return Mapping.model_validate(
+        {
+            "endpoint": "east",
+            "model": "m",
+            "context_window": 10**9,
+            "max_output_tokens": max_output,
+            "price": {"input_per_mtok": input_price, "output_per_mtok": output_price},
+        }
+    )
+
+
+_prices = st.decimals(min_value=0, max_value=1000, places=6, allow_nan=False, allow_infinity=False)
+
+
+@given(
+    _prices,
+    _prices,
+    st.integers(0, 10**8),
+    st.integers(1, 10**6),
+    st.none() | st.integers(0, 10**7),
+)
+def test_worst_case_cost_equals_the_exact_rational_formula(
+    input_price, output_price, input_tokens, mapping_max, request_max
+):
+    mapping = _mapping_with_prices(input_price, output_price, mapping_max)
+    requirements = Requirements(estimated_input_tokens=input_tokens, max_output_tokens=request_max)
+    out = mapping_max if request_max is None else request_max
+    expected = (
+        Fraction(input_tokens) * Fraction(input_price) + Fraction(out) * Fraction(output_price)
+    ) / 10**6
+    assert Fraction(worst_case_cost(mapping, requirements)) == expected
+
+
+def test_every_candidate_carries_its_worst_case_cost_eligible_or_not():
+    requirements = Requirements(estimated_input_tokens=1000)
+    candidates = _evaluate(requirements)
+    assert not all(c.eligible for c in candidates)
+    for candidate, mapping in zip(candidates, _group().mappings, strict=True):
+        assert candidate.worst_case_usd == worst_case_cost(mapping, requirements)
+
+
+# --- evaluation: one candidate per mapping --------------------------------------------------
+
+
+def test_evaluate_returns_one_candidate_per_mapping_in_mapping_order():
+    candidates = _evaluate()
+    assert [(c.mapping_index, c.endpoint, c.model, c.tier, c.weight) for c in candidates] == [
+        (0, "east", "small", 0, 3),
+        (1, "east", "large", 0, 1),
+        (2, "west", "claude", 1, 2),
+        (3, "south", "far", 1, 1),
+        (4, "dormant", "spare", 0, 5),
+    ]
+    assert _reasons(candidates) == [None, None, None, "region_not_allowed", "endpoint_disabled"]
+    assert [c.eligible for c in candidates] == [True, True, True, False, False]
+    assert all(c.detail is None for c in candidates if c.eligible)
+
+
+def test_endpoint_disabled():
+    off = _evaluate()[4]
+    assert (off.reason_code, off.detail) == (
+        ReasonCode.ENDPOINT_DISABLED,
+        "endpoint dormant disabled",
+    )
+
+
+def test_model_kind_mismatch():
+    candidates = _evaluate(Requirements(kind="embedding"))
+    assert _reasons(candidates)[:4] == ["model_kind_mismatch"] * 4
+    assert candidates[0].detail == "group kind chat != requested embedding"
+
+
+def test_already_tried_excludes_every_mapping_leading_to_that_endpoint():
+    candidates = _evaluate(context=RouteContext(tried_endpoints=frozenset({"east"})))
+    assert _reasons(candidates)[:3] == ["already_tried", "already_tried", None]
+    assert candidates[0].detail == candidates[1].detail == "failed over from east"
+
+
+def test_scope_empty_is_given_to_every_candidate_and_nothing_is_eligible():
+    candidates = _evaluate(Requirements(regions=("mars",)))
+    assert _reasons(candidates) == ["scope_empty"] * 4 + ["endpoint_disabled"]
+    assert {c.detail for c in candidates[:4]} == {"regions"}
+    assert select(candidates, WeightedRoundRobin(), "acme", _group()) is None
+
+
+def test_region_not_allowed_names_the_endpoints_region():
+    candidates = _evaluate(Requirements(regions=("eu-west",)))
+    assert _reasons(candidates)[:4] == [
+        "region_not_allowed",
+        "region_not_allowed",
+        None,
+        "region_not_allowed",
+    ]
+    assert [c.detail for c in candidates[:4]] == ["us-east", "us-east", None, "ap-south"]
+
+
+def test_data_class_not_allowed_names_the_data_class():
+    candidates = _evaluate(Requirements(data_class="restricted"))
+    assert _reasons(candidates)[:3] == ["data_class_not_allowed", "data_class_not_allowed", None]
+    assert candidates[0].detail == "restricted"
+
+
+def test_missing_capability_lists_the_missing_names_comma_joined():
+    candidates = _evaluate(Requirements(capabilities=("text", "vision", "json_schema")))
+    assert _reasons(candidates)[:3] == ["missing_capability", "missing_capability", None]
+    assert candidates[0].detail == "json_schema,vision"
+    assert candidates[1].detail == "json_schema"
+
+
+def test_context_too_small_when_input_plus_max_output_exceeds_the_window():
+    # small: window 8192, max_output_tokens 1024: 7168 input fits exactly, 7169 does not.
+    fits = _evaluate(Requirements(estimated_input_tokens=7168))[0]
+    too_big = _evaluate(Requirements(estimated_input_tokens=7169))[0]
+    assert fits.eligible
+    assert too_big.reason_code is ReasonCode.CONTEXT_TOO_SMALL
+    assert too_big.detail == "context_window 8192 < needed 8193"
+
+
+def test_context_too_small_counts_the_requests_max_tokens():
+    candidate = _evaluate(Requirements(estimated_input_tokens=1000, max_output_tokens=8000))[0]
+    assert candidate.detail == "context_window 8192 < needed 9000"
+
+
+def test_after_context_too_small_only_larger_windows_and_never_the_same_model():
+    context = RouteContext(larger_context_than=128000, excluded_models=frozenset({"small"}))
+    candidates = _evaluate(context=context)
+    assert _reasons(candidates)[:3] == ["context_too_small", "context_too_small", None]
+    assert candidates[0].detail == "model small already failed as context_too_small"
+    assert candidates[1].detail == "context_window 128000 <= failed 128000"
+
+
+def test_breaker_open_records_the_breakers_scope_and_is_asked_with_endpoint_and_mapping():
+    asked: list[tuple[str, str]] = []
+
+    def breaker(endpoint_id: str, mapping: Mapping) -> str | None:
+        asked.append((endpoint_id, mapping.model))
+        return "mapping" if mapping.model == "large" else None
+
+    candidates = _evaluate(breaker_open=breaker)
+    assert _reasons(candidates)[:3] == [None, "breaker_open", None]
+    assert candidates[1].detail == "mapping"
+    # Not asked about the out-of-region or disabled mappings.
+    assert asked == [("east", "small"), ("east", "large"), ("west", "claude")]
+
+
+def test_over_budget_records_the_account_and_is_asked_with_the_worst_case_cost():
+    asked: list[Decimal] = []
+
+    def budget(worst: Decimal) -> str | None:
+        asked.append(worst)
+        return "workspace:acme" if worst > Decimal("0.1") else None
+
+    candidates = _evaluate(over_budget=budget)
+    assert _reasons(candidates)[:3] == [None, None, "over_budget"]
+    assert candidates[2].detail == "workspace:acme"
+    assert asked == [c.worst_case_usd for c in candidates[:3]]
+
+
+def test_without_an_over_budget_callback_no_budget_check_is_made():
+    assert _reasons(_evaluate(over_budget=None))[:3] == [None, None, None]
+
+
+def test_a_group_naming_an_endpoint_unknown_to_the_config_is_refused():
+    other = parse_config(
+        CONFIG.replace("id: west", "id: elsewhere").replace(
+            "endpoint: west", "endpoint: elsewhere"
+        ),
+        environ=ENV,
+    )
+    foreign_group = other.model_group("chat")
+    assert foreign_group is not None
+    with pytest.raises(ValueError, match="elsewhere"):
+        evaluate(
+            _config(),
+            _workspace(),
+            foreign_group,
+            Requirements(),
+            RouteContext(),
+            breaker_open=_admit,
+        )
+
+
+# --- the check order ---------------------------------------------------------------------
+
+R = ReasonCode
+SPEC_ORDER = (
+    R.ENDPOINT_DISABLED,
+    R.MODEL_KIND_MISMATCH,
+    R.ALREADY_TRIED,
+    R.SCOPE_EMPTY,
+    R.REGION_NOT_ALLOWED,
+    R.DATA_CLASS_NOT_ALLOWED,
+    R.MISSING_CAPABILITY,
+    R.CONTEXT_TOO_SMALL,
+    R.BREAKER_OPEN,
+    R.OVER_BUDGET,
+)
+
+
+def test_check_order_is_the_contracts_and_covers_every_reason_code():
+    assert CHECK_ORDER == SPEC_ORDER
+    assert set(CHECK_ORDER) == set(ReasonCode)
+
+
+@functools.cache
+def _single_mapping_config(disabled: bool, far_region: bool) -> Config:
+    data = {
+        "endpoints": [
+            {
+                "id": "ep",
+                "driver": "openai",
+                "base_url": "https://ep.invalid/v1",
+                "region": "ap-south" if far_region else "us-east",
+                "data_classes": ["public", "internal"],
+                "enabled": not disabled,
+            }
+        ],
+        "models": [
+            {
+                "name": "g",
+                "mappings": [
+                    {
+                        "endpoint": "ep",
+                        "model": "m",
+                        "capabilities": ["text"],
+                        "context_window": 1000,
+                        "max_output_tokens": 100,
+                        "price": {"input_per_mtok": 1, "output_per_mtok": 2},
+                    }
+                ],
+            }
+        ],
+        "workspaces": [
+            {"id": "w", "models": ["g"], "regions": ["us-east"], "data_class": "internal"}
+        ],
+    }
+    return parse_config(yaml.safe_dump(data), environ={})
+
+
+def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[str]]:
+    """Evaluate a one-mapping group set up to fail exactly the checks in ``failing``."""
+    config = _single_mapping_config(R.ENDPOINT_DISABLED in failing, R.REGION_NOT_ALLOWED in failing)
+    called: list[str] = []
+
+    def breaker(endpoint_id: str, mapping: Mapping) -> str | None:
+        called.append("breaker")
+        return "endpoint" if R.BREAKER_OPEN in failing else None
+
+    def budget(worst: Decimal) -> str | None:
+        called.append("budget")
+        return "request" if R.OVER_BUDGET in failing else None
+
+    requirements = Requirements(
+        kind="embedding" if R.MODEL_KIND_MISMATCH in failing else "chat",
+        regions=("nowhere",) if R.SCOPE_EMPTY in failing else None,
+        data_class="restricted" if R.DATA_CLASS_NOT_ALLOWED in failing else "internal",
+        capabilities=("text", "vision") if R.MISSING_CAPABILITY in failing else ("text",),
+        estimated_input_tokens=901 if R.CONTEXT_TOO_SMALL in failing else 900,
+    )
+    tried = frozenset({"ep"}) if R.ALREADY_TRIED in failing else frozenset()
+    workspace, group = config.workspaces[0], config.models[0]
+    (candidate,) = evaluate(
+        config,
+        workspace,
+        group,
+        requirements,
+        RouteContext(tried_endpoints=tried),
+        breaker_open=breaker,
+        over_budget=budget,
+    )
+    return candidate, called
+
+
+def test_each_check_alone_excludes_with_its_own_reason():
+    assert _evaluate_failing(frozenset())[0].eligible
+    for code in ReasonCode:
+        candidate, _ = _evaluate_failing(frozenset({code}))
+        assert (candidate.eligible, candidate.reason_code) == (False, code)
+        assert candidate.detail
+
+
+def test_the_first_failing_check_is_the_reason_for_every_combination():
+    for size in range(1, len(SPEC_ORDER) + 1):
+        for combination in itertools.combinations(SPEC_ORDER, size):
+            candidate, called = _evaluate_failing(frozenset(combination))
+            assert candidate.reason_code is combination[0], combination
+            # Live state is asked only about a mapping that passed every earlier check.
+            passed = SPEC_ORDER.index(combination[0]) - SPEC_ORDER.index(R.BREAKER_OPEN)
+            expected_calls = ["breaker", "budget"][: max(0, passed + 1)]
+            assert called == expected_calls, combination
+
+
+# --- selection: tiers ----------------------------------------------------------------------
+
+
+def _candidate(index: int, weight: int = 1, tier: int = 0, eligible: bool = True) -> Candidate:
+    return Candidate(
+        endpoint=f"e{index}",
+        model=f"m{index}",
+        mapping_index=index,
+        tier=tier,
+        weight=weight,
+        eligible=eligible,
+        reason_code=None if eligible else ReasonCode.BREAKER_OPEN,
+        detail=None if eligible else "endpoint",
+    )
+
+
+def test_select_prefers_tier_0_whatever_the_weights_and_falls_back_when_it_is_excluded():
+    rr = WeightedRoundRobin()
+    primary_only = [_candidate(0, weight=1, tier=0), _candidate(1, weight=100, tier=1)]
+    chosen = [select(primary_only, rr, "acme", _group()) for _ in range(50)]
+    assert {(c.tier, c.mapping_index) for c in chosen if c} == {(0, 0)}
+    fallback = [_candidate(0, tier=0, eligible=False), _candidate(1, weight=100, tier=1)]
+    choice = select(fallback, rr, "acme", _group())
+    assert choice is not None
+    assert (choice.tier, choice.mapping_index, choice.selection_position) == (1, 1, 0)
+
+
+def test_select_from_a_real_evaluation_stays_in_tier_0_until_it_is_tried():
+    rr = WeightedRoundRobin()
+    first = select(_evaluate(), rr, "acme", _group())
+    assert first is not None
+    assert (first.endpoint, first.tier) == ("east", 0)
+    after = select(
+        _evaluate(context=RouteContext(tried_endpoints=frozenset({"east"}))), rr, "acme", _group()
+    )
+    assert after is not None
+    assert (after.endpoint, after.model, after.tier, after.weight) == ("west", "claude", 1, 2)
+
+
+def test_select_returns_none_when_nothing_is_eligible():
+    candidates = [_candidate(0, eligible=False), _candidate(1, tier=1, eligible=False)]
+    assert select(candidates, WeightedRoundRobin(), "acme", _group()) is None
+    assert select([], WeightedRoundRobin(), "acme", _group()) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 10), st.booleans()), min_size=1, max_size=8
+    ),
+    st.integers(1, 20),
+)
+def test_select_never_picks_a_lower_tier_while_a_higher_priority_one_has_a_candidate(specs, rounds):
+    candidates = [_candidate(i, weight=w, tier=t, eligible=e) for i, (t, w, e) in enumerate(specs)]
+    eligible_tiers = [c.tier for c in candidates if c.eligible]
+    rr = WeightedRoundRobin()
+    for _ in range(rounds):
+        choice = select(candidates, rr, "acme", _group())
+        if not eligible_tiers:
+            assert choice is None
+            continue
+        assert choice is not None
+        assert choice.tier == min(eligible_tiers)
+        assert candidates[choice.mapping_index].eligible
+
+
+# --- selection: smooth weighted round-robin --------------------------------------------------
+
+KEY = ("acme", "chat", "chat", 0)
+
+
+def _run(rr: WeightedRoundRobin, key: Any, candidates: list[Candidate], n: int) -> list[int]:
+    return [rr.choose(key, candidates)[0].mapping_index for _ in range(n)]
+
+
+def test_swrr_matches_nginx_sequence_for_weights_5_1_1():
+    rr = WeightedRoundRobin()
+    candidates = [_candidate(0, 5), _candidate(1, 1), _candidate(2, 1)]
+    picks = [rr.choose(KEY, candidates) for _ in range(7)]
+    assert [c.mapping_index for c, _ in picks] == [0, 0, 1, 0, 2, 0, 0]
+    assert [position for _, position in picks] == list(range(7))
+
+
+def test_swrr_ties_break_on_the_lowest_mapping_index_whatever_the_list_order():
+    rr = WeightedRoundRobin()
+    candidates = [_candidate(2), _candidate(0), _candidate(1)]
+    assert _run(rr, KEY, candidates, 6) == [0, 1, 2, 0, 1, 2]
+
+
+def test_swrr_state_follows_the_mapping_index_not_the_position_in_the_list():
+    forward, shuffled = WeightedRoundRobin(), WeightedRoundRobin()
+    candidates = [_candidate(0, 4), _candidate(1, 2), _candidate(2, 3)]
+    rng = random.Random(7)
+    for _ in range(40):
+        permuted = rng.sample(candidates, len(candidates))
+        assert forward.choose(KEY, candidates)[0] == shuffled.choose(KEY, permuted)[0]
+
+
+def test_swrr_ineligible_candidates_take_no_part():
+    rr = WeightedRoundRobin()
+    candidates = [_candidate(0, 10, eligible=False), _candidate(1, 1), _candidate(2, 1)]
+    assert _run(rr, KEY, candidates, 4) == [1, 2, 1, 2]
+
+
+def test_swrr_refuses_an_empty_round():
+    with pytest.raises(ValueError):
+        WeightedRoundRobin().choose(KEY, [_candidate(0, eligible=False)])
+
+
+@given(st.lists(st.integers(1, 10), min_size=1, max_size=6), st.integers(1, 60))
+def test_swrr_is_deterministic_across_fresh_instances(weights, n):
+    candidates = [_candidate(i, w) for i, w in enumerate(weights)]
+    a, b = WeightedRoundRobin(), WeightedRoundRobin()
+    assert [a.choose(KEY, candidates) for _ in range(n)] == [
+        b.choose(KEY, candidates) for _ in range(n)
+    ]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 10), min_size=1, max_size=6), st.integers(1, 3))
+def test_swrr_shares_equal_the_weights_and_every_prefix_stays_close(weights, k):
+    """Over k·W selections each candidate is chosen exactly k·weight times. In any prefix of
+    n selections, with W = Σw and m candidates, SWRR keeps current_i = n·w_i − W·count_i with
+    −W < current_i < (m−1)·W (the sum of currents is 0 and a winner's is ≥ W/m before it
+    gives back W), i.e. count_i − n·w_i/W < 1 and n·w_i/W − count_i < max(1, m−1)."""
+    candidates = [_candidate(i, w) for i, w in enumerate(weights)]
+    total, m = sum(weights), len(weights)
+    rr = WeightedRoundRobin()
+    counts: Counter[int] = Counter()
+    for n in range(1, k * total + 1):
+        chosen, position = rr.choose(KEY, candidates)
+        assert position == n - 1
+        counts[chosen.mapping_index] += 1
+        for i, w in enumerate(weights):
+            excess = counts[i] * total - n * w  # (count_i − n·w_i/W)·W, exact in integers
+            assert excess < total
+            assert -excess < max(1, m - 1) * total
+    assert [counts[i] for i in range(m)] == [k * w for w in weights]
+
+
+def test_swrr_keeps_separate_state_and_positions_per_tier_key():
+    candidates = [_candidate(0, 5), _candidate(1, 1), _candidate(2, 1)]
+    keys = [
+        ("acme", "chat", "chat", 0),
+        ("acme", "chat", "chat", 1),
+        ("beta", "chat", "chat", 0),
+        ("acme", "other", "chat", 0),
+    ]
+    alone = _run(WeightedRoundRobin(), KEY, candidates, 7)
+    shared = WeightedRoundRobin()
+    interleaved: dict[Any, list[tuple[int, int]]] = {key: [] for key in keys}
+    for _ in range(7):
+        for key in keys:
+            chosen, position = shared.choose(key, candidates)
+            interleaved[key].append((chosen.mapping_index, position))
+    for key in keys:
+        assert [index for index, _ in interleaved[key]] == alone
+        assert [position for _, position in interleaved[key]] == list(range(7))
+
+
+def test_select_keys_the_round_robin_by_workspace_group_kind_and_tier():
+    candidates = [_candidate(0, 1), _candidate(1, 1)]
+    rr = WeightedRoundRobin()
+    a1 = select(candidates, rr, "acme", _group())
+    b1 = select(candidates, rr, "beta", _group())
+    a2 = select(candidates, rr, "acme", _group())
+    assert a1 is not None and b1 is not None and a2 is not None
+    assert (a1.mapping_index, a1.selection_position) == (0, 0)
+    assert (b1.mapping_index, b1.selection_position) == (0, 0)
+    assert (a2.mapping_index, a2.selection_position) == (1, 1)
+
+
+# --- decide: retry, failover or stop -----------------------------------------------------------
+
+
+def _cls(
+    failure_class: FailureClass,
+    may_fail_over: MayFailOver = "yes",
+    evidence: Evidence = Evidence.NOT_STARTED,
+    retry_after_ms: int | None = None,
+) -> Classification:
+    return Classification(
+        failure_class=failure_class,
+        evidence=evidence,
+        breaker_scope="endpoint",
+        breaker_opens_at_once=False,
+        may_fail_over=may_fail_over,
+        retry_after_ms=retry_after_ms,
+    )
+
+
+def _from(trust: bool = False, **facts: Any) -> Classification:
+    return classify(UpstreamOutcome(**facts), trust_not_started=trust)
+
+
+def _decide(
+    classification: Classification,
+    defaults: Defaults | None = None,
+    seed: int = 0,
+    **outcome: Any,
+) -> Decision:
+    fields: dict[str, Any] = {"attempts_made": 1, "retries_on_endpoint": 0, "remaining_ms": 60000}
+    fields.update(outcome)
+    return decide(
+        AttemptOutcome(classification=classification, **fields),
+        defaults or Defaults(),
+        random.Random(seed),
+    )
+
+
+def _defaults(**data: Any) -> Defaults:
+    return Defaults.model_validate(data)
+
+
+RATE_LIMITED_2S = _from(http_status=429, retry_after_ms=2000)
+FIVE_XX = _from(http_status=503)
+
+
+def test_decision_allowed_is_false_only_for_stop():
+    assert Decision("retry", "retry_with_backoff", 100).allowed
+    assert Decision("failover", "not_started_failover").allowed
+    assert not Decision("stop", "stream_committed").allowed
+
+
+def test_decision_refuses_a_reason_not_in_the_list():
+    with pytest.raises(ValueError):
+        Decision("stop", "because")
+
+
+def test_a_committed_stream_stops_even_when_a_retry_would_fit():
+    decision = _decide(RATE_LIMITED_2S, stream_committed=True)
+    assert (decision.action, decision.reason) == ("stop", "stream_committed")
+
+
+def test_client_canceled_stops():
+    decision = _decide(_cls(FailureClass.CLIENT_CANCELED))
+    assert (decision.action, decision.reason) == ("stop", "client_canceled")
+
+
+@pytest.mark.parametrize(
+    ("classification", "remaining_ms"),
+    [(_cls(FailureClass.DEADLINE_EXCEEDED), 5000), (RATE_LIMITED_2S, 0), (FIVE_XX, -1)],
+)
+def test_deadline_exceeded_stops(classification, remaining_ms):
+    decision = _decide(classification, remaining_ms=remaining_ms)
+    assert (decision.action, decision.reason) == ("stop", "deadline_exceeded")
+
+
+def test_max_attempts_reached_stops_at_the_limit_not_before():
+    defaults = _defaults(max_attempts=3)
+    assert _decide(RATE_LIMITED_2S, defaults, attempts_made=2).action == "retry"
+    decision = _decide(RATE_LIMITED_2S, defaults, attempts_made=3)
+    assert (decision.action, decision.reason) == ("stop", "max_attempts_reached")
+
+
+@pytest.mark.parametrize(
+    ("facts", "reason"),
+    [
+        ({"http_status": 429, "error_code": "insufficient_quota"}, "quota_exhausted_stops"),
+        ({"http_status": 422, "error_message": "bad request"}, "non_retryable_stops"),
+    ],
+)
+def test_classes_that_may_not_fail_over_stop_and_surface_the_cause(facts, reason):
+    decision = _decide(_from(**facts), _defaults(on_credentials_error="failover"))
+    assert (decision.action, decision.reason) == ("stop", reason)
+
+
+def test_policy_denied_is_never_routed_around_whatever_the_config():
+    policy = _from(http_status=400, error_code="content_policy_violation")
+    defaults = _defaults(
+        on_credentials_error="failover",
+        on_unknown_execution="failover",
+        retry_same_endpoint={"policy_denied": {"max": 3}},
+    )
+    decision = _decide(policy, defaults)
+    assert (decision.action, decision.reason) == ("stop", "policy_denied_never_routed_around")
+
+
+def test_credentials_stop_by_default_and_fail_over_when_configured():
+    credentials = _from(http_status=401)
+    assert _decide(credentials).reason == "on_credentials_error_stop"
+    decision = _decide(credentials, _defaults(on_credentials_error="failover"))
+    assert (decision.action, decision.reason) == ("failover", "credentials_policy_failover")
+
+
+def test_unknown_execution_stops_when_configured_so():
+    decision = _decide(FIVE_XX, _defaults(on_unknown_execution="stop"))
+    assert (decision.action, decision.reason) == ("stop", "on_unknown_execution_stop")
+
+
+def test_unknown_execution_not_started_goes_on_even_with_the_stop_policy():
+    trusted = _from(trust=True, http_status=503, execution_state_header="not-started")
+    assert trusted.evidence is Evidence.NOT_STARTED
+    hand_built = _cls(FailureClass.NETWORK_ERROR, "per_on_unknown_execution", Evidence.NOT_STARTED)
+    for classification in (trusted, hand_built):
+        decision = _decide(
+            classification, _defaults(on_unknown_execution="stop"), retries_on_endpoint=1
+        )
+        assert (decision.action, decision.reason) == ("failover", "not_started_failover")
+
+
+def test_unknown_execution_fails_over_by_policy_after_its_retries():
+    decision = _decide(FIVE_XX, retries_on_endpoint=1)
+    assert (decision.action, decision.reason) == ("failover", "unknown_execution_policy_failover")
+    assert decision.backoff_ms is None
+
+
+def test_rate_limited_honours_a_retry_after_that_fits():
+    decision = _decide(RATE_LIMITED_2S)
+    assert (decision.action, decision.reason, decision.backoff_ms) == (
+        "retry",
+        "retry_after_honoured",
+        2000,
+    )
+
+
+@pytest.mark.parametrize(
+    ("classification", "outcome"),
+    [
+        (_from(http_status=429), {}),  # no Retry-After: nothing to honour
+        (_from(http_status=429, retry_after_ms=5001), {}),  # above max_retry_after_ms 5000
+        (RATE_LIMITED_2S, {"remaining_ms": 2000}),  # does not fit the deadline
+        (RATE_LIMITED_2S, {"retries_on_endpoint": 1}),  # rule max 1 already used
+    ],
+)
+def test_rate_limited_fails_over_when_the_retry_after_does_not_fit(classification, outcome):
+    decision = _decide(classification, **outcome)
+    assert (decision.action, decision.reason) == ("failover", "not_started_failover")
+
+
+def test_rate_limited_retry_after_at_the_max_is_honoured():
+    decision = _decide(_from(http_status=429, retry_after_ms=5000))
+    assert (decision.action, decision.backoff_ms) == ("retry", 5000)
+
+
+def test_a_retry_does_not_need_failover_permission():
+    decision = _decide(RATE_LIMITED_2S, allow_failover=False)
+    assert decision.action == "retry"
+
+
+@settings(max_examples=200)
+@given(st.integers(0, 2**32 - 1))
+def test_backoff_is_drawn_from_the_seeded_rng_within_the_rules_bounds(seed):
+    decision = _decide(FIVE_XX, seed=seed)
+    assert (decision.action, decision.reason) == ("retry", "retry_with_backoff")
+    assert decision.backoff_ms is not None
+    assert 100 <= decision.backoff_ms <= 500
+    assert decision.backoff_ms == random.Random(seed).randint(100, 500)
+
+
+def test_backoff_uses_the_configured_range_and_varies_with_the_rng():
+    defaults = _defaults(retry_same_endpoint={"network_error": {"max": 2, "backoff_ms": [7, 9]}})
+    reset = _from(transport="sent_then_reset")
+    backoffs = {
+        _decide(reset, defaults, seed=s, retries_on_endpoint=1).backoff_ms for s in range(50)
+    }
+    assert backoffs == {7, 8, 9}
+
+
+def test_a_backoff_that_does_not_fit_the_deadline_fails_over_instead():
+    assert all(_decide(FIVE_XX, seed=s, remaining_ms=100).action == "failover" for s in range(20))
+    assert all(_decide(FIVE_XX, seed=s, remaining_ms=501).action == "retry" for s in range(20))
+
+
+def test_a_silent_route_is_never_retried_whatever_the_config():
+    defaults = _defaults(retry_same_endpoint={"timeout": {"max": 5, "backoff_ms": [1, 1]}})
+    for transport in ("timeout_before_headers", "first_token_timeout"):
+        decision = _decide(_from(transport=transport), defaults)
+        assert (decision.action, decision.reason) == (
+            "failover",
+            "unknown_execution_policy_failover",
+        )
+
+
+def test_context_too_small_is_never_retried_and_fails_over_to_a_larger_context_only():
+    defaults = _defaults(
+        retry_same_endpoint={"context_too_small": {"max": 5, "backoff_ms": [1, 1]}}
+    )
+    context = _from(http_status=400, error_code="context_length_exceeded")
+    decision = _decide(context, defaults)
+    assert (decision.action, decision.reason) == ("failover", "larger_context_failover")
+
+
+def test_response_too_large_fails_over_although_the_work_started():
+    decision = _decide(_from(transport="response_too_large"))
+    assert (decision.action, decision.reason) == ("failover", "class_allows_failover")
+
+
+def test_a_failure_not_started_and_not_retried_fails_over():
+    decision = _decide(_from(transport="connect_error"))
+    assert (decision.action, decision.reason) == ("failover", "not_started_failover")
+    model_gone = _from(http_status=404, error_code="model_not_found")
+    assert _decide(model_gone).reason == "not_started_failover"
+
+
+def test_failover_forbidden_by_header_stops_after_the_retries():
+    decision = _decide(FIVE_XX, allow_failover=False, retries_on_endpoint=1)
+    assert (decision.action, decision.reason) == ("stop", "failover_forbidden_by_header")
+
+
+def test_a_class_stop_is_reported_before_the_header():
+    quota = _from(http_status=429, error_code="insufficient_quota")
+    assert _decide(quota, allow_failover=False).reason == "quota_exhausted_stops"
+
+
+def test_every_decision_reason_is_listed_once_and_reachable():
+    assert len(DECISION_REASONS) == len(set(DECISION_REASONS))
+    seen: set[str] = set()
+    policies = [
+        _defaults(on_credentials_error=c, on_unknown_execution=u)
+        for c in ("stop", "failover")
+        for u in ("stop", "failover")
+    ]
+    may_fail_over: tuple[MayFailOver, ...] = (
+        "yes",
+        "no",
+        "never",
+        "per_on_credentials_error",
+        "per_on_unknown_execution",
+        "larger_context_only",
+    )
+    for fc, mfo, evidence, defaults in itertools.product(
+        FailureClass, may_fail_over, Evidence, policies
+    ):
+        for retry_after in (None, 1000):
+            classification = _cls(fc, mfo, evidence, retry_after)
+            for outcome in (
+                {},
+                {"retries_on_endpoint": 1},
+                {"retries_on_endpoint": 1, "allow_failover": False},
+                {"stream_committed": True},
+                {"remaining_ms": 0},
+                {"attempts_made": 4},
+            ):
+                decision = _decide(classification, defaults, **outcome)
+                assert decision.reason in DECISION_REASONS
+                assert (decision.backoff_ms is not None) == (decision.action == "retry")
+                seen.add(decision.reason)
+    assert seen == set(DECISION_REASONS)
+
+
+# --- the next evaluation's context ---------------------------------------------------------------
+
+
+def test_failover_adds_the_endpoint_to_the_tried_ones():
+    small = _group().mappings[0]
+    context = next_context(RouteContext(), "failover", "east", small, FailureClass.RATE_LIMITED)
+    assert context == RouteContext(tried_endpoints=frozenset({"east"}))
+
+
+@pytest.mark.parametrize("action", ["retry", "stop"])
+def test_retry_and_stop_leave_the_context_unchanged(action):
+    start = RouteContext(tried_endpoints=frozenset({"west"}))
+    small = _group().mappings[0]
+    assert next_context(start, action, "east", small, FailureClass.CONTEXT_TOO_SMALL) is start
+
+
+def test_context_too_small_failover_asks_for_a_larger_window_and_excludes_the_model():
+    small, large = _group().mappings[0], _group().mappings[1]
+    first = next_context(RouteContext(), "failover", "east", large, FailureClass.CONTEXT_TOO_SMALL)
+    assert first == RouteContext(
+        tried_endpoints=frozenset({"east"}),
+        larger_context_than=128000,
+        excluded_models=frozenset({"large"}),
+    )
+    # A later, smaller window never lowers the bar.
+    second = next_context(first, "failover", "west", small, FailureClass.CONTEXT_TOO_SMALL)
+    assert second.larger_context_than == 128000
+    assert second.tried_endpoints == frozenset({"east", "west"})
+    assert second.excluded_models == frozenset({"large", "small"})
+
+
+def test_a_whole_request_walks_from_tier_0_to_the_fallback_and_then_runs_out():
+    rr = WeightedRoundRobin()
+    context = RouteContext()
+    requirements = Requirements(capabilities=("text",), estimated_input_tokens=100)
+    visited = []
+    for _ in range(3):
+        choice = select(_evaluate(requirements, context), rr, "acme", _group())
+        if choice is None:
+            break
+        visited.append(choice.endpoint)
+        decision = _decide(FIVE_XX, retries_on_endpoint=1)
+        mapping = _group().mappings[choice.mapping_index]
+        context = next_context(
+            context, decision.action, choice.endpoint, mapping, FIVE_XX.failure_class
+        )
+    assert visited == ["east", "west"]
+
+
+def test_a_backoff_must_end_strictly_before_the_deadline():
+    defaults = _defaults(
+        retry_same_endpoint={"upstream_unavailable": {"max": 1, "backoff_ms": [200, 200]}}
+    )
+    assert _decide(FIVE_XX, defaults, remaining_ms=200).action == "failover"
+    assert _decide(FIVE_XX, defaults, remaining_ms=201).backoff_ms == 200
