@@ -19,6 +19,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
+    Text,
     UniqueConstraint,
 )
 from sqlalchemy.dialects.postgresql import JSONB
@@ -28,6 +29,7 @@ from ledger.types import MoneyColumn
 __all__ = [
     "api_keys",
     "events",
+    "idempotency_records",
     "ledger_head",
     "metadata",
     "projection_checkpoints",
@@ -113,3 +115,26 @@ request_views = Table(
     Column("last_position", BigInteger, nullable=False),
 )
 Index("ix_request_views_workspace_created", request_views.c.workspace, request_views.c.created_at)
+
+
+# --- gateway state (not a projection: the recorded answers to Idempotency-Key retries) ---
+
+idempotency_records = Table(
+    "idempotency_records",
+    metadata,
+    Column("workspace", String(200), primary_key=True),
+    Column("key_sha256", String(64), primary_key=True),
+    Column("body_sha256", String(64), nullable=False),
+    Column("request_id", String(200), nullable=False),
+    Column("state", String(20), nullable=False),  # in_flight | done
+    Column("status_code", Integer),
+    Column("content_type", String(200)),
+    Column("headers", Text),
+    Column("body", LargeBinary),
+    # A process that dies mid-request leaves an in-flight row: after its lease another
+    # request with the same key may take it over instead of waiting forever.
+    Column("lease_until", DateTime(timezone=True), nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    CheckConstraint("state IN ('in_flight', 'done')", name="ck_idempotency_records_state"),
+)
+Index("ix_idempotency_records_expires", idempotency_records.c.expires_at)

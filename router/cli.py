@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -70,7 +71,7 @@ def _friendly_errors() -> Any:
     try:
         yield
     except (CliError, DatabaseUrlError, apikeys.UnknownKey) as error:
-        err.print(f"[red]error:[/red] {error}")
+        err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
         raise typer.Exit(1) from None
     except SQLAlchemyError as error:
         detail = str(getattr(error, "orig", None) or error).splitlines()[0]
@@ -265,31 +266,92 @@ def check_config_command(
     )
 
 
+ConfigFile = Annotated[
+    str | None,
+    typer.Option("--config", envvar="WAYBILL_CONFIG", help="The YAML config file (SPEC §2)."),
+]
+
+
+def _load_config(config_file: str | None) -> Any:
+    from router.config import ConfigError, load_config
+
+    if not config_file:
+        raise CliError("no config: pass --config FILE or set WAYBILL_CONFIG")
+    try:
+        return load_config(config_file)
+    except ConfigError as error:
+        raise CliError(
+            f"config is invalid ({config_file}):\n  " + str(error).replace("\n", "\n  ")
+        ) from None
+
+
+@app.command("serve")
+def serve_command(
+    config_file: ConfigFile = None,
+    database_url: DatabaseUrl = None,
+    host: Annotated[str, typer.Option("--host")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port")] = 8080,
+    no_migrate: Annotated[
+        bool, typer.Option("--no-migrate", help="Do not upgrade the database first.")
+    ] = False,
+    max_in_flight: Annotated[
+        int, typer.Option("--max-in-flight", help="In-flight requests per workspace.", min=1)
+    ] = 512,
+) -> None:
+    """Run the gateway (migrates the database first unless --no-migrate)."""
+    import os
+
+    from router.app import AppSettings
+
+    url = resolve_database_url(database_url)
+    with _friendly_errors():
+        config = _load_config(config_file)
+        if not no_migrate:
+            migrate(url)
+    settings = AppSettings(
+        config=config,
+        database_url=url,
+        redis_url=os.environ.get("WAYBILL_REDIS_URL") or None,
+        max_in_flight=max_in_flight,
+    )
+    _serve(settings, host, port)
+
+
+def _serve(settings: Any, host: str, port: int) -> None:
+    import uvicorn
+
+    from router.app import create_app
+
+    err.print(
+        f"waybill serving on http://{host}:{port} (config generation {settings.config.generation})",
+        highlight=False,
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+    )
+
+
 @app.command("demo")
 def demo_command(
     database_url: DatabaseUrl = None,
+    port: Annotated[int, typer.Option("--port")] = 8080,
+    check: Annotated[
+        bool,
+        typer.Option("--check", help="Send one request through the demo, print it and exit."),
+    ] = False,
 ) -> None:
-    """Run the demo on the embedded SQLite default.
+    """Serve a demo config in front of a bundled local demo provider (works offline)."""
+    from router.demo import run_demo
 
-    The gateway's HTTP API is not built yet (issue #3); until it is, the demo sets up the
-    ledger, records a demo API key in it and verifies the hash chain: what exists today.
-    """
     url = resolve_database_url(database_url)
     with _friendly_errors():
         migrate(url)
-
-    async def work(store: EventStore) -> tuple[apikeys.NewKey, Any]:
-        key = await apikeys.create_key(store, "demo", "admin", created_by="demo")
-        return key, await verify_chain(store)
-
-    key, result = _with_store(url, work)
-    out.print(f"ledger ready at {url}")
-    out.print(f"demo admin key {key.key_id} recorded (secret shown once): {key.secret}")
-    out.print(f"hash chain verified: {result.checked} events, head at {result.head_position}")
-    out.print(
-        "The gateway's HTTP API (waybill serve) is not built yet; try `waybill verify`, "
-        "`waybill replay` and `waybill keys create --workspace W` meanwhile."
-    )
+        run_demo(url, port, check=check, out=out, err=err, serve=_serve)
 
 
 def main() -> None:

@@ -67,7 +67,10 @@ class AnthropicDriver(Driver):
 
     @staticmethod
     def _url(binding: AttemptBinding) -> str:
-        return binding.endpoint.base_url.rstrip("/") + "/messages"
+        # Like the Anthropic SDK, base_url is the API root (https://api.anthropic.com); a
+        # base_url that already ends in /v1 is accepted too.
+        base = binding.endpoint.base_url.rstrip("/")
+        return base + ("/messages" if base.endswith("/v1") else "/v1/messages")
 
     async def complete(self, request: ChatRequest, binding: AttemptBinding) -> DriverResult:
         payload = to_messages_request(request, stream=False)

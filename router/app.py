@@ -1,0 +1,374 @@
+"""The HTTP edge (SPEC §3): authentication, the OpenAI-compatible inference routes, health.
+
+Thin by design: read the request, call :class:`router.gateway.Gateway`, write the answer.
+Every error a client can see is a :class:`router.errors.GatewayError` rendered as the
+contract's JSON body; anything unexpected becomes a bare 500 ``internal_error`` without a
+stack trace (and is logged). Every response carries ``X-Request-Id``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ledger import events as ev
+from ledger.apikeys import find_key
+from ledger.db import create_engine, current_revision, head_revision
+from ledger.store import ANY_VERSION, EventStore
+from ledger.types import money_str
+from router.breakers import breaker_board
+from router.chat import MAX_BODY_BYTES, parse_body, read_headers
+from router.config import Config
+from router.errors import (
+    GatewayError,
+    capacity_error,
+    invalid_api_key,
+    invalid_request,
+    model_not_found,
+)
+from router.gateway import Caller, Gateway
+from router.idempotency import Claim, IdempotencyStore, RecordedAnswer
+from router.ids import new_id
+
+__all__ = ["AppSettings", "create_app"]
+
+log = logging.getLogger("waybill.app")
+
+_JSON: Final = "application/json"
+_SSE: Final = "text/event-stream"
+_MAX_RECORDED_STREAM: Final = 8 * 1024 * 1024
+_UNAUTHENTICATED: Final = frozenset({"/healthz", "/readyz", "/metrics"})
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class AppSettings:
+    config: Config
+    database_url: str
+    redis_url: str | None = None
+    max_in_flight: int = 512  # per workspace and process; beyond it: 503 capacity_error
+
+
+class _RequestIds:
+    """Pure ASGI middleware: give every request an id, and every response its header."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = new_id("req")
+        scope.setdefault("state", {})["request_id"] = request_id
+        header = (b"x-request-id", request_id.encode())
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                if not any(name.lower() == b"x-request-id" for name, _ in headers):
+                    headers.append(header)
+                message["headers"] = headers
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+class _Capacity:
+    """Bounded in-flight requests per workspace in this process (SPEC §3 capacity_error)."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._in_flight: dict[str, int] = {}
+
+    def acquire(self, workspace: str) -> None:
+        count = self._in_flight.get(workspace, 0)
+        if count >= self._limit:
+            raise capacity_error(
+                f"workspace {workspace!r} has {count} requests in flight on this gateway"
+            )
+        self._in_flight[workspace] = count + 1
+
+    def release(self, workspace: str) -> None:
+        self._in_flight[workspace] -= 1
+
+
+def _error_response(error: GatewayError, request_id: str | None) -> Response:
+    return Response(
+        orjson.dumps(error.body(request_id)),
+        status_code=error.status,
+        media_type=_JSON,
+        headers=error.headers(),
+    )
+
+
+def _request_id(request: Request) -> str:
+    return str(request.scope.get("state", {}).get("request_id") or new_id("req"))
+
+
+def create_app(settings: AppSettings) -> FastAPI:
+    config = settings.config
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = create_engine(settings.database_url)
+        store = EventStore(engine)
+        breakers = breaker_board(config.defaults.breaker, config.generation, settings.redis_url)
+        gateway = Gateway(config, store, breakers)
+        app.state.store = store
+        app.state.gateway = gateway
+        app.state.idempotency = IdempotencyStore(engine)
+        app.state.capacity = _Capacity(settings.max_in_flight)
+        try:
+            await _activate_config(store, config)
+            yield
+        finally:
+            await gateway.aclose()
+            await store.close()
+            await engine.dispose()
+
+    app = FastAPI(
+        title="Waybill",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+
+    @app.exception_handler(GatewayError)
+    async def _gateway_error(request: Request, error: GatewayError) -> Response:
+        return _error_response(error, _request_id(request))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, error: StarletteHTTPException) -> Response:
+        code = "not_found" if error.status_code == 404 else "invalid_request"
+        message = "no such route" if error.status_code == 404 else str(error.detail)
+        return _error_response(GatewayError(error.status_code, code, message), _request_id(request))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, error: RequestValidationError) -> Response:
+        return _error_response(invalid_request("invalid request"), _request_id(request))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, error: Exception) -> Response:
+        log.exception("unexpected error serving %s", request.url.path)
+        failure = GatewayError(500, "internal_error", "internal error", error_type="api_error")
+        return _error_response(failure, _request_id(request))
+
+    async def authenticate(request: Request) -> Caller:
+        header = request.headers.get("authorization", "")
+        scheme, _, secret = header.partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            raise invalid_api_key("missing API key: send Authorization: Bearer <key>")
+        key = await find_key(request.app.state.store, secret.strip())
+        if key is None or key.revoked:
+            raise invalid_api_key()
+        workspace = config.workspace(key.workspace)
+        if workspace is None:
+            raise invalid_api_key(f"the key's workspace {key.workspace!r} is not configured")
+        return Caller(key.key_id, workspace, key.role)
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        return Response(b'{"status":"ok"}', media_type=_JSON)
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> Response:
+        store: EventStore = request.app.state.store
+        try:
+            revision = await current_revision(store.engine)
+        except Exception as exc:  # any database failure means "not ready", said plainly
+            body = {"status": "unavailable", "database": f"unreachable: {type(exc).__name__}"}
+            return Response(orjson.dumps(body), status_code=503, media_type=_JSON)
+        head = head_revision()
+        if revision != head:
+            body = {"status": "unavailable", "database": f"at migration {revision}, need {head}"}
+            return Response(orjson.dumps(body), status_code=503, media_type=_JSON)
+        return Response(orjson.dumps({"status": "ready", "migration": head}), media_type=_JSON)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        caller = await authenticate(request)
+        gateway: Gateway = request.app.state.gateway
+        data = [
+            {"id": group.name, "object": "model", "created": 0, "owned_by": "waybill"}
+            for group in gateway.models_for(caller.workspace)
+        ]
+        return Response(orjson.dumps({"object": "list", "data": data}), media_type=_JSON)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        request_id = _request_id(request)
+        caller = await authenticate(request)
+        call = parse_body(await _read_body(request))
+        headers = read_headers(request.headers)
+        if call.model_group not in caller.workspace.models or not config.model_group(
+            call.model_group
+        ):
+            raise model_not_found(call.model_group)
+        state = request.app.state
+        gateway: Gateway = state.gateway
+        claim: Claim | None = None
+        if headers.idempotency_key is not None:
+            lease_s = config.defaults.deadline_ms / 1000 + 30
+            claimed = await state.idempotency.claim(
+                caller.workspace.id, headers.idempotency_key, call.body_sha256, request_id, lease_s
+            )
+            if isinstance(claimed, RecordedAnswer):
+                return _replay(claimed)
+            claim = claimed
+        capacity: _Capacity = state.capacity
+        try:
+            capacity.acquire(caller.workspace.id)
+        except GatewayError:
+            if claim is not None:
+                await state.idempotency.abandon(claim)
+            raise
+        release = _Once(lambda: capacity.release(caller.workspace.id))
+        try:
+            if call.stream:
+                started = await gateway.stream(caller, call, headers, request_id)
+                response_headers = {
+                    "x-waybill-endpoint": started.endpoint,
+                    "x-waybill-attempts": str(started.attempts),
+                    "cache-control": "no-cache",
+                }
+                body = _streamed(
+                    started.body, release, state.idempotency, claim, response_headers, gateway
+                )
+                return StreamingResponse(body, media_type=_SSE, headers=response_headers)
+            completion = await gateway.complete(caller, call, headers, request_id)
+            response_headers = {
+                "x-waybill-endpoint": completion.endpoint,
+                "x-waybill-attempts": str(completion.attempts),
+            }
+            if completion.cost_usd is not None:
+                response_headers["x-waybill-cost-usd"] = money_str(completion.cost_usd)
+            payload = orjson.dumps(completion.response)
+            if claim is not None:
+                await state.idempotency.finish(
+                    claim, RecordedAnswer(request_id, 200, _JSON, response_headers, payload)
+                )
+            release()
+            return Response(payload, media_type=_JSON, headers=response_headers)
+        except GatewayError as error:
+            release()
+            if claim is not None:
+                await state.idempotency.finish(
+                    claim,
+                    RecordedAnswer(
+                        request_id,
+                        error.status,
+                        _JSON,
+                        error.headers(),
+                        orjson.dumps(error.body(request_id)),
+                    ),
+                )
+            raise
+        except BaseException:
+            release()
+            if claim is not None:
+                await state.idempotency.abandon(claim)
+            raise
+
+    return _RequestIds(app)  # type: ignore[return-value]
+
+
+class _Once:
+    def __init__(self, action: Callable[[], None]) -> None:
+        self._action: Callable[[], None] | None = action
+
+    def __call__(self) -> None:
+        action, self._action = self._action, None
+        if action is not None:
+            action()
+
+
+async def _read_body(request: Request) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise invalid_request(f"request body over {MAX_BODY_BYTES} bytes", status=413)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise invalid_request(f"request body over {MAX_BODY_BYTES} bytes", status=413)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _replay(answer: RecordedAnswer) -> Response:
+    headers = {**answer.headers, "x-request-id": answer.request_id, "idempotent-replayed": "true"}
+    return Response(
+        answer.body,
+        status_code=answer.status_code,
+        media_type=answer.content_type,
+        headers=headers,
+    )
+
+
+async def _streamed(
+    body: AsyncIterator[bytes],
+    release: _Once,
+    idempotency: IdempotencyStore,
+    claim: Claim | None,
+    headers: dict[str, str],
+    gateway: Gateway,
+) -> AsyncIterator[bytes]:
+    """The committed stream's bytes; at its end, the answer recorded for Idempotency-Key."""
+    recorded: list[bytes] | None = [] if claim is not None else None
+    size = 0
+    completed = False
+    try:
+        async for piece in body:
+            if recorded is not None:
+                size += len(piece)
+                if size <= _MAX_RECORDED_STREAM:
+                    recorded.append(piece)
+                else:
+                    recorded = None
+            yield piece
+        completed = True
+    finally:
+        release()
+        if claim is not None:
+            if completed and recorded is not None:
+                answer = RecordedAnswer(claim.request_id, 200, _SSE, headers, b"".join(recorded))
+                gateway._keep(idempotency.finish(claim, answer))
+            else:
+                # Cut short by the client (or too long to keep): a retry runs again.
+                gateway._keep(idempotency.abandon(claim))
+
+
+async def _activate_config(store: EventStore, config: Config) -> None:
+    """Record ``ConfigActivated`` when this generation differs from the last one recorded."""
+    summary = config.redacted_summary()
+    digest = hashlib.sha256(orjson.dumps(summary, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    history = await store.read_stream("config")
+    if history:
+        last = history[-1].event()
+        if isinstance(last, ev.ConfigActivated) and (
+            last.config_sha256 == digest and last.generation == config.generation
+        ):
+            return
+    await store.append(
+        "config",
+        ANY_VERSION,
+        [ev.ConfigActivated(generation=config.generation, config_sha256=digest, summary=summary)],
+    )

@@ -1,0 +1,284 @@
+"""A client's chat request, read once at the edge: the body checked, the headers read, the
+requirements inferred (SPEC §3 request headers, §4 "infer requirements").
+
+Everything here is pure: bytes and header values in, a frozen :class:`ChatCall` or a
+:class:`router.errors.GatewayError` (400 ``invalid_request``) out. The body is kept as the
+client sent it (unknown fields pass through to an OpenAI-compatible upstream); only the
+fields the gateway reads are type-checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any, Final
+
+import orjson
+
+from ledger.events import Requirements
+from router.config import DataClass, Workspace, data_class_rank
+from router.errors import GatewayError, invalid_request
+
+__all__ = ["MAX_BODY_BYTES", "ChatCall", "HeaderNarrowing", "parse_body", "read_headers"]
+
+MAX_BODY_BYTES: Final = 4 * 1024 * 1024
+_DATA_CLASSES: Final = ("public", "internal", "restricted")
+_BYTES_PER_TOKEN: Final = 4  # a deliberate over-estimate is safer for worst-case cost
+_TOKENS_PER_MESSAGE: Final = 4
+_IMAGE_TOKENS: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderNarrowing:
+    """What the optional SPEC §3 headers asked for; each may only narrow the policy."""
+
+    idempotency_key: str | None = None
+    max_cost_usd: Decimal | None = None
+    deadline_ms: int | None = None
+    allow_failover: bool = True
+    capabilities: tuple[str, ...] = ()
+    regions: tuple[str, ...] | None = None
+    data_class: DataClass | None = None
+    traceparent: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChatCall:
+    """One chat request as the gateway understands it."""
+
+    body: dict[str, Any]
+    model_group: str
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None
+    capabilities: tuple[str, ...]  # inferred from the body
+    prompt_sha256: str
+    prompt_bytes: int
+    message_count: int
+    estimated_input_tokens: int
+    body_sha256: str
+
+    def requirements(self, workspace: Workspace, headers: HeaderNarrowing) -> Requirements:
+        """Requirements for routing: the body's needs plus the headers' narrowing."""
+        data_class = workspace.data_class
+        if headers.data_class is not None and data_class_rank(headers.data_class) > data_class_rank(
+            data_class
+        ):
+            data_class = headers.data_class  # a header may raise the class, never lower it
+        return Requirements(
+            kind="chat",
+            capabilities=tuple(sorted({*self.capabilities, *headers.capabilities})),
+            regions=headers.regions,
+            data_class=data_class,
+            estimated_input_tokens=self.estimated_input_tokens,
+            max_output_tokens=self.max_tokens,
+            stream=self.stream,
+            allow_failover=headers.allow_failover,
+            max_cost_usd=headers.max_cost_usd,
+            deadline_ms=headers.deadline_ms,
+        )
+
+
+def parse_body(raw: bytes) -> ChatCall:
+    """Check a ``/v1/chat/completions`` body; a 400 names the first offending field."""
+    if len(raw) > MAX_BODY_BYTES:
+        raise invalid_request(f"request body over {MAX_BODY_BYTES} bytes", status=413)
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise invalid_request("request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise invalid_request("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid_request("'model' must be a non-empty string", param="model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid_request("'messages' must be a non-empty array", param="messages")
+    images = 0
+    for index, message in enumerate(messages):
+        images += _check_message(message, index)
+    stream = _optional(body, "stream", bool, False)
+    max_tokens = _max_tokens(body)
+    include_usage = False
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise invalid_request("'stream_options' must be an object", param="stream_options")
+        include_usage = _optional(options, "include_usage", bool, False, "stream_options.")
+    prompt = orjson.dumps(messages, option=orjson.OPT_SORT_KEYS)
+    capabilities = _inferred_capabilities(body, stream=stream, images=images)
+    estimate = (
+        math.ceil(len(prompt) / _BYTES_PER_TOKEN)
+        + _TOKENS_PER_MESSAGE * len(messages)
+        + _IMAGE_TOKENS * images
+    )
+    return ChatCall(
+        body=body,
+        model_group=model,
+        stream=stream,
+        include_usage=include_usage,
+        max_tokens=max_tokens,
+        capabilities=capabilities,
+        prompt_sha256=hashlib.sha256(prompt).hexdigest(),
+        prompt_bytes=len(prompt),
+        message_count=len(messages),
+        estimated_input_tokens=estimate,
+        body_sha256=hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest(),
+    )
+
+
+def _check_message(message: object, index: int) -> int:
+    where = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise invalid_request(f"'{where}' must be an object", param=where)
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        raise invalid_request(f"'{where}.role' must be a non-empty string", param=where)
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return 0
+    if not isinstance(content, list):
+        raise invalid_request(f"'{where}.content' must be a string or an array", param=where)
+    images = 0
+    for part in content:
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise invalid_request(f"'{where}.content' parts must be typed objects", param=where)
+        if part["type"] in ("image_url", "input_image"):
+            images += 1
+    return images
+
+
+def _optional(
+    source: Mapping[str, Any], name: str, kind: type, default: Any, prefix: str = ""
+) -> Any:
+    value = source.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        raise invalid_request(
+            f"'{prefix}{name}' must be a {kind.__name__}", param=f"{prefix}{name}"
+        )
+    return value
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    found: int | None = None
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise invalid_request(f"'{name}' must be a positive integer", param=name)
+        found = value if found is None else min(found, value)
+    return found
+
+
+def _inferred_capabilities(
+    body: Mapping[str, Any], *, stream: bool, images: int
+) -> tuple[str, ...]:
+    capabilities = {"text"}
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise invalid_request("'tools' must be an array", param="tools")
+        if tools:
+            capabilities.add("tools")
+    response_format = body.get("response_format")
+    if response_format is not None:
+        if not isinstance(response_format, dict):
+            raise invalid_request("'response_format' must be an object", param="response_format")
+        if response_format.get("type") == "json_schema":
+            capabilities.add("json_schema")
+    if images:
+        capabilities.add("vision")
+    if stream:
+        capabilities.add("stream")
+    return tuple(sorted(capabilities))
+
+
+# --- headers ---
+
+
+def read_headers(headers: Mapping[str, str]) -> HeaderNarrowing:
+    """The optional SPEC §3 request headers; a bad value is a 400 naming the header."""
+    return HeaderNarrowing(
+        idempotency_key=_idempotency_key(headers.get("idempotency-key")),
+        max_cost_usd=_max_cost(headers.get("x-waybill-max-cost-usd")),
+        deadline_ms=_positive_int(headers.get("x-waybill-deadline-ms"), "X-Waybill-Deadline-Ms"),
+        allow_failover=_boolean(headers.get("x-waybill-allow-failover")),
+        capabilities=_csv(headers.get("x-waybill-capabilities"), "X-Waybill-Capabilities") or (),
+        regions=_csv(headers.get("x-waybill-regions"), "X-Waybill-Regions"),
+        data_class=_data_class(headers.get("x-waybill-data-class")),
+        traceparent=headers.get("traceparent"),
+    )
+
+
+def _bad_header(name: str, why: str) -> GatewayError:
+    return invalid_request(f"header {name}: {why}", param=name)
+
+
+def _idempotency_key(value: str | None) -> str | None:
+    if value is None:
+        return None
+    value = value.strip()
+    if not value or len(value) > 255:
+        raise _bad_header("Idempotency-Key", "must be 1 to 255 characters")
+    return value
+
+
+def _max_cost(value: str | None) -> Decimal | None:
+    if value is None:
+        return None
+    try:
+        amount = Decimal(value.strip())
+    except InvalidOperation:
+        raise _bad_header("X-Waybill-Max-Cost-Usd", "must be a decimal amount") from None
+    if not amount.is_finite() or amount < 0:
+        raise _bad_header("X-Waybill-Max-Cost-Usd", "must be a non-negative decimal amount")
+    return amount
+
+
+def _positive_int(value: str | None, name: str) -> int | None:
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isdigit() or int(text) < 1:
+        raise _bad_header(name, "must be a positive integer")
+    return int(text)
+
+
+def _boolean(value: str | None) -> bool:
+    if value is None:
+        return True
+    text = value.strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise _bad_header("X-Waybill-Allow-Failover", "must be true or false")
+
+
+def _csv(value: str | None, name: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    items = tuple(sorted({part.strip() for part in value.split(",") if part.strip()}))
+    if not items:
+        raise _bad_header(name, "must name at least one value")
+    return items
+
+
+def _data_class(value: str | None) -> DataClass | None:
+    if value is None:
+        return None
+    text = value.strip().lower()
+    if text == "public":
+        return "public"
+    if text == "internal":
+        return "internal"
+    if text == "restricted":
+        return "restricted"
+    raise _bad_header("X-Waybill-Data-Class", f"must be one of {', '.join(_DATA_CLASSES)}")

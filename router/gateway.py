@@ -1,0 +1,863 @@
+"""The request path: evaluate → select → attempt → decide, with every step on the ledger.
+
+:class:`Gateway` owns what lives as long as a config generation: the config, one driver
+per endpoint, the breaker board, the weighted round-robin state. Each request is one
+:class:`_Run`, which walks SPEC §4's path using the pure decisions of
+:mod:`router.routing` and records each fact in the request's stream (``request-<id>``).
+
+Durability: the events of a request are appended in two group-committed batches per
+attempt — before the upstream call (``RequestReceived``, ``RouteEvaluated``,
+``AttemptStarted``, and the previous attempt's outcome) and before the answer is given
+(``AttemptFinished``, ``RequestCompleted``/``RequestFailed``) — so an upstream is never
+called for an attempt the ledger does not know, and an answered request is never missing.
+
+Streams (SPEC §5): response headers and any role-only preamble are held until the first
+chunk with content; until then a failure can still fail over unseen. Once a chunk has been
+sent the endpoint is fixed; a later failure ends the stream with an SSE ``error`` event and
+is recorded as a partial failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Final, Literal
+
+import orjson
+
+from ledger import events as ev
+from ledger.accounting import usage_cost
+from ledger.store import ANY_VERSION, NO_STREAM, EventStore
+from router.breakers import Admission, BreakerBoard, BreakerKey, Transition
+from router.chat import ChatCall, HeaderNarrowing
+from router.classify import Classification
+from router.config import Config, ModelGroup, Workspace
+from router.config import Mapping as ModelMapping
+from router.drivers import (
+    AttemptBinding,
+    AttemptTimeouts,
+    ChatRequest,
+    Driver,
+    DriverStream,
+    UpstreamFailure,
+    driver_for,
+)
+from router.errors import (
+    AttemptSummary,
+    GatewayError,
+    budget_exceeded,
+    deadline_exceeded,
+    error_for_failure,
+    no_eligible_route,
+    upstream_unavailable,
+)
+from router.ids import new_id
+from router.routing import (
+    AttemptOutcome,
+    Decision,
+    RouteContext,
+    WeightedRoundRobin,
+    decide,
+    evaluate,
+    next_context,
+    select,
+)
+from router.sse import DONE_FRAME, encode_data
+
+__all__ = ["Caller", "Completion", "Gateway", "StreamingCompletion"]
+
+log = logging.getLogger("waybill.gateway")
+
+_DEADLINE: Final = Classification(
+    failure_class=ev.FailureClass.DEADLINE_EXCEEDED,
+    evidence=ev.Evidence.UNKNOWN,
+    breaker_scope=None,
+    breaker_opens_at_once=False,
+    may_fail_over="no",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The authenticated key behind a request."""
+
+    key_id: str
+    workspace: Workspace
+    role: str
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A buffered answer."""
+
+    request_id: str
+    response: dict[str, Any]
+    endpoint: str
+    attempts: int
+    cost_usd: Decimal | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamingCompletion:
+    """A stream committed to one endpoint: its headers are final, its body is to be sent."""
+
+    request_id: str
+    endpoint: str
+    attempts: int
+    body: AsyncIterator[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    """One attempt's binding: chosen at selection, never redirected by a config reload."""
+
+    choice: ev.RouteChoice
+    mapping: ModelMapping
+    driver: Driver
+    cause: Literal["first", "retry", "failover"]
+
+
+@dataclass(slots=True)
+class _Attempt:
+    route: _Route
+    attempt_id: str
+    started_at: float
+    stream_committed: bool = False
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What the run has seen so far, for the final answer."""
+
+    summaries: list[AttemptSummary] = field(default_factory=list)
+    classes: list[ev.FailureClass] = field(default_factory=list)
+    retry_after_ms: int | None = None
+    retries: dict[str, int] = field(default_factory=dict)  # endpoint -> same-endpoint retries
+
+
+class Gateway:
+    """Everything one config generation needs to serve requests."""
+
+    def __init__(
+        self,
+        config: Config,
+        store: EventStore,
+        breakers: BreakerBoard,
+        *,
+        drivers: Mapping[str, Driver] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.breakers = breakers
+        self._drivers = dict(drivers) if drivers else {}
+        for endpoint in config.endpoints:
+            if endpoint.id not in self._drivers:
+                self._drivers[endpoint.id] = driver_for(endpoint.driver)
+        self._rr = WeightedRoundRobin()
+        self._rng = rng or random.Random()
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def aclose(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        for driver in self._drivers.values():
+            await driver.aclose()
+        await self.breakers.aclose()
+
+    def models_for(self, workspace: Workspace) -> list[ModelGroup]:
+        return [g for g in self.config.models if g.name in workspace.models]
+
+    async def complete(
+        self, caller: Caller, call: ChatCall, headers: HeaderNarrowing, request_id: str
+    ) -> Completion:
+        """Serve a buffered request, or raise :class:`GatewayError` (already recorded)."""
+        return await _Run(self, caller, call, headers, request_id).complete()
+
+    async def stream(
+        self, caller: Caller, call: ChatCall, headers: HeaderNarrowing, request_id: str
+    ) -> StreamingCompletion:
+        """Route a streamed request up to its first content chunk; then the body follows."""
+        return await _Run(self, caller, call, headers, request_id).stream()
+
+    def _keep(self, coroutine: Any) -> None:
+        # Work that must finish even if the client's task is cancelled (recording the end
+        # of a stream the client walked away from): its own task, awaited at shutdown.
+        task = asyncio.ensure_future(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _record_transitions(self, transitions: list[Transition], request_id: str) -> None:
+        if not transitions:
+            return
+        events = [
+            ev.BreakerTransitioned(
+                scope=t.key.scope,
+                target=t.key.target,
+                from_state=t.from_state,
+                to_state=t.to_state,
+                failure_class=ev.FailureClass(t.failure_class) if t.failure_class else None,
+                consecutive_failures=t.consecutive_failures,
+                cooldown_ms=t.cooldown_ms,
+                config_generation=self.config.generation,
+                request_id=request_id,
+            )
+            for t in transitions
+        ]
+        await self.store.append("breaker", ANY_VERSION, events)
+
+
+class _Run:
+    """One request's walk through SPEC §4's path."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        caller: Caller,
+        call: ChatCall,
+        headers: HeaderNarrowing,
+        request_id: str,
+    ) -> None:
+        self.gw = gateway
+        self.caller = caller
+        self.call = call
+        self.request_id = request_id
+        config = gateway.config
+        group = config.model_group(call.model_group)
+        assert group is not None, "the app resolves the model group before routing"
+        self.group = group
+        self.requirements = call.requirements(caller.workspace, headers)
+        self.defaults = config.defaults
+        deadline_ms = self.defaults.deadline_ms
+        if headers.deadline_ms is not None:
+            deadline_ms = min(deadline_ms, headers.deadline_ms)  # a header may only narrow
+        self.started = time.monotonic()
+        self.deadline = self.started + deadline_ms / 1000
+        self.traceparent = headers.traceparent
+        self.context = RouteContext()
+        self.sequence = 0
+        self.attempt_count = 0
+        self.tally = _Tally()
+        self.denied: set[BreakerKey] = set()
+        self._stream_id = f"request-{request_id}"
+        self._version = NO_STREAM
+        self._metadata = {"config_generation": config.generation}
+        self._pending: list[ev.Event] = [
+            ev.RequestReceived(
+                request_id=request_id,
+                workspace=caller.workspace.id,
+                key_id=caller.key_id,
+                model_group=group.name,
+                requirements=self.requirements,
+                config_generation=config.generation,
+                prompt_sha256=call.prompt_sha256,
+                prompt_bytes=call.prompt_bytes,
+                message_count=call.message_count,
+                idempotency_key_sha256=None,
+                trace_id=_trace_id(headers.traceparent),
+            )
+        ]
+
+    # --- the ledger ---
+
+    async def _flush(self, *more: ev.Event) -> None:
+        events = [*self._pending, *more]
+        self._pending = []
+        if not events:
+            return
+        recorded = await self.gw.store.append(
+            self._stream_id, self._version, events, metadata=self._metadata
+        )
+        self._version = recorded[-1].version
+
+    def _remaining_ms(self) -> int:
+        return max(0, int((self.deadline - time.monotonic()) * 1000))
+
+    def _elapsed_ms(self) -> int:
+        return round((time.monotonic() - self.started) * 1000)
+
+    # --- the two shapes of a request ---
+
+    async def complete(self) -> Completion:
+        route: _Route | None = None
+        while True:
+            route = route or await self._next_route()
+            attempt = await self._start(route)
+            try:
+                async with asyncio.timeout_at(_loop_time(self.deadline)):
+                    result = await route.driver.complete(
+                        self._chat_request(route), self._binding(attempt)
+                    )
+            except UpstreamFailure as failure:
+                route = await self._failed(attempt, failure.classification, failure)
+                continue
+            except TimeoutError:
+                route = await self._failed(attempt, _deadline_class(), None)
+                continue
+            cost = self._cost(route.mapping, result.usage)
+            await self._succeeded(
+                attempt,
+                usage=result.usage,
+                cost=cost,
+                finish_reason=result.finish_reason,
+                response_id=result.response_id,
+                response_model=_optional_str(result.response.get("model")),
+                upstream_request_id=result.upstream_request_id,
+                http_status=result.status,
+            )
+            return Completion(
+                self.request_id, result.response, route.choice.endpoint, self.attempt_count, cost
+            )
+
+    async def stream(self) -> StreamingCompletion:
+        route: _Route | None = None
+        while True:
+            route = route or await self._next_route()
+            attempt = await self._start(route)
+            upstream: DriverStream | None = None
+            try:
+                async with asyncio.timeout_at(_loop_time(self.deadline)):
+                    upstream = await route.driver.stream(
+                        self._chat_request(route), self._binding(attempt)
+                    )
+                    chunks = aiter(upstream)
+                    held = await _first_content(chunks)
+            except UpstreamFailure as failure:
+                if upstream is not None:
+                    await upstream.aclose()
+                route = await self._failed(attempt, failure.classification, failure)
+                continue
+            except TimeoutError:
+                if upstream is not None:
+                    await upstream.aclose()
+                route = await self._failed(attempt, _deadline_class(), None)
+                continue
+            assert upstream is not None
+            attempt.stream_committed = True
+            return StreamingCompletion(
+                self.request_id,
+                route.choice.endpoint,
+                self.attempt_count,
+                self._stream_body(attempt, upstream, chunks, held),
+            )
+
+    async def _stream_body(
+        self,
+        attempt: _Attempt,
+        upstream: DriverStream,
+        chunks: AsyncIterator[dict[str, Any]],
+        held: list[dict[str, Any]],
+    ) -> AsyncIterator[bytes]:
+        include_usage = self.call.include_usage
+        finished = False
+        try:
+            for chunk in held:
+                if include_usage or not _is_usage_chunk(chunk):
+                    yield encode_data(orjson.dumps(chunk))
+            async for chunk in chunks:
+                if include_usage or not _is_usage_chunk(chunk):
+                    yield encode_data(orjson.dumps(chunk))
+            cost = self._cost(attempt.route.mapping, upstream.usage)
+            await self._succeeded(
+                attempt,
+                usage=upstream.usage,
+                cost=cost,
+                finish_reason=upstream.finish_reason,
+                response_id=upstream.response_id,
+                response_model=None,
+                upstream_request_id=upstream.upstream_request_id,
+                http_status=200,
+                time_to_first_chunk_ms=upstream.time_to_first_chunk_ms,
+                invalid_events=upstream.invalid_events,
+            )
+            finished = True
+            yield DONE_FRAME
+        except UpstreamFailure as failure:
+            finished = True
+            error = await self._broken_stream(attempt, failure.classification, failure, upstream)
+            yield encode_data(
+                orjson.dumps(
+                    {
+                        "error": {
+                            "code": error.code,
+                            "message": error.message,
+                            "type": error.error_type,
+                            "request_id": self.request_id,
+                        }
+                    }
+                )
+            )
+        finally:
+            if not finished:
+                # The client went away (this task is being cancelled): record it anyway, in
+                # a task of its own that the cancellation does not reach.
+                self.gw._keep(self._broken_stream(attempt, _canceled_class(), None, upstream))
+            await upstream.aclose()
+
+    # --- steps of the path ---
+
+    async def _next_route(self) -> _Route:
+        """Evaluate every mapping, choose one and bind the attempt to it (SPEC §4)."""
+        config = self.gw.config
+        keys = [BreakerKey.endpoint(m.endpoint) for m in self.group.mappings] + [
+            BreakerKey.mapping(m.endpoint, m.model) for m in self.group.mappings
+        ]
+        while True:
+            breaker_open = self._breaker_lookup(await self.gw.breakers.blocked(keys))
+            candidates = evaluate(
+                config,
+                self.caller.workspace,
+                self.group,
+                self.requirements,
+                self.context,
+                breaker_open=breaker_open,
+            )
+            choice = select(candidates, self.gw._rr, self.caller.workspace.id, self.group)
+            self.sequence += 1
+            self._pending.append(
+                ev.RouteEvaluated(
+                    request_id=self.request_id,
+                    sequence=self.sequence,
+                    candidates=candidates,
+                    tried_endpoints=tuple(sorted(self.context.tried_endpoints)),
+                    chosen=choice,
+                )
+            )
+            if choice is None:
+                raise await self._fail(self._no_route_error(candidates))
+            mapping = self.group.mappings[choice.mapping_index]
+            if await self._admitted(choice.endpoint, mapping):
+                driver = self.gw._drivers[choice.endpoint]
+                if self.attempt_count == 0:
+                    return _Route(choice, mapping, driver, "first")
+                return _Route(choice, mapping, driver, "failover")
+
+    def _breaker_lookup(
+        self, blocked: Mapping[BreakerKey, bool]
+    ) -> Callable[[str, ModelMapping], str | None]:
+        def breaker_open(endpoint_id: str, mapping: ModelMapping) -> str | None:
+            endpoint_key = BreakerKey.endpoint(endpoint_id)
+            if blocked.get(endpoint_key) or endpoint_key in self.denied:
+                return "endpoint"
+            mapping_key = BreakerKey.mapping(endpoint_id, mapping.model)
+            if blocked.get(mapping_key) or mapping_key in self.denied:
+                return "mapping"
+            return None
+
+        return breaker_open
+
+    async def _admitted(self, endpoint_id: str, mapping: ModelMapping) -> bool:
+        # blocked() was a read; the half-open probe is taken atomically here, and a lost
+        # race for it sends us back to evaluation with that breaker counted as open.
+        for key in (
+            BreakerKey.endpoint(endpoint_id),
+            BreakerKey.mapping(endpoint_id, mapping.model),
+        ):
+            admission, transitions = await self.gw.breakers.admit(key)
+            await self.gw._record_transitions(transitions, self.request_id)
+            if admission is Admission.DENIED:
+                self.denied.add(key)
+                return False
+        return True
+
+    async def _start(self, route: _Route) -> _Attempt:
+        self.attempt_count += 1
+        attempt = _Attempt(route, new_id("att"), time.monotonic())
+        endpoint = self.gw.config.endpoint(route.choice.endpoint)
+        assert endpoint is not None
+        host, port = endpoint.base_url_host, _port(endpoint.base_url)
+        await self._flush(
+            ev.AttemptStarted(
+                request_id=self.request_id,
+                attempt_id=attempt.attempt_id,
+                attempt_number=self.attempt_count,
+                cause=route.cause,
+                endpoint=route.choice.endpoint,
+                driver=endpoint.driver,
+                model=route.mapping.model,
+                tier=route.choice.tier,
+                weight=route.choice.weight,
+                server_address=host,
+                server_port=port,
+                stream=self.call.stream,
+            )
+        )
+        return attempt
+
+    def _chat_request(self, route: _Route) -> ChatRequest:
+        return ChatRequest(
+            body=self.call.body,
+            upstream_model=route.mapping.model,
+            max_tokens=self.call.max_tokens,
+            stream=self.call.stream,
+        )
+
+    def _binding(self, attempt: _Attempt) -> AttemptBinding:
+        endpoint = self.gw.config.endpoint(attempt.route.choice.endpoint)
+        assert endpoint is not None
+        remaining_s = max(0.001, self.deadline - time.monotonic())
+        defaults = self.defaults
+        return AttemptBinding(
+            endpoint=endpoint,
+            upstream_model=attempt.route.mapping.model,
+            attempt_id=attempt.attempt_id,
+            timeouts=AttemptTimeouts(
+                attempt_timeout_s=min(defaults.attempt_timeout_ms / 1000, remaining_s),
+                first_token_timeout_s=min(defaults.first_token_timeout_ms / 1000, remaining_s),
+                stream_idle_timeout_s=defaults.stream_idle_timeout_ms / 1000,
+            ),
+            traceparent=self.traceparent,
+        )
+
+    def _cost(self, mapping: ModelMapping, usage: ev.Usage | None) -> Decimal | None:
+        if usage is None:
+            return None
+        price = mapping.price
+        return usage_cost(
+            usage,
+            input_per_mtok=price.input_per_mtok,
+            output_per_mtok=price.output_per_mtok,
+            cached_input_per_mtok=price.cached_input_per_mtok,
+        )
+
+    async def _succeeded(
+        self,
+        attempt: _Attempt,
+        *,
+        usage: ev.Usage | None,
+        cost: Decimal | None,
+        finish_reason: str | None,
+        response_id: str | None,
+        response_model: str | None,
+        upstream_request_id: str | None,
+        http_status: int,
+        time_to_first_chunk_ms: int | None = None,
+        invalid_events: int = 0,
+    ) -> None:
+        route = attempt.route
+        await self._report_breakers(route, None)
+        duration = round((time.monotonic() - attempt.started_at) * 1000)
+        self.tally.summaries.append(AttemptSummary(route.choice.endpoint, http_status, None))
+        await self._flush(
+            ev.AttemptFinished(
+                request_id=self.request_id,
+                attempt_id=attempt.attempt_id,
+                status="succeeded",
+                evidence=ev.Evidence.STARTED,
+                http_status=http_status,
+                usage=usage,
+                upstream_request_id=upstream_request_id,
+                response_id=response_id,
+                response_model=response_model,
+                finish_reason=finish_reason,
+                duration_ms=duration,
+                time_to_first_chunk_ms=time_to_first_chunk_ms,
+                stream_committed=attempt.stream_committed,
+                invalid_events=invalid_events,
+            ),
+            ev.RequestCompleted(
+                request_id=self.request_id,
+                endpoint=route.choice.endpoint,
+                model=route.mapping.model,
+                attempts=self.attempt_count,
+                usage=usage,
+                cost_usd=cost,
+                finish_reason=finish_reason,
+                duration_ms=self._elapsed_ms(),
+            ),
+        )
+
+    def _attempt_finished(
+        self,
+        attempt: _Attempt,
+        classification: Classification,
+        failure: UpstreamFailure | None,
+        *,
+        invalid_events: int = 0,
+    ) -> ev.AttemptFinished:
+        outcome = failure.outcome if failure is not None else None
+        return ev.AttemptFinished(
+            request_id=self.request_id,
+            attempt_id=attempt.attempt_id,
+            status="failed",
+            failure_class=classification.failure_class,
+            evidence=classification.evidence,
+            http_status=outcome.http_status if outcome else None,
+            error_code=(outcome.error_code or outcome.error_type) if outcome else None,
+            upstream_request_id=failure.upstream_request_id if failure else None,
+            retry_after_ms=classification.retry_after_ms,
+            duration_ms=round((time.monotonic() - attempt.started_at) * 1000),
+            stream_committed=attempt.stream_committed,
+            invalid_events=invalid_events,
+        )
+
+    async def _failed(
+        self, attempt: _Attempt, classification: Classification, failure: UpstreamFailure | None
+    ) -> _Route | None:
+        """Record a failed attempt and decide: the route to retry, None to re-evaluate for a
+        failover, or raise the final (recorded) error."""
+        route = attempt.route
+        endpoint_id = route.choice.endpoint
+        await self._report_breakers(route, classification)
+        status = failure.outcome.http_status if failure else None
+        self.tally.summaries.append(
+            AttemptSummary(endpoint_id, status, classification.failure_class.value)
+        )
+        self.tally.classes.append(classification.failure_class)
+        if classification.retry_after_ms is not None:
+            self.tally.retry_after_ms = classification.retry_after_ms
+        self._pending.append(self._attempt_finished(attempt, classification, failure))
+        retries = self.tally.retries.get(endpoint_id, 0)
+        decision = decide(
+            AttemptOutcome(
+                classification=classification,
+                attempts_made=self.attempt_count,
+                retries_on_endpoint=retries,
+                remaining_ms=self._remaining_ms(),
+                allow_failover=self.requirements.allow_failover,
+                stream_committed=attempt.stream_committed,
+            ),
+            self.defaults,
+            self.gw._rng,
+        )
+        self._pending.append(self._failover_decided(attempt, classification, decision))
+        if decision.action == "stop":
+            raise await self._fail(self._final_error(classification, failure, decision))
+        self.context = next_context(
+            self.context, decision.action, endpoint_id, route.mapping, classification.failure_class
+        )
+        if decision.action == "retry":
+            self.tally.retries[endpoint_id] = retries + 1
+            if decision.backoff_ms:
+                await asyncio.sleep(decision.backoff_ms / 1000)
+            if await self._admitted(endpoint_id, route.mapping):
+                return _Route(route.choice, route.mapping, route.driver, "retry")
+        return None
+
+    def _failover_decided(
+        self, attempt: _Attempt, classification: Classification, decision: Decision
+    ) -> ev.FailoverDecided:
+        return ev.FailoverDecided(
+            request_id=self.request_id,
+            after_attempt_id=attempt.attempt_id,
+            failure_class=classification.failure_class,
+            evidence=classification.evidence,
+            action=decision.action,
+            allowed=decision.allowed,
+            reason=decision.reason,
+            backoff_ms=decision.backoff_ms,
+        )
+
+    async def _broken_stream(
+        self,
+        attempt: _Attempt,
+        classification: Classification,
+        failure: UpstreamFailure | None,
+        upstream: DriverStream,
+    ) -> GatewayError:
+        """A committed stream that did not finish: a partial failure, never a success."""
+        await self._report_breakers(attempt.route, classification)
+        self.tally.summaries.append(
+            AttemptSummary(attempt.route.choice.endpoint, 200, classification.failure_class.value)
+        )
+        finished = self._attempt_finished(
+            attempt, classification, failure, invalid_events=upstream.invalid_events
+        )
+        decision = Decision(action="stop", reason="stream_committed")
+        if classification.failure_class is ev.FailureClass.CLIENT_CANCELED:
+            error = GatewayError(499, "client_canceled", "the client closed the stream")
+        else:
+            error = GatewayError(
+                502, "upstream_error", f"the upstream stream broke: {classification.failure_class}"
+            )
+        await self._flush(
+            finished,
+            self._failover_decided(attempt, classification, decision),
+            self._request_failed(
+                error, endpoint=attempt.route.choice.endpoint, stream_started=True
+            ),
+        )
+        return error
+
+    # --- endings ---
+
+    async def _fail(self, error: GatewayError) -> GatewayError:
+        """Record the request's failure; returns the error for the caller to raise."""
+        error.with_attempts(tuple(self.tally.summaries))
+        await self._flush(self._request_failed(error))
+        return error
+
+    def _request_failed(
+        self, error: GatewayError, *, endpoint: str | None = None, stream_started: bool = False
+    ) -> ev.RequestFailed:
+        return ev.RequestFailed(
+            request_id=self.request_id,
+            http_status=error.status,
+            error_code=error.code,
+            error_type=error.error_type,
+            message=error.message,
+            attempts=self.attempt_count,
+            endpoint=endpoint,
+            stream_started=stream_started,
+            duration_ms=self._elapsed_ms(),
+        )
+
+    def _final_error(
+        self, classification: Classification, failure: UpstreamFailure | None, decision: Decision
+    ) -> GatewayError:
+        failure_class = classification.failure_class
+        if failure_class is ev.FailureClass.DEADLINE_EXCEEDED or decision.reason == (
+            "deadline_exceeded"
+        ):
+            return deadline_exceeded()
+        return error_for_failure(
+            failure_class,
+            _failure_message(classification, failure, decision),
+            retry_after_ms=classification.retry_after_ms,
+        )
+
+    def _no_route_error(self, candidates: tuple[ev.Candidate, ...]) -> GatewayError:
+        reasons = {c.reason_code for c in candidates if not c.eligible}
+        if ev.ReasonCode.OVER_BUDGET in reasons:
+            return budget_exceeded(
+                "no eligible route fits the remaining budget: "
+                + _exclusions(candidates, ev.ReasonCode.OVER_BUDGET)
+            )
+        if self.tally.classes:
+            # Attempts were made and nothing is left to fail over to: name the real cause.
+            if all(c is ev.FailureClass.RATE_LIMITED for c in self.tally.classes):
+                return error_for_failure(
+                    ev.FailureClass.RATE_LIMITED,
+                    "every eligible endpoint is rate-limited",
+                    retry_after_ms=self.tally.retry_after_ms or 1000,
+                )
+            last = self.tally.classes[-1]
+            return error_for_failure(last, f"no endpoint left to fail over to after {last}")
+        if ev.ReasonCode.BREAKER_OPEN in reasons and reasons <= {
+            ev.ReasonCode.BREAKER_OPEN,
+            ev.ReasonCode.ALREADY_TRIED,
+        }:
+            return upstream_unavailable(
+                "every candidate endpoint is cooling down after failures (breaker open)",
+                retry_after_s=1,
+            )
+        return no_eligible_route(
+            f"no endpoint of model group {self.group.name!r} can serve this request: "
+            + _exclusions(candidates, None)
+        )
+
+    async def _report_breakers(self, route: _Route, classification: Classification | None) -> None:
+        endpoint_key = BreakerKey.endpoint(route.choice.endpoint)
+        mapping_key = BreakerKey.mapping(route.choice.endpoint, route.mapping.model)
+        transitions: list[Transition] = []
+        breakers = self.gw.breakers
+        if classification is None:
+            transitions += await breakers.record_success(endpoint_key)
+            transitions += await breakers.record_success(mapping_key)
+        elif classification.breaker_scope is not None:
+            key = endpoint_key if classification.breaker_scope == "endpoint" else mapping_key
+            transitions += await breakers.record_failure(
+                key,
+                classification.failure_class.value,
+                opens_at_once=classification.breaker_opens_at_once,
+                retry_after_ms=classification.retry_after_ms,
+            )
+        await self.gw._record_transitions(transitions, self.request_id)
+
+
+# --- small pure helpers ---
+
+
+async def _first_content(chunks: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pull chunks until one carries content (SPEC §5); return all pulled so far."""
+    held: list[dict[str, Any]] = []
+    async for chunk in chunks:
+        held.append(chunk)
+        if _has_content(chunk):
+            break
+    return held
+
+
+def _has_content(chunk: Mapping[str, Any]) -> bool:
+    choices = chunk.get("choices")
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        if not isinstance(choice, dict):
+            continue
+        if choice.get("finish_reason"):
+            return True
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and (
+            delta.get("content") or delta.get("tool_calls") or delta.get("refusal")
+        ):
+            return True
+    return False
+
+
+def _is_usage_chunk(chunk: Mapping[str, Any]) -> bool:
+    # The final usage chunk the gateway asked for on its own account (choices == []).
+    return chunk.get("choices") == [] and chunk.get("usage") is not None
+
+
+def _deadline_class() -> Classification:
+    return _DEADLINE
+
+
+def _canceled_class() -> Classification:
+    return Classification(
+        failure_class=ev.FailureClass.CLIENT_CANCELED,
+        evidence=ev.Evidence.STARTED,
+        breaker_scope=None,
+        breaker_opens_at_once=False,
+        may_fail_over="no",
+    )
+
+
+def _loop_time(deadline: float) -> float:
+    return asyncio.get_running_loop().time() + (deadline - time.monotonic())
+
+
+def _port(base_url: str) -> int | None:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(base_url)
+    if parts.port is not None:
+        return parts.port
+    return 443 if parts.scheme == "https" else 80
+
+
+def _trace_id(traceparent: str | None) -> str | None:
+    if not traceparent:
+        return None
+    parts = traceparent.split("-")
+    if len(parts) >= 4 and len(parts[1]) == 32:
+        return parts[1]
+    return None
+
+
+def _optional_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _failure_message(
+    classification: Classification, failure: UpstreamFailure | None, decision: Decision
+) -> str:
+    what = f"upstream failed: {classification.failure_class} ({classification.evidence})"
+    if failure is not None and failure.outcome.error_message:
+        what += f": {failure.outcome.error_message}"
+    return f"{what}; {decision.reason.replace('_', ' ')}"
+
+
+def _exclusions(candidates: tuple[ev.Candidate, ...], only: ev.ReasonCode | None) -> str:
+    parts = [
+        f"{c.endpoint}/{c.model}: {c.reason_code}" + (f" ({c.detail})" if c.detail else "")
+        for c in candidates
+        if not c.eligible and (only is None or c.reason_code is only)
+    ]
+    return "; ".join(parts)

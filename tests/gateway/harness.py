@@ -1,0 +1,196 @@
+"""A real gateway for end-to-end tests: uvicorn on 127.0.0.1, fake providers over real HTTP,
+the ledger on the test's database, and the ``openai`` SDK as the client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import uvicorn
+from openai import AsyncOpenAI
+
+from ledger import apikeys
+from ledger.db import create_engine
+from ledger.store import EventStore, RecordedEvent
+from router.app import AppSettings, create_app
+from router.config import Config, parse_config
+from router.fake_upstream import FakeUpstream
+from tests.helpers import eventually
+
+ANTHROPIC_ENV = {"FAKE_KEY": "sk-fake-secret-never-logged"}
+
+
+@dataclass
+class Route:
+    """One mapping of the test's model group, to a fake provider named ``upstream``."""
+
+    upstream: str
+    tier: int = 0
+    weight: int = 1
+    model: str = "fake-model"
+    capabilities: Sequence[str] = ("text", "stream", "tools", "json_schema", "vision")
+    context_window: int = 128000
+    max_output_tokens: int = 4096
+
+
+@dataclass
+class Gateway:
+    url: str
+    secret: str
+    key_id: str
+    store: EventStore
+    upstreams: dict[str, FakeUpstream]
+    config: Config
+    clients: list[AsyncOpenAI] = field(default_factory=list)
+
+    def client(self, secret: str | None = None, **kw: Any) -> AsyncOpenAI:
+        client = AsyncOpenAI(
+            base_url=f"{self.url}/v1", api_key=secret or self.secret, max_retries=0, **kw
+        )
+        self.clients.append(client)
+        return client
+
+    def http(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.url, headers={"Authorization": f"Bearer {self.secret}"}, timeout=30
+        )
+
+    async def events(self, request_id: str) -> list[RecordedEvent]:
+        return await self.store.read_stream(f"request-{request_id}")
+
+    async def types(self, request_id: str) -> list[str]:
+        return [e.type for e in await self.events(request_id)]
+
+    async def wait_for_types(self, request_id: str, last: str) -> list[str]:
+        async def done() -> bool:
+            types = await self.types(request_id)
+            return bool(types) and types[-1] == last
+
+        await eventually(done)
+        return await self.types(request_id)
+
+
+def config_text(
+    upstreams: dict[str, FakeUpstream],
+    routes: Sequence[Route],
+    *,
+    defaults: str = "",
+    drivers: dict[str, str] | None = None,
+    trust_not_started: Sequence[str] = (),
+    workspace_extra: str = "",
+) -> str:
+    drivers = drivers or {}
+    endpoints = []
+    for name, upstream in upstreams.items():
+        driver = drivers.get(name, "openai")
+        base = upstream.root_url if driver == "anthropic" else upstream.base_url
+        endpoints.append(
+            f"""  - id: {name}
+    driver: {driver}
+    base_url: {base}
+    api_key: ${{env:FAKE_KEY}}
+    region: us-east
+    data_classes: [public, internal]
+    trust_not_started: {"true" if name in trust_not_started else "false"}
+"""
+        )
+    mappings = []
+    for route in routes:
+        mappings.append(
+            f"""      - endpoint: {route.upstream}
+        model: {route.model}
+        tier: {route.tier}
+        weight: {route.weight}
+        capabilities: [{", ".join(route.capabilities)}]
+        context_window: {route.context_window}
+        max_output_tokens: {route.max_output_tokens}
+        price: {{input_per_mtok: 1.0, output_per_mtok: 2.0}}
+"""
+        )
+    return f"""generation: test-1
+defaults:
+  deadline_ms: 20000
+  attempt_timeout_ms: 5000
+  first_token_timeout_ms: 3000
+  stream_idle_timeout_ms: 3000
+  retry_same_endpoint:
+    upstream_unavailable: {{max: 0}}
+{defaults}
+endpoints:
+{"".join(endpoints)}
+models:
+  - name: chat
+    mappings:
+{"".join(mappings)}
+workspaces:
+  - id: acme
+    models: [chat]
+    regions: [us-east]
+    data_class: internal
+{workspace_extra}
+  - id: other
+    models: [chat]
+    regions: [us-east]
+    data_class: internal
+"""
+
+
+@asynccontextmanager
+async def serve(settings: AppSettings) -> AsyncIterator[str]:
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings), host="127.0.0.1", port=0, log_level="warning", lifespan="on"
+        )
+    )
+    task = asyncio.create_task(server.serve())
+
+    async def started() -> bool:
+        if task.done():
+            task.result()  # surface a start-up failure
+        return server.started
+
+    await eventually(started, within_s=20)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+@asynccontextmanager
+async def running_gateway(
+    database_url: str,
+    upstream_names: Sequence[str],
+    routes: Sequence[Route],
+    *,
+    redis_url: str | None = None,
+    max_in_flight: int = 512,
+    **config_options: Any,
+) -> AsyncIterator[Gateway]:
+    async with AsyncExitStack() as stack:
+        upstreams = {
+            name: await stack.enter_async_context(FakeUpstream(name)) for name in upstream_names
+        }
+        config = parse_config(
+            config_text(upstreams, routes, **config_options), environ=ANTHROPIC_ENV
+        )
+        engine = create_engine(database_url)
+        store = EventStore(engine)
+        stack.push_async_callback(engine.dispose)
+        stack.push_async_callback(store.close)
+        key = await apikeys.create_key(store, "acme", "client")
+        settings = AppSettings(
+            config, database_url, redis_url=redis_url, max_in_flight=max_in_flight
+        )
+        url = await stack.enter_async_context(serve(settings))
+        gateway = Gateway(url, key.secret, key.key_id, store, upstreams, config)
+        try:
+            yield gateway
+        finally:
+            for client in gateway.clients:
+                await client.close()

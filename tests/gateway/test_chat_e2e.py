@@ -1,0 +1,208 @@
+"""End to end through the official ``openai`` SDK: a real gateway, real fake providers, the
+ledger on SQLite and on PostgreSQL."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from router.fake_upstream import Behavior
+from tests.gateway.harness import Route, running_gateway
+
+SECRET_PROMPT = "the-prompt-text-must-never-reach-the-ledger"
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": SECRET_PROMPT}]
+
+TRAIL_OK = [
+    "RequestReceived",
+    "RouteEvaluated",
+    "AttemptStarted",
+    "AttemptFinished",
+    "RequestCompleted",
+]
+
+
+async def test_buffered_completion_through_the_sdk_leaves_the_whole_trail(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
+        raw = await gw.client().chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES
+        )
+        reply = raw.parse()
+        assert reply.choices[0].message.content
+        assert reply.usage is not None and reply.usage.completion_tokens > 0
+        request_id = raw.headers["x-request-id"]
+        assert raw.headers["x-waybill-endpoint"] == "east"
+        assert raw.headers["x-waybill-attempts"] == "1"
+        assert float(raw.headers["x-waybill-cost-usd"]) > 0
+        assert gw.upstreams["east"].hits == 1
+        events = await gw.events(request_id)
+        assert [e.type for e in events] == TRAIL_OK
+        received = events[0].data
+        assert received["workspace"] == "acme" and received["key_id"] == gw.key_id
+        assert received["model_group"] == "chat"
+        assert received["config_generation"] == "test-1"
+        assert received["message_count"] == 1
+        assert events[1].data["chosen"]["endpoint"] == "east"
+        finished = events[3].data
+        assert finished["status"] == "succeeded" and finished["usage"]["output_tokens"] > 0
+        completed = events[4].data
+        assert Decimal(completed["cost_usd"]) == Decimal(raw.headers["x-waybill-cost-usd"])
+        for event in events:
+            assert SECRET_PROMPT.encode() not in event.payload
+            assert b"sk-fake-secret" not in event.payload
+
+
+async def test_attempt_id_and_traceparent_are_sent_upstream(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
+        traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+        raw = await gw.client().chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES, extra_headers={"traceparent": traceparent}
+        )
+        sent = gw.upstreams["east"].requests[-1]
+        events = await gw.events(raw.headers["x-request-id"])
+        started = next(e for e in events if e.type == "AttemptStarted")
+        assert sent.headers["x-waybill-attempt-id"] == started.data["attempt_id"]
+        assert sent.headers["traceparent"] == traceparent
+        assert sent.headers["authorization"] == "Bearer sk-fake-secret-never-logged"
+        assert events[0].data["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
+
+
+async def test_stream_with_include_usage_ends_with_the_usage_chunk(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
+        stream = await gw.client().chat.completions.create(
+            model="chat",
+            messages=MESSAGES,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [chunk async for chunk in stream]
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+        request_id = stream.response.headers["x-request-id"]
+        assert stream.response.headers["x-waybill-endpoint"] == "east"
+        assert await gw.types(request_id) == TRAIL_OK
+        finished = (await gw.events(request_id))[3].data
+        assert finished["stream_committed"] is True
+        assert finished["usage"]["output_tokens"] > 0
+
+
+async def test_stream_without_include_usage_gets_no_usage_chunk_but_usage_is_recorded(
+    database_url,
+):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
+        stream = await gw.client().chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+        assert all(c.choices for c in chunks)
+        assert all(c.usage is None for c in chunks)
+        # The gateway asked the upstream for usage on its own account: the books have it.
+        request_id = stream.response.headers["x-request-id"]
+        finished = (await gw.events(request_id))[3].data
+        assert finished["usage"] is not None
+
+
+async def test_failover_to_the_next_tier_after_a_429(database_url):
+    async with running_gateway(
+        database_url, ["east", "west"], [Route("east", tier=0), Route("west", tier=1)]
+    ) as gw:
+        gw.upstreams["east"].set_plan([Behavior.rate_limited()])
+        raw = await gw.client().chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES
+        )
+        assert raw.headers["x-waybill-endpoint"] == "west"
+        assert raw.headers["x-waybill-attempts"] == "2"
+        assert gw.upstreams["east"].hits == 1 and gw.upstreams["west"].hits == 1
+        events = await gw.events(raw.headers["x-request-id"])
+        types = [e.type for e in events]
+        assert types == [
+            "RequestReceived",
+            "RouteEvaluated",
+            "AttemptStarted",
+            "AttemptFinished",
+            "FailoverDecided",
+            "RouteEvaluated",
+            "AttemptStarted",
+            "AttemptFinished",
+            "RequestCompleted",
+        ]
+        failed = events[3].data
+        assert failed["failure_class"] == "rate_limited" and failed["evidence"] == "not_started"
+        decided = events[4].data
+        assert decided["action"] == "failover" and decided["allowed"] is True
+        second = events[5].data
+        east = next(c for c in second["candidates"] if c["endpoint"] == "east")
+        assert east["eligible"] is False
+        assert east["reason_code"] in ("already_tried", "breaker_open")
+
+
+async def test_a_stream_that_fails_before_its_first_content_fails_over_unseen(database_url):
+    async with running_gateway(
+        database_url, ["east", "west"], [Route("east", tier=0), Route("west", tier=1)]
+    ) as gw:
+        gw.upstreams["east"].set_plan([Behavior.disconnect_before_first_event()])
+        stream = await gw.client().chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True
+        )
+        chunks = [chunk async for chunk in stream]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert stream.response.headers["x-waybill-endpoint"] == "west"
+        assert gw.upstreams["east"].hits == 1 and gw.upstreams["west"].hits == 1
+
+
+async def test_mid_stream_disconnect_ends_with_an_error_event_and_a_partial_failure(
+    database_url,
+):
+    async with running_gateway(
+        database_url, ["east", "west"], [Route("east", tier=0), Route("west", tier=1)]
+    ) as gw:
+        gw.upstreams["east"].set_plan([Behavior.mid_stream_disconnect(after_events=3)])
+        stream = await gw.client().chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True
+        )
+        received = []
+        with pytest.raises(openai.APIError):
+            async for chunk in stream:
+                received.append(chunk)
+        assert received, "some content was streamed before the break"
+        assert gw.upstreams["west"].hits == 0, "nothing from a second model is spliced in"
+        request_id = stream.response.headers["x-request-id"]
+        events = await gw.events(request_id)
+        assert events[-1].type == "RequestFailed"
+        assert events[-1].data["stream_started"] is True
+        assert events[-1].data["endpoint"] == "east"
+        finished = next(e for e in events if e.type == "AttemptFinished").data
+        assert finished["status"] == "failed" and finished["stream_committed"] is True
+        assert finished["usage"] is None
+
+
+async def test_models_lists_the_groups_the_key_may_call(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
+        models = await gw.client().models.list()
+        assert [m.id for m in models.data] == ["chat"]
+
+
+async def test_health_and_readiness(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        assert (await http.get("/healthz")).json() == {"status": "ok"}
+        ready = await http.get("/readyz", headers={"Authorization": ""})
+        assert ready.status_code == 200 and ready.json()["status"] == "ready"
+
+
+async def test_anthropic_endpoint_buffered_and_streamed(database_url):
+    async with running_gateway(
+        database_url, ["claude"], [Route("claude")], drivers={"claude": "anthropic"}
+    ) as gw:
+        client = gw.client()
+        reply = await client.chat.completions.create(model="chat", messages=MESSAGES)
+        assert reply.choices[0].message.content
+        assert gw.upstreams["claude"].hits_by_path.get("/v1/messages") == 1
+        stream = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+        )
+        chunks = [chunk async for chunk in stream]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert chunks[-1].usage is not None

@@ -1,0 +1,82 @@
+"""``waybill serve`` and ``waybill demo`` as real processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.gateway.harness import ANTHROPIC_ENV
+from tests.ledger.test_cli import WAYBILL, waybill
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_demo_check_serves_a_buffered_and_a_streamed_request(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+    result = waybill("demo", "--check", "--port", str(_free_port()), database_url=url)
+    assert result.returncode == 0, result.stderr
+    assert "buffered: 200 via demo-primary" in result.stdout
+    assert "streamed: 200" in result.stdout
+    assert "curl -s http://127.0.0.1:" in result.stdout
+    verified = waybill("verify", database_url=url)
+    assert verified.returncode == 0 and "ledger OK" in verified.stdout
+
+
+def test_serve_refuses_a_bad_config_with_the_offending_path(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text(
+        Path("docs/config.example.yaml").read_text().replace("weight: 3", "weight: 0", 1)
+    )
+    result = waybill(
+        "serve",
+        "--config",
+        str(config),
+        database_url=f"sqlite:///{tmp_path / 'x.db'}",
+        env=ANTHROPIC_ENV | {"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k"},
+    )
+    assert result.returncode == 1
+    assert "models[0].mappings[0].weight" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_without_a_config_says_how_to_give_one(tmp_path: Path) -> None:
+    result = waybill("serve", database_url=f"sqlite:///{tmp_path / 'x.db'}")
+    assert result.returncode == 1
+    assert "--config" in result.stderr
+
+
+def test_serve_migrates_and_answers_readyz(tmp_path: Path) -> None:
+    port = _free_port()
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"
+    env = {"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k", "WAYBILL_DATABASE_URL": url}
+    process = subprocess.Popen(
+        [*WAYBILL, "serve", "--config", "docs/config.example.yaml", "--port", str(port)],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if http.get("/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "the gateway did not become ready"
+                assert process.poll() is None, "the gateway exited"
+                time.sleep(0.1)
+            assert http.get("/v1/models").status_code == 401
+    finally:
+        process.terminate()
+        process.wait(timeout=20)

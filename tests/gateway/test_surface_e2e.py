@@ -1,0 +1,189 @@
+"""The HTTP surface's promises: auth, controlled errors, x-should-retry, Idempotency-Key."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from ledger import apikeys
+from router.fake_upstream import Behavior
+from tests.gateway.harness import Route, running_gateway
+
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+BODY = {"model": "chat", "messages": MESSAGES}
+
+
+def assert_error_shape(response, status: int, code: str) -> Any:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.headers["x-request-id"]
+    error = response.json()["error"]
+    assert error["code"] == code
+    assert error["request_id"] == response.headers["x-request-id"]
+    assert isinstance(error["message"], str) and "Traceback" not in error["message"]
+    assert isinstance(error["attempts"], list)
+    return error
+
+
+async def test_missing_unknown_and_revoked_keys_are_refused(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        missing = await http.post("/v1/chat/completions", json=BODY, headers={"Authorization": ""})
+        assert_error_shape(missing, 401, "invalid_api_key")
+        unknown = await http.post(
+            "/v1/chat/completions", json=BODY, headers={"Authorization": "Bearer wb_nope"}
+        )
+        assert_error_shape(unknown, 401, "invalid_api_key")
+        assert (await http.post("/v1/chat/completions", json=BODY)).status_code == 200
+        await apikeys.revoke_key(gw.store, gw.key_id)
+        revoked = await http.post("/v1/chat/completions", json=BODY)
+        assert_error_shape(revoked, 401, "invalid_api_key")
+        assert gw.upstreams["east"].hits == 1
+
+
+@pytest.mark.parametrize(
+    ("content", "status", "param"),
+    [
+        (b"{not json", 400, None),
+        (b"[1, 2]", 400, None),
+        (b'{"model": 7, "messages": []}', 400, "model"),
+        (b'{"model": "chat", "messages": "hello"}', 400, "messages"),
+        (b'{"model": "chat", "messages": [{"role": "user"}], "stream": "yes"}', 400, "stream"),
+        (b'{"model": "chat", "messages": [{"role": "user"}], "max_tokens": -1}', 400, "max_tokens"),
+        (b'{"model": "chat", "messages": [{"content": "x"}]}', 400, "messages[0]"),
+    ],
+)
+async def test_bad_bodies_get_a_400_naming_the_field(database_url, content, status, param):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        response = await http.post(
+            "/v1/chat/completions", content=content, headers={"content-type": "application/json"}
+        )
+        error = assert_error_shape(response, status, "invalid_request")
+        assert error["param"] == param
+        assert response.headers["x-should-retry"] == "false"
+        assert gw.upstreams["east"].hits == 0
+        recorded = {e.type for e in await gw.store.read_all()}
+        assert "RequestReceived" not in recorded  # refused at the edge: nothing was routed
+
+
+async def test_oversized_body_is_refused_before_reading_it_all(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        huge = (
+            b'{"model": "chat", "messages": [{"role": "user", "content": "'
+            + b"x" * (5 * 1024 * 1024)
+            + b'"}]}'
+        )
+        response = await http.post("/v1/chat/completions", content=huge)
+        assert_error_shape(response, 413, "invalid_request")
+
+
+async def test_bad_header_values_are_a_400(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        for name, value in [
+            ("X-Waybill-Max-Cost-Usd", "lots"),
+            ("X-Waybill-Deadline-Ms", "-5"),
+            ("X-Waybill-Allow-Failover", "maybe"),
+            ("X-Waybill-Data-Class", "secret"),
+        ]:
+            response = await http.post("/v1/chat/completions", json=BODY, headers={name: value})
+            error = assert_error_shape(response, 400, "invalid_request")
+            assert error["param"] == name
+
+
+async def test_unknown_model_is_404_model_not_found(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
+        with pytest.raises(openai.NotFoundError) as caught:
+            await gw.client().chat.completions.create(model="no-such-group", messages=MESSAGES)
+        assert caught.value.code == "model_not_found"
+
+
+async def test_unknown_path_is_a_controlled_404(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        assert_error_shape(await http.get("/v1/nothing-here"), 404, "not_found")
+
+
+async def test_quota_exhausted_is_terminal_502_with_should_retry_false(database_url):
+    async with (
+        running_gateway(
+            database_url, ["east", "west"], [Route("east", tier=0), Route("west", tier=1)]
+        ) as gw,
+        gw.http() as http,
+    ):
+        gw.upstreams["east"].set_plan([Behavior.insufficient_quota()])
+        response = await http.post("/v1/chat/completions", json=BODY)
+        error = assert_error_shape(response, 502, "upstream_quota_exhausted")
+        assert response.headers["x-should-retry"] == "false"
+        assert error["attempts"] == [
+            {"endpoint": "east", "status": 429, "failure_class": "quota_exhausted"}
+        ]
+        assert gw.upstreams["west"].hits == 0
+        types = await gw.types(response.headers["x-request-id"])
+        assert types[-2:] == ["FailoverDecided", "RequestFailed"]
+
+
+async def test_idempotency_key_replays_the_recorded_answer_without_a_second_call(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        headers = {"Idempotency-Key": "order-42"}
+        first = await http.post("/v1/chat/completions", json=BODY, headers=headers)
+        second = await http.post("/v1/chat/completions", json=BODY, headers=headers)
+        assert first.status_code == second.status_code == 200
+        assert second.json() == first.json()
+        assert second.headers["x-request-id"] == first.headers["x-request-id"]
+        assert second.headers["idempotent-replayed"] == "true"
+        assert gw.upstreams["east"].hits == 1
+        other = await http.post(
+            "/v1/chat/completions",
+            json={**BODY, "messages": [{"role": "user", "content": "something else"}]},
+            headers=headers,
+        )
+        assert_error_shape(other, 409, "idempotency_conflict")
+        assert gw.upstreams["east"].hits == 1
+
+
+async def test_idempotency_key_in_flight_is_a_409(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        gw.upstreams["east"].set_plan([Behavior.ok(latency_ms=800)])
+        headers = {"Idempotency-Key": "slow-one"}
+        first = asyncio.create_task(http.post("/v1/chat/completions", json=BODY, headers=headers))
+        await gw.upstreams["east"].wait_for_async(lambda up: up.hits == 1)
+        second = await http.post("/v1/chat/completions", json=BODY, headers=headers)
+        error = assert_error_shape(second, 409, "idempotency_conflict")
+        assert "in flight" in error["message"]
+        assert (await first).status_code == 200
+        assert gw.upstreams["east"].hits == 1
+
+
+async def test_streamed_answer_is_replayed_for_the_same_idempotency_key(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
+        client = gw.client()
+        headers = {"Idempotency-Key": "stream-1"}
+        first = await client.chat.completions.create(
+            model="chat", messages=MESSAGES, stream=True, extra_headers=headers
+        )
+        first_text = "".join([c.choices[0].delta.content or "" async for c in first])
+
+        async def recorded() -> bool:
+            second = await client.chat.completions.create(
+                model="chat", messages=MESSAGES, stream=True, extra_headers=headers
+            )
+            return "".join([c.choices[0].delta.content or "" async for c in second]) == first_text
+
+        assert await recorded()
+        assert gw.upstreams["east"].hits == 1
+
+
+async def test_capacity_error_is_503_and_never_touches_an_upstream(database_url):
+    async with (
+        running_gateway(database_url, ["east"], [Route("east")], max_in_flight=1) as gw,
+        gw.http() as http,
+    ):
+        gw.upstreams["east"].set_plan([Behavior.ok(latency_ms=800)])
+        first = asyncio.create_task(http.post("/v1/chat/completions", json=BODY))
+        await gw.upstreams["east"].wait_for_async(lambda up: up.hits == 1)
+        second = await http.post("/v1/chat/completions", json=BODY)
+        assert_error_shape(second, 503, "capacity_error")
+        assert (await first).status_code == 200
+        assert gw.upstreams["east"].hits == 1
