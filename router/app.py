@@ -8,12 +8,14 @@ stack trace (and is logged). Every response carries ``X-Request-Id``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import orjson
 from fastapi import FastAPI, Request
@@ -242,7 +244,9 @@ def create_app(settings: AppSettings) -> FastAPI:
         release = _Once(lambda: capacity.release(caller.workspace.id))
         try:
             if call.stream:
-                started = await gateway.stream(caller, call, headers, request_id)
+                started = await _unless_disconnected(
+                    request, gateway.stream(caller, call, headers, request_id)
+                )
                 response_headers = {
                     "x-waybill-endpoint": started.endpoint,
                     "x-waybill-attempts": str(started.attempts),
@@ -252,7 +256,9 @@ def create_app(settings: AppSettings) -> FastAPI:
                     started.body, release, state.idempotency, claim, response_headers, gateway
                 )
                 return StreamingResponse(body, media_type=_SSE, headers=response_headers)
-            completion = await gateway.complete(caller, call, headers, request_id)
+            completion = await _unless_disconnected(
+                request, gateway.complete(caller, call, headers, request_id)
+            )
             response_headers = {
                 "x-waybill-endpoint": completion.endpoint,
                 "x-waybill-attempts": str(completion.attempts),
@@ -280,6 +286,11 @@ def create_app(settings: AppSettings) -> FastAPI:
                     ),
                 )
             raise
+        except _ClientGone:
+            release()
+            if claim is not None:
+                await state.idempotency.abandon(claim)
+            return Response(status_code=499)  # nobody is listening any more
         except BaseException:
             release()
             if claim is not None:
@@ -311,6 +322,37 @@ async def _read_body(request: Request) -> bytes:
             raise invalid_request(f"request body over {MAX_BODY_BYTES} bytes", status=413)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+T = TypeVar("T")
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """Run ``work``; if the client disconnects first, cancel it (the gateway records the
+    attempt in flight as ``client_canceled``, and the upstream call is dropped)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        raise _ClientGone
+    result: T = task.result()
+    return result
+
+
+async def _disconnected(request: Request) -> None:
+    # The body has been read: the next message from the server is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _replay(answer: RecordedAnswer) -> Response:

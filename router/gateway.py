@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final, Literal
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -244,6 +245,8 @@ class _Run:
         self.attempt_count = 0
         self.tally = _Tally()
         self.denied: set[BreakerKey] = set()
+        self.in_flight: _Attempt | None = None  # started, not yet finished
+        self.ended = False  # RequestCompleted or RequestFailed is recorded (or on its way)
         self._stream_id = f"request-{request_id}"
         self._version = NO_STREAM
         self._metadata = {"config_generation": config.generation}
@@ -270,10 +273,11 @@ class _Run:
         self._pending = []
         if not events:
             return
-        recorded = await self.gw.store.append(
-            self._stream_id, self._version, events, metadata=self._metadata
-        )
-        self._version = recorded[-1].version
+        # This run is the stream's only writer, so the next version is known before the
+        # append returns; a cancelled caller's append still commits (see EventStore.append),
+        # and whatever is recorded after it must follow it.
+        expected, self._version = self._version, self._version + len(events)
+        await self.gw.store.append(self._stream_id, expected, events, metadata=self._metadata)
 
     def _remaining_ms(self) -> int:
         return max(0, int((self.deadline - time.monotonic()) * 1000))
@@ -284,6 +288,37 @@ class _Run:
     # --- the two shapes of a request ---
 
     async def complete(self) -> Completion:
+        try:
+            return await self._complete()
+        except asyncio.CancelledError:
+            self._record_abandoned()
+            raise
+
+    async def stream(self) -> StreamingCompletion:
+        try:
+            return await self._stream()
+        except asyncio.CancelledError:
+            self._record_abandoned()
+            raise
+
+    def _record_abandoned(self) -> None:
+        """The client went away before an answer: record it in a task of its own, which
+        the cancellation of this one does not reach."""
+        if self.ended:
+            return
+        self.ended = True
+        events: list[ev.Event] = []
+        attempt = self.in_flight
+        if attempt is not None:
+            canceled = _canceled_class(ev.Evidence.UNKNOWN)
+            events.append(self._attempt_finished(attempt, canceled, None))
+            decision = Decision(action="stop", reason="client_canceled")
+            events.append(self._failover_decided(attempt, canceled, decision))
+        error = GatewayError(499, "client_canceled", "the client closed the connection")
+        events.append(self._request_failed(error))
+        self.gw._keep(self._flush(*events))
+
+    async def _complete(self) -> Completion:
         route: _Route | None = None
         while True:
             route = route or await self._next_route()
@@ -314,7 +349,7 @@ class _Run:
                 self.request_id, result.response, route.choice.endpoint, self.attempt_count, cost
             )
 
-    async def stream(self) -> StreamingCompletion:
+    async def _stream(self) -> StreamingCompletion:
         route: _Route | None = None
         while True:
             route = route or await self._next_route()
@@ -468,9 +503,10 @@ class _Run:
     async def _start(self, route: _Route) -> _Attempt:
         self.attempt_count += 1
         attempt = _Attempt(route, new_id("att"), time.monotonic())
+        self.in_flight = attempt
         endpoint = self.gw.config.endpoint(route.choice.endpoint)
         assert endpoint is not None
-        host, port = endpoint.base_url_host, _port(endpoint.base_url)
+        host, port = _server_address(endpoint.base_url)
         await self._flush(
             ev.AttemptStarted(
                 request_id=self.request_id,
@@ -540,7 +576,7 @@ class _Run:
         invalid_events: int = 0,
     ) -> None:
         route = attempt.route
-        await self._report_breakers(route, None)
+        self.in_flight, self.ended = None, True
         duration = round((time.monotonic() - attempt.started_at) * 1000)
         self.tally.summaries.append(AttemptSummary(route.choice.endpoint, http_status, None))
         await self._flush(
@@ -571,6 +607,7 @@ class _Run:
                 duration_ms=self._elapsed_ms(),
             ),
         )
+        await self._report_breakers(route, None)
 
     def _attempt_finished(
         self,
@@ -603,6 +640,8 @@ class _Run:
         failover, or raise the final (recorded) error."""
         route = attempt.route
         endpoint_id = route.choice.endpoint
+        self.in_flight = None
+        self._pending.append(self._attempt_finished(attempt, classification, failure))
         await self._report_breakers(route, classification)
         status = failure.outcome.http_status if failure else None
         self.tally.summaries.append(
@@ -611,7 +650,6 @@ class _Run:
         self.tally.classes.append(classification.failure_class)
         if classification.retry_after_ms is not None:
             self.tally.retry_after_ms = classification.retry_after_ms
-        self._pending.append(self._attempt_finished(attempt, classification, failure))
         retries = self.tally.retries.get(endpoint_id, 0)
         decision = decide(
             AttemptOutcome(
@@ -661,7 +699,15 @@ class _Run:
         upstream: DriverStream,
     ) -> GatewayError:
         """A committed stream that did not finish: a partial failure, never a success."""
-        await self._report_breakers(attempt.route, classification)
+        if classification.failure_class is ev.FailureClass.CLIENT_CANCELED:
+            error = GatewayError(499, "client_canceled", "the client closed the stream")
+        else:
+            error = GatewayError(
+                502, "upstream_error", f"the upstream stream broke: {classification.failure_class}"
+            )
+        if self.ended:  # the client left while the success was being recorded
+            return error
+        self.in_flight, self.ended = None, True
         self.tally.summaries.append(
             AttemptSummary(attempt.route.choice.endpoint, 200, classification.failure_class.value)
         )
@@ -669,12 +715,6 @@ class _Run:
             attempt, classification, failure, invalid_events=upstream.invalid_events
         )
         decision = Decision(action="stop", reason="stream_committed")
-        if classification.failure_class is ev.FailureClass.CLIENT_CANCELED:
-            error = GatewayError(499, "client_canceled", "the client closed the stream")
-        else:
-            error = GatewayError(
-                502, "upstream_error", f"the upstream stream broke: {classification.failure_class}"
-            )
         await self._flush(
             finished,
             self._failover_decided(attempt, classification, decision),
@@ -682,6 +722,7 @@ class _Run:
                 error, endpoint=attempt.route.choice.endpoint, stream_started=True
             ),
         )
+        await self._report_breakers(attempt.route, classification)
         return error
 
     # --- endings ---
@@ -689,6 +730,7 @@ class _Run:
     async def _fail(self, error: GatewayError) -> GatewayError:
         """Record the request's failure; returns the error for the caller to raise."""
         error.with_attempts(tuple(self.tally.summaries))
+        self.ended = True
         await self._flush(self._request_failed(error))
         return error
 
@@ -809,10 +851,10 @@ def _deadline_class() -> Classification:
     return _DEADLINE
 
 
-def _canceled_class() -> Classification:
+def _canceled_class(evidence: ev.Evidence = ev.Evidence.STARTED) -> Classification:
     return Classification(
         failure_class=ev.FailureClass.CLIENT_CANCELED,
-        evidence=ev.Evidence.STARTED,
+        evidence=evidence,
         breaker_scope=None,
         breaker_opens_at_once=False,
         may_fail_over="no",
@@ -823,13 +865,12 @@ def _loop_time(deadline: float) -> float:
     return asyncio.get_running_loop().time() + (deadline - time.monotonic())
 
 
-def _port(base_url: str) -> int | None:
-    from urllib.parse import urlsplit
-
+def _server_address(base_url: str) -> tuple[str | None, int]:
+    """OpenTelemetry's ``server.address`` and ``server.port`` for an endpoint."""
     parts = urlsplit(base_url)
     if parts.port is not None:
-        return parts.port
-    return 443 if parts.scheme == "https" else 80
+        return parts.hostname, parts.port
+    return parts.hostname, 443 if parts.scheme == "https" else 80
 
 
 def _trace_id(traceparent: str | None) -> str | None:

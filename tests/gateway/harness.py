@@ -4,6 +4,7 @@ the ledger on the test's database, and the ``openai`` SDK as the client."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -22,6 +23,16 @@ from router.fake_upstream import FakeUpstream
 from tests.helpers import eventually
 
 ANTHROPIC_ENV = {"FAKE_KEY": "sk-fake-secret-never-logged"}
+
+
+BASE_DEFAULTS = {
+    "deadline_ms": "20000",
+    "attempt_timeout_ms": "5000",
+    "first_token_timeout_ms": "3000",
+    "stream_idle_timeout_ms": "3000",
+    # Same-endpoint retries are off unless a test turns them on, so hit counts are exact.
+    "retry_same_endpoint": "{rate_limited: {max: 0}, upstream_unavailable: {max: 0}}",
+}
 
 
 @dataclass
@@ -78,16 +89,25 @@ def config_text(
     upstreams: dict[str, FakeUpstream],
     routes: Sequence[Route],
     *,
-    defaults: str = "",
+    defaults: dict[str, str] | None = None,
+    generation: str = "test-1",
     drivers: dict[str, str] | None = None,
     trust_not_started: Sequence[str] = (),
     workspace_extra: str = "",
+    endpoint_extra: dict[str, str] | None = None,
+    dead_endpoints: Sequence[str] = (),
 ) -> str:
     drivers = drivers or {}
+    endpoint_extra = endpoint_extra or {}
     endpoints = []
-    for name, upstream in upstreams.items():
+    bases = {
+        name: up.root_url if drivers.get(name) == "anthropic" else up.base_url
+        for name, up in upstreams.items()
+    }
+    for name in dead_endpoints:
+        bases[name] = f"http://127.0.0.1:{closed_port()}/v1"  # nothing listens: connect error
+    for name, base in bases.items():
         driver = drivers.get(name, "openai")
-        base = upstream.root_url if driver == "anthropic" else upstream.base_url
         endpoints.append(
             f"""  - id: {name}
     driver: {driver}
@@ -96,6 +116,7 @@ def config_text(
     region: us-east
     data_classes: [public, internal]
     trust_not_started: {"true" if name in trust_not_started else "false"}
+{endpoint_extra.get(name, "")}
 """
         )
     mappings = []
@@ -111,15 +132,11 @@ def config_text(
         price: {{input_per_mtok: 1.0, output_per_mtok: 2.0}}
 """
         )
-    return f"""generation: test-1
+    settings = {**BASE_DEFAULTS, **(defaults or {})}
+    defaults_yaml = "".join(f"  {key}: {value}\n" for key, value in settings.items())
+    return f"""generation: {generation}
 defaults:
-  deadline_ms: 20000
-  attempt_timeout_ms: 5000
-  first_token_timeout_ms: 3000
-  stream_idle_timeout_ms: 3000
-  retry_same_endpoint:
-    upstream_unavailable: {{max: 0}}
-{defaults}
+{defaults_yaml}
 endpoints:
 {"".join(endpoints)}
 models:
@@ -137,6 +154,12 @@ workspaces:
     regions: [us-east]
     data_class: internal
 """
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @asynccontextmanager

@@ -1,0 +1,422 @@
+"""SPEC §5's failure table, row by row, end to end: the ``openai`` SDK → the gateway → fake
+providers over real HTTP. Each row asserts the client's outcome, the hits on each fake
+endpoint and the recorded decision.
+
+Two endpoints serve the model group: ``east`` on tier 0 and ``west`` on tier 1. The table
+runs on SQLite; the ledger's behaviour on PostgreSQL is covered by the other e2e tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from router.fake_upstream import Behavior
+from router.fake_upstream.behavior import Kind
+from tests.gateway.harness import Gateway, Route, running_gateway
+from tests.helpers import eventually
+
+BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+
+
+@dataclass(frozen=True)
+class Row:
+    name: str
+    east: list[Behavior]
+    status: int  # the client's HTTP status
+    code: str | None  # error code, or None on success
+    hits: tuple[int, int]  # (east, west)
+    failure_class: str
+    evidence: str
+    action: str  # FailoverDecided.action after the first attempt
+    reason: str
+    west: list[Behavior] = field(default_factory=list)
+    stream: bool = False
+    headers: dict[str, str] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    routes: tuple[Route, ...] = (Route("east", tier=0), Route("west", tier=1))
+
+
+ROWS = [
+    Row(
+        "429 fails over",
+        [Behavior.rate_limited()],
+        200,
+        None,
+        (1, 1),
+        "rate_limited",
+        "not_started",
+        "failover",
+        "not_started_failover",
+    ),
+    Row(
+        "429 with a Retry-After that fits is retried on the same endpoint",
+        [Behavior.rate_limited(retry_after=0.2)],
+        200,
+        None,
+        (2, 0),
+        "rate_limited",
+        "not_started",
+        "retry",
+        "retry_after_honoured",
+        options={
+            "defaults": {
+                "retry_same_endpoint": "{rate_limited: {max: 1, max_retry_after_ms: 5000}}"
+            }
+        },
+    ),
+    Row(
+        "429 with a Retry-After over the max fails over instead",
+        [Behavior.rate_limited(retry_after=9)],
+        200,
+        None,
+        (1, 1),
+        "rate_limited",
+        "not_started",
+        "failover",
+        "not_started_failover",
+        options={
+            "defaults": {
+                "retry_same_endpoint": "{rate_limited: {max: 1, max_retry_after_ms: 5000}}"
+            }
+        },
+    ),
+    Row(
+        "insufficient_quota never fails over",
+        [Behavior.insufficient_quota()],
+        502,
+        "upstream_quota_exhausted",
+        (1, 0),
+        "quota_exhausted",
+        "not_started",
+        "stop",
+        "quota_exhausted_stops",
+    ),
+    Row(
+        "401 stops by default",
+        [Behavior.unauthorized()],
+        502,
+        "upstream_credentials",
+        (1, 0),
+        "credentials",
+        "not_started",
+        "stop",
+        "on_credentials_error_stop",
+    ),
+    Row(
+        "403 fails over when on_credentials_error is failover",
+        [Behavior.forbidden()],
+        200,
+        None,
+        (1, 1),
+        "credentials",
+        "not_started",
+        "failover",
+        "credentials_policy_failover",
+        options={"defaults": {"on_credentials_error": "failover"}},
+    ),
+    Row(
+        "content policy is never routed around",
+        [Behavior.content_policy()],
+        502,
+        "upstream_policy_denied",
+        (1, 0),
+        "policy_denied",
+        "not_started",
+        "stop",
+        "policy_denied_never_routed_around",
+    ),
+    Row(
+        "404 model fails over",
+        [Behavior.model_not_found()],
+        200,
+        None,
+        (1, 1),
+        "model_unavailable",
+        "not_started",
+        "failover",
+        "not_started_failover",
+    ),
+    Row(
+        "context_length_exceeded fails over to a larger window",
+        [Behavior.context_length_exceeded()],
+        200,
+        None,
+        (1, 1),
+        "context_too_small",
+        "not_started",
+        "failover",
+        "larger_context_failover",
+        routes=(
+            Route("east", tier=0, context_window=8192, max_output_tokens=1024),
+            Route("west", tier=1, model="fake-model-large", context_window=128000),
+        ),
+    ),
+    Row(
+        "context_length_exceeded with no larger window stops",
+        [Behavior.context_length_exceeded()],
+        502,
+        "upstream_error",
+        (1, 0),
+        "context_too_small",
+        "not_started",
+        "failover",
+        "larger_context_failover",
+    ),
+    Row(
+        "500 fails over by default, holding the unknown attempt",
+        [Behavior.server_error()],
+        200,
+        None,
+        (1, 1),
+        "upstream_unavailable",
+        "unknown",
+        "failover",
+        "unknown_execution_policy_failover",
+    ),
+    Row(
+        "500 stops with on_unknown_execution: stop",
+        [Behavior.server_error()],
+        503,
+        "upstream_unavailable",
+        (1, 0),
+        "upstream_unavailable",
+        "unknown",
+        "stop",
+        "on_unknown_execution_stop",
+        options={"defaults": {"on_unknown_execution": "stop"}},
+    ),
+    Row(
+        "503 not-started from a trusted endpoint fails over even under stop",
+        [Behavior.not_started()],
+        200,
+        None,
+        (1, 1),
+        "upstream_unavailable",
+        "not_started",
+        "failover",
+        "not_started_failover",
+        options={"defaults": {"on_unknown_execution": "stop"}, "trust_not_started": ["east"]},
+    ),
+    Row(
+        "503 not-started from an untrusted endpoint is unknown",
+        [Behavior.not_started()],
+        503,
+        "upstream_unavailable",
+        (1, 0),
+        "upstream_unavailable",
+        "unknown",
+        "stop",
+        "on_unknown_execution_stop",
+        options={"defaults": {"on_unknown_execution": "stop"}},
+    ),
+    Row(
+        "reset after the request was sent is unknown",
+        [Behavior.reset_before_bytes()],
+        200,
+        None,
+        (1, 1),
+        "network_error",
+        "unknown",
+        "failover",
+        "unknown_execution_policy_failover",
+    ),
+    Row(
+        "no response headers within the attempt timeout",
+        [Behavior.ok(latency_ms=3000)],
+        200,
+        None,
+        (1, 1),
+        "timeout",
+        "unknown",
+        "failover",
+        "unknown_execution_policy_failover",
+        options={"defaults": {"attempt_timeout_ms": "400"}},
+    ),
+    Row(
+        "stream: no first event in time fails over before anything is sent",
+        [Behavior.ok(first_event_delay_ms=3000)],
+        200,
+        None,
+        (1, 1),
+        "timeout",
+        "unknown",
+        "failover",
+        "unknown_execution_policy_failover",
+        stream=True,
+        options={"defaults": {"first_token_timeout_ms": "400"}},
+    ),
+    Row(
+        "stream: disconnect before the first event fails over unseen",
+        [Behavior.disconnect_before_first_event()],
+        200,
+        None,
+        (1, 1),
+        "network_error",
+        "unknown",
+        "failover",
+        "unknown_execution_policy_failover",
+        stream=True,
+    ),
+    Row(
+        "response over max_response_bytes fails over",
+        [Behavior.large_body(20000)],
+        200,
+        None,
+        (1, 1),
+        "response_too_large",
+        "started",
+        "failover",
+        "class_allows_failover",
+        options={"endpoint_extra": {"east": "    max_response_bytes: 4000"}},
+    ),
+    Row(
+        "every response too large: 502 upstream_response_too_large",
+        [Behavior.large_body(20000)],
+        502,
+        "upstream_response_too_large",
+        (1, 1),
+        "response_too_large",
+        "started",
+        "failover",
+        "class_allows_failover",
+        west=[Behavior.large_body(20000)],
+        options={
+            "endpoint_extra": {
+                "east": "    max_response_bytes: 4000",
+                "west": "    max_response_bytes: 4000",
+            }
+        },
+    ),
+    Row(
+        "other 4xx is not retried",
+        [Behavior(Kind.SERVER_ERROR, status=422)],
+        502,
+        "upstream_error",
+        (1, 0),
+        "non_retryable",
+        "not_started",
+        "stop",
+        "non_retryable_stops",
+    ),
+    Row(
+        "X-Waybill-Allow-Failover: false keeps a 429 on its endpoint",
+        [Behavior.rate_limited(retry_after=1)],
+        429,
+        "upstream_rate_limited",
+        (1, 0),
+        "rate_limited",
+        "not_started",
+        "stop",
+        "failover_forbidden_by_header",
+        headers={"X-Waybill-Allow-Failover": "false"},
+    ),
+    Row(
+        "every eligible endpoint rate-limited: 429",
+        [Behavior.rate_limited(retry_after=2)],
+        429,
+        "upstream_rate_limited",
+        (1, 1),
+        "rate_limited",
+        "not_started",
+        "failover",
+        "not_started_failover",
+        west=[Behavior.rate_limited(retry_after=2)],
+    ),
+    Row(
+        "the whole-request deadline runs out",
+        [Behavior.ok(latency_ms=3000)],
+        504,
+        "deadline_exceeded",
+        (1, 0),
+        "deadline_exceeded",
+        "unknown",
+        "stop",
+        "deadline_exceeded",
+        headers={"X-Waybill-Deadline-Ms": "300"},
+    ),
+]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.name for row in ROWS])
+async def test_failure_table_row(sqlite_url: str, row: Row) -> None:
+    async with running_gateway(sqlite_url, ["east", "west"], row.routes, **row.options) as gw:
+        gw.upstreams["east"].set_plan(row.east)
+        gw.upstreams["west"].set_plan(row.west)
+        body = {**BODY, "stream": row.stream}
+        async with gw.http() as http:
+            response = await http.post("/v1/chat/completions", json=body, headers=row.headers)
+            await response.aread()
+        assert response.status_code == row.status, response.text
+        request_id = response.headers["x-request-id"]
+        if row.code is None:
+            assert response.headers["x-waybill-endpoint"] in ("east", "west")
+            if row.stream:
+                assert b"data: [DONE]" in response.content
+        else:
+            error = response.json()["error"]
+            assert error["code"] == row.code
+            assert response.headers["x-should-retry"] == "false"
+            assert error["attempts"][0]["endpoint"] == "east"
+            assert error["attempts"][0]["failure_class"] == row.failure_class
+        assert (gw.upstreams["east"].hits, gw.upstreams["west"].hits) == row.hits
+        events = await gw.events(request_id)
+        first_failure = next(e.data for e in events if e.type == "AttemptFinished")
+        assert first_failure["failure_class"] == row.failure_class
+        assert first_failure["evidence"] == row.evidence
+        decided = next(e.data for e in events if e.type == "FailoverDecided")
+        assert (decided["action"], decided["reason"]) == (row.action, row.reason)
+        assert events[-1].type == ("RequestCompleted" if row.code is None else "RequestFailed")
+
+
+async def test_connect_error_before_sending_fails_over_as_not_started(sqlite_url: str) -> None:
+    async with (
+        running_gateway(
+            sqlite_url,
+            ["west"],
+            [Route("east", tier=0), Route("west", tier=1)],
+            dead_endpoints=["east"],
+        ) as gw,
+        gw.http() as http,
+    ):
+        response = await http.post("/v1/chat/completions", json=BODY)
+        assert response.status_code == 200
+        assert response.headers["x-waybill-endpoint"] == "west"
+        events = await gw.events(response.headers["x-request-id"])
+        failed = next(e.data for e in events if e.type == "AttemptFinished")
+        assert (failed["failure_class"], failed["evidence"]) == ("network_error", "not_started")
+
+
+async def test_client_disconnect_cancels_the_upstream_call_and_is_recorded(
+    sqlite_url: str,
+) -> None:
+    async with running_gateway(sqlite_url, ["east"], [Route("east")]) as gw:
+        gw.upstreams["east"].set_plan([Behavior.ok(latency_ms=3000)])
+        async with gw.http() as http:
+            with pytest.raises(httpx.ReadTimeout):
+                await http.post("/v1/chat/completions", json=BODY, timeout=0.5)
+        started = [e async for e in _request_streams(gw)]
+        assert len(started) == 1
+        types = await gw.wait_for_types(started[0], "RequestFailed")
+        events = await gw.events(started[0])
+        finished = next(e.data for e in events if e.type == "AttemptFinished")
+        assert finished["failure_class"] == "client_canceled"
+        failed = events[-1].data
+        assert (failed["http_status"], failed["error_code"]) == (499, "client_canceled")
+        assert types[-2:] == ["FailoverDecided", "RequestFailed"]
+        # the upstream call was dropped, not left running to completion
+        await gw.upstreams["east"].wait_for_async(lambda up: up.client_gone >= 1)
+
+
+async def _request_streams(gw: Gateway) -> AsyncIterator[str]:
+    async def received() -> bool:
+        return any(e.type == "RequestReceived" for e in await gw.store.read_all())
+
+    await eventually(received)
+    for event in await gw.store.read_all():
+        if event.type == "RequestReceived":
+            yield event.data["request_id"]
