@@ -221,7 +221,8 @@ class RequestReceived(Event):
     prompt_bytes: NonNegInt
     message_count: NonNegInt
     idempotency_key_sha256: Sha256Hex | None = None
-    trace_id: str | None = None
+    trace_id: str | None = None  # the caller's W3C trace id, if it sent a traceparent
+    parent_span_id: str | None = None  # the caller's span the request's span hangs from
 
 
 class RouteEvaluated(Event):

@@ -26,8 +26,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ledger import events as ev
 from ledger.apikeys import find_key
 from ledger.db import create_engine, current_revision, head_revision
+from ledger.projection import ProjectionRunner
 from ledger.store import ANY_VERSION, EventStore
 from ledger.types import money_str
+from ledger.views import all_projections
 from router.breakers import breaker_board
 from router.chat import MAX_BODY_BYTES, parse_body, read_headers
 from router.config import Config
@@ -42,7 +44,7 @@ from router.gateway import Caller, Gateway
 from router.idempotency import Claim, IdempotencyStore, RecordedAnswer
 from router.ids import new_id
 
-__all__ = ["AppSettings", "create_app"]
+__all__ = ["AppSettings", "authenticate", "create_app"]
 
 log = logging.getLogger("waybill.app")
 
@@ -119,6 +121,26 @@ def _error_response(error: GatewayError, request_id: str | None) -> Response:
     )
 
 
+async def authenticate(request: Request) -> Caller:
+    """The caller behind ``Authorization: Bearer <key>``; 401 ``invalid_api_key`` otherwise.
+
+    The key is looked up in the keys read model on every request, so a revocation (which
+    brings that model up to date before it returns) is refused at once.
+    """
+    header = request.headers.get("authorization", "")
+    scheme, _, secret = header.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        raise invalid_api_key("missing API key: send Authorization: Bearer <key>")
+    key = await find_key(request.app.state.store, secret.strip())
+    if key is None or key.revoked:
+        raise invalid_api_key()
+    config: Config = request.app.state.config
+    workspace = config.workspace(key.workspace)
+    if workspace is None:
+        raise invalid_api_key(f"the key's workspace {key.workspace!r} is not configured")
+    return Caller(key.key_id, workspace, key.role)
+
+
 def _request_id(request: Request) -> str:
     return str(request.scope.get("state", {}).get("request_id") or new_id("req"))
 
@@ -132,14 +154,21 @@ def create_app(settings: AppSettings) -> FastAPI:
         store = EventStore(engine)
         breakers = breaker_board(config.defaults.breaker, config.generation, settings.redis_url)
         gateway = Gateway(config, store, breakers)
+        app.state.config = config
         app.state.store = store
         app.state.gateway = gateway
         app.state.idempotency = IdempotencyStore(engine)
         app.state.capacity = _Capacity(settings.max_in_flight)
+        # Read models (request views, keys, ...) follow the ledger while the gateway runs.
+        stop = asyncio.Event()
+        runner = ProjectionRunner(store, all_projections())
+        following = asyncio.create_task(runner.run(stop))
         try:
             await _activate_config(store, config)
             yield
         finally:
+            stop.set()
+            await following
             await gateway.aclose()
             await store.close()
             await engine.dispose()
@@ -171,19 +200,6 @@ def create_app(settings: AppSettings) -> FastAPI:
         log.exception("unexpected error serving %s", request.url.path)
         failure = GatewayError(500, "internal_error", "internal error", error_type="api_error")
         return _error_response(failure, _request_id(request))
-
-    async def authenticate(request: Request) -> Caller:
-        header = request.headers.get("authorization", "")
-        scheme, _, secret = header.partition(" ")
-        if scheme.lower() != "bearer" or not secret.strip():
-            raise invalid_api_key("missing API key: send Authorization: Bearer <key>")
-        key = await find_key(request.app.state.store, secret.strip())
-        if key is None or key.revoked:
-            raise invalid_api_key()
-        workspace = config.workspace(key.workspace)
-        if workspace is None:
-            raise invalid_api_key(f"the key's workspace {key.workspace!r} is not configured")
-        return Caller(key.key_id, workspace, key.role)
 
     @app.get("/healthz")
     async def healthz() -> Response:
@@ -373,29 +389,43 @@ async def _streamed(
     headers: dict[str, str],
     gateway: Gateway,
 ) -> AsyncIterator[bytes]:
-    """The committed stream's bytes; at its end, the answer recorded for Idempotency-Key."""
-    recorded: list[bytes] | None = [] if claim is not None else None
+    """The committed stream's bytes. With an Idempotency-Key, the answer is recorded before
+    its last frame goes out, so a client that saw the whole stream and retries gets the
+    replay, never a 409: each frame is held until the next one exists (one frame of delay,
+    paid only by idempotent streams)."""
+    if claim is None:
+        try:
+            async for piece in body:
+                yield piece
+        finally:
+            release()
+        return
+    recorded: list[bytes] | None = []
     size = 0
+    held: bytes | None = None
     completed = False
     try:
         async for piece in body:
+            if held is not None:
+                yield held
+            held = piece
             if recorded is not None:
                 size += len(piece)
                 if size <= _MAX_RECORDED_STREAM:
                     recorded.append(piece)
                 else:
                     recorded = None
-            yield piece
-        completed = True
+        if recorded is not None:
+            answer = RecordedAnswer(claim.request_id, 200, _SSE, headers, b"".join(recorded))
+            await idempotency.finish(claim, answer)
+            completed = True
+        if held is not None:
+            yield held
     finally:
         release()
-        if claim is not None:
-            if completed and recorded is not None:
-                answer = RecordedAnswer(claim.request_id, 200, _SSE, headers, b"".join(recorded))
-                gateway._keep(idempotency.finish(claim, answer))
-            else:
-                # Cut short by the client (or too long to keep): a retry runs again.
-                gateway._keep(idempotency.abandon(claim))
+        if not completed:
+            # Cut short by the client (or too long to keep): a retry runs again.
+            gateway._keep(idempotency.abandon(claim))
 
 
 async def _activate_config(store: EventStore, config: Config) -> None:

@@ -250,6 +250,7 @@ class _Run:
         self._stream_id = f"request-{request_id}"
         self._version = NO_STREAM
         self._metadata = {"config_generation": config.generation}
+        caller_trace = _parse_traceparent(headers.traceparent)
         self._pending: list[ev.Event] = [
             ev.RequestReceived(
                 request_id=request_id,
@@ -262,7 +263,8 @@ class _Run:
                 prompt_bytes=call.prompt_bytes,
                 message_count=call.message_count,
                 idempotency_key_sha256=None,
-                trace_id=_trace_id(headers.traceparent),
+                trace_id=caller_trace[0] if caller_trace else None,
+                parent_span_id=caller_trace[1] if caller_trace else None,
             )
         ]
 
@@ -873,13 +875,20 @@ def _server_address(base_url: str) -> tuple[str | None, int]:
     return parts.hostname, 443 if parts.scheme == "https" else 80
 
 
-def _trace_id(traceparent: str | None) -> str | None:
+def _parse_traceparent(traceparent: str | None) -> tuple[str, str] | None:
+    """The caller's (trace id, parent span id) from a W3C ``traceparent``, if well formed."""
     if not traceparent:
         return None
-    parts = traceparent.split("-")
-    if len(parts) >= 4 and len(parts[1]) == 32:
-        return parts[1]
-    return None
+    parts = traceparent.strip().lower().split("-")
+    if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff":
+        return None
+    trace_id, span_id = parts[1], parts[2]
+    hexdigits = set("0123456789abcdef")
+    if len(trace_id) != 32 or len(span_id) != 16 or not set(trace_id + span_id) <= hexdigits:
+        return None
+    if trace_id == "0" * 32 or span_id == "0" * 16:
+        return None
+    return trace_id, span_id
 
 
 def _optional_str(value: object) -> str | None:
