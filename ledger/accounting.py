@@ -1,24 +1,65 @@
-"""Accounting rules: what an attempt costs (SPEC §4, §6), in exact decimal arithmetic.
+"""The accounting rules (SPEC §4 cost, §6 budgets), in exact decimal arithmetic, free of I/O.
 
-Prices are US dollars per million tokens. Amounts are quantized to 12 decimal places, the
-precision of the ledger's money columns, rounding up: a reservation or a charge is never
-understated by rounding.
+Money moves in two phases, TigerBeetle style. Before an attempt its worst-case cost is
+*reserved*: a hold counted against every account it touches (the request's, the key's and
+the workspace's, each in its window). After the attempt the hold is resolved exactly once:
+
+- usage known  → **settled** at the actual cost (never more than the hold), the rest released;
+- not started  → **released** entirely;
+- usage unknown → the hold becomes an **unknown-usage settlement**: still counted, until a
+  reconciliation or an operator settles it (``settle_unknown``).
+
+The invariant, for every account at every instant: ``held + settled <= limit``. A
+reservation that would break it is refused (:class:`BudgetDenied`). :class:`Books` applies
+these rules to balances and holds held in memory; ``ledger.books`` loads and saves them in
+the very transaction that appends the matching events, under the ledger's head-row lock,
+so every replica sees every other's reservations (and PostgreSQL also enforces the
+invariant with a CHECK constraint).
 """
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from decimal import ROUND_CEILING, Decimal
-from typing import Final
+from typing import Final, Literal, TypeAlias
 
 from ledger.events import Usage
 
-__all__ = ["MONEY_QUANTUM", "quantize", "usage_cost"]
+__all__ = [
+    "MONEY_QUANTUM",
+    "AccountSpec",
+    "Balance",
+    "Books",
+    "BudgetDenied",
+    "Effect",
+    "Hold",
+    "HoldStateError",
+    "HoldUnknown",
+    "Release",
+    "Reserve",
+    "Resolution",
+    "Settle",
+    "SettleUnknown",
+    "account_specs",
+    "quantize",
+    "usage_cost",
+    "window_start",
+]
 
 MONEY_QUANTUM: Final = Decimal("0.000000000001")
 _PER_MTOK: Final = Decimal(1_000_000)
+_ZERO: Final = Decimal(0)
+
+AccountKind: TypeAlias = Literal["request", "key", "workspace"]
+Window: TypeAlias = Literal["day", "month", "total"]
+HoldState: TypeAlias = Literal["held", "unknown", "resolved"]
 
 
 def quantize(amount: Decimal) -> Decimal:
+    """Round up to the ledger's money precision: a charge is never understated."""
     return amount.quantize(MONEY_QUANTUM, rounding=ROUND_CEILING)
 
 
@@ -37,3 +78,318 @@ def usage_cost(
         + usage.output_tokens * output_per_mtok
     ) / _PER_MTOK
     return quantize(amount)
+
+
+# --- accounts ---
+
+
+def window_start(window: Window, now: datetime) -> str | None:
+    """The first day (UTC, ISO date) of the window ``now`` falls in; None for ``total``."""
+    if window == "day":
+        return now.date().isoformat()
+    if window == "month":
+        return now.date().replace(day=1).isoformat()
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class AccountSpec:
+    """An account a reservation is charged to, with the limit the config gives it now."""
+
+    account_id: str
+    kind: AccountKind
+    workspace: str
+    key_id: str | None
+    window_start: str | None
+    limit_usd: Decimal
+
+
+def account_specs(
+    *,
+    request_id: str,
+    workspace: str,
+    key_id: str,
+    now: datetime,
+    request_limit: Decimal | None,
+    key_budget: tuple[Decimal, Window] | None,
+    workspace_budget: tuple[Decimal, Window] | None,
+) -> tuple[AccountSpec, ...]:
+    """The accounts one request's attempts are reserved against (SPEC §6)."""
+    specs: list[AccountSpec] = []
+    if request_limit is not None:
+        specs.append(
+            AccountSpec(f"request:{request_id}", "request", workspace, key_id, None, request_limit)
+        )
+    if key_budget is not None:
+        limit, window = key_budget
+        start = window_start(window, now)
+        specs.append(
+            AccountSpec(f"key:{key_id}:{start or 'total'}", "key", workspace, key_id, start, limit)
+        )
+    if workspace_budget is not None:
+        limit, window = workspace_budget
+        start = window_start(window, now)
+        specs.append(
+            AccountSpec(
+                f"workspace:{workspace}:{start or 'total'}",
+                "workspace",
+                workspace,
+                None,
+                start,
+                limit,
+            )
+        )
+    return tuple(specs)
+
+
+@dataclass(slots=True)
+class Balance:
+    """An account's live balance."""
+
+    account_id: str
+    kind: AccountKind
+    workspace: str
+    key_id: str | None
+    window_start: str | None
+    limit_usd: Decimal
+    held_usd: Decimal = _ZERO
+    settled_usd: Decimal = _ZERO
+
+    @property
+    def available_usd(self) -> Decimal:
+        return self.limit_usd - self.held_usd - self.settled_usd
+
+    @staticmethod
+    def opened(spec: AccountSpec) -> Balance:
+        return Balance(
+            spec.account_id,
+            spec.kind,
+            spec.workspace,
+            spec.key_id,
+            spec.window_start,
+            spec.limit_usd,
+        )
+
+
+@dataclass(slots=True)
+class Hold:
+    """One attempt's reservation."""
+
+    reservation_id: str
+    request_id: str
+    attempt_id: str
+    workspace: str
+    key_id: str
+    endpoint: str
+    model: str
+    amount_usd: Decimal
+    accounts: tuple[str, ...]
+    owner: str
+    state: HoldState = "held"
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    reservation_id: str
+    kind: Literal["settled", "released", "unknown_settled"]
+    settled_usd: Decimal
+    released_usd: Decimal
+
+
+# --- effects: what an append asks the books to do, atomically with its events ---
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    hold: Hold
+    specs: tuple[AccountSpec, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Settle:
+    """Usage known: post the actual cost (at most the hold), release the rest."""
+
+    reservation_id: str
+    cost_usd: Decimal
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Not started: release the whole hold."""
+
+    reservation_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class HoldUnknown:
+    """Usage unknown: the hold stays counted as an unknown-usage settlement."""
+
+    reservation_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SettleUnknown:
+    """An unknown-usage settlement settled (by reconciliation or an operator)."""
+
+    reservation_id: str
+    cost_usd: Decimal
+
+
+Effect: TypeAlias = Reserve | Settle | Release | HoldUnknown | SettleUnknown
+
+
+class BudgetDenied(Exception):
+    """A reservation an account cannot cover; nothing of its append is written."""
+
+    def __init__(
+        self,
+        account_id: str,
+        kind: AccountKind,
+        limit: Decimal,
+        available: Decimal,
+        amount: Decimal,
+    ) -> None:
+        self.account_id = account_id
+        self.kind: AccountKind = kind
+        self.limit_usd = limit
+        self.available_usd = max(_ZERO, available)
+        self.amount_usd = amount
+        super().__init__(
+            f"{kind} account {account_id} cannot cover {amount} USD "
+            f"({self.available_usd} of {limit} left)"
+        )
+
+
+class HoldStateError(Exception):
+    """An effect that does not fit the hold's state (e.g. resolving it a second time)."""
+
+
+@dataclass
+class Books:
+    """Balances and holds in memory, changed only through :meth:`apply`."""
+
+    accounts: dict[str, Balance] = field(default_factory=dict)
+    holds: dict[str, Hold] = field(default_factory=dict)
+    new_accounts: set[str] = field(default_factory=set)
+    changed_accounts: set[str] = field(default_factory=set)
+    new_holds: set[str] = field(default_factory=set)
+    changed_holds: set[str] = field(default_factory=set)
+    resolutions: list[Resolution] = field(default_factory=list)
+
+    @staticmethod
+    def needs(effects: Iterable[Effect]) -> tuple[set[str], set[str]]:
+        """The account ids and reservation ids these effects touch (to load them first)."""
+        accounts: set[str] = set()
+        holds: set[str] = set()
+        for effect in effects:
+            if isinstance(effect, Reserve):
+                accounts.update(spec.account_id for spec in effect.specs)
+            else:
+                holds.add(effect.reservation_id)
+        return accounts, holds
+
+    def apply(self, effects: Sequence[Effect]) -> None:
+        """Apply all of ``effects`` or none: a refusal leaves the books as they were."""
+        saved = copy.deepcopy(
+            (
+                self.accounts,
+                self.holds,
+                self.new_accounts,
+                self.changed_accounts,
+                self.new_holds,
+                self.changed_holds,
+                self.resolutions,
+            )
+        )
+        try:
+            for effect in effects:
+                self._apply(effect)
+        except (BudgetDenied, HoldStateError):
+            (
+                self.accounts,
+                self.holds,
+                self.new_accounts,
+                self.changed_accounts,
+                self.new_holds,
+                self.changed_holds,
+                self.resolutions,
+            ) = saved
+            raise
+
+    def _apply(self, effect: Effect) -> None:
+        match effect:
+            case Reserve(hold=hold, specs=specs):
+                self._reserve(hold, specs)
+            case Settle(reservation_id=rid, cost_usd=cost):
+                self._resolve(rid, "held", "settled", cost)
+            case Release(reservation_id=rid):
+                self._resolve(rid, "held", "released", _ZERO)
+            case HoldUnknown(reservation_id=rid):
+                hold = self._hold(rid, "held")
+                hold.state = "unknown"
+                self._touch_hold(rid)
+            case SettleUnknown(reservation_id=rid, cost_usd=cost):
+                self._resolve(rid, "unknown", "unknown_settled", cost)
+
+    def _reserve(self, hold: Hold, specs: tuple[AccountSpec, ...]) -> None:
+        if hold.reservation_id in self.holds:
+            raise HoldStateError(f"reservation {hold.reservation_id} already exists")
+        if hold.amount_usd < 0:
+            raise ValueError("a reservation cannot be negative")
+        for spec in specs:
+            account = self.accounts.get(spec.account_id)
+            if account is None:
+                account = self.accounts[spec.account_id] = Balance.opened(spec)
+                self.new_accounts.add(spec.account_id)
+            # The limit the config gives now decides; the stored one follows it, but never
+            # below what is already committed (that would be a balance over its limit).
+            committed = account.held_usd + account.settled_usd
+            if committed + hold.amount_usd > spec.limit_usd:
+                raise BudgetDenied(
+                    spec.account_id,
+                    spec.kind,
+                    spec.limit_usd,
+                    spec.limit_usd - committed,
+                    hold.amount_usd,
+                )
+            account.limit_usd = spec.limit_usd
+            account.held_usd += hold.amount_usd
+            self.changed_accounts.add(spec.account_id)
+        hold.accounts = tuple(spec.account_id for spec in specs)
+        self.holds[hold.reservation_id] = hold
+        self.new_holds.add(hold.reservation_id)
+
+    def _resolve(
+        self,
+        reservation_id: str,
+        expected: HoldState,
+        kind: Literal["settled", "released", "unknown_settled"],
+        cost: Decimal,
+    ) -> None:
+        hold = self._hold(reservation_id, expected)
+        if cost < 0:
+            raise ValueError("a cost cannot be negative")
+        # Never post more than was held: the hold was the worst case the budget allowed.
+        settled = min(cost, hold.amount_usd)
+        for account_id in hold.accounts:
+            account = self.accounts[account_id]
+            account.held_usd -= hold.amount_usd
+            account.settled_usd += settled
+            self.changed_accounts.add(account_id)
+        hold.state = "resolved"
+        self._touch_hold(reservation_id)
+        self.resolutions.append(
+            Resolution(reservation_id, kind, settled, hold.amount_usd - settled)
+        )
+
+    def _hold(self, reservation_id: str, expected: HoldState) -> Hold:
+        hold = self.holds.get(reservation_id)
+        if hold is None:
+            raise HoldStateError(f"no reservation {reservation_id}")
+        if hold.state != expected:
+            raise HoldStateError(f"reservation {reservation_id} is {hold.state}, not {expected}")
+        return hold
+
+    def _touch_hold(self, reservation_id: str) -> None:
+        if reservation_id not in self.new_holds:
+            self.changed_holds.add(reservation_id)

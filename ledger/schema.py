@@ -13,6 +13,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    ForeignKey,
     Index,
     Integer,
     LargeBinary,
@@ -28,7 +29,11 @@ from ledger.types import MoneyColumn
 
 __all__ = [
     "api_keys",
+    "budget_accounts",
+    "budget_holds",
+    "budget_resolutions",
     "events",
+    "gateway_instances",
     "idempotency_records",
     "ledger_head",
     "metadata",
@@ -58,6 +63,8 @@ events = Table(
     UniqueConstraint("stream_id", "version", name="uq_events_stream_version"),
     CheckConstraint("version >= 1", name="ck_events_version_positive"),
 )
+
+Index("ix_events_type", events.c.type, events.c.position)
 
 # One row: the last appended position and hash. Every append locks it; see store.py.
 ledger_head = Table(
@@ -138,3 +145,72 @@ idempotency_records = Table(
     CheckConstraint("state IN ('in_flight', 'done')", name="ck_idempotency_records_state"),
 )
 Index("ix_idempotency_records_expires", idempotency_records.c.expires_at)
+
+
+# --- the books (SPEC §6): live balances, changed only in the transaction that appends the
+# budget events they follow (see ledger.accounting and ledger.books) ---
+
+budget_accounts = Table(
+    "budget_accounts",
+    metadata,
+    Column("account_id", String(300), primary_key=True),
+    Column("kind", String(20), nullable=False),  # request | key | workspace
+    Column("workspace", String(200), nullable=False),
+    Column("key_id", String(200)),
+    Column("window_start", String(10)),  # ISO date of the window's first day; None: total
+    Column("limit_usd", MoneyColumn, nullable=False),
+    Column("held_usd", MoneyColumn, nullable=False),
+    Column("settled_usd", MoneyColumn, nullable=False),
+    Column("updated_at", DateTime(timezone=True), nullable=False),
+    # On PostgreSQL the migration adds CHECK (held + settled <= limit): the invariant is the
+    # database's own. It is not declared here because SQLite keeps money as text.
+)
+
+budget_holds = Table(
+    "budget_holds",
+    metadata,
+    Column("reservation_id", String(200), primary_key=True),
+    Column("request_id", String(200), nullable=False),
+    Column("attempt_id", String(200), nullable=False, unique=True),
+    Column("workspace", String(200), nullable=False),
+    Column("key_id", String(200), nullable=False),
+    Column("endpoint", String(200), nullable=False),
+    Column("model", String(200), nullable=False),
+    Column("amount_usd", MoneyColumn, nullable=False),
+    Column("accounts", Text, nullable=False),  # JSON list of account ids
+    Column("state", String(20), nullable=False),  # held | unknown | resolved
+    Column("owner", String(100), nullable=False),  # the gateway instance that took it
+    Column("created_at", DateTime(timezone=True), nullable=False),
+    CheckConstraint("state IN ('held', 'unknown', 'resolved')", name="ck_budget_holds_state"),
+)
+Index("ix_budget_holds_state_owner", budget_holds.c.state, budget_holds.c.owner)
+
+# One row per hold, ever: the primary key makes "every hold is resolved exactly once" a
+# constraint rather than a convention.
+budget_resolutions = Table(
+    "budget_resolutions",
+    metadata,
+    Column(
+        "reservation_id",
+        String(200),
+        ForeignKey("budget_holds.reservation_id"),
+        primary_key=True,
+    ),
+    Column("kind", String(20), nullable=False),  # settled | released | unknown_settled
+    Column("settled_usd", MoneyColumn, nullable=False),
+    Column("released_usd", MoneyColumn, nullable=False),
+    Column("resolved_at", DateTime(timezone=True), nullable=False),
+    CheckConstraint(
+        "kind IN ('settled', 'released', 'unknown_settled')", name="ck_budget_resolutions_kind"
+    ),
+)
+
+# Live gateway processes; a hold whose owner stopped heartbeating was abandoned by a crash.
+gateway_instances = Table(
+    "gateway_instances",
+    metadata,
+    Column("instance_id", String(100), primary_key=True),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("heartbeat_at", DateTime(timezone=True), nullable=False),
+    Column("stopped_at", DateTime(timezone=True)),
+)

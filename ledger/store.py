@@ -27,6 +27,8 @@ from sqlalchemy import insert, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from ledger.accounting import BudgetDenied, Effect, HoldStateError
+from ledger.books import load_books, save_books
 from ledger.db import READ_ONLY
 from ledger.events import Event, EventValidationError, decode_event, encode_event
 from ledger.schema import events, ledger_head
@@ -157,6 +159,7 @@ class _PendingAppend:
     events: list[tuple[str, int, dict[str, Any]]]
     metadata: dict[str, Any]
     future: asyncio.Future[list[RecordedEvent]]
+    effects: tuple[Effect, ...] = ()
     result: list[RecordedEvent] | BaseException | None = None
 
 
@@ -193,8 +196,13 @@ class EventStore:
         new_events: Sequence[Event],
         *,
         metadata: Mapping[str, Any] | None = None,
+        effects: Sequence[Effect] = (),
     ) -> list[RecordedEvent]:
         """Append ``new_events`` to ``stream_id`` atomically.
+
+        ``effects`` are the budget changes these events record (``ledger.accounting``):
+        they are applied to the books in the same transaction, or the append fails with
+        ``BudgetDenied`` / ``HoldStateError`` and writes nothing.
 
         ``expected_version`` is the stream's current version (``NO_STREAM`` for a new
         stream) or ``ANY_VERSION``. Raises ``WrongExpectedVersion`` if another writer got
@@ -203,6 +211,7 @@ class EventStore:
         Returns once the events are durably committed.
         """
         pending = self._prepare(stream_id, expected_version, new_events, metadata)
+        pending.effects = tuple(effects)
         state = self._state
         if state.closing:
             raise LedgerUnavailable("the event store is closed")
@@ -294,6 +303,11 @@ class EventStore:
             ).one()
             position, previous = int(head.position), str(head.hash)
             versions = await _stream_versions(conn, {p.stream_id for p in batch})
+            # The books are read after the head lock too: balances seen here include every
+            # reservation committed before, by any process.
+            books = None
+            if any(p.effects for p in batch):
+                books = await load_books(conn, (e for p in batch for e in p.effects))
             recorded_at = datetime.now(UTC)
             stamp = recorded_at.isoformat()
             rows: list[dict[str, Any]] = []
@@ -303,6 +317,12 @@ class EventStore:
                 if expected is not None and expected != current:
                     pending.result = WrongExpectedVersion(pending.stream_id, expected, current)
                     continue
+                if books is not None and pending.effects:
+                    try:
+                        books.apply(pending.effects)
+                    except (BudgetDenied, HoldStateError) as refusal:
+                        pending.result = refusal
+                        continue
                 recorded = []
                 for offset, (event_type, schema_version, data) in enumerate(pending.events, 1):
                     position += 1
@@ -334,6 +354,8 @@ class EventStore:
                 pending.result = recorded
             if not rows:
                 return
+            if books is not None:
+                await save_books(conn, books)
             if self._postgres:
                 await _write_postgres(conn, rows, recorded_at, position, previous)
             else:

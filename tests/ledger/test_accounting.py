@@ -1,0 +1,165 @@
+"""The accounting rules, pure: reserve, settle, release, unknown — and the invariant."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ledger.accounting import (
+    AccountSpec,
+    Books,
+    BudgetDenied,
+    Hold,
+    HoldStateError,
+    HoldUnknown,
+    Release,
+    Reserve,
+    Settle,
+    SettleUnknown,
+    account_specs,
+    usage_cost,
+    window_start,
+)
+from ledger.events import Usage
+
+D = Decimal
+LIMIT = D("1.00")
+SPEC = AccountSpec("key:k1:2026-11-30", "key", "acme", "k1", "2026-11-30", LIMIT)
+
+
+def hold(n: int, amount: str, specs: tuple[AccountSpec, ...] = (SPEC,)) -> Reserve:
+    return Reserve(
+        Hold(f"res_{n}", "req_1", f"att_{n}", "acme", "k1", "east", "m", D(amount), (), "i1"),
+        specs,
+    )
+
+
+def test_usage_cost_prices_cached_input_and_rounds_up() -> None:
+    usage = Usage(input_tokens=1000, output_tokens=500, cached_input_tokens=400)
+    cost = usage_cost(
+        usage,
+        input_per_mtok=D("0.15"),
+        output_per_mtok=D("0.60"),
+        cached_input_per_mtok=D("0.075"),
+    )
+    assert cost == D("0.00009") + D("0.00003") + D("0.0003")
+    tiny = usage_cost(
+        Usage(input_tokens=1, output_tokens=0),
+        input_per_mtok=D("0.0000001"),
+        output_per_mtok=D(0),
+        cached_input_per_mtok=D(0),
+    )
+    assert tiny == D("0.000000000001")  # 1e-13 rounds up to the quantum, never down to 0
+
+
+def test_windows_roll_over_at_utc_boundaries() -> None:
+    last = datetime(2026, 11, 30, 23, 59, 59, tzinfo=UTC)
+    first = datetime(2026, 12, 1, 0, 0, 0, tzinfo=UTC)
+    assert window_start("day", last) == "2026-11-30"
+    assert window_start("day", first) == "2026-12-01"
+    assert window_start("month", last) == "2026-11-01"
+    assert window_start("month", first) == "2026-12-01"
+    assert window_start("total", first) is None
+    specs = account_specs(
+        request_id="r",
+        workspace="acme",
+        key_id="k",
+        now=first,
+        request_limit=D("0.5"),
+        key_budget=(D(10), "day"),
+        workspace_budget=(D(100), "month"),
+    )
+    assert [s.account_id for s in specs] == [
+        "request:r",
+        "key:k:2026-12-01",
+        "workspace:acme:2026-12-01",
+    ]
+
+
+def test_reserve_then_settle_posts_the_cost_and_releases_the_rest() -> None:
+    books = Books()
+    books.apply([hold(1, "0.40")])
+    assert books.accounts[SPEC.account_id].held_usd == D("0.40")
+    books.apply([Settle("res_1", D("0.10"))])
+    account = books.accounts[SPEC.account_id]
+    assert (account.held_usd, account.settled_usd) == (D(0), D("0.10"))
+    assert books.resolutions[-1].released_usd == D("0.30")
+
+
+def test_a_reservation_over_the_limit_is_denied_and_changes_nothing() -> None:
+    other = AccountSpec("workspace:acme:2026-11", "workspace", "acme", None, "2026-11-01", D("0.5"))
+    books = Books()
+    books.apply([hold(1, "0.40", (SPEC, other))])
+    with pytest.raises(BudgetDenied) as denied:
+        books.apply([hold(2, "0.20", (SPEC, other))])
+    assert denied.value.account_id == other.account_id
+    assert denied.value.available_usd == D("0.10")
+    assert books.accounts[SPEC.account_id].held_usd == D("0.40")  # the key was not touched
+    assert "res_2" not in books.holds
+
+
+def test_unknown_usage_stays_counted_until_settled() -> None:
+    books = Books()
+    books.apply([hold(1, "0.60"), HoldUnknown("res_1")])
+    with pytest.raises(BudgetDenied):
+        books.apply([hold(2, "0.50")])  # a failover after an unknown attempt must fit
+    books.apply([hold(3, "0.40")])
+    books.apply([SettleUnknown("res_1", D("0.05"))])
+    account = books.accounts[SPEC.account_id]
+    assert (account.held_usd, account.settled_usd) == (D("0.40"), D("0.05"))
+
+
+def test_a_hold_is_resolved_exactly_once() -> None:
+    books = Books()
+    books.apply([hold(1, "0.10"), Release("res_1")])
+    for effect in (Release("res_1"), Settle("res_1", D(0)), HoldUnknown("res_1")):
+        with pytest.raises(HoldStateError):
+            books.apply([effect])
+    with pytest.raises(HoldStateError):
+        books.apply([hold(1, "0.10")])  # the same reservation id again
+    with pytest.raises(HoldStateError):
+        books.apply([SettleUnknown("res_1", D(0))])
+
+
+def test_settling_never_posts_more_than_the_hold() -> None:
+    books = Books()
+    books.apply([hold(1, "0.30"), Settle("res_1", D("0.90"))])
+    assert books.accounts[SPEC.account_id].settled_usd == D("0.30")
+
+
+steps = st.lists(
+    st.tuples(
+        st.sampled_from(["reserve", "settle", "release", "unknown", "settle_unknown"]),
+        st.integers(0, 15),
+        st.decimals(min_value=0, max_value=1, places=3),
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps)
+def test_settled_plus_held_never_exceeds_the_limit(script) -> None:
+    books = Books()
+    for action, n, amount in script:
+        effect = {
+            "reserve": lambda: hold(n, str(amount)),
+            "settle": lambda: Settle(f"res_{n}", amount),
+            "release": lambda: Release(f"res_{n}"),
+            "unknown": lambda: HoldUnknown(f"res_{n}"),
+            "settle_unknown": lambda: SettleUnknown(f"res_{n}", amount),
+        }[action]()
+        try:
+            books.apply([effect])
+        except (BudgetDenied, HoldStateError):
+            pass
+        for account in books.accounts.values():
+            assert account.held_usd >= 0 and account.settled_usd >= 0
+            assert account.held_usd + account.settled_usd <= account.limit_usd
+        held = sum((h.amount_usd for h in books.holds.values() if h.state != "resolved"), D(0))
+        if books.accounts:
+            assert books.accounts[SPEC.account_id].held_usd == held

@@ -1,0 +1,152 @@
+"""The books in the append transaction, on SQLite and PostgreSQL: balances change with their
+events or not at all, and no interleaving of appends overspends a budget."""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+
+from ledger import events as ev
+from ledger.accounting import AccountSpec, BudgetDenied, Hold, HoldStateError, Release, Reserve
+from ledger.db import create_engine
+from ledger.schema import budget_accounts, budget_resolutions, metadata
+from ledger.store import ANY_VERSION, EventStore
+
+D = Decimal
+SPEC = AccountSpec("key:k1:total", "key", "acme", "k1", None, D("1.00"))
+
+
+def reserve(n: int, amount: str) -> tuple[list[ev.Event], Reserve]:
+    event = ev.BudgetReserved(
+        request_id=f"req_{n}",
+        attempt_id=f"att_{n}",
+        reservation_id=f"res_{n}",
+        amount_usd=D(amount),
+        accounts=(ev.AccountRef(account_id=SPEC.account_id, kind="key", limit_usd=D("1.00")),),
+        endpoint="east",
+        model="m",
+    )
+    hold = Hold(f"res_{n}", f"req_{n}", f"att_{n}", "acme", "k1", "east", "m", D(amount), (), "i")
+    return [event], Reserve(hold, (SPEC,))
+
+
+async def balance(store: EventStore) -> tuple[Decimal, Decimal]:
+    async with store.engine.connect() as conn:
+        row = (await conn.execute(sa.select(budget_accounts))).one()
+    return row.held_usd, row.settled_usd
+
+
+async def test_a_reservation_commits_with_its_event(store: EventStore) -> None:
+    events, effect = reserve(1, "0.25")
+    await store.append("request-req_1", ANY_VERSION, events, effects=[effect])
+    assert await balance(store) == (D("0.25"), D(0))
+    assert [e.type for e in await store.read_stream("request-req_1")] == ["BudgetReserved"]
+
+
+async def test_a_denied_reservation_writes_no_event(store: EventStore) -> None:
+    events, effect = reserve(1, "0.90")
+    await store.append("request-req_1", ANY_VERSION, events, effects=[effect])
+    events, effect = reserve(2, "0.20")
+    with pytest.raises(BudgetDenied):
+        await store.append("request-req_2", ANY_VERSION, events, effects=[effect])
+    assert await store.read_stream("request-req_2") == []
+    assert await balance(store) == (D("0.90"), D(0))
+
+
+async def test_resolving_twice_is_refused_and_writes_nothing(store: EventStore) -> None:
+    events, effect = reserve(1, "0.30")
+    await store.append("request-req_1", ANY_VERSION, events, effects=[effect])
+    released = ev.BudgetReleased(
+        request_id="req_1",
+        attempt_id="att_1",
+        reservation_id="res_1",
+        released_usd=D("0.3"),
+        reason="not_started",
+    )
+    await store.append("request-req_1", ANY_VERSION, [released], effects=[Release("res_1")])
+    with pytest.raises(HoldStateError):
+        await store.append("request-req_1", ANY_VERSION, [released], effects=[Release("res_1")])
+    assert len(await store.read_stream("request-req_1")) == 2
+    assert await balance(store) == (D(0), D(0))
+
+
+async def test_concurrent_reservations_never_overspend(store: EventStore) -> None:
+    async def attempt(n: int) -> bool:
+        events, effect = reserve(n, "0.10")
+        try:
+            await store.append(f"request-req_{n}", ANY_VERSION, events, effects=[effect])
+        except BudgetDenied:
+            return False
+        return True
+
+    results = await asyncio.gather(*(attempt(n) for n in range(40)))
+    assert sum(results) == 10
+    assert await balance(store) == (D("1.00"), D(0))
+
+
+@pytest.mark.postgres
+async def test_two_stores_on_one_postgres_never_overspend(postgres_url: str) -> None:
+    # Two stores, two engines, two appenders: what two gateway replicas would be.
+    engines = [create_engine(postgres_url) for _ in range(2)]
+    stores = [EventStore(engine) for engine in engines]
+
+    async def attempt(n: int) -> bool:
+        events, effect = reserve(n, "0.10")
+        try:
+            await stores[n % 2].append(f"request-req_{n}", ANY_VERSION, events, effects=[effect])
+        except BudgetDenied:
+            return False
+        return True
+
+    try:
+        results = await asyncio.gather(*(attempt(n) for n in range(40)))
+        assert sum(results) == 10
+        assert await balance(stores[0]) == (D("1.00"), D(0))
+    finally:
+        for store, engine in zip(stores, engines, strict=True):
+            await store.close()
+            await engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_postgres_itself_refuses_a_balance_over_its_limit(postgres_url: str) -> None:
+    engine = create_engine(postgres_url)
+    store = EventStore(engine)
+    try:
+        events, effect = reserve(1, "0.50")
+        await store.append("request-req_1", ANY_VERSION, events, effects=[effect])
+        with pytest.raises(sa.exc.IntegrityError, match="ck_budget_accounts_within_limit"):
+            async with engine.begin() as conn:
+                await conn.execute(sa.update(budget_accounts).values(settled_usd=D("0.60")))
+        with pytest.raises(sa.exc.IntegrityError):  # a second resolution of one hold
+            async with engine.begin() as conn:
+                for _ in range(2):
+                    await conn.execute(
+                        sa.insert(budget_resolutions).values(
+                            reservation_id="res_1",
+                            kind="released",
+                            settled_usd=D(0),
+                            released_usd=D("0.5"),
+                            resolved_at=sa.func.now(),
+                        )
+                    )
+    finally:
+        await store.close()
+        await engine.dispose()
+
+
+async def test_schema_module_matches_the_migrations(database_url: str) -> None:
+    engine = create_engine(database_url)
+    try:
+        async with engine.connect() as conn:
+            diff = await conn.run_sync(
+                lambda sync: compare_metadata(MigrationContext.configure(sync), metadata)
+            )
+    finally:
+        await engine.dispose()
+    assert diff == []
