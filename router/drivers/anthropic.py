@@ -2,13 +2,18 @@
 
 Requests: system (and developer) messages become ``system``; ``stop`` becomes
 ``stop_sequences``; ``max_tokens`` (required by Anthropic) is the attempt's resolved limit.
+Function ``tools``, ``tool_choice`` and ``parallel_tool_calls`` become Anthropic's tools and
+tool choice; an assistant's ``tool_calls`` become ``tool_use`` blocks and ``tool`` messages
+become ``tool_result`` blocks in a user turn.
 Answers: ``stop_reason`` maps to an OpenAI ``finish_reason`` and ``usage`` to OpenAI token
-counts; stream events become ``chat.completion.chunk`` dicts.
+counts; ``tool_use`` blocks become ``tool_calls``; stream events (``input_json_delta``
+included) become ``chat.completion.chunk`` dicts.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 import orjson
@@ -29,7 +34,14 @@ from router.drivers.base import (
     sanitize,
 )
 
-__all__ = ["DEFAULT_ANTHROPIC_VERSION", "DEFAULT_MAX_TOKENS", "AnthropicDriver"]
+__all__ = [
+    "DEFAULT_ANTHROPIC_VERSION",
+    "DEFAULT_MAX_TOKENS",
+    "AnthropicDriver",
+    "AnthropicEvents",
+    "to_chat_completion",
+    "to_messages_request",
+]
 
 DEFAULT_ANTHROPIC_VERSION: Final = "2023-06-01"
 DEFAULT_MAX_TOKENS: Final = 4096
@@ -99,7 +111,7 @@ class AnthropicDriver(Driver):
         started_at = time.monotonic()
         payload = to_messages_request(request, stream=True)
         response = await self._open(self._url(binding), payload, binding, stream=True)
-        translator = _AnthropicEvents(request.upstream_model)
+        translator = AnthropicEvents(request.upstream_model)
         return SSEDriverStream(self, response, binding, translator, started_at)
 
 
@@ -107,15 +119,9 @@ class AnthropicDriver(Driver):
 
 
 def to_messages_request(request: ChatRequest, *, stream: bool) -> dict[str, Any]:
+    """An OpenAI chat request as an Anthropic Messages API body."""
     body = request.body
-    system: list[str] = []
-    messages: list[dict[str, Any]] = []
-    for message in body.get("messages") or ():
-        role = message.get("role")
-        if role in ("system", "developer"):
-            system.append(_text_of(message.get("content")))
-        else:
-            messages.append(_to_message(message))
+    system, messages = _conversation(body.get("messages") or ())
     max_tokens = request.max_tokens
     if max_tokens is None:
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
@@ -133,7 +139,33 @@ def to_messages_request(request: ChatRequest, *, stream: bool) -> dict[str, Any]
     for key in ("temperature", "top_p"):
         if body.get(key) is not None:
             payload[key] = body[key]
+    payload.update(_tool_fields(body))
     return payload
+
+
+def _conversation(raw: Iterable[Any]) -> tuple[list[str], list[dict[str, Any]]]:
+    """The system text, and the turns as Anthropic messages.
+
+    OpenAI sends one ``tool`` message per result; Anthropic wants them all in the one user
+    turn that follows the assistant's ``tool_use`` blocks, results first and any text after
+    them, so consecutive results are merged and a user message right after them joins that
+    turn rather than starting a second user turn in a row.
+    """
+    system: list[str] = []
+    messages: list[dict[str, Any]] = []
+    for message in raw:
+        role = message.get("role")
+        if role in ("system", "developer"):
+            system.append(_text_of(message.get("content")))
+        elif role == "tool":
+            _add_tool_result(messages, message)
+        elif role == "assistant":
+            messages.append(_assistant_message(message))
+        elif (turn := _tool_result_turn(messages)) is not None:
+            turn.extend(_text_blocks(message.get("content")))
+        else:
+            messages.append(_to_message(message))
+    return system, messages
 
 
 def _text_of(content: object) -> str:
@@ -148,17 +180,157 @@ def _text_of(content: object) -> str:
     return ""
 
 
+def _text_blocks(content: object) -> list[dict[str, Any]]:
+    # Anthropic rejects an empty text block, so empty text is left out.
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    if isinstance(content, list):
+        return [
+            {"type": "text", "text": str(part["text"])}
+            for part in content
+            if isinstance(part, dict) and part.get("type") == "text" and part.get("text")
+        ]
+    return []
+
+
 def _to_message(message: dict[str, Any]) -> dict[str, Any]:
     role = "assistant" if message.get("role") == "assistant" else "user"
     content = message.get("content")
     if isinstance(content, list):
-        blocks = [
-            {"type": "text", "text": str(part.get("text", ""))}
-            for part in content
-            if isinstance(part, dict) and part.get("type") == "text"
-        ]
-        return {"role": role, "content": blocks}
+        return {"role": role, "content": _text_blocks(content)}
     return {"role": role, "content": content if isinstance(content, str) else ""}
+
+
+def _assistant_message(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant turn; its ``tool_calls`` become ``tool_use`` blocks after its text."""
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list) or not calls:
+        return _to_message(message)
+    blocks = _text_blocks(message.get("content"))
+    for call in calls:
+        if not isinstance(call, dict):
+            continue
+        function = call.get("function")
+        function = function if isinstance(function, dict) else {}
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": str(call.get("id") or ""),
+                "name": str(function.get("name") or ""),
+                "input": _tool_input(function.get("arguments")),
+            }
+        )
+    return {"role": "assistant", "content": blocks}
+
+
+def _tool_input(arguments: object) -> dict[str, Any]:
+    """A tool call's ``arguments`` JSON string as the object Anthropic's ``input`` must be.
+
+    Arguments that are not a JSON object (unparsable, an array, a number, empty) are sent as
+    ``{}``, not refused. To OpenAI they are an opaque string: a model can produce broken
+    JSON there and OpenAI endpoints accept the conversation back as is, so it must not
+    fail only because the route chose Anthropic. Nor could a driver refuse it cleanly: by
+    the time it translates, the attempt has started and holds a reservation, and only the
+    core's failure path records an attempt's end; a 400 for it belongs in the request check
+    before routing (router/chat.py). ``{}`` keeps the turn valid (the ``tool_use`` still
+    pairs with its ``tool_result``) and tells the model that call carried no input.
+    """
+    if isinstance(arguments, dict):
+        return arguments
+    if not isinstance(arguments, str):
+        return {}
+    try:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _tool_result_turn(messages: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The content of the last message if it is a user turn of tool results."""
+    if not messages or messages[-1]["role"] != "user":
+        return None
+    content = messages[-1]["content"]
+    if isinstance(content, list) and content and content[0].get("type") == "tool_result":
+        return content
+    return None
+
+
+def _add_tool_result(messages: list[dict[str, Any]], message: dict[str, Any]) -> None:
+    block: dict[str, Any] = {
+        "type": "tool_result",
+        "tool_use_id": str(message.get("tool_call_id") or ""),
+    }
+    content = message.get("content")
+    result: str | list[dict[str, Any]] = (
+        content if isinstance(content, str) else _text_blocks(content)
+    )
+    if result:  # content is optional; an empty one is left out rather than sent empty
+        block["content"] = result
+    turn = _tool_result_turn(messages)
+    if turn is None:
+        messages.append({"role": "user", "content": [block]})
+        return
+    # Results come before any text in the turn (a user message may already have joined it).
+    at = next((i for i, b in enumerate(turn) if b.get("type") != "tool_result"), len(turn))
+    turn.insert(at, block)
+
+
+def _tool_fields(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``tools`` and ``tool_choice`` in Anthropic's shape; nothing without a function tool.
+
+    Only ``function`` tools have an Anthropic counterpart; other tool types are left out.
+    ``tool_choice: "none"`` keeps the tools and sends ``{"type": "none"}`` rather than
+    dropping them: a conversation that already holds ``tool_use`` blocks still refers to
+    them, and the prompt stays the same whatever the choice.
+    """
+    raw = body.get("tools")
+    tools = [
+        _tool(tool["function"])
+        for tool in (raw if isinstance(raw, list) else ())
+        if isinstance(tool, dict)
+        and tool.get("type", "function") == "function"
+        and isinstance(tool.get("function"), dict)
+    ]
+    if not tools:
+        return {}
+    fields: dict[str, Any] = {"tools": tools}
+    parallel = body.get("parallel_tool_calls") is not False
+    choice = _tool_choice(body.get("tool_choice"), parallel=parallel)
+    if choice is not None:
+        fields["tool_choice"] = choice
+    return fields
+
+
+def _tool(function: dict[str, Any]) -> dict[str, Any]:
+    tool: dict[str, Any] = {"name": str(function.get("name") or "")}
+    if function.get("description"):
+        tool["description"] = str(function["description"])
+    # input_schema is required and must be an object schema; OpenAI's parameters may be
+    # absent (a function without arguments) or leave the type implicit.
+    parameters = function.get("parameters")
+    schema = parameters if isinstance(parameters, dict) else {}
+    tool["input_schema"] = {"type": "object", "properties": {}, **schema}
+    return tool
+
+
+def _tool_choice(choice: object, *, parallel: bool) -> dict[str, Any] | None:
+    """OpenAI's ``tool_choice`` (and ``parallel_tool_calls``) as Anthropic's; None: default."""
+    if choice == "none":
+        return {"type": "none"}
+    mapped: dict[str, Any]
+    function = choice.get("function") if isinstance(choice, dict) else None
+    if choice == "required":
+        mapped = {"type": "any"}
+    elif isinstance(function, dict) and function.get("name"):
+        mapped = {"type": "tool", "name": str(function["name"])}
+    elif choice == "auto" or not parallel:
+        mapped = {"type": "auto"}
+    else:
+        return None  # absent or unknown: Anthropic's default is auto, as OpenAI's is
+    if not parallel:
+        mapped["disable_parallel_tool_use"] = True
+    return mapped
 
 
 # --- responses ---
@@ -169,6 +341,8 @@ def to_chat_completion(body: dict[str, Any], model: str) -> dict[str, Any]:
     text = ""
     tool_calls: list[dict[str, Any]] = []
     for block in body.get("content") or ():
+        if not isinstance(block, dict):
+            continue
         if block.get("type") == "text":
             text += str(block.get("text", ""))
         elif block.get("type") == "tool_use":
@@ -229,15 +403,18 @@ def _openai_usage(usage: Usage) -> dict[str, Any]:
     }
 
 
-class _AnthropicEvents(StreamTranslator):
-    """Messages stream events as OpenAI chunks: role, content deltas, finish, usage."""
+class AnthropicEvents(StreamTranslator):
+    """Messages stream events as OpenAI chunks: role, text and tool call deltas, finish,
+    usage."""
 
     def __init__(self, model: str) -> None:
         self._model = model
         self._created = int(time.time())
         self._input_tokens: int | None = None
         self._cached_tokens = 0
-        self._tool_index = -1
+        # Anthropic numbers every content block (text and tool_use alike); OpenAI numbers
+        # only the tool calls, in order. Block index -> tool call index.
+        self._tool_indexes: dict[object, int] = {}
 
     def _chunk(
         self, delta: dict[str, Any], finish: str | None = None, **extra: Any
@@ -266,9 +443,9 @@ class _AnthropicEvents(StreamTranslator):
         if kind == "content_block_start":
             block = event.get("content_block") or {}
             if block.get("type") == "tool_use":
-                self._tool_index += 1
+                index = self._tool_indexes[event.get("index")] = len(self._tool_indexes)
                 call = {
-                    "index": self._tool_index,
+                    "index": index,
                     "id": block.get("id"),
                     "type": "function",
                     "function": {"name": block.get("name"), "arguments": ""},
@@ -279,9 +456,12 @@ class _AnthropicEvents(StreamTranslator):
             delta = event.get("delta") or {}
             if delta.get("type") == "text_delta":
                 return [self._chunk({"content": str(delta.get("text", ""))})]
-            if delta.get("type") == "input_json_delta":
+            tool_index = self._tool_indexes.get(event.get("index"))
+            # Only a tool_use block's input is a tool call's arguments (a server tool's
+            # input streams the same way but is not the client's to run).
+            if delta.get("type") == "input_json_delta" and tool_index is not None:
                 call = {
-                    "index": max(self._tool_index, 0),
+                    "index": tool_index,
                     "function": {"arguments": str(delta.get("partial_json", ""))},
                 }
                 return [self._chunk({"tool_calls": [call]})]
