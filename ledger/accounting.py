@@ -43,6 +43,7 @@ __all__ = [
     "Resolution",
     "Settle",
     "SettleUnknown",
+    "Window",
     "account_specs",
     "quantize",
     "usage_cost",

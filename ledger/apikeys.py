@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Literal, TypeGuard
 
 from sqlalchemy import select
@@ -19,6 +20,7 @@ from ledger.views.keys import KeysProjection
 __all__ = ["ApiKey", "UnknownKey", "create_key", "find_key", "revoke_key", "secret_digest"]
 
 Role = Literal["client", "admin", "finance", "auditor"]
+Window = Literal["day", "month", "total"]
 ROLES: tuple[Role, ...] = ("client", "admin", "finance", "auditor")
 
 
@@ -36,6 +38,7 @@ class ApiKey:
     workspace: str
     role: Role
     revoked: bool
+    budget: tuple[Decimal, Window] | None = None  # overrides the workspace's key_budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +65,12 @@ async def _project(store: EventStore) -> None:
 
 
 async def create_key(
-    store: EventStore, workspace: str, role: Role = "client", *, created_by: str | None = None
+    store: EventStore,
+    workspace: str,
+    role: Role = "client",
+    *,
+    created_by: str | None = None,
+    budget: tuple[Decimal, Window] | None = None,
 ) -> NewKey:
     key_id = f"key_{secrets.token_hex(8)}"
     secret = f"wb_{secrets.token_urlsafe(32)}"
@@ -72,6 +80,8 @@ async def create_key(
         role=role,
         secret_sha256=secret_digest(secret),
         created_by=created_by,
+        budget_limit_usd=budget[0] if budget else None,
+        budget_window=budget[1] if budget else None,
     )
     await store.append(_stream(key_id), NO_STREAM, [event])
     await _project(store)
@@ -100,4 +110,7 @@ async def find_key(store: EventStore, secret: str) -> ApiKey | None:
         ).first()
     if row is None:
         return None
-    return ApiKey(row.key_id, row.workspace, row.role, row.revoked_at is not None)
+    budget = None
+    if row.budget_limit_usd is not None and row.budget_window in ("day", "month", "total"):
+        budget = (row.budget_limit_usd, row.budget_window)
+    return ApiKey(row.key_id, row.workspace, row.role, row.revoked_at is not None, budget)

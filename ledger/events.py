@@ -242,9 +242,12 @@ class BudgetReserved(Event):
     attempt_id: Id
     reservation_id: Id
     amount_usd: Money
-    accounts: tuple[AccountRef, ...]
+    accounts: tuple[AccountRef, ...]  # empty when no budget applies: the hold is still kept
     endpoint: Id
     model: Id
+    workspace: Id | None = None  # who the spend belongs to, for the spend views
+    key_id: Id | None = None
+    model_group: str | None = None
 
 
 class BudgetReservationDenied(Event):
@@ -411,7 +414,9 @@ class BreakerTransitioned(Event):
 
 
 class ReconciliationLine(_Record):
-    line: Annotated[int, Field(ge=1)]
+    """One entry of a reconciliation report: a provider line, an attempt, or both."""
+
+    line: Annotated[int, Field(ge=1)] | None = None  # None: an attempt no line billed
     attempt_id: str | None = None
     provider_request_id: str | None = None
     detail: str | None = None
@@ -423,7 +428,8 @@ class ReconciliationImported(Event):
     type: ClassVar[str] = "ReconciliationImported"
 
     reconciliation_id: Id
-    provider: str | None = None
+    provider: str | None = None  # the endpoint id reconciled; None: every endpoint
+    workspace: Id | None = None  # the workspace reconciled; None: every workspace (admin)
     file_sha256: Sha256Hex
     lines: NonNegInt
     matched: tuple[ReconciliationLine, ...] = ()
@@ -443,6 +449,9 @@ class KeyCreated(Event):
     secret_sha256: Sha256Hex  # the secret itself is never recorded
     created_by: str | None = None
     label: str | None = None
+    # This key's own budget, overriding its workspace's key_budget (SPEC §6).
+    budget_limit_usd: Money | None = None
+    budget_window: Literal["day", "month", "total"] | None = None
 
 
 class KeyRevoked(Event):

@@ -20,7 +20,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from sqlalchemy import Table, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -30,7 +30,7 @@ from ledger.schema import events, ledger_head, projection_checkpoints
 from ledger.store import EventStore, RecordedEvent, decode_payload
 from ledger.tail import Wakeup
 
-__all__ = ["Projection", "ProjectionRunner"]
+__all__ = ["Projection", "ProjectionRunner", "fold_into"]
 
 _log = logging.getLogger(__name__)
 
@@ -167,3 +167,42 @@ async def _lock_checkpoint(conn: AsyncConnection, name: str) -> int:
         )
     ).scalar_one()
     return int(position)
+
+
+async def fold_into(
+    conn: AsyncConnection,
+    table: Table,
+    key: str,
+    batch: Sequence[RecordedEvent],
+    fold: Callable[[Any, RecordedEvent], Any],
+    *,
+    key_of: Callable[[RecordedEvent], str] | None = None,
+) -> None:
+    """Fold ``batch`` into the rows of ``table`` it touches (keyed by the events' ``key``
+    field) and upsert each touched row once: the shape every read model here takes."""
+
+    def row_id_of(recorded: RecordedEvent) -> str:
+        return key_of(recorded) if key_of is not None else str(recorded.data[key])
+
+    ids = {row_id_of(e) for e in batch}
+    result = await conn.execute(select(table).where(table.c[key].in_(sorted(ids))))
+    rows: dict[str, dict[str, Any] | None] = {getattr(r, key): dict(r._mapping) for r in result}
+    touched: set[str] = set()
+    for recorded in batch:
+        row_id = row_id_of(recorded)
+        before = rows.get(row_id)
+        after = fold(before, recorded)
+        if after is not before:
+            rows[row_id] = after
+            touched.add(row_id)
+    values = [row for i in sorted(touched) if (row := rows[i]) is not None]
+    if not values:
+        return
+    statement = dialect_insert(conn, table)
+    columns = [c.name for c in table.columns if c.name != key]
+    await conn.execute(
+        statement.on_conflict_do_update(
+            index_elements=[key], set_={name: statement.excluded[name] for name in columns}
+        ),
+        values,
+    )

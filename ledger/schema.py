@@ -39,6 +39,8 @@ __all__ = [
     "metadata",
     "projection_checkpoints",
     "request_views",
+    "spend_attempts",
+    "unknown_settlements",
 ]
 
 metadata = MetaData()
@@ -96,6 +98,8 @@ api_keys = Table(
     Column("label", String(200)),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("revoked_at", DateTime(timezone=True)),
+    Column("budget_limit_usd", MoneyColumn),  # this key's budget, over the workspace default
+    Column("budget_window", String(10)),
 )
 
 request_views = Table(
@@ -123,6 +127,61 @@ request_views = Table(
 )
 Index("ix_request_views_workspace_created", request_views.c.workspace, request_views.c.created_at)
 
+
+# One row per attempt's hold: what it reserved, settled, or still holds as unknown usage.
+spend_attempts = Table(
+    "spend_attempts",
+    metadata,
+    Column("reservation_id", String(200), primary_key=True),
+    Column("request_id", String(200), nullable=False),
+    Column("attempt_id", String(200), nullable=False),
+    Column("workspace", String(200), nullable=False),
+    Column("key_id", String(200), nullable=False),
+    Column("model_group", String(200), nullable=False),
+    Column("endpoint", String(200), nullable=False),
+    Column("model", String(200), nullable=False),
+    Column("day", String(10), nullable=False),  # UTC date of the reservation
+    Column("state", String(20), nullable=False),  # held|settled|released|unknown|unknown_settled
+    Column("reserved_usd", MoneyColumn, nullable=False),
+    Column("settled_usd", MoneyColumn, nullable=False),
+    Column("held_unknown_usd", MoneyColumn, nullable=False),
+    Column("reserved_at", DateTime(timezone=True), nullable=False),
+    # From the attempt's AttemptFinished: what a provider's usage export can be matched on.
+    Column("upstream_request_id", String(200)),
+    Column("response_id", String(200)),
+    Column("input_tokens", BigInteger),
+    Column("output_tokens", BigInteger),
+    Column("cached_input_tokens", BigInteger),
+    Column("last_position", BigInteger, nullable=False),
+)
+Index("ix_spend_attempts_workspace_day", spend_attempts.c.workspace, spend_attempts.c.day)
+Index("ix_spend_attempts_attempt", spend_attempts.c.attempt_id)
+Index("ix_spend_attempts_upstream_request", spend_attempts.c.upstream_request_id)
+
+unknown_settlements = Table(
+    "unknown_settlements",
+    metadata,
+    Column("settlement_id", String(200), primary_key=True),
+    Column("request_id", String(200), nullable=False),
+    Column("attempt_id", String(200), nullable=False),
+    Column("reservation_id", String(200), nullable=False),
+    Column("workspace", String(200), nullable=False),
+    Column("key_id", String(200), nullable=False),
+    Column("endpoint", String(200), nullable=False),
+    Column("model", String(200), nullable=False),
+    Column("cause", String(100), nullable=False),
+    Column("held_usd", MoneyColumn, nullable=False),
+    Column("state", String(20), nullable=False),  # open | settled
+    Column("settled_usd", MoneyColumn),
+    Column("opened_at", DateTime(timezone=True), nullable=False),
+    Column("settled_at", DateTime(timezone=True)),
+    Column("last_position", BigInteger, nullable=False),
+)
+Index(
+    "ix_unknown_settlements_workspace_state",
+    unknown_settlements.c.workspace,
+    unknown_settlements.c.state,
+)
 
 # --- gateway state (not a projection: the recorded answers to Idempotency-Key retries) ---
 

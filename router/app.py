@@ -27,9 +27,12 @@ from ledger import events as ev
 from ledger.apikeys import find_key
 from ledger.db import create_engine, current_revision, head_revision
 from ledger.projection import ProjectionRunner
+from ledger.recovery import heartbeat, recover_abandoned_holds, register_instance, stop_instance
 from ledger.store import ANY_VERSION, EventStore
 from ledger.types import money_str
 from ledger.views import all_projections
+from otel.metrics import PROMETHEUS_CONTENT_TYPE
+from otel.telemetry import Telemetry
 from router.breakers import breaker_board
 from router.chat import MAX_BODY_BYTES, parse_body, read_headers
 from router.config import Config
@@ -43,6 +46,9 @@ from router.errors import (
 from router.gateway import Caller, Gateway
 from router.idempotency import Claim, IdempotencyStore, RecordedAnswer
 from router.ids import new_id
+from router.queries import queries_router
+from router.reconcile_api import reconcile_router
+from router.spend_api import spend_router
 
 __all__ = ["AppSettings", "authenticate", "create_app"]
 
@@ -66,6 +72,7 @@ class AppSettings:
     database_url: str
     redis_url: str | None = None
     max_in_flight: int = 512  # per workspace and process; beyond it: 503 capacity_error
+    heartbeat_s: float = 5.0  # a gateway silent for 6 heartbeats is presumed dead
 
 
 class _RequestIds:
@@ -138,7 +145,7 @@ async def authenticate(request: Request) -> Caller:
     workspace = config.workspace(key.workspace)
     if workspace is None:
         raise invalid_api_key(f"the key's workspace {key.workspace!r} is not configured")
-    return Caller(key.key_id, workspace, key.role)
+    return Caller(key.key_id, workspace, key.role, key.budget)
 
 
 def _request_id(request: Request) -> str:
@@ -154,6 +161,7 @@ def create_app(settings: AppSettings) -> FastAPI:
         store = EventStore(engine)
         breakers = breaker_board(config.defaults.breaker, config.generation, settings.redis_url)
         gateway = Gateway(config, store, breakers)
+        await register_instance(engine, gateway.instance_id)
         app.state.config = config
         app.state.store = store
         app.state.gateway = gateway
@@ -163,13 +171,26 @@ def create_app(settings: AppSettings) -> FastAPI:
         stop = asyncio.Event()
         runner = ProjectionRunner(store, all_projections())
         following = asyncio.create_task(runner.run(stop))
+        # So do traces and metrics (SPEC §8), in the background, never on the request path.
+        telemetry = Telemetry.from_env(store)
+        app.state.telemetry = telemetry
+        telemetry_task = asyncio.create_task(telemetry.run(stop))
+        # Holds left by gateways that died mid-attempt become unknown-usage settlements.
+        keeping = asyncio.create_task(
+            _keep_alive(store, gateway.instance_id, settings.heartbeat_s, stop)
+        )
         try:
             await _activate_config(store, config)
             yield
         finally:
             stop.set()
+            await keeping
+            telemetry.abort()
             await following
+            await telemetry_task
+            telemetry.shutdown()
             await gateway.aclose()
+            await stop_instance(engine, gateway.instance_id)
             await store.close()
             await engine.dispose()
 
@@ -204,6 +225,11 @@ def create_app(settings: AppSettings) -> FastAPI:
     @app.get("/healthz")
     async def healthz() -> Response:
         return Response(b'{"status":"ok"}', media_type=_JSON)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        telemetry: Telemetry = request.app.state.telemetry
+        return Response(telemetry.prometheus_text(), media_type=PROMETHEUS_CONTENT_TYPE)
 
     @app.get("/readyz")
     async def readyz(request: Request) -> Response:
@@ -313,6 +339,9 @@ def create_app(settings: AppSettings) -> FastAPI:
                 await state.idempotency.abandon(claim)
             raise
 
+    app.include_router(queries_router(authenticate))
+    app.include_router(spend_router(authenticate))
+    app.include_router(reconcile_router(authenticate))
     return _RequestIds(app)  # type: ignore[return-value]
 
 
@@ -426,6 +455,21 @@ async def _streamed(
         if not completed:
             # Cut short by the client (or too long to keep): a retry runs again.
             gateway._keep(idempotency.abandon(claim))
+
+
+async def _keep_alive(
+    store: EventStore, instance_id: str, interval_s: float, stop: asyncio.Event
+) -> None:
+    """Heartbeat, and recover the holds of gateways that stopped heartbeating."""
+    while not stop.is_set():
+        try:
+            await heartbeat(store.engine, instance_id)
+            await recover_abandoned_holds(store, stale_after_s=interval_s * 6)
+        except Exception:  # the next beat retries; recovery must never stop the gateway
+            log.exception("heartbeat or hold recovery failed")
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(interval_s):
+                await stop.wait()
 
 
 async def _activate_config(store: EventStore, config: Config) -> None:

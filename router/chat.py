@@ -26,9 +26,13 @@ __all__ = ["MAX_BODY_BYTES", "ChatCall", "HeaderNarrowing", "parse_body", "read_
 
 MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 _DATA_CLASSES: Final = ("public", "internal", "restricted")
-_BYTES_PER_TOKEN: Final = 4  # a deliberate over-estimate is safer for worst-case cost
-_TOKENS_PER_MESSAGE: Final = 4
-_IMAGE_TOKENS: Final = 1000
+# Worst-case input (SPEC §4): a token covers at least one byte of text, so the byte count of
+# the messages (JSON syntax included, which outweighs the chat template's few tokens per
+# message) and tool definitions bounds the input tokens from above. Reservations are thus
+# pessimistic for input; the difference is released at settlement.
+_BYTES_PER_TOKEN: Final = 1
+_TOKENS_PER_MESSAGE: Final = 8
+_IMAGE_TOKENS: Final = 3000
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +115,10 @@ def parse_body(raw: bytes) -> ChatCall:
         include_usage = _optional(options, "include_usage", bool, False, "stream_options.")
     prompt = orjson.dumps(messages, option=orjson.OPT_SORT_KEYS)
     capabilities = _inferred_capabilities(body, stream=stream, images=images)
+    tools = body.get("tools")
+    tool_bytes = len(orjson.dumps(tools)) if tools else 0
     estimate = (
-        math.ceil(len(prompt) / _BYTES_PER_TOKEN)
+        math.ceil((len(prompt) + tool_bytes) / _BYTES_PER_TOKEN)
         + _TOKENS_PER_MESSAGE * len(messages)
         + _IMAGE_TOKENS * images
     )

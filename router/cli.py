@@ -48,6 +48,10 @@ app = typer.Typer(
 )
 keys_app = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
+otel_app = typer.Typer(
+    help="Traces from the ledger, over OTLP (OTEL_* variables).", no_args_is_help=True
+)
+app.add_typer(otel_app, name="otel")
 
 err = Console(stderr=True)
 out = Console()
@@ -199,6 +203,30 @@ def projections_command(
     out.print(table)
 
 
+@app.command("explain")
+def explain_command(
+    request_id: Annotated[str, typer.Argument(help="The request id (its X-Request-Id).")],
+    database_url: DatabaseUrl = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Why did this request go there? Its route, attempts and decisions, from the ledger."""
+    from ledger.explain import NotARequestTrail, explain, render_text
+    from ledger.queries import read_request_events
+
+    async def work(store: EventStore) -> dict[str, Any]:
+        trail = await read_request_events(store.engine, request_id)
+        try:
+            return explain(trail)
+        except NotARequestTrail:
+            raise CliError(f"no request {request_id!r} in the ledger") from None
+
+    explanation = _with_store(database_url, work)
+    if as_json:
+        print(json.dumps(explanation))
+    else:
+        sys.stdout.write(render_text(explanation))
+
+
 @keys_app.command("create")
 def keys_create(
     workspace: Annotated[str, typer.Option("--workspace", help="Workspace id.")],
@@ -207,14 +235,36 @@ def keys_create(
     ] = "client",
     database_url: DatabaseUrl = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    budget_usd: Annotated[
+        str | None,
+        typer.Option("--budget-usd", help="This key's own budget (overrides key_budget)."),
+    ] = None,
+    budget_window: Annotated[
+        str, typer.Option("--budget-window", help="day | month | total")
+    ] = "day",
 ) -> None:
     """Create an API key; prints its secret once."""
+    from decimal import Decimal, InvalidOperation
+
     if not apikeys.is_role(role):
         err.print(f"[red]error:[/red] --role must be one of {', '.join(apikeys.ROLES)}")
         raise typer.Exit(2)
+    budget: tuple[Decimal, Any] | None = None
+    if budget_usd is not None:
+        try:
+            limit = Decimal(budget_usd)
+        except InvalidOperation:
+            limit = Decimal(-1)
+        if not limit.is_finite() or limit < 0 or budget_window not in ("day", "month", "total"):
+            err.print(
+                "[red]error:[/red] --budget-usd must be a non-negative decimal and "
+                "--budget-window one of day, month, total"
+            )
+            raise typer.Exit(2)
+        budget = (limit, budget_window)
 
     async def work(store: EventStore) -> apikeys.NewKey:
-        return await apikeys.create_key(store, workspace, role, created_by="cli")
+        return await apikeys.create_key(store, workspace, role, created_by="cli", budget=budget)
 
     key = _with_store(database_url, work)
     if as_json:
@@ -306,6 +356,7 @@ def serve_command(
     url = resolve_database_url(database_url)
     with _friendly_errors():
         config = _load_config(config_file)
+        heartbeat_s = _heartbeat_s()
         if not no_migrate:
             migrate(url)
     settings = AppSettings(
@@ -313,8 +364,24 @@ def serve_command(
         database_url=url,
         redis_url=os.environ.get("WAYBILL_REDIS_URL") or None,
         max_in_flight=max_in_flight,
+        heartbeat_s=heartbeat_s,
     )
     _serve(settings, host, port)
+
+
+def _heartbeat_s() -> float:
+    # WAYBILL_HEARTBEAT_S: how often a gateway says it is alive (a gateway silent for six
+    # beats is presumed dead and its holds recovered). Tests shorten it.
+    import os
+
+    raw = os.environ.get("WAYBILL_HEARTBEAT_S", "5")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise CliError(f"WAYBILL_HEARTBEAT_S must be a number of seconds, not {raw!r}") from None
+    if not 0.05 <= value <= 3600:
+        raise CliError("WAYBILL_HEARTBEAT_S must be between 0.05 and 3600 seconds")
+    return value
 
 
 def _serve(settings: Any, host: str, port: int) -> None:
@@ -352,6 +419,254 @@ def demo_command(
     with _friendly_errors():
         migrate(url)
         run_demo(url, port, check=check, out=out, err=err, serve=_serve)
+
+
+def _instant(value: str | None, option: str) -> Any:
+    """An ISO 8601 date or timestamp; without a zone it is UTC, like the ledger's."""
+    from datetime import UTC, datetime
+
+    if value is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise CliError(f"{option}: not an ISO 8601 date or timestamp: {value!r}") from None
+    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)
+
+
+@otel_app.command("export")
+def otel_export_command(
+    since: Annotated[
+        str | None,
+        typer.Option("--since", help="Requests received at or after this ISO time (UTC)."),
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option("--until", help="Requests received before this ISO time (UTC).")
+    ] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """(Re-)export the traces of a window from the ledger, same ids and timestamps."""
+    import logging
+
+    from otel import export
+
+    # The exporter's own retry chatter would drown the one-line error below.
+    logging.getLogger("opentelemetry.exporter").setLevel(logging.CRITICAL)
+    with _friendly_errors():
+        start, end = _instant(since, "--since"), _instant(until, "--until")
+        if start is not None and end is not None and end <= start:
+            raise CliError("--until must be after --since")
+        try:
+            exporter = export.trace_exporter_from_env(explicit=True)
+        except export.OtelConfigError as error:
+            raise CliError(str(error)) from None
+        if exporter is None:
+            raise CliError("trace export is off (OTEL_TRACES_EXPORTER=none or OTEL_SDK_DISABLED)")
+    endpoint = export.traces_endpoint()
+
+    async def work(store: EventStore) -> Any:
+        try:
+            with _progress() as progress:
+                task = progress.add_task("exporting traces", total=None)
+                return await export.export_window(
+                    store, start, end, exporter, progress=_progress_callback(progress, task)
+                )
+        except export.ExportFailed as error:
+            raise CliError(f"{error} ({endpoint}); nothing after that was sent") from None
+        finally:
+            exporter.shutdown()
+
+    result = _with_store(database_url, work)
+    line = f"exported {result.spans} spans of {result.requests} requests to {endpoint}"
+    if result.unfinished:
+        line += f" ({result.unfinished} requests still in progress were left out)"
+    out.print(line, highlight=False)
+
+
+@app.command("spend")
+def spend_command(
+    database_url: DatabaseUrl = None,
+    group_by: Annotated[
+        str,
+        typer.Option(
+            "--group-by", help="Comma-separated: workspace,key,model,endpoint,upstream_model,day"
+        ),
+    ] = "workspace",
+    since: Annotated[str | None, typer.Option("--from", help="First day (YYYY-MM-DD).")] = None,
+    until: Annotated[str | None, typer.Option("--to", help="Last day (YYYY-MM-DD).")] = None,
+    output: Annotated[str, typer.Option("--format", help="table | csv | json")] = "table",
+) -> None:
+    """Spend report: settled and unknown-held amounts, requests and attempts per group."""
+    from datetime import date
+
+    from ledger.spend import GROUP_KEYS, spend_csv, spend_report
+
+    keys = [k.strip() for k in group_by.split(",") if k.strip()]
+    if (
+        not keys
+        or any(k not in GROUP_KEYS for k in keys)
+        or output
+        not in (
+            "table",
+            "csv",
+            "json",
+        )
+    ):
+        err.print(
+            f"[red]error:[/red] --group-by takes {', '.join(GROUP_KEYS)}; "
+            "--format takes table, csv or json"
+        )
+        raise typer.Exit(2)
+
+    def day(value: str | None, flag: str) -> date | None:
+        if value is None:
+            return None
+        try:
+            return date.fromisoformat(value)
+        except ValueError:
+            raise CliError(f"{flag} must be a date like 2026-11-30, not {value!r}") from None
+
+    async def work(store: EventStore) -> list[dict[str, Any]]:
+        # The spend view is a projection: bring it up to date before reading it.
+        runner = ProjectionRunner(store, all_projections())
+        await runner.catch_up(runner.get("spend"))
+        return await spend_report(
+            store.engine, group_by=keys, since=day(since, "--from"), until=day(until, "--to")
+        )
+
+    rows = _with_store(database_url, work)
+    if output == "json":
+        print(json.dumps({"data": rows}))
+    elif output == "csv":
+        print(spend_csv(rows, keys), end="")
+    else:
+        table = Table(*keys, "settled_usd", "held_unknown_usd", "requests", "attempts")
+        for row in rows:
+            table.add_row(
+                *(str(row[k]) for k in keys),
+                row["settled_usd"],
+                row["held_unknown_usd"],
+                str(row["requests"]),
+                str(row["attempts"]),
+            )
+        out.print(table)
+
+
+@app.command("settle")
+def settle_command(
+    settlement_id: Annotated[str, typer.Argument(help="An unknown-usage settlement (unk_...).")],
+    settled_usd: Annotated[str, typer.Option("--usd", help="What the attempt really cost.")],
+    reason: Annotated[str, typer.Option("--reason", help="Why: recorded with the event.")],
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Settle an unknown-usage settlement by hand (an operator's decision, on the ledger)."""
+    from decimal import Decimal, InvalidOperation
+
+    from ledger.settlements import SettlementError, settle_unknown
+
+    try:
+        amount = Decimal(settled_usd)
+    except InvalidOperation:
+        err.print(f"[red]error:[/red] --usd must be a decimal amount, not {settled_usd!r}")
+        raise typer.Exit(2) from None
+    if not reason.strip():
+        err.print("[red]error:[/red] --reason must say why")
+        raise typer.Exit(2)
+
+    async def work(store: EventStore) -> Any:
+        try:
+            return await settle_unknown(
+                store, settlement_id, amount, actor="cli", reason=reason.strip()
+            )
+        except SettlementError as error:
+            raise CliError(str(error)) from None
+
+    event = _with_store(database_url, work)
+    out.print(
+        f"settled {settlement_id}: {event.settled_usd} USD of {event.held_usd} held, "
+        f"{event.released_usd} released",
+        highlight=False,
+    )
+
+
+_REPORT_LISTS = (
+    "matched",
+    "settled_unknown",
+    "amount_mismatches",
+    "unmatched_provider_lines",
+    "unmatched_attempts",
+)
+_ENTRY_COLUMNS = (
+    "line",
+    "attempt_id",
+    "provider_request_id",
+    "expected_usd",
+    "provider_usd",
+    "detail",
+)
+
+
+@app.command("reconcile")
+def reconcile_command(
+    export_file: Annotated[str, typer.Argument(help="The provider's usage export (CSV or JSONL).")],
+    provider: Annotated[
+        str | None, typer.Option("--provider", help="Reconcile only this endpoint's attempts.")
+    ] = None,
+    database_url: DatabaseUrl = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Import a provider usage export: match it to attempts, settle unknown usage, report."""
+    from pathlib import Path
+
+    from ledger.reconcile import ExportError, ReconcileScope, import_reconciliation, report_json
+    from ledger.usage_export import ExportFormat
+
+    path = Path(export_file)
+    suffix = path.suffix.lower()
+    # The file's extension names its format; anything else is sniffed from its first line.
+    export_format: ExportFormat | None = (
+        "csv" if suffix == ".csv" else "jsonl" if suffix in (".jsonl", ".ndjson") else None
+    )
+    with _friendly_errors():
+        try:
+            data = path.read_bytes()
+        except OSError as error:
+            raise CliError(f"cannot read {export_file}: {error.strerror or error}") from None
+
+    async def work(store: EventStore) -> dict[str, Any]:
+        try:
+            with _progress() as progress:
+                task = progress.add_task("reconciling", total=None)
+                report = await import_reconciliation(
+                    store,
+                    data,
+                    actor="cli",
+                    scope=ReconcileScope(provider=provider),
+                    export_format=export_format,
+                    progress=_progress_callback(progress, task),
+                )
+        except ExportError as error:
+            raise CliError(f"{export_file}: {error}") from None
+        return report_json(report)
+
+    report = _with_store(database_url, work)
+    if as_json:
+        print(json.dumps(report))
+        return
+    out.print(f"reconciliation {report['id']}: {report['lines']} lines", highlight=False)
+    counts = Table("result", "entries")
+    for name in _REPORT_LISTS:
+        counts.add_row(name, str(len(report[name])))
+    out.print(counts)
+    for name in _REPORT_LISTS:
+        if not report[name]:
+            continue
+        table = Table(*_ENTRY_COLUMNS, title=name)
+        for entry in report[name]:
+            table.add_row(
+                *("" if entry[k] is None else escape(str(entry[k])) for k in _ENTRY_COLUMNS)
+            )
+        out.print(table)
 
 
 def main() -> None:

@@ -25,6 +25,8 @@ __all__ = [
     "invalid_request",
     "model_not_found",
     "no_eligible_route",
+    "permission_denied",
+    "request_not_found",
     "upstream_unavailable",
 ]
 
@@ -124,6 +126,16 @@ def model_not_found(model: str) -> GatewayError:
     return GatewayError(
         404, "model_not_found", f"model {model!r} does not exist or is not allowed for this key"
     )
+
+
+def request_not_found(request_id: str) -> GatewayError:
+    # The same answer whether the request does not exist or belongs to someone the caller
+    # may not read: its existence is not disclosed (SPEC §3: 404, never 403).
+    return GatewayError(404, "request_not_found", f"no request {request_id!r}")
+
+
+def permission_denied(message: str) -> GatewayError:
+    return GatewayError(403, "permission_denied", message, error_type="permission_error")
 
 
 def idempotency_conflict(message: str, *, in_flight: bool) -> GatewayError:

@@ -32,9 +32,11 @@ from urllib.parse import urlsplit
 import orjson
 
 from ledger import events as ev
-from ledger.accounting import usage_cost
+from ledger.accounting import BudgetDenied, Effect, HoldStateError, usage_cost
 from ledger.store import ANY_VERSION, NO_STREAM, EventStore
+from otel.ids import attempt_span_id, request_trace_id, upstream_traceparent
 from router.breakers import Admission, BreakerBoard, BreakerKey, Transition
+from router.budgets import RequestBudget, StepRecord
 from router.chat import ChatCall, HeaderNarrowing
 from router.classify import Classification
 from router.config import Config, ModelGroup, Workspace
@@ -74,6 +76,8 @@ __all__ = ["Caller", "Completion", "Gateway", "StreamingCompletion"]
 
 log = logging.getLogger("waybill.gateway")
 
+_MAX_BUDGET_RACES: Final = 5  # reservations lost to concurrent requests before giving up
+
 _DEADLINE: Final = Classification(
     failure_class=ev.FailureClass.DEADLINE_EXCEEDED,
     evidence=ev.Evidence.UNKNOWN,
@@ -90,6 +94,7 @@ class Caller:
     key_id: str
     workspace: Workspace
     role: str
+    key_budget: tuple[Decimal, Literal["day", "month", "total"]] | None = None  # own budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +126,7 @@ class _Route:
     mapping: ModelMapping
     driver: Driver
     cause: Literal["first", "retry", "failover"]
+    worst_case_usd: Decimal
 
 
 @dataclass(slots=True)
@@ -152,10 +158,12 @@ class Gateway:
         *,
         drivers: Mapping[str, Driver] | None = None,
         rng: random.Random | None = None,
+        instance_id: str | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.breakers = breakers
+        self.instance_id = instance_id or new_id("gw")  # owner of the holds it takes
         self._drivers = dict(drivers) if drivers else {}
         for endpoint in config.endpoints:
             if endpoint.id not in self._drivers:
@@ -239,18 +247,30 @@ class _Run:
             deadline_ms = min(deadline_ms, headers.deadline_ms)  # a header may only narrow
         self.started = time.monotonic()
         self.deadline = self.started + deadline_ms / 1000
-        self.traceparent = headers.traceparent
         self.context = RouteContext()
         self.sequence = 0
         self.attempt_count = 0
         self.tally = _Tally()
         self.denied: set[BreakerKey] = set()
+        self.budget = RequestBudget(
+            gateway.store,
+            request_id=request_id,
+            workspace=caller.workspace,
+            key_id=caller.key_id,
+            key_budget=caller.key_budget,
+            model_group=group.name,
+            request_limit=headers.max_cost_usd,
+            owner=gateway.instance_id,
+        )
+        self.budget_denials = 0
+        self._pending_effects: list[Effect] = []
         self.in_flight: _Attempt | None = None  # started, not yet finished
         self.ended = False  # RequestCompleted or RequestFailed is recorded (or on its way)
         self._stream_id = f"request-{request_id}"
         self._version = NO_STREAM
         self._metadata = {"config_generation": config.generation}
         caller_trace = _parse_traceparent(headers.traceparent)
+        self.caller_trace_id = caller_trace[0] if caller_trace else None
         self._pending: list[ev.Event] = [
             ev.RequestReceived(
                 request_id=request_id,
@@ -270,16 +290,31 @@ class _Run:
 
     # --- the ledger ---
 
-    async def _flush(self, *more: ev.Event) -> None:
-        events = [*self._pending, *more]
-        self._pending = []
+    def _record(self, step: StepRecord) -> None:
+        """Queue a budget step: its events and book effects go out in the next append."""
+        self._pending.extend(step.events)
+        self._pending_effects.extend(step.effects)
+
+    async def _flush(self, *more: ev.Event, step: StepRecord | None = None) -> None:
+        pending, effects = self._pending, self._pending_effects
+        events = [*pending, *(step.events if step else ()), *more]
+        all_effects = [*effects, *(step.effects if step else ())]
+        self._pending, self._pending_effects = [], []
         if not events:
             return
         # This run is the stream's only writer, so the next version is known before the
         # append returns; a cancelled caller's append still commits (see EventStore.append),
         # and whatever is recorded after it must follow it.
         expected, self._version = self._version, self._version + len(events)
-        await self.gw.store.append(self._stream_id, expected, events, metadata=self._metadata)
+        try:
+            await self.gw.store.append(
+                self._stream_id, expected, events, metadata=self._metadata, effects=all_effects
+            )
+        except (BudgetDenied, HoldStateError):
+            # Refused by the books: nothing was written; what was queued stays queued.
+            self._version = expected
+            self._pending, self._pending_effects = pending, effects
+            raise
 
     def _remaining_ms(self) -> int:
         return max(0, int((self.deadline - time.monotonic()) * 1000))
@@ -293,38 +328,70 @@ class _Run:
         try:
             return await self._complete()
         except asyncio.CancelledError:
-            self._record_abandoned()
+            self._record_abandoned(canceled=True)
+            raise
+        except GatewayError:
+            raise
+        except Exception:
+            self._record_abandoned(canceled=False)
             raise
 
     async def stream(self) -> StreamingCompletion:
         try:
             return await self._stream()
         except asyncio.CancelledError:
-            self._record_abandoned()
+            self._record_abandoned(canceled=True)
+            raise
+        except GatewayError:
+            raise
+        except Exception:
+            self._record_abandoned(canceled=False)
             raise
 
-    def _record_abandoned(self) -> None:
-        """The client went away before an answer: record it in a task of its own, which
-        the cancellation of this one does not reach."""
+    def _record_abandoned(self, *, canceled: bool) -> None:
+        """The client went away (``canceled``) or the gateway itself failed before an
+        answer: record how the request ended, in a task of its own that the cancellation of
+        this one does not reach. A hold in flight stays counted as unknown usage."""
         if self.ended:
             return
         self.ended = True
-        events: list[ev.Event] = []
-        attempt = self.in_flight
+        attempt, self.in_flight = self.in_flight, None
         if attempt is not None:
-            canceled = _canceled_class(ev.Evidence.UNKNOWN)
-            events.append(self._attempt_finished(attempt, canceled, None))
-            decision = Decision(action="stop", reason="client_canceled")
-            events.append(self._failover_decided(attempt, canceled, decision))
-        error = GatewayError(499, "client_canceled", "the client closed the connection")
-        events.append(self._request_failed(error))
-        self.gw._keep(self._flush(*events))
+            if canceled:
+                classification = _canceled_class(ev.Evidence.UNKNOWN)
+                self._pending.append(self._attempt_finished(attempt, classification, None))
+            else:
+                self._pending.append(
+                    ev.AttemptFinished(
+                        request_id=self.request_id,
+                        attempt_id=attempt.attempt_id,
+                        status="failed",
+                        evidence=ev.Evidence.UNKNOWN,
+                        error_code="gateway_error",
+                        duration_ms=round((time.monotonic() - attempt.started_at) * 1000),
+                        stream_committed=attempt.stream_committed,
+                    )
+                )
+            if self.budget.has_hold(attempt.attempt_id):
+                cause = "client_canceled" if canceled else "gateway_error"
+                self._record(self.budget.hold_unknown(attempt.attempt_id, cause))
+            if canceled:
+                decision = Decision(action="stop", reason="client_canceled")
+                self._pending.append(self._failover_decided(attempt, classification, decision))
+        if canceled:
+            error = GatewayError(499, "client_canceled", "the client closed the connection")
+        else:
+            error = GatewayError(500, "internal_error", "internal error", error_type="api_error")
+        self.gw._keep(self._flush(self._request_failed(error)))
 
     async def _complete(self) -> Completion:
         route: _Route | None = None
         while True:
             route = route or await self._next_route()
             attempt = await self._start(route)
+            if attempt is None:
+                route = None
+                continue
             try:
                 async with asyncio.timeout_at(_loop_time(self.deadline)):
                     result = await route.driver.complete(
@@ -356,6 +423,9 @@ class _Run:
         while True:
             route = route or await self._next_route()
             attempt = await self._start(route)
+            if attempt is None:
+                route = None
+                continue
             upstream: DriverStream | None = None
             try:
                 async with asyncio.timeout_at(_loop_time(self.deadline)):
@@ -445,6 +515,10 @@ class _Run:
             BreakerKey.mapping(m.endpoint, m.model) for m in self.group.mappings
         ]
         while True:
+            if self._pending_effects:
+                # A failed attempt's hold was just released or kept: the balances this
+                # evaluation reads must include that.
+                await self._flush()
             breaker_open = self._breaker_lookup(await self.gw.breakers.blocked(keys))
             candidates = evaluate(
                 config,
@@ -453,6 +527,7 @@ class _Run:
                 self.requirements,
                 self.context,
                 breaker_open=breaker_open,
+                over_budget=await self.budget.over_budget_check(),
             )
             choice = select(candidates, self.gw._rr, self.caller.workspace.id, self.group)
             self.sequence += 1
@@ -466,13 +541,17 @@ class _Run:
                 )
             )
             if choice is None:
+                over = [c for c in candidates if c.reason_code is ev.ReasonCode.OVER_BUDGET]
+                if over:
+                    self._pending.append(self.budget.denied_candidate(over[0]))
                 raise await self._fail(self._no_route_error(candidates))
             mapping = self.group.mappings[choice.mapping_index]
             if await self._admitted(choice.endpoint, mapping):
                 driver = self.gw._drivers[choice.endpoint]
+                worst = candidates[choice.mapping_index].worst_case_usd or Decimal(0)
                 if self.attempt_count == 0:
-                    return _Route(choice, mapping, driver, "first")
-                return _Route(choice, mapping, driver, "failover")
+                    return _Route(choice, mapping, driver, "first", worst)
+                return _Route(choice, mapping, driver, "failover", worst)
 
     def _breaker_lookup(
         self, blocked: Mapping[BreakerKey, bool]
@@ -502,29 +581,45 @@ class _Run:
                 return False
         return True
 
-    async def _start(self, route: _Route) -> _Attempt:
-        self.attempt_count += 1
-        attempt = _Attempt(route, new_id("att"), time.monotonic())
-        self.in_flight = attempt
+    async def _start(self, route: _Route) -> _Attempt | None:
+        """Reserve the attempt's worst case and record its start; None if the books refused
+        the reservation (another request got there first): evaluate again."""
+        attempt_id = new_id("att")
         endpoint = self.gw.config.endpoint(route.choice.endpoint)
         assert endpoint is not None
         host, port = _server_address(endpoint.base_url)
-        await self._flush(
-            ev.AttemptStarted(
-                request_id=self.request_id,
-                attempt_id=attempt.attempt_id,
-                attempt_number=self.attempt_count,
-                cause=route.cause,
-                endpoint=route.choice.endpoint,
-                driver=endpoint.driver,
-                model=route.mapping.model,
-                tier=route.choice.tier,
-                weight=route.choice.weight,
-                server_address=host,
-                server_port=port,
-                stream=self.call.stream,
-            )
+        reservation = self.budget.reserve(
+            attempt_id, route.choice.endpoint, route.mapping.model, route.worst_case_usd
         )
+        started = ev.AttemptStarted(
+            request_id=self.request_id,
+            attempt_id=attempt_id,
+            attempt_number=self.attempt_count + 1,
+            cause=route.cause,
+            endpoint=route.choice.endpoint,
+            driver=endpoint.driver,
+            model=route.mapping.model,
+            tier=route.choice.tier,
+            weight=route.choice.weight,
+            reservation_id=reservation.events[0].reservation_id,  # type: ignore[attr-defined]
+            server_address=host,
+            server_port=port,
+            stream=self.call.stream,
+        )
+        try:
+            await self._flush(started, step=reservation)
+        except BudgetDenied as refusal:
+            self.budget.forget(attempt_id)
+            self._pending.append(
+                self.budget.denied(refusal, route.choice.endpoint, route.mapping.model)
+            )
+            self.budget_denials += 1
+            if self.budget_denials > _MAX_BUDGET_RACES:
+                raise await self._fail(budget_exceeded(str(refusal))) from None
+            return None
+        self.attempt_count += 1
+        attempt = _Attempt(route, attempt_id, time.monotonic())
+        self.in_flight = attempt
         return attempt
 
     def _chat_request(self, route: _Route) -> ChatRequest:
@@ -540,6 +635,9 @@ class _Run:
         assert endpoint is not None
         remaining_s = max(0.001, self.deadline - time.monotonic())
         defaults = self.defaults
+        # SPEC §8: the upstream joins the request's trace (the caller's, if it sent one) as a
+        # child of this attempt's span, whose id otel/ derives from the attempt id.
+        trace_id = request_trace_id(self.request_id, self.caller_trace_id)
         return AttemptBinding(
             endpoint=endpoint,
             upstream_model=attempt.route.mapping.model,
@@ -549,7 +647,7 @@ class _Run:
                 first_token_timeout_s=min(defaults.first_token_timeout_ms / 1000, remaining_s),
                 stream_idle_timeout_s=defaults.stream_idle_timeout_ms / 1000,
             ),
-            traceparent=self.traceparent,
+            traceparent=upstream_traceparent(trace_id, attempt_span_id(attempt.attempt_id)),
         )
 
     def _cost(self, mapping: ModelMapping, usage: ev.Usage | None) -> Decimal | None:
@@ -581,7 +679,7 @@ class _Run:
         self.in_flight, self.ended = None, True
         duration = round((time.monotonic() - attempt.started_at) * 1000)
         self.tally.summaries.append(AttemptSummary(route.choice.endpoint, http_status, None))
-        await self._flush(
+        self._pending.append(
             ev.AttemptFinished(
                 request_id=self.request_id,
                 attempt_id=attempt.attempt_id,
@@ -597,7 +695,13 @@ class _Run:
                 time_to_first_chunk_ms=time_to_first_chunk_ms,
                 stream_committed=attempt.stream_committed,
                 invalid_events=invalid_events,
-            ),
+            )
+        )
+        if usage is not None and cost is not None:
+            self._record(self.budget.settle(attempt.attempt_id, cost, usage))
+        else:  # the upstream answered but did not say what it used
+            self._record(self.budget.hold_unknown(attempt.attempt_id, "usage_not_reported"))
+        await self._flush(
             ev.RequestCompleted(
                 request_id=self.request_id,
                 endpoint=route.choice.endpoint,
@@ -644,6 +748,7 @@ class _Run:
         endpoint_id = route.choice.endpoint
         self.in_flight = None
         self._pending.append(self._attempt_finished(attempt, classification, failure))
+        self._record(self._hold_outcome(attempt, classification))
         await self._report_breakers(route, classification)
         status = failure.outcome.http_status if failure else None
         self.tally.summaries.append(
@@ -676,8 +781,18 @@ class _Run:
             if decision.backoff_ms:
                 await asyncio.sleep(decision.backoff_ms / 1000)
             if await self._admitted(endpoint_id, route.mapping):
-                return _Route(route.choice, route.mapping, route.driver, "retry")
+                return _Route(
+                    route.choice, route.mapping, route.driver, "retry", route.worst_case_usd
+                )
         return None
+
+    def _hold_outcome(self, attempt: _Attempt, classification: Classification) -> StepRecord:
+        """A failed attempt's hold: released if the upstream never started, otherwise kept
+        as an unknown-usage settlement (SPEC §6) — a failover must fit in what is left."""
+        if classification.evidence is ev.Evidence.NOT_STARTED:
+            return self.budget.release(attempt.attempt_id, "not_started")
+        cause = "broken_stream" if attempt.stream_committed else classification.failure_class
+        return self.budget.hold_unknown(attempt.attempt_id, cause)
 
     def _failover_decided(
         self, attempt: _Attempt, classification: Classification, decision: Decision
@@ -713,12 +828,14 @@ class _Run:
         self.tally.summaries.append(
             AttemptSummary(attempt.route.choice.endpoint, 200, classification.failure_class.value)
         )
-        finished = self._attempt_finished(
-            attempt, classification, failure, invalid_events=upstream.invalid_events
+        self._pending.append(
+            self._attempt_finished(
+                attempt, classification, failure, invalid_events=upstream.invalid_events
+            )
         )
+        self._record(self._hold_outcome(attempt, classification))
         decision = Decision(action="stop", reason="stream_committed")
         await self._flush(
-            finished,
             self._failover_decided(attempt, classification, decision),
             self._request_failed(
                 error, endpoint=attempt.route.choice.endpoint, stream_started=True

@@ -5,9 +5,10 @@ from __future__ import annotations
 from ledger.projection import Projection
 from ledger.views.keys import KeysProjection
 from ledger.views.requests import RequestViewProjection
+from ledger.views.spend import SpendProjection
 
-__all__ = ["KeysProjection", "RequestViewProjection", "all_projections"]
+__all__ = ["KeysProjection", "RequestViewProjection", "SpendProjection", "all_projections"]
 
 
 def all_projections() -> list[Projection]:
-    return [KeysProjection(), RequestViewProjection()]
+    return [KeysProjection(), RequestViewProjection(), SpendProjection()]

@@ -37,6 +37,8 @@ class KeysProjection(Projection):
                         secret_sha256=event.secret_sha256,
                         label=event.label,
                         created_at=recorded.recorded_at,
+                        budget_limit_usd=event.budget_limit_usd,
+                        budget_window=event.budget_window,
                     )
                     .on_conflict_do_nothing(index_elements=["key_id"])
                 )

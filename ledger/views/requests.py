@@ -1,5 +1,12 @@
 """The request view (SPEC §3): one row per request, folded from its events.
 
+``status`` is ``in_progress`` until ``RequestCompleted`` (``succeeded``) or ``RequestFailed``
+(``failed``, or ``partial_failure`` for a stream that broke after it started). ``endpoint``
+is the endpoint of the attempt in flight while in progress, then the one that served the
+request (or carried its broken stream); a failed request has none. Money: ``reserved_usd``
+is every reservation made for the request, ``settled_usd`` what was settled, and
+``held_unknown_usd`` what is still held as unknown usage.
+
 ``fold_request`` is the pure reducer; ``RequestViewProjection`` loads the rows a page of
 events touches, folds the page in memory and writes each touched row once. Each row keeps
 the position of the last event folded into it, which makes re-applying a page a no-op.
@@ -11,12 +18,10 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger import events as ev
-from ledger.db import dialect_insert
-from ledger.projection import Projection
+from ledger.projection import Projection, fold_into
 from ledger.schema import request_views
 from ledger.store import RecordedEvent
 
@@ -59,7 +64,12 @@ def fold_request(view: View | None, recorded: RecordedEvent) -> View | None:
     view = dict(view, last_position=recorded.position)
     match event:
         case ev.AttemptStarted():
-            view["attempts"] = max(view["attempts"], event.attempt_number)
+            # While in progress, the endpoint is the one the latest attempt is bound to.
+            view.update(
+                attempts=max(view["attempts"], event.attempt_number),
+                endpoint=event.endpoint,
+                upstream_model=event.model,
+            )
         case ev.BudgetReserved():
             view["reserved_usd"] += event.amount_usd
         case ev.BudgetSettled():
@@ -81,9 +91,13 @@ def fold_request(view: View | None, recorded: RecordedEvent) -> View | None:
                 completed_at=recorded.recorded_at,
             )
         case ev.RequestFailed():
+            # A partial failure keeps the endpoint its stream was committed to; a failed
+            # request was served by none.
+            committed = event.endpoint is not None and event.endpoint == view["endpoint"]
             view.update(
                 status="partial_failure" if event.stream_started else "failed",
                 endpoint=event.endpoint,
+                upstream_model=view["upstream_model"] if committed else None,
                 http_status=event.http_status,
                 error_code=event.error_code,
                 duration_ms=event.duration_ms,
@@ -109,28 +123,4 @@ class RequestViewProjection(Projection):
     )
 
     async def apply(self, conn: AsyncConnection, batch: Sequence[RecordedEvent]) -> None:
-        ids = {str(e.data["request_id"]) for e in batch}
-        result = await conn.execute(
-            select(request_views).where(request_views.c.request_id.in_(sorted(ids)))
-        )
-        views: dict[str, View | None] = {row.request_id: dict(row._mapping) for row in result}
-        touched: set[str] = set()
-        for recorded in batch:
-            request_id = str(recorded.data["request_id"])
-            before = views.get(request_id)
-            after = fold_request(before, recorded)
-            if after is not before:
-                views[request_id] = after
-                touched.add(request_id)
-        rows = [view for r in sorted(touched) if (view := views[r]) is not None]
-        if not rows:
-            return
-        statement = dialect_insert(conn, request_views)
-        columns = [c.name for c in request_views.columns if c.name != "request_id"]
-        await conn.execute(
-            statement.on_conflict_do_update(
-                index_elements=["request_id"],
-                set_={name: statement.excluded[name] for name in columns},
-            ),
-            rows,
-        )
+        await fold_into(conn, request_views, "request_id", batch, fold_request)

@@ -4,11 +4,14 @@ ledger on SQLite and on PostgreSQL."""
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from ledger.store import RecordedEvent
+from otel.ids import attempt_span_id
 from router.fake_upstream import Behavior
 from tests.gateway.harness import Route, running_gateway
 
@@ -18,10 +21,16 @@ MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": SECRET
 TRAIL_OK = [
     "RequestReceived",
     "RouteEvaluated",
+    "BudgetReserved",
     "AttemptStarted",
     "AttemptFinished",
+    "BudgetSettled",
     "RequestCompleted",
 ]
+
+
+def first(events: list[RecordedEvent], event_type: str) -> dict[str, Any]:
+    return next(e.data for e in events if e.type == event_type)
 
 
 async def test_buffered_completion_through_the_sdk_leaves_the_whole_trail(database_url):
@@ -45,9 +54,14 @@ async def test_buffered_completion_through_the_sdk_leaves_the_whole_trail(databa
         assert received["config_generation"] == "test-1"
         assert received["message_count"] == 1
         assert events[1].data["chosen"]["endpoint"] == "east"
-        finished = events[3].data
+        finished = first(events, "AttemptFinished")
         assert finished["status"] == "succeeded" and finished["usage"]["output_tokens"] > 0
-        completed = events[4].data
+        settled = first(events, "BudgetSettled")
+        assert Decimal(settled["settled_usd"]) + Decimal(settled["released_usd"]) == Decimal(
+            settled["reserved_usd"]
+        )
+        completed = first(events, "RequestCompleted")
+        assert Decimal(settled["settled_usd"]) == Decimal(completed["cost_usd"])
         assert Decimal(completed["cost_usd"]) == Decimal(raw.headers["x-waybill-cost-usd"])
         for event in events:
             assert SECRET_PROMPT.encode() not in event.payload
@@ -64,7 +78,10 @@ async def test_attempt_id_and_traceparent_are_sent_upstream(database_url):
         events = await gw.events(raw.headers["x-request-id"])
         started = next(e for e in events if e.type == "AttemptStarted")
         assert sent.headers["x-waybill-attempt-id"] == started.data["attempt_id"]
-        assert sent.headers["traceparent"] == traceparent
+        # The upstream joins the caller's trace, as a child of this attempt's span.
+        span = attempt_span_id(started.data["attempt_id"])
+        assert sent.headers["traceparent"] == f"00-0af7651916cd43dd8448eb211c80319c-{span}-01"
+        assert events[0].data["parent_span_id"] == "b7ad6b7169203331"
         assert sent.headers["authorization"] == "Bearer sk-fake-secret-never-logged"
         assert events[0].data["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
 
@@ -84,7 +101,7 @@ async def test_stream_with_include_usage_ends_with_the_usage_chunk(database_url)
         request_id = stream.response.headers["x-request-id"]
         assert stream.response.headers["x-waybill-endpoint"] == "east"
         assert await gw.types(request_id) == TRAIL_OK
-        finished = (await gw.events(request_id))[3].data
+        finished = first(await gw.events(request_id), "AttemptFinished")
         assert finished["stream_committed"] is True
         assert finished["usage"]["output_tokens"] > 0
 
@@ -101,7 +118,7 @@ async def test_stream_without_include_usage_gets_no_usage_chunk_but_usage_is_rec
         assert all(c.usage is None for c in chunks)
         # The gateway asked the upstream for usage on its own account: the books have it.
         request_id = stream.response.headers["x-request-id"]
-        finished = (await gw.events(request_id))[3].data
+        finished = first(await gw.events(request_id), "AttemptFinished")
         assert finished["usage"] is not None
 
 
@@ -121,19 +138,23 @@ async def test_failover_to_the_next_tier_after_a_429(database_url):
         assert types == [
             "RequestReceived",
             "RouteEvaluated",
+            "BudgetReserved",
             "AttemptStarted",
             "AttemptFinished",
+            "BudgetReleased",  # a 429 did not start: its hold is released
             "FailoverDecided",
             "RouteEvaluated",
+            "BudgetReserved",
             "AttemptStarted",
             "AttemptFinished",
+            "BudgetSettled",
             "RequestCompleted",
         ]
-        failed = events[3].data
+        failed = events[4].data
         assert failed["failure_class"] == "rate_limited" and failed["evidence"] == "not_started"
-        decided = events[4].data
+        decided = events[6].data
         assert decided["action"] == "failover" and decided["allowed"] is True
-        second = events[5].data
+        second = events[7].data
         east = next(c for c in second["candidates"] if c["endpoint"] == "east")
         assert east["eligible"] is False
         assert east["reason_code"] in ("already_tried", "breaker_open")

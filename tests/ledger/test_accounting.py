@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -13,6 +14,7 @@ from ledger.accounting import (
     AccountSpec,
     Books,
     BudgetDenied,
+    Effect,
     Hold,
     HoldStateError,
     HoldUnknown,
@@ -141,22 +143,26 @@ steps = st.lists(
 )
 
 
+def _effect(action: str, n: int, amount: Decimal) -> Effect:
+    if action == "reserve":
+        return hold(n, str(amount))
+    if action == "settle":
+        return Settle(f"res_{n}", amount)
+    if action == "release":
+        return Release(f"res_{n}")
+    if action == "unknown":
+        return HoldUnknown(f"res_{n}")
+    return SettleUnknown(f"res_{n}", amount)
+
+
 @settings(max_examples=300, deadline=None)
 @given(steps)
 def test_settled_plus_held_never_exceeds_the_limit(script) -> None:
     books = Books()
     for action, n, amount in script:
-        effect = {
-            "reserve": lambda: hold(n, str(amount)),
-            "settle": lambda: Settle(f"res_{n}", amount),
-            "release": lambda: Release(f"res_{n}"),
-            "unknown": lambda: HoldUnknown(f"res_{n}"),
-            "settle_unknown": lambda: SettleUnknown(f"res_{n}", amount),
-        }[action]()
-        try:
+        effect = _effect(action, n, amount)
+        with contextlib.suppress(BudgetDenied, HoldStateError):
             books.apply([effect])
-        except (BudgetDenied, HoldStateError):
-            pass
         for account in books.accounts.values():
             assert account.held_usd >= 0 and account.settled_usd >= 0
             assert account.held_usd + account.settled_usd <= account.limit_usd

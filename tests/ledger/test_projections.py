@@ -64,12 +64,12 @@ async def test_checkpoint_moves_with_the_read_model_and_lag_is_observable(
 ) -> None:
     runner = ProjectionRunner(store, all_projections(), page_size=5)
     await store.append("request-r1", NO_STREAM, succeeded_trail("r1"))
-    assert await runner.lag() == {"keys": 7, "requests": 7}
+    assert await runner.lag() == {"keys": 7, "requests": 7, "spend": 7}
     requests = runner.get("requests")
     assert await runner.step(requests) == 5
     assert (await runner.lag())["requests"] == 2
     assert await runner.catch_up(requests) == 2
-    assert await runner.lag() == {"keys": 7, "requests": 0}
+    assert await runner.lag() == {"keys": 7, "requests": 0, "spend": 7}
 
 
 async def test_reapplying_a_page_changes_nothing(store: EventStore) -> None:

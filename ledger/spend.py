@@ -1,0 +1,169 @@
+"""Spend and unknown-usage queries over the spend read models (``ledger.views.spend``).
+
+Totals are summed in exact decimals in Python, the same way on both backends (SQLite keeps
+money as text, so its SQL ``SUM`` would be a float): they add up to the settled events.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any, Final
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from ledger.schema import spend_attempts, unknown_settlements
+from ledger.types import money_str
+
+__all__ = [
+    "GROUP_KEYS",
+    "SettlementPage",
+    "SpendScope",
+    "spend_csv",
+    "spend_report",
+    "unknown_settlements_page",
+]
+
+# Report key -> column. "model" is the model group a client asked for (SPEC §3);
+# "upstream_model" the provider's model the attempt was bound to.
+GROUP_KEYS: Final = {
+    "workspace": "workspace",
+    "key": "key_id",
+    "model": "model_group",
+    "endpoint": "endpoint",
+    "upstream_model": "model",
+    "day": "day",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SpendScope:
+    """What the caller may see: None leaves a field unnarrowed."""
+
+    workspace: str | None = None
+    key_id: str | None = None
+
+
+async def spend_report(
+    engine: AsyncEngine,
+    *,
+    group_by: Sequence[str],
+    since: date | None = None,
+    until: date | None = None,
+    scope: SpendScope = SpendScope(),
+) -> list[dict[str, Any]]:
+    """Spend rows: the ``group_by`` keys, ``settled_usd``, ``held_unknown_usd``,
+    ``requests`` and ``attempts``; ``since``/``until`` are inclusive UTC days."""
+    unknown = [k for k in group_by if k not in GROUP_KEYS]
+    if unknown:
+        raise ValueError(f"cannot group by {', '.join(unknown)}")
+    query = select(spend_attempts)
+    if scope.workspace is not None:
+        query = query.where(spend_attempts.c.workspace == scope.workspace)
+    if scope.key_id is not None:
+        query = query.where(spend_attempts.c.key_id == scope.key_id)
+    if since is not None:
+        query = query.where(spend_attempts.c.day >= since.isoformat())
+    if until is not None:
+        query = query.where(spend_attempts.c.day <= until.isoformat())
+    totals: dict[tuple[str, ...], dict[str, Any]] = {}
+    async with engine.connect() as conn:
+        result = await conn.stream(query)
+        async for row in result:
+            group = tuple(str(getattr(row, GROUP_KEYS[k])) for k in group_by)
+            entry = totals.get(group)
+            if entry is None:
+                entry = totals[group] = {
+                    "settled": Decimal(0),
+                    "held": Decimal(0),
+                    "requests": set(),
+                    "attempts": 0,
+                }
+            entry["settled"] += row.settled_usd
+            entry["held"] += row.held_unknown_usd
+            entry["requests"].add(row.request_id)
+            entry["attempts"] += 1
+    return [
+        {
+            **dict(zip(group_by, group, strict=True)),
+            "settled_usd": money_str(entry["settled"]),
+            "held_unknown_usd": money_str(entry["held"]),
+            "requests": len(entry["requests"]),
+            "attempts": entry["attempts"],
+        }
+        for group, entry in sorted(totals.items())
+    ]
+
+
+def spend_csv(rows: Sequence[dict[str, Any]], group_by: Sequence[str]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    columns = [*group_by, "settled_usd", "held_unknown_usd", "requests", "attempts"]
+    writer.writerow(columns)
+    for row in rows:
+        writer.writerow([row[c] for c in columns])
+    return out.getvalue()
+
+
+@dataclass(frozen=True, slots=True)
+class SettlementPage:
+    data: list[dict[str, Any]]
+    next_after: tuple[datetime, str] | None
+
+
+async def unknown_settlements_page(
+    engine: AsyncEngine,
+    *,
+    state: str | None,
+    scope: SpendScope,
+    limit: int,
+    after: tuple[datetime, str] | None = None,
+    settlement_id: str | None = None,
+) -> SettlementPage:
+    """Unknown-usage settlements, oldest first, in SPEC §3's shape."""
+    table = unknown_settlements
+    query = select(table).order_by(table.c.opened_at, table.c.settlement_id).limit(limit + 1)
+    if state is not None:
+        query = query.where(table.c.state == state)
+    if settlement_id is not None:
+        query = query.where(table.c.settlement_id == settlement_id)
+    if scope.workspace is not None:
+        query = query.where(table.c.workspace == scope.workspace)
+    if scope.key_id is not None:
+        query = query.where(table.c.key_id == scope.key_id)
+    if after is not None:
+        opened_at, settlement_id = after
+        query = query.where(
+            or_(
+                table.c.opened_at > opened_at,
+                and_(table.c.opened_at == opened_at, table.c.settlement_id > settlement_id),
+            )
+        )
+    async with engine.connect() as conn:
+        rows = (await conn.execute(query)).all()
+    page = rows[:limit]
+    data = [
+        {
+            "settlement_id": r.settlement_id,
+            "request_id": r.request_id,
+            "attempt_id": r.attempt_id,
+            "workspace": r.workspace,
+            "key_id": r.key_id,
+            "endpoint": r.endpoint,
+            "model": r.model,
+            "cause": r.cause,
+            "held_usd": money_str(r.held_usd),
+            "state": r.state,
+            "settled_usd": None if r.settled_usd is None else money_str(r.settled_usd),
+            "opened_at": r.opened_at.isoformat(),
+            "settled_at": r.settled_at.isoformat() if r.settled_at else None,
+        }
+        for r in page
+    ]
+    next_after = (page[-1].opened_at, page[-1].settlement_id) if len(rows) > limit else None
+    return SettlementPage(data, next_after)

@@ -1,0 +1,152 @@
+"""Spend read models (SPEC §3, §6): one row per attempt's hold, one per unknown-usage
+settlement, folded from the budget events.
+
+``spend_attempts`` is the fact table the spend report groups: every hold with its
+dimensions (workspace, key, model group, endpoint, upstream model, day) and what became of
+it — settled, released, or held as unknown usage. ``unknown_settlements`` lists the holds
+whose usage is unknown, open until a reconciliation or an operator settles them. Both are
+rebuilt from events alone, to identical rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ledger import events as ev
+from ledger.projection import Projection, fold_into
+from ledger.schema import spend_attempts, unknown_settlements
+from ledger.store import RecordedEvent
+
+__all__ = ["SpendProjection", "fold_attempt", "fold_settlement"]
+
+_ZERO = Decimal(0)
+Row = dict[str, Any]
+
+
+def fold_attempt(row: Row | None, recorded: RecordedEvent) -> Row | None:
+    """The spend row of one hold after ``recorded``."""
+    event = recorded.event()
+    if isinstance(event, ev.BudgetReserved):
+        if row is not None:
+            return row
+        return {
+            "reservation_id": event.reservation_id,
+            "request_id": event.request_id,
+            "attempt_id": event.attempt_id,
+            "workspace": event.workspace or "",
+            "key_id": event.key_id or "",
+            "model_group": event.model_group or "",
+            "endpoint": event.endpoint,
+            "model": event.model,
+            "day": recorded.recorded_at.date().isoformat(),
+            "state": "held",
+            "reserved_usd": event.amount_usd,
+            "settled_usd": _ZERO,
+            "held_unknown_usd": _ZERO,
+            "reserved_at": recorded.recorded_at,
+            "upstream_request_id": None,
+            "response_id": None,
+            "input_tokens": None,
+            "output_tokens": None,
+            "cached_input_tokens": None,
+            "last_position": recorded.position,
+        }
+    if row is None or recorded.position <= row["last_position"]:
+        return row
+    row = dict(row, last_position=recorded.position)
+    match event:
+        case ev.AttemptFinished():
+            usage = event.usage
+            row.update(
+                upstream_request_id=event.upstream_request_id,
+                response_id=event.response_id,
+                input_tokens=usage.input_tokens if usage else None,
+                output_tokens=usage.output_tokens if usage else None,
+                cached_input_tokens=usage.cached_input_tokens if usage else None,
+            )
+        case ev.BudgetSettled():
+            row.update(state="settled", settled_usd=event.settled_usd)
+        case ev.BudgetReleased():
+            row.update(state="released")
+        case ev.UnknownUsageOpened():
+            row.update(state="unknown", held_unknown_usd=event.held_usd)
+        case ev.UnknownUsageSettled():
+            row.update(
+                state="unknown_settled", held_unknown_usd=_ZERO, settled_usd=event.settled_usd
+            )
+    return row
+
+
+def fold_settlement(row: Row | None, recorded: RecordedEvent) -> Row | None:
+    """The unknown-usage settlement row after ``recorded``."""
+    event = recorded.event()
+    if isinstance(event, ev.UnknownUsageOpened):
+        if row is not None:
+            return row
+        return {
+            "settlement_id": event.settlement_id,
+            "request_id": event.request_id,
+            "attempt_id": event.attempt_id,
+            "reservation_id": event.reservation_id,
+            "workspace": event.workspace,
+            "key_id": event.key_id,
+            "endpoint": event.endpoint,
+            "model": event.model,
+            "cause": event.cause,
+            "held_usd": event.held_usd,
+            "state": "open",
+            "settled_usd": None,
+            "opened_at": recorded.recorded_at,
+            "settled_at": None,
+            "last_position": recorded.position,
+        }
+    if row is None or recorded.position <= row["last_position"]:
+        return row
+    if isinstance(event, ev.UnknownUsageSettled):
+        return dict(
+            row,
+            state="settled",
+            settled_usd=event.settled_usd,
+            settled_at=recorded.recorded_at,
+            last_position=recorded.position,
+        )
+    return row
+
+
+def _reservation_of(recorded: RecordedEvent) -> str:
+    # AttemptFinished names its attempt, not its hold; the hold's id follows from it
+    # (router.budgets: one attempt, one reservation, "res_<attempt>").
+    if "reservation_id" in recorded.data:
+        return str(recorded.data["reservation_id"])
+    return "res_" + str(recorded.data["attempt_id"]).removeprefix("att_")
+
+
+class SpendProjection(Projection):
+    name = "spend"
+    tables = (spend_attempts, unknown_settlements)
+    event_types = frozenset(
+        {
+            ev.AttemptFinished.type,
+            ev.BudgetReserved.type,
+            ev.BudgetSettled.type,
+            ev.BudgetReleased.type,
+            ev.UnknownUsageOpened.type,
+            ev.UnknownUsageSettled.type,
+        }
+    )
+
+    async def apply(self, conn: AsyncConnection, batch: Sequence[RecordedEvent]) -> None:
+        await fold_into(
+            conn, spend_attempts, "reservation_id", batch, fold_attempt, key_of=_reservation_of
+        )
+        settlement_events = [
+            e for e in batch if e.type in (ev.UnknownUsageOpened.type, ev.UnknownUsageSettled.type)
+        ]
+        if settlement_events:
+            await fold_into(
+                conn, unknown_settlements, "settlement_id", settlement_events, fold_settlement
+            )

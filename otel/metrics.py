@@ -1,0 +1,239 @@
+"""Metrics derived from ledger events (SPEC §8), for OTLP and for ``GET /metrics``.
+
+:class:`LedgerMetrics` owns the instruments and records each followed event into them; one
+OpenTelemetry ``MeterProvider`` feeds two readers: a Prometheus reader on a registry of this
+process's own (rendered by :meth:`MetricsPipeline.prometheus_text`) and, when the ``OTEL_*``
+variables ask for it, a periodic OTLP/HTTP exporter.
+
+The GenAI client metrics describe the gateway's calls to its upstreams, one per attempt:
+``gen_ai.client.token.usage`` (when the usage is known), ``gen_ai.client.operation.duration``
+and, for streams, ``gen_ai.client.operation.time_to_first_chunk``. The ``waybill.*``
+counters count requests, failovers, breaker transitions, budget rejections and unknown-usage
+settlements opened; ``waybill.ledger.lag`` says how far each ledger follower trails.
+
+Each gateway process follows the whole ledger from the moment it starts, so every replica
+reports the activity of all replicas since it started (take ``max``, not ``sum``, across
+replicas).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.resources import Resource
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+
+from ledger import events as ev
+from ledger.store import RecordedEvent
+from otel import semconv as sc
+from otel.export import OtelConfigError, resource_from_env
+
+__all__ = [
+    "PROMETHEUS_CONTENT_TYPE",
+    "LedgerMetrics",
+    "MetricsPipeline",
+    "metric_exporter_from_env",
+]
+
+_MAX_OPEN_ATTEMPTS: Final = 10_000
+
+PROMETHEUS_CONTENT_TYPE: Final = CONTENT_TYPE_PLAIN_0_0_4
+"""The classic text format: the metric names are sanitized to it."""
+
+Attributes = dict[str, str | int | bool]
+
+
+class LedgerMetrics:
+    """The instruments, and how each ledger event moves them."""
+
+    def __init__(self, provider: MeterProvider) -> None:
+        meter = provider.get_meter("waybill", schema_url=sc.SCHEMA_URL)
+        self._token_usage = meter.create_histogram(
+            sc.GEN_AI_CLIENT_TOKEN_USAGE,
+            unit="{token}",
+            description="Number of input and output tokens used, per upstream attempt.",
+            explicit_bucket_boundaries_advisory=list(sc.TOKEN_BUCKETS),
+        )
+        self._duration = meter.create_histogram(
+            sc.GEN_AI_CLIENT_OPERATION_DURATION,
+            unit="s",
+            description="Duration of each upstream attempt.",
+            explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS),
+        )
+        self._first_chunk = meter.create_histogram(
+            sc.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
+            unit="s",
+            description="Time from an upstream streaming call to its first chunk.",
+            explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS),
+        )
+        self._requests = meter.create_counter(
+            sc.WAYBILL_REQUESTS, unit="{request}", description="Requests answered, by status."
+        )
+        self._failovers = meter.create_counter(
+            sc.WAYBILL_FAILOVERS,
+            unit="{failover}",
+            description="Failovers to another endpoint, by the failure class that caused them.",
+        )
+        self._breaker = meter.create_counter(
+            sc.WAYBILL_BREAKER_TRANSITIONS,
+            unit="{transition}",
+            description="Circuit breaker transitions (to_state=open counts the openings).",
+        )
+        self._budget_rejections = meter.create_counter(
+            sc.WAYBILL_BUDGET_REJECTIONS,
+            unit="{rejection}",
+            description="Budget reservations denied, by the account that could not cover them.",
+        )
+        self._unknown_usage = meter.create_counter(
+            sc.WAYBILL_UNKNOWN_USAGE_OPENED,
+            unit="{settlement}",
+            description="Unknown-usage settlements opened (reservations held until reconciled).",
+        )
+        self._lag: dict[str, int] = {}
+        meter.create_observable_gauge(
+            sc.WAYBILL_LEDGER_LAG,
+            callbacks=[self._observe_lag],
+            unit="{event}",
+            description="Ledger head position minus each follower's checkpoint.",
+        )
+        # Attempt attributes from AttemptStarted, until the attempt's AttemptFinished.
+        self._open: OrderedDict[str, Attributes] = OrderedDict()
+
+    def set_lag(self, lag: Mapping[str, int]) -> None:
+        self._lag = dict(lag)
+
+    def _observe_lag(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(v, {sc.WAYBILL_FOLLOWER: k}) for k, v in sorted(self._lag.items())]
+
+    def record(self, recorded: RecordedEvent) -> None:
+        """Move the instruments for one ledger event."""
+        event = recorded.event()
+        match event:
+            case ev.AttemptStarted():
+                self._open[event.attempt_id] = _attempt_attributes(event)
+                while len(self._open) > _MAX_OPEN_ATTEMPTS:  # attempts a crash never finished
+                    self._open.popitem(last=False)
+            case ev.AttemptFinished():
+                self._attempt_finished(event)
+            case ev.RequestCompleted():
+                self._requests.add(1, {sc.WAYBILL_STATUS: "succeeded"})
+            case ev.RequestFailed():
+                status = "partial_failure" if event.stream_started else "failed"
+                self._requests.add(1, {sc.WAYBILL_STATUS: status, sc.ERROR_TYPE: event.error_code})
+            case ev.FailoverDecided() if event.action == "failover":
+                self._failovers.add(
+                    1,
+                    {
+                        sc.WAYBILL_FAILURE_CLASS: event.failure_class.value,
+                        sc.WAYBILL_EVIDENCE: event.evidence.value,
+                    },
+                )
+            case ev.BreakerTransitioned():
+                self._breaker.add(
+                    1,
+                    {
+                        sc.WAYBILL_BREAKER_SCOPE: event.scope,
+                        sc.WAYBILL_ENDPOINT: event.target.split("/", 1)[0],
+                        sc.WAYBILL_BREAKER_STATE: event.to_state,
+                    },
+                )
+            case ev.BudgetReservationDenied():
+                self._budget_rejections.add(1, {sc.WAYBILL_ACCOUNT_KIND: event.account_kind})
+            case ev.UnknownUsageOpened():
+                self._unknown_usage.add(1, {sc.WAYBILL_ENDPOINT: event.endpoint})
+
+    def _attempt_finished(self, event: ev.AttemptFinished) -> None:
+        attributes = self._open.pop(event.attempt_id, None) or {
+            sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT
+        }
+        if event.response_model:
+            attributes[sc.GEN_AI_RESPONSE_MODEL] = event.response_model
+        if event.usage is not None:
+            for kind, tokens in (
+                (sc.TOKEN_TYPE_INPUT, event.usage.input_tokens),
+                (sc.TOKEN_TYPE_OUTPUT, event.usage.output_tokens),
+            ):
+                self._token_usage.record(tokens, {**attributes, sc.GEN_AI_TOKEN_TYPE: kind})
+        if event.status == "failed":
+            failure = event.failure_class.value if event.failure_class else "failed"
+            attributes = {**attributes, sc.ERROR_TYPE: failure}
+        self._duration.record(event.duration_ms / 1000, attributes)
+        if event.time_to_first_chunk_ms is not None:
+            self._first_chunk.record(event.time_to_first_chunk_ms / 1000, attributes)
+
+
+def _attempt_attributes(event: ev.AttemptStarted) -> Attributes:
+    attributes: Attributes = {
+        sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT,
+        sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_BY_DRIVER.get(event.driver, event.driver),
+        sc.GEN_AI_REQUEST_MODEL: event.model,
+    }
+    if event.server_address:
+        attributes[sc.SERVER_ADDRESS] = event.server_address
+    if event.server_port is not None:
+        attributes[sc.SERVER_PORT] = event.server_port
+    return attributes
+
+
+def _env(name: str) -> str:
+    return os.environ.get(name, "").strip()
+
+
+def metric_exporter_from_env() -> MetricReader | None:
+    """A periodic OTLP/HTTP metric reader when the ``OTEL_*`` variables ask for one
+    (``OTEL_METRICS_EXPORTER=otlp`` or an OTLP endpoint), else None."""
+    if _env("OTEL_SDK_DISABLED").lower() == "true":
+        return None
+    chosen = [v.strip() for v in _env("OTEL_METRICS_EXPORTER").lower().split(",") if v.strip()]
+    endpoint = _env("OTEL_EXPORTER_OTLP_ENDPOINT") or _env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+    if "otlp" not in chosen and (chosen or not endpoint):
+        return None  # none, prometheus (GET /metrics serves it anyway), or nothing configured
+    protocol = _env("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or _env("OTEL_EXPORTER_OTLP_PROTOCOL")
+    if protocol and protocol != "http/protobuf":
+        raise OtelConfigError(
+            f"OTLP protocol {protocol!r} is not supported: Waybill exports OTLP over "
+            "http/protobuf (set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf, port 4318)"
+        )
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    # The export interval comes from OTEL_METRIC_EXPORT_INTERVAL (default 60 s).
+    return PeriodicExportingMetricReader(OTLPMetricExporter())
+
+
+class MetricsPipeline:
+    """One process's metrics: the instruments, a Prometheus registry, and OTLP if asked."""
+
+    def __init__(
+        self,
+        resource: Resource | None = None,
+        *,
+        readers: Iterable[MetricReader] = (),
+        otlp: bool = True,
+    ) -> None:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+
+        self.registry = CollectorRegistry(auto_describe=True)
+        all_readers: list[MetricReader] = [PrometheusMetricReader(registry=self.registry)]
+        all_readers.extend(readers)
+        if otlp and (periodic := metric_exporter_from_env()) is not None:
+            all_readers.append(periodic)
+        self.provider = MeterProvider(
+            metric_readers=all_readers, resource=resource or resource_from_env()
+        )
+        self.metrics = LedgerMetrics(self.provider)
+
+    def prometheus_text(self) -> bytes:
+        """The current values in the Prometheus text exposition format."""
+        return generate_latest(self.registry)
+
+    def shutdown(self) -> None:
+        """Flush OTLP (if any) and stop the readers."""
+        self.provider.shutdown()

@@ -1,0 +1,242 @@
+"""The ledger query API (SPEC §3 "Ledger queries"): request views, explanations, raw events,
+search, and the hash-chain check.
+
+A thin edge: authenticate, parse and bound the query values (a bad one is a 400
+``invalid_request`` naming the parameter), apply the caller's read scope from
+:mod:`router.access`, call :mod:`ledger.queries` or :mod:`ledger.explain`, write JSON.
+A request the caller may not read gets the very answer a request that does not exist gets.
+
+Lists are ``{"data": [...], "next_cursor": "..." | null}`` with ``limit`` (1..500, default
+100) and an opaque ``cursor`` that the previous page handed out.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from ledger.events import RequestReceived
+from ledger.explain import explain, render_text
+from ledger.queries import (
+    REQUEST_STATUSES,
+    RequestKey,
+    RequestSearch,
+    find_request_view,
+    read_request_events,
+    request_view_json,
+    search_request_views,
+)
+from ledger.store import EventStore, RecordedEvent
+from ledger.verify import verify_chain
+from router.access import can_read_request, can_verify_ledger, read_scope
+from router.errors import GatewayError, invalid_request, permission_denied, request_not_found
+from router.gateway import Caller
+
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "queries_router"]
+
+DEFAULT_LIMIT: Final = 100
+MAX_LIMIT: Final = 500
+_JSON: Final = "application/json"
+_TEXT: Final = "text/plain; charset=utf-8"
+
+Authenticate = Callable[[Request], Awaitable[Caller]]
+
+
+def queries_router(authenticate: Authenticate) -> APIRouter:
+    """The query routes, authenticating each call with ``authenticate``."""
+    router = APIRouter()
+
+    @router.get("/v1/requests")
+    async def search_requests(request: Request) -> Response:
+        caller = await authenticate(request)
+        params = request.query_params
+        limit = _limit(params)
+        search = _search(caller, params)
+        after = _request_cursor(params.get("cursor"))
+        if search is None:  # the caller asked for a workspace or key it may not read
+            return _json({"data": [], "next_cursor": None})
+        rows, next_key = await search_request_views(
+            _store(request).engine, search, limit=limit, after=after
+        )
+        next_cursor = None
+        if next_key is not None:
+            next_cursor = _encode_cursor("requests", [next_key[0].isoformat(), next_key[1]])
+        return _json({"data": [request_view_json(r) for r in rows], "next_cursor": next_cursor})
+
+    @router.get("/v1/requests/{request_id}")
+    async def request_view(request_id: str, request: Request) -> Response:
+        caller = await authenticate(request)
+        row = await find_request_view(_store(request).engine, request_id)
+        if row is None or not can_read_request(caller, row["workspace"], row["key_id"]):
+            raise request_not_found(request_id)
+        return _json(request_view_json(row))
+
+    @router.get("/v1/requests/{request_id}/explain")
+    async def explain_request(request_id: str, request: Request) -> Response:
+        caller = await authenticate(request)
+        text = _format(request.query_params)
+        trail = await read_request_events(_store(request).engine, request_id)
+        _check_readable(caller, request_id, trail[:1])
+        explanation = explain(trail)
+        if text:
+            return Response(render_text(explanation).encode(), media_type=_TEXT)
+        return _json(explanation)
+
+    @router.get("/v1/requests/{request_id}/events")
+    async def request_events(request_id: str, request: Request) -> Response:
+        caller = await authenticate(request)
+        params = request.query_params
+        limit = _limit(params)
+        after = _events_cursor(params.get("cursor"))
+        engine = _store(request).engine
+        first = await read_request_events(engine, request_id, limit=1)
+        _check_readable(caller, request_id, first)
+        page = await read_request_events(engine, request_id, after_version=after, limit=limit + 1)
+        next_cursor = None
+        if len(page) > limit:
+            page = page[:limit]
+            next_cursor = _encode_cursor("events", [page[-1].version])
+        return _json({"data": [e.as_json() for e in page], "next_cursor": next_cursor})
+
+    @router.get("/v1/ledger/verify")
+    async def verify_ledger(request: Request) -> Response:
+        caller = await authenticate(request)
+        if not can_verify_ledger(caller):
+            raise permission_denied("verifying the ledger needs an admin or auditor key")
+        result = await verify_chain(_store(request))
+        return _json(result.as_json())
+
+    return router
+
+
+def _store(request: Request) -> EventStore:
+    store: EventStore = request.app.state.store
+    return store
+
+
+def _json(body: Any) -> Response:
+    return Response(orjson.dumps(body), media_type=_JSON)
+
+
+def _check_readable(caller: Caller, request_id: str, first: list[RecordedEvent]) -> None:
+    """404 unless the request exists and ``caller`` may read it (the same 404 either way)."""
+    received = first[0].event() if first else None
+    if not isinstance(received, RequestReceived) or not can_read_request(
+        caller, received.workspace, received.key_id
+    ):
+        raise request_not_found(request_id)
+
+
+# --- query values ------------------------------------------------------------------------
+
+
+def _limit(params: Mapping[str, str]) -> int:
+    raw = params.get("limit")
+    if raw is None:
+        return DEFAULT_LIMIT
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+        raise invalid_request(
+            f"limit must be an integer from 1 to {MAX_LIMIT}, not {raw!r}", param="limit"
+        )
+    return int(raw)
+
+
+def _format(params: Mapping[str, str]) -> bool:
+    """True for ``format=text``; JSON is the default."""
+    value = params.get("format", "json")
+    if value not in ("json", "text"):
+        raise invalid_request(f"format must be json or text, not {value!r}", param="format")
+    return value == "text"
+
+
+def _instant(params: Mapping[str, str], name: str) -> datetime | None:
+    raw = params.get(name)
+    if raw is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(raw)
+    except ValueError:
+        raise invalid_request(
+            f"{name} must be an ISO 8601 date or time (2026-11-30, 2026-11-30T12:00:00Z), "
+            f"not {raw!r}",
+            param=name,
+        ) from None
+    if moment.tzinfo is None:  # a date or a time without offset is UTC
+        moment = moment.replace(tzinfo=UTC)
+    return moment
+
+
+def _search(caller: Caller, params: Mapping[str, str]) -> RequestSearch | None:
+    """The search the caller asked for, narrowed to its read scope; None if the filters it
+    gave fall wholly outside that scope."""
+    status = params.get("status")
+    if status is not None and status not in REQUEST_STATUSES:
+        raise invalid_request(
+            f"status must be one of {', '.join(REQUEST_STATUSES)}, not {status!r}",
+            param="status",
+        )
+    since, until = _instant(params, "since"), _instant(params, "until")
+    scope = read_scope(caller)
+    workspace, key_id = params.get("workspace"), params.get("key_id")
+    if scope.workspace is not None and workspace not in (None, scope.workspace):
+        return None
+    if scope.key_id is not None and key_id not in (None, scope.key_id):
+        return None
+    return RequestSearch(
+        workspace=scope.workspace or workspace,
+        key_id=scope.key_id or key_id,
+        status=status,
+        model=params.get("model"),
+        endpoint=params.get("endpoint"),
+        since=since,
+        until=until,
+    )
+
+
+# --- cursors: opaque to clients, checked on the way back ----------------------------------
+
+
+def _encode_cursor(kind: str, values: list[Any]) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps([kind, *values])).rstrip(b"=").decode()
+
+
+def _bad_cursor() -> GatewayError:
+    return invalid_request("cursor is not one this endpoint handed out", param="cursor")
+
+
+def _decode_cursor(kind: str, cursor: str) -> list[Any]:
+    try:
+        decoded = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (binascii.Error, ValueError):
+        decoded = None
+    if not isinstance(decoded, list) or not decoded or decoded[0] != kind:
+        raise _bad_cursor()
+    return decoded[1:]
+
+
+def _request_cursor(cursor: str | None) -> RequestKey | None:
+    if cursor is None:
+        return None
+    values = _decode_cursor("requests", cursor)
+    if len(values) != 2 or not all(isinstance(v, str) for v in values):
+        raise _bad_cursor()
+    try:
+        return datetime.fromisoformat(values[0]), values[1]
+    except ValueError:
+        raise _bad_cursor() from None
+
+
+def _events_cursor(cursor: str | None) -> int:
+    if cursor is None:
+        return 0
+    values = _decode_cursor("events", cursor)
+    if len(values) != 1 or type(values[0]) is not int or values[0] < 0:
+        raise _bad_cursor()
+    return int(values[0])

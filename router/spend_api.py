@@ -1,0 +1,176 @@
+"""Finance queries (SPEC §3): ``GET /v1/spend`` and ``GET /v1/settlements/unknown``.
+
+Scoped like every read (:mod:`router.access`): admins see every workspace, finance and
+auditors their workspace, a client its own key's spend. Money is a decimal string.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import date, datetime
+from decimal import Decimal, InvalidOperation
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from ledger.settlements import SettlementError, settle_unknown
+from ledger.spend import GROUP_KEYS, SpendScope, spend_csv, spend_report, unknown_settlements_page
+from ledger.store import EventStore
+from router.access import read_scope
+from router.errors import GatewayError, invalid_request, permission_denied
+from router.gateway import Caller
+from router.queries import _decode_cursor, _encode_cursor, _limit
+
+__all__ = ["spend_router"]
+
+Authenticate = Callable[[Request], Awaitable[Caller]]
+
+
+def spend_router(authenticate: Authenticate) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/v1/spend")
+    async def spend(request: Request) -> Response:
+        caller = await authenticate(request)
+        params = request.query_params
+        group_by = _group_by(params.get("group_by", "workspace"))
+        output = params.get("format", "json")
+        if output not in ("json", "csv"):
+            raise invalid_request(f"format must be json or csv, not {output!r}", param="format")
+        rows = await spend_report(
+            _store(request).engine,
+            group_by=group_by,
+            since=_day(params, "since"),
+            until=_day(params, "until"),
+            scope=_scope(caller, params),
+        )
+        if output == "csv":
+            return Response(spend_csv(rows, group_by), media_type="text/csv; charset=utf-8")
+        return Response(orjson.dumps({"data": rows, "next_cursor": None}), media_type=_JSON)
+
+    @router.get("/v1/settlements/unknown")
+    async def settlements(request: Request) -> Response:
+        caller = await authenticate(request)
+        params = request.query_params
+        state = params.get("state")
+        if state is not None and state not in ("open", "settled"):
+            raise invalid_request(f"state must be open or settled, not {state!r}", param="state")
+        page = await unknown_settlements_page(
+            _store(request).engine,
+            state=state,
+            scope=_scope(caller, params),
+            limit=_limit(params),
+            after=_settlement_cursor(params.get("cursor")),
+        )
+        next_cursor = None
+        if page.next_after is not None:
+            opened_at, settlement_id = page.next_after
+            next_cursor = _encode_cursor("settlements", [opened_at.isoformat(), settlement_id])
+        return Response(
+            orjson.dumps({"data": page.data, "next_cursor": next_cursor}), media_type=_JSON
+        )
+
+    @router.post("/v1/settlements/unknown/{settlement_id}")
+    async def settle(settlement_id: str, request: Request) -> Response:
+        """An operator settles unknown usage by hand: ``{"settled_usd", "reason"}``."""
+        caller = await authenticate(request)
+        if caller.role not in ("admin", "finance"):
+            raise permission_denied("settling unknown usage takes an admin or finance key")
+        body = _settle_body(await request.body())
+        scope = read_scope(caller)
+        page = await unknown_settlements_page(
+            _store(request).engine,
+            state=None,
+            scope=SpendScope(scope.workspace),
+            limit=1,
+            settlement_id=settlement_id,
+        )
+        if not page.data:
+            raise GatewayError(404, "settlement_not_found", f"no settlement {settlement_id!r}")
+        try:
+            event = await settle_unknown(
+                _store(request),
+                settlement_id,
+                body[0],
+                actor=caller.key_id,
+                reason=body[1],
+            )
+        except SettlementError as error:
+            raise GatewayError(409, "settlement_conflict", str(error)) from None
+        return Response(orjson.dumps(event.model_dump(mode="json")), media_type=_JSON)
+
+    return router
+
+
+_JSON = "application/json"
+
+
+def _settle_body(raw: bytes) -> tuple[Decimal, str]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise invalid_request("request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise invalid_request("request body must be a JSON object")
+    amount, reason = body.get("settled_usd"), body.get("reason")
+    if not isinstance(amount, str):
+        raise invalid_request("settled_usd must be a decimal string", param="settled_usd")
+    try:
+        value = Decimal(amount)
+    except InvalidOperation:
+        raise invalid_request("settled_usd must be a decimal string", param="settled_usd") from None
+    if not value.is_finite() or value < 0:
+        raise invalid_request("settled_usd must be >= 0", param="settled_usd")
+    if not isinstance(reason, str) or not reason.strip():
+        raise invalid_request("reason must say why (a non-empty string)", param="reason")
+    return value, reason.strip()
+
+
+def _store(request: Request) -> EventStore:
+    store: EventStore = request.app.state.store
+    return store
+
+
+def _scope(caller: Caller, params: Mapping[str, str]) -> SpendScope:
+    scope = read_scope(caller)
+    # An admin may narrow to one workspace; nobody may widen their scope.
+    workspace = scope.workspace if scope.workspace is not None else params.get("workspace")
+    return SpendScope(workspace=workspace, key_id=scope.key_id)
+
+
+def _group_by(raw: str) -> list[str]:
+    keys = [k.strip() for k in raw.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in GROUP_KEYS]
+    if not keys or unknown or len(set(keys)) != len(keys):
+        raise invalid_request(
+            f"group_by must be a comma-separated subset of {', '.join(GROUP_KEYS)}",
+            param="group_by",
+        )
+    return keys
+
+
+def _day(params: Mapping[str, str], name: str) -> date | None:
+    raw = params.get(name)
+    if raw is None:
+        return None
+    try:
+        return date.fromisoformat(raw[:10])
+    except ValueError:
+        raise invalid_request(
+            f"{name} must be a date (2026-11-30), not {raw!r}", param=name
+        ) from None
+
+
+def _settlement_cursor(cursor: str | None) -> tuple[datetime, str] | None:
+    if cursor is None:
+        return None
+    values = _decode_cursor("settlements", cursor)
+    if len(values) != 2 or not all(isinstance(v, str) for v in values):
+        raise invalid_request("cursor is not one this endpoint handed out", param="cursor")
+    try:
+        return datetime.fromisoformat(values[0]), values[1]
+    except ValueError:
+        raise invalid_request(
+            "cursor is not one this endpoint handed out", param="cursor"
+        ) from None

@@ -1,0 +1,139 @@
+"""Metrics recorded from ledger events, read back through OpenTelemetry and Prometheus."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.resources import Resource
+
+from ledger import events as ev
+from otel import semconv as sc
+from otel.metrics import MetricsPipeline
+from tests.otel.trails import failover_trail, quota_trail, recorded
+
+
+def _pipeline() -> tuple[MetricsPipeline, InMemoryMetricReader]:
+    reader = InMemoryMetricReader()
+    pipeline = MetricsPipeline(Resource({"service.name": "t"}), readers=[reader], otlp=False)
+    return pipeline, reader
+
+
+def _points(reader: InMemoryMetricReader) -> dict[str, list[Any]]:
+    data = reader.get_metrics_data()
+    assert data is not None
+    points: dict[str, list[Any]] = {}
+    for resource_metrics in data.resource_metrics:
+        for scope in resource_metrics.scope_metrics:
+            for metric in scope.metrics:
+                points.setdefault(metric.name, []).extend(metric.data.data_points)
+    return points
+
+
+def _breaker_opened() -> ev.BreakerTransitioned:
+    return ev.BreakerTransitioned(
+        scope="endpoint",
+        target="east",
+        from_state="closed",
+        to_state="open",
+        failure_class=ev.FailureClass.UPSTREAM_UNAVAILABLE,
+        consecutive_failures=2,
+        cooldown_ms=5000,
+        config_generation="g1",
+    )
+
+
+def test_attempts_feed_the_genai_client_metrics():
+    pipeline, reader = _pipeline()
+    for event in [*failover_trail("r1"), *quota_trail("r2")]:
+        pipeline.metrics.record(event)
+    points = _points(reader)
+
+    tokens = {p.attributes[sc.GEN_AI_TOKEN_TYPE]: p for p in points[sc.GEN_AI_CLIENT_TOKEN_USAGE]}
+    assert (tokens["input"].sum, tokens["output"].sum) == (12, 30)
+    assert tokens["input"].attributes[sc.GEN_AI_PROVIDER_NAME] == "anthropic"
+    assert tokens["input"].attributes[sc.GEN_AI_REQUEST_MODEL] == "claude-3-5"
+    assert tokens["input"].attributes[sc.GEN_AI_RESPONSE_MODEL] == "claude-3-5-20241022"
+    assert tokens["input"].attributes[sc.SERVER_ADDRESS] == "west.example.test"
+
+    durations = {
+        (p.attributes[sc.GEN_AI_REQUEST_MODEL], p.attributes.get(sc.ERROR_TYPE)): p
+        for p in points[sc.GEN_AI_CLIENT_OPERATION_DURATION]
+    }
+    assert durations[("gpt-4o-mini", "upstream_unavailable")].sum == 0.12
+    assert durations[("gpt-4o-mini", "quota_exhausted")].count == 1
+    assert durations[("claude-3-5", None)].sum == 0.38
+    assert list(durations[("claude-3-5", None)].explicit_bounds) == list(sc.DURATION_BUCKETS)
+
+    failovers = points[sc.WAYBILL_FAILOVERS]
+    assert [(p.attributes[sc.WAYBILL_FAILURE_CLASS], p.value) for p in failovers] == [
+        ("upstream_unavailable", 1)  # the quota stop is not a failover
+    ]
+    assert [p.value for p in points[sc.WAYBILL_UNKNOWN_USAGE_OPENED]] == [1]
+    requests = {p.attributes[sc.WAYBILL_STATUS]: p.value for p in points[sc.WAYBILL_REQUESTS]}
+    assert requests == {"succeeded": 1, "failed": 1}
+
+
+def test_breakers_budget_denials_time_to_first_chunk_and_lag():
+    pipeline, reader = _pipeline()
+    stream = recorded(
+        [
+            (
+                0,
+                [
+                    _breaker_opened(),
+                    ev.BudgetReservationDenied(
+                        request_id="r1",
+                        endpoint="east",
+                        model="gpt-4o-mini",
+                        amount_usd="0.01",
+                        account_id="workspace:acme",
+                        account_kind="workspace",
+                        limit_usd="1",
+                        available_usd="0.001",
+                    ),
+                    ev.AttemptFinished(
+                        request_id="r1",
+                        attempt_id="a-unseen",  # started before this process followed
+                        status="succeeded",
+                        evidence=ev.Evidence.STARTED,
+                        duration_ms=900,
+                        time_to_first_chunk_ms=250,
+                    ),
+                ],
+            )
+        ]
+    )
+    for event in stream:
+        pipeline.metrics.record(event)
+    pipeline.metrics.set_lag({"otel_traces": 7, "requests": 0})
+    points = _points(reader)
+    (opened,) = points[sc.WAYBILL_BREAKER_TRANSITIONS]
+    assert opened.attributes == {
+        sc.WAYBILL_BREAKER_SCOPE: "endpoint",
+        sc.WAYBILL_ENDPOINT: "east",
+        sc.WAYBILL_BREAKER_STATE: "open",
+    }
+    (denied,) = points[sc.WAYBILL_BUDGET_REJECTIONS]
+    assert denied.attributes == {sc.WAYBILL_ACCOUNT_KIND: "workspace"} and denied.value == 1
+    (first_chunk,) = points[sc.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK]
+    assert first_chunk.sum == 0.25
+    lag = {p.attributes[sc.WAYBILL_FOLLOWER]: p.value for p in points[sc.WAYBILL_LEDGER_LAG]}
+    assert lag == {"otel_traces": 7, "requests": 0}
+
+
+def test_prometheus_text_names_the_metrics_by_the_conventions():
+    pipeline, _ = _pipeline()
+    for event in failover_trail("r1"):
+        pipeline.metrics.record(event)
+    pipeline.metrics.record(recorded([(0, [_breaker_opened()])])[0])
+    text = pipeline.prometheus_text().decode()
+    assert "gen_ai_client_token_usage_bucket{" in text
+    assert 'gen_ai_token_type="input"' in text and 'gen_ai_provider_name="anthropic"' in text
+    assert "gen_ai_client_operation_duration_seconds_count{" in text
+    assert "waybill_failovers_total{" in text
+    assert (
+        "waybill_breaker_transitions_total{" in text and 'waybill_breaker_to_state="open"' in text
+    )
+    assert "gen_ai_system" not in text
+    pipeline.shutdown()
