@@ -313,8 +313,13 @@ class FailoverDecided(Event):
     evidence: Evidence
     action: Literal["retry", "failover", "stop"]
     allowed: bool
-    reason: str  # a stable code, e.g. "quota_exhausted_never_fails_over"
+    reason: str  # a stable code, e.g. "quota_exhausted_stops"
     backoff_ms: NonNegInt | None = None
+    attempts_left: NonNegInt | None = None  # under max_attempts, after this one
+    deadline_left_ms: NonNegInt | None = None  # of the whole-request deadline
+    policy: str | None = (
+        None  # the config policy that applied, e.g. "on_unknown_execution=failover"
+    )
 
 
 class BudgetSettled(Event):

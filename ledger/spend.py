@@ -17,13 +17,14 @@ from typing import Any, Final
 from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ledger.schema import spend_attempts, unknown_settlements
+from ledger.schema import budget_accounts, spend_attempts, unknown_settlements
 from ledger.types import money_str
 
 __all__ = [
     "GROUP_KEYS",
     "SettlementPage",
     "SpendScope",
+    "budget_balances",
     "spend_csv",
     "spend_report",
     "unknown_settlements_page",
@@ -108,6 +109,35 @@ def spend_csv(rows: Sequence[dict[str, Any]], group_by: Sequence[str]) -> str:
     for row in rows:
         writer.writerow([row[c] for c in columns])
     return out.getvalue()
+
+
+async def budget_balances(
+    engine: AsyncEngine, *, scope: SpendScope, kinds: Sequence[str] = ("key", "workspace")
+) -> list[dict[str, Any]]:
+    """Live account balances (the books themselves, not a projection), newest window first."""
+    table = budget_accounts
+    query = select(table).where(table.c.kind.in_(list(kinds)))
+    if scope.workspace is not None:
+        query = query.where(table.c.workspace == scope.workspace)
+    if scope.key_id is not None:
+        query = query.where(table.c.key_id == scope.key_id)
+    query = query.order_by(table.c.window_start.desc(), table.c.account_id)
+    async with engine.connect() as conn:
+        rows = (await conn.execute(query)).all()
+    return [
+        {
+            "account_id": r.account_id,
+            "kind": r.kind,
+            "workspace": r.workspace,
+            "key_id": r.key_id,
+            "window_start": r.window_start,
+            "limit_usd": money_str(r.limit_usd),
+            "held_usd": money_str(r.held_usd),
+            "settled_usd": money_str(r.settled_usd),
+            "available_usd": money_str(r.limit_usd - r.held_usd - r.settled_usd),
+        }
+        for r in rows
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,8 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import signal
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, MutableMapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -35,13 +37,14 @@ from otel.metrics import PROMETHEUS_CONTENT_TYPE
 from otel.telemetry import Telemetry
 from router.breakers import breaker_board
 from router.chat import MAX_BODY_BYTES, parse_body, read_headers
-from router.config import Config
+from router.config import Config, ConfigError, load_config
 from router.errors import (
     GatewayError,
     capacity_error,
     invalid_api_key,
     invalid_request,
     model_not_found,
+    permission_denied,
 )
 from router.gateway import Caller, Gateway
 from router.idempotency import Claim, IdempotencyStore, RecordedAnswer
@@ -73,6 +76,7 @@ class AppSettings:
     redis_url: str | None = None
     max_in_flight: int = 512  # per workspace and process; beyond it: 503 capacity_error
     heartbeat_s: float = 5.0  # a gateway silent for 6 heartbeats is presumed dead
+    config_path: str | None = None  # where a reload (SIGHUP, or the admin API) reads from
 
 
 class _RequestIds:
@@ -134,6 +138,11 @@ async def authenticate(request: Request) -> Caller:
     The key is looked up in the keys read model on every request, so a revocation (which
     brings that model up to date before it returns) is refused at once.
     """
+    gateway: Gateway = request.app.state.gateway
+    return await _authenticate(request, gateway.config)
+
+
+async def _authenticate(request: Request, config: Config) -> Caller:
     header = request.headers.get("authorization", "")
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
@@ -141,7 +150,6 @@ async def authenticate(request: Request) -> Caller:
     key = await find_key(request.app.state.store, secret.strip())
     if key is None or key.revoked:
         raise invalid_api_key()
-    config: Config = request.app.state.config
     workspace = config.workspace(key.workspace)
     if workspace is None:
         raise invalid_api_key(f"the key's workspace {key.workspace!r} is not configured")
@@ -162,7 +170,8 @@ def create_app(settings: AppSettings) -> FastAPI:
         breakers = breaker_board(config.defaults.breaker, config.generation, settings.redis_url)
         gateway = Gateway(config, store, breakers)
         await register_instance(engine, gateway.instance_id)
-        app.state.config = config
+        app.state.settings = settings
+        app.state.retiring = set()
         app.state.store = store
         app.state.gateway = gateway
         app.state.idempotency = IdempotencyStore(engine)
@@ -179,17 +188,20 @@ def create_app(settings: AppSettings) -> FastAPI:
         keeping = asyncio.create_task(
             _keep_alive(store, gateway.instance_id, settings.heartbeat_s, stop)
         )
+        hangup = _on_hangup(app)
         try:
             await _activate_config(store, config)
             yield
         finally:
+            hangup()
             stop.set()
             await keeping
             telemetry.abort()
             await following
             await telemetry_task
             telemetry.shutdown()
-            await gateway.aclose()
+            await asyncio.gather(*app.state.retiring, return_exceptions=True)
+            await app.state.gateway.aclose()
             await stop_instance(engine, gateway.instance_id)
             await store.close()
             await engine.dispose()
@@ -245,6 +257,19 @@ def create_app(settings: AppSettings) -> FastAPI:
             return Response(orjson.dumps(body), status_code=503, media_type=_JSON)
         return Response(orjson.dumps({"status": "ready", "migration": head}), media_type=_JSON)
 
+    @app.post("/v1/admin/config/reload")
+    async def reload(request: Request) -> Response:
+        """Reload the config file (admin keys): the same as SIGHUP, with an answer."""
+        caller = await authenticate(request)
+        if caller.role != "admin":
+            raise permission_denied("reloading the config takes an admin key")
+        try:
+            previous, current = await reload_config(request.app)
+        except ConfigError as error:
+            raise invalid_request(f"config is invalid, keeping the current one: {error}") from None
+        body = {"previous_generation": previous, "generation": current}
+        return Response(orjson.dumps(body), media_type=_JSON)
+
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         caller = await authenticate(request)
@@ -258,15 +283,18 @@ def create_app(settings: AppSettings) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         request_id = _request_id(request)
-        caller = await authenticate(request)
+        state = request.app.state
+        # One gateway (one config generation) serves this request from end to end, even if
+        # a reload swaps in another meanwhile.
+        gateway: Gateway = state.gateway
+        config = gateway.config
+        caller = await _authenticate(request, config)
         call = parse_body(await _read_body(request))
         headers = read_headers(request.headers)
         if call.model_group not in caller.workspace.models or not config.model_group(
             call.model_group
         ):
             raise model_not_found(call.model_group)
-        state = request.app.state
-        gateway: Gateway = state.gateway
         claim: Claim | None = None
         if headers.idempotency_key is not None:
             lease_s = config.defaults.deadline_ms / 1000 + 30
@@ -283,7 +311,13 @@ def create_app(settings: AppSettings) -> FastAPI:
             if claim is not None:
                 await state.idempotency.abandon(claim)
             raise
-        release = _Once(lambda: capacity.release(caller.workspace.id))
+        gateway.begin()
+
+        def done() -> None:
+            capacity.release(caller.workspace.id)
+            gateway.end()
+
+        release = _Once(done)
         try:
             if call.stream:
                 started = await _unless_disconnected(
@@ -470,6 +504,52 @@ async def _keep_alive(
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(interval_s):
                 await stop.wait()
+
+
+async def reload_config(app: FastAPI) -> tuple[str, str]:
+    """Swap in the config file's current content: a new gateway (drivers, breakers of the
+    new generation, round-robin state) serves new requests; the old one finishes its own
+    and closes. Returns (previous generation, new generation). Raises ConfigError."""
+    settings: AppSettings = app.state.settings
+    if settings.config_path is None:
+        raise GatewayError(409, "reload_unavailable", "this gateway was not started from a file")
+    config = await asyncio.to_thread(load_config, settings.config_path)
+    old: Gateway = app.state.gateway
+    store: EventStore = app.state.store
+    breakers = breaker_board(config.defaults.breaker, config.generation, settings.redis_url)
+    app.state.gateway = Gateway(config, store, breakers, instance_id=old.instance_id)
+    retiring = asyncio.create_task(old.retire())
+    app.state.retiring.add(retiring)
+    retiring.add_done_callback(app.state.retiring.discard)
+    await _activate_config(store, config)
+    log.warning("config reloaded: generation %s -> %s", old.config.generation, config.generation)
+    return old.config.generation, config.generation
+
+
+def _on_hangup(app: FastAPI) -> Callable[[], None]:
+    """SIGHUP reloads the config (when serving from a file, in the main thread)."""
+    settings: AppSettings = app.state.settings
+    if settings.config_path is None or threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    loop = asyncio.get_running_loop()
+
+    async def reload() -> None:
+        try:
+            await reload_config(app)
+        except ConfigError as error:  # keep serving the config that works
+            log.error("config reload refused, keeping the current one:\n%s", error)
+
+    def on_signal() -> None:
+        task = asyncio.ensure_future(reload())
+        app.state.retiring.add(task)
+        task.add_done_callback(app.state.retiring.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_signal)
+
+    def forget() -> None:
+        loop.remove_signal_handler(signal.SIGHUP)
+
+    return forget
 
 
 async def _activate_config(store: EventStore, config: Config) -> None:

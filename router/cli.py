@@ -365,6 +365,7 @@ def serve_command(
         redis_url=os.environ.get("WAYBILL_REDIS_URL") or None,
         max_in_flight=max_in_flight,
         heartbeat_s=heartbeat_s,
+        config_path=config_file,
     )
     _serve(settings, host, port)
 

@@ -39,7 +39,7 @@ from router.breakers import Admission, BreakerBoard, BreakerKey, Transition
 from router.budgets import RequestBudget, StepRecord
 from router.chat import ChatCall, HeaderNarrowing
 from router.classify import Classification
-from router.config import Config, ModelGroup, Workspace
+from router.config import Config, Defaults, ModelGroup, Workspace
 from router.config import Mapping as ModelMapping
 from router.drivers import (
     AttemptBinding,
@@ -171,6 +171,24 @@ class Gateway:
         self._rr = WeightedRoundRobin()
         self._rng = rng or random.Random()
         self._background: set[asyncio.Task[None]] = set()
+        self._active = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # A reload retires this gateway: it finishes the requests it began (an attempt is never
+    # redirected by a reload), then closes.
+    def begin(self) -> None:
+        self._active += 1
+        self._idle.clear()
+
+    def end(self) -> None:
+        self._active -= 1
+        if self._active == 0:
+            self._idle.set()
+
+    async def retire(self) -> None:
+        await self._idle.wait()
+        await self.aclose()
 
     async def aclose(self) -> None:
         if self._background:
@@ -806,6 +824,9 @@ class _Run:
             allowed=decision.allowed,
             reason=decision.reason,
             backoff_ms=decision.backoff_ms,
+            attempts_left=max(0, self.defaults.max_attempts - self.attempt_count),
+            deadline_left_ms=self._remaining_ms(),
+            policy=_policy_applied(classification, self.defaults),
         )
 
     async def _broken_stream(
@@ -1010,6 +1031,15 @@ def _parse_traceparent(traceparent: str | None) -> tuple[str, str] | None:
 
 def _optional_str(value: object) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _policy_applied(classification: Classification, defaults: Defaults) -> str | None:
+    """The config policy a failover decision turned on, if the failure class defers to one."""
+    if classification.may_fail_over == "per_on_credentials_error":
+        return f"on_credentials_error={defaults.on_credentials_error}"
+    if classification.may_fail_over == "per_on_unknown_execution":
+        return f"on_unknown_execution={defaults.on_unknown_execution}"
+    return None
 
 
 def _failure_message(

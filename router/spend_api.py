@@ -15,7 +15,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from ledger.settlements import SettlementError, settle_unknown
-from ledger.spend import GROUP_KEYS, SpendScope, spend_csv, spend_report, unknown_settlements_page
+from ledger.spend import (
+    GROUP_KEYS,
+    SpendScope,
+    budget_balances,
+    spend_csv,
+    spend_report,
+    unknown_settlements_page,
+)
 from ledger.store import EventStore
 from router.access import read_scope
 from router.errors import GatewayError, invalid_request, permission_denied
@@ -47,6 +54,15 @@ def spend_router(authenticate: Authenticate) -> APIRouter:
         )
         if output == "csv":
             return Response(spend_csv(rows, group_by), media_type="text/csv; charset=utf-8")
+        return Response(orjson.dumps({"data": rows, "next_cursor": None}), media_type=_JSON)
+
+    @router.get("/v1/budgets")
+    async def budgets(request: Request) -> Response:
+        """Account balances: limit, held, settled and available per key and workspace."""
+        caller = await authenticate(request)
+        rows = await budget_balances(
+            _store(request).engine, scope=_scope(caller, request.query_params)
+        )
         return Response(orjson.dumps({"data": rows, "next_cursor": None}), media_type=_JSON)
 
     @router.get("/v1/settlements/unknown")

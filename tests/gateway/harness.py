@@ -8,6 +8,7 @@ import socket
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -193,22 +194,28 @@ async def running_gateway(
     *,
     redis_url: str | None = None,
     max_in_flight: int = 512,
+    config_file: Path | None = None,
     **config_options: Any,
 ) -> AsyncIterator[Gateway]:
     async with AsyncExitStack() as stack:
         upstreams = {
             name: await stack.enter_async_context(FakeUpstream(name)) for name in upstream_names
         }
-        config = parse_config(
-            config_text(upstreams, routes, **config_options), environ=ANTHROPIC_ENV
-        )
+        text = config_text(upstreams, routes, **config_options)
+        config = parse_config(text, environ=ANTHROPIC_ENV)
+        if config_file is not None:  # served from a file, so that it can be reloaded
+            await asyncio.to_thread(config_file.write_text, text)
         engine = create_engine(database_url)
         store = EventStore(engine)
         stack.push_async_callback(engine.dispose)
         stack.push_async_callback(store.close)
         key = await apikeys.create_key(store, "acme", "client")
         settings = AppSettings(
-            config, database_url, redis_url=redis_url, max_in_flight=max_in_flight
+            config,
+            database_url,
+            redis_url=redis_url,
+            max_in_flight=max_in_flight,
+            config_path=str(config_file) if config_file else None,
         )
         url = await stack.enter_async_context(serve(settings))
         gateway = Gateway(url, key.secret, key.key_id, store, upstreams, config)

@@ -357,3 +357,31 @@ async def test_a_keys_own_budget_overrides_the_workspace_default(sqlite_url: str
         assert f"key:{tight.key_id}:" in refused["message"]
         rows = await accounts(gw)
         assert [r.limit_usd for r in rows] == [worst_case(gw) * Dec(2)]
+
+
+async def test_budget_balances_show_limit_held_settled_and_available(sqlite_url: str) -> None:
+    async with (
+        running_gateway(
+            sqlite_url,
+            ["east"],
+            [Route("east")],
+            workspace_extra="    budget: {limit_usd: 5, window: month}\n"
+            "    key_budget: {limit_usd: 1, window: day}",
+        ) as gw,
+        gw.http() as http,
+    ):
+        assert (await http.post("/v1/chat/completions", json=BODY)).status_code == 200
+        rows = (await http.get("/v1/budgets")).json()["data"]
+        kinds = {r["kind"]: r for r in rows}
+        assert set(kinds) == {"key"}  # a client key sees its own key's account only
+        key = kinds["key"]
+        assert D(key["held_usd"]) == 0 and D(key["settled_usd"]) > 0
+        assert D(key["available_usd"]) == D(key["limit_usd"]) - D(key["settled_usd"])
+        from ledger import apikeys
+
+        finance = await apikeys.create_key(gw.store, "acme", "finance")
+        async with httpx.AsyncClient(
+            base_url=gw.url, headers={"Authorization": f"Bearer {finance.secret}"}
+        ) as finance_http:
+            rows = (await finance_http.get("/v1/budgets")).json()["data"]
+        assert {r["kind"] for r in rows} == {"key", "workspace"}

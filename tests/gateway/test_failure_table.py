@@ -370,6 +370,11 @@ async def test_failure_table_row(sqlite_url: str, row: Row) -> None:
         assert first_failure["evidence"] == row.evidence
         decided = next(e.data for e in events if e.type == "FailoverDecided")
         assert (decided["action"], decided["reason"]) == (row.action, row.reason)
+        assert decided["attempts_left"] == 3  # max_attempts 4, one made
+        if row.evidence == "unknown" and row.failure_class != "deadline_exceeded":
+            assert decided["policy"].startswith("on_unknown_execution=")
+        if row.failure_class == "credentials":
+            assert decided["policy"].startswith("on_credentials_error=")
         assert events[-1].type == ("RequestCompleted" if row.code is None else "RequestFailed")
 
 

@@ -80,3 +80,59 @@ def test_serve_migrates_and_answers_readyz(tmp_path: Path) -> None:
     finally:
         process.terminate()
         process.wait(timeout=20)
+
+
+def test_sighup_reloads_the_config_file(tmp_path: Path) -> None:
+    import signal
+
+    import sqlalchemy as sa
+
+    from router.fake_upstream import FakeUpstream
+    from tests.gateway.harness import Route, config_text
+
+    url = f"sqlite:///{tmp_path / 'hup.db'}"
+    port = _free_port()
+    with FakeUpstream("east") as east:
+        config = tmp_path / "waybill.yaml"
+        config.write_text(config_text({"east": east}, [Route("east")]))
+        process = subprocess.Popen(
+            [*WAYBILL, "serve", "--config", str(config), "--port", str(port)],
+            env={**os.environ, **ANTHROPIC_ENV, "WAYBILL_DATABASE_URL": url},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
+                deadline = time.monotonic() + 30
+                while True:
+                    try:
+                        if http.get("/readyz").status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    assert time.monotonic() < deadline and process.poll() is None
+                    time.sleep(0.1)
+            config.write_text(config.read_text().replace("generation: test-1", "generation: hup"))
+            process.send_signal(signal.SIGHUP)
+            engine = sa.create_engine(url)
+            deadline = time.monotonic() + 20
+            while True:
+                with engine.connect() as conn:
+                    generations = [
+                        row[0]
+                        for row in conn.execute(
+                            sa.text(
+                                "SELECT json_extract(data, '$.generation') FROM events "
+                                "WHERE type = 'ConfigActivated' ORDER BY position"
+                            )
+                        )
+                    ]
+                if generations == ["test-1", "hup"]:
+                    break
+                assert time.monotonic() < deadline, generations
+                time.sleep(0.1)
+            engine.dispose()
+            assert process.poll() is None  # still serving
+        finally:
+            process.terminate()
+            process.wait(timeout=20)
