@@ -88,6 +88,8 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
             pool_size=pool_size,
             max_overflow=pool_size,
             pool_pre_ping=True,
+            # An unreachable server must fail a request fast, not hang it.
+            connect_args={"connect_timeout": 5},
             json_serializer=_json_serializer,
             json_deserializer=orjson.loads,
         )

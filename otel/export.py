@@ -3,8 +3,8 @@
 - :func:`to_readable_spans` turns :class:`otel.spans.SpanData` into SDK ``ReadableSpan``
   objects carrying the ledger's timestamps and the deterministic ids, so any
   ``SpanExporter`` can send them.
-- :func:`trace_exporter_from_env` builds the OTLP/HTTP (protobuf) exporter from the
-  standard ``OTEL_*`` variables.
+- :func:`trace_exporter_from_env` builds the standard OTLP exporter from the ``OTEL_*``
+  variables, over ``http/protobuf`` (the default) or ``grpc`` as :func:`otlp_protocol` says.
 - :class:`TraceFollower` is the live exporter: it follows the ledger from a checkpoint (row
   ``otel_traces`` of ``projection_checkpoints``) and sends a request's spans once its
   terminal event is in the ledger. The checkpoint moves only after the collector accepted
@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, Literal
 
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
@@ -46,6 +46,7 @@ __all__ = [
     "TraceFollower",
     "WindowResult",
     "export_window",
+    "otlp_protocol",
     "read_request_streams",
     "resource_from_env",
     "to_readable_spans",
@@ -77,33 +78,44 @@ def _env(name: str) -> str:
     return os.environ.get(name, "").strip()
 
 
+OtlpProtocol = Literal["http/protobuf", "grpc"]
+
+
+def otlp_protocol(signal: Literal["TRACES", "METRICS"]) -> OtlpProtocol:
+    """The OTLP transport of one signal: ``OTEL_EXPORTER_OTLP_{signal}_PROTOCOL``, else
+    ``OTEL_EXPORTER_OTLP_PROTOCOL``, else ``http/protobuf``."""
+    protocol = _env(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL") or _env("OTEL_EXPORTER_OTLP_PROTOCOL")
+    if not protocol or protocol == "http/protobuf":
+        return "http/protobuf"
+    if protocol == "grpc":
+        return "grpc"
+    raise OtelConfigError(
+        f"OTLP protocol {protocol!r} is not supported: Waybill exports OTLP over "
+        "http/protobuf (port 4318) or grpc (port 4317); set OTEL_EXPORTER_OTLP_PROTOCOL"
+    )
+
+
 def traces_endpoint() -> str:
-    """Where spans go, resolved as the OTLP/HTTP exporter resolves it."""
+    """Where spans go, resolved as the chosen OTLP exporter resolves it (OTLP/HTTP appends
+    ``/v1/traces`` to the base endpoint; gRPC does not)."""
     specific = _env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
     if specific:
         return specific
+    if otlp_protocol("TRACES") == "grpc":
+        return _env("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4317"
     base = _env("OTEL_EXPORTER_OTLP_ENDPOINT") or "http://localhost:4318"
     return base.rstrip("/") + "/v1/traces"
 
 
-def _check_protocol(signal: str) -> None:
-    protocol = _env(f"OTEL_EXPORTER_OTLP_{signal}_PROTOCOL") or _env("OTEL_EXPORTER_OTLP_PROTOCOL")
-    if protocol and protocol != "http/protobuf":
-        raise OtelConfigError(
-            f"OTLP protocol {protocol!r} is not supported: Waybill exports OTLP over "
-            "http/protobuf (set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf, port 4318)"
-        )
-
-
 def trace_exporter_from_env(*, explicit: bool = False) -> SpanExporter | None:
-    """The OTLP/HTTP span exporter the ``OTEL_*`` variables describe, or None when trace
-    export is off.
+    """The OTLP span exporter the ``OTEL_*`` variables describe, or None when trace export
+    is off.
 
     ``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none`` turn it off. Otherwise the
     live exporter (``explicit=False``) runs only when it was asked for, by an OTLP endpoint
     variable or ``OTEL_TRACES_EXPORTER=otlp``: a gateway nobody pointed at a collector does
-    not knock at localhost:4318 forever. ``waybill otel export`` (``explicit=True``) uses
-    the OTLP default endpoint when none is set.
+    not knock at a collector's default port forever. ``waybill otel export``
+    (``explicit=True``) uses the OTLP default endpoint when none is set.
     """
     if _env("OTEL_SDK_DISABLED").lower() == "true":
         return None
@@ -119,7 +131,12 @@ def trace_exporter_from_env(*, explicit: bool = False) -> SpanExporter | None:
     )
     if not (configured or explicit):
         return None
-    _check_protocol("TRACES")
+    if otlp_protocol("TRACES") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcSpanExporter,
+        )
+
+        return GrpcSpanExporter()
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter()
@@ -187,7 +204,7 @@ def to_readable_spans(spans: Iterable[SpanData], resource: Resource) -> list[Rea
 async def _send(exporter: SpanExporter, spans: list[ReadableSpan]) -> None:
     if not spans:
         return
-    # The SDK exporters block (HTTP with retries): run them off the event loop.
+    # The SDK exporters block (a network call with retries): run them off the event loop.
     result = await asyncio.to_thread(exporter.export, spans)
     if result is not SpanExportResult.SUCCESS:
         raise ExportFailed(f"the collector did not accept {len(spans)} spans")

@@ -3,7 +3,7 @@
 :class:`LedgerMetrics` owns the instruments and records each followed event into them; one
 OpenTelemetry ``MeterProvider`` feeds two readers: a Prometheus reader on a registry of this
 process's own (rendered by :meth:`MetricsPipeline.prometheus_text`) and, when the ``OTEL_*``
-variables ask for it, a periodic OTLP/HTTP exporter.
+variables ask for it, a periodic OTLP exporter (over HTTP or gRPC).
 
 The GenAI client metrics describe the gateway's calls to its upstreams, one per attempt:
 ``gen_ai.client.token.usage`` (when the usage is known), ``gen_ai.client.operation.duration``
@@ -33,7 +33,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from ledger import events as ev
 from ledger.store import RecordedEvent
 from otel import semconv as sc
-from otel.export import OtelConfigError, resource_from_env
+from otel.export import otlp_protocol, resource_from_env
 
 __all__ = [
     "PROMETHEUS_CONTENT_TYPE",
@@ -187,25 +187,30 @@ def _env(name: str) -> str:
 
 
 def metric_exporter_from_env() -> MetricReader | None:
-    """A periodic OTLP/HTTP metric reader when the ``OTEL_*`` variables ask for one
-    (``OTEL_METRICS_EXPORTER=otlp`` or an OTLP endpoint), else None."""
+    """A periodic OTLP metric reader when the ``OTEL_*`` variables ask for one
+    (``OTEL_METRICS_EXPORTER=otlp`` or an OTLP endpoint), else None. Raises
+    :class:`otel.export.OtelConfigError` for a protocol it cannot speak."""
     if _env("OTEL_SDK_DISABLED").lower() == "true":
         return None
     chosen = [v.strip() for v in _env("OTEL_METRICS_EXPORTER").lower().split(",") if v.strip()]
     endpoint = _env("OTEL_EXPORTER_OTLP_ENDPOINT") or _env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
     if "otlp" not in chosen and (chosen or not endpoint):
         return None  # none, prometheus (GET /metrics serves it anyway), or nothing configured
-    protocol = _env("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL") or _env("OTEL_EXPORTER_OTLP_PROTOCOL")
-    if protocol and protocol != "http/protobuf":
-        raise OtelConfigError(
-            f"OTLP protocol {protocol!r} is not supported: Waybill exports OTLP over "
-            "http/protobuf (set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf, port 4318)"
-        )
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.metrics.export import MetricExporter, PeriodicExportingMetricReader
 
+    exporter: MetricExporter
+    if otlp_protocol("METRICS") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import (
+            OTLPMetricExporter as GrpcMetricExporter,
+        )
+
+        exporter = GrpcMetricExporter()
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+        exporter = OTLPMetricExporter()
     # The export interval comes from OTEL_METRIC_EXPORT_INTERVAL (default 60 s).
-    return PeriodicExportingMetricReader(OTLPMetricExporter())
+    return PeriodicExportingMetricReader(exporter)
 
 
 class MetricsPipeline:

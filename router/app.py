@@ -23,6 +23,7 @@ import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
+from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ledger import events as ev
@@ -30,7 +31,7 @@ from ledger.apikeys import find_key
 from ledger.db import create_engine, current_revision, head_revision
 from ledger.projection import ProjectionRunner
 from ledger.recovery import heartbeat, recover_abandoned_holds, register_instance, stop_instance
-from ledger.store import ANY_VERSION, EventStore
+from ledger.store import ANY_VERSION, EventStore, LedgerUnavailable
 from ledger.types import money_str
 from ledger.views import all_projections
 from otel.metrics import PROMETHEUS_CONTENT_TYPE
@@ -43,6 +44,7 @@ from router.errors import (
     capacity_error,
     invalid_api_key,
     invalid_request,
+    ledger_unavailable,
     model_not_found,
     permission_denied,
 )
@@ -227,6 +229,12 @@ def create_app(settings: AppSettings) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, error: RequestValidationError) -> Response:
         return _error_response(invalid_request("invalid request"), _request_id(request))
+
+    @app.exception_handler(LedgerUnavailable)
+    @app.exception_handler(DBAPIError)
+    async def _ledger_down(request: Request, error: Exception) -> Response:
+        log.error("ledger unavailable serving %s: %s", request.url.path, type(error).__name__)
+        return _error_response(ledger_unavailable(), _request_id(request))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, error: Exception) -> Response:

@@ -33,6 +33,10 @@ _DATA_CLASSES: Final = ("public", "internal", "restricted")
 _BYTES_PER_TOKEN: Final = 1
 _TOKENS_PER_MESSAGE: Final = 8
 _IMAGE_TOKENS: Final = 3000
+# W3C Trace Context: a tracestate of at most 32 list members, 512 characters being the
+# length every vendor must be able to propagate.
+_TRACESTATE_MAX_CHARS: Final = 512
+_TRACESTATE_MAX_MEMBERS: Final = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +51,7 @@ class HeaderNarrowing:
     regions: tuple[str, ...] | None = None
     data_class: DataClass | None = None
     traceparent: str | None = None
+    tracestate: str | None = None  # W3C, opaque; forwarded only with a valid traceparent
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +225,7 @@ def read_headers(headers: Mapping[str, str]) -> HeaderNarrowing:
         regions=_csv(headers.get("x-waybill-regions"), "X-Waybill-Regions"),
         data_class=_data_class(headers.get("x-waybill-data-class")),
         traceparent=headers.get("traceparent"),
+        tracestate=_tracestate(headers.get("tracestate")),
     )
 
 
@@ -288,3 +294,16 @@ def _data_class(value: str | None) -> DataClass | None:
     if text == "restricted":
         return "restricted"
     raise _bad_header("X-Waybill-Data-Class", f"must be one of {', '.join(_DATA_CLASSES)}")
+
+
+def _tracestate(value: str | None) -> str | None:
+    """The caller's ``tracestate``, to forward unchanged; None if absent, empty, over the
+    W3C limits or not printable ASCII. Its entries are other vendors' and opaque: the value
+    is dropped, never trimmed or refused (trace context must not fail a request)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if len(value) > _TRACESTATE_MAX_CHARS or not (value.isascii() and value.isprintable()):
+        return None
+    members = [member for member in value.split(",") if member.strip()]
+    return value if 0 < len(members) <= _TRACESTATE_MAX_MEMBERS else None

@@ -23,6 +23,7 @@ __all__ = [
     "idempotency_conflict",
     "invalid_api_key",
     "invalid_request",
+    "ledger_unavailable",
     "model_not_found",
     "no_eligible_route",
     "permission_denied",
@@ -160,6 +161,18 @@ def budget_exceeded(message: str) -> GatewayError:
 def capacity_error(message: str) -> GatewayError:
     # The gateway's own bounded resources: a retry a moment later is sensible.
     return GatewayError(503, "capacity_error", message, retry_after_s=1, should_retry=True)
+
+
+def ledger_unavailable() -> GatewayError:
+    # Without the ledger nothing may be reserved or recorded, so no upstream is called: the
+    # request fails fast, and a retry a moment later is sensible.
+    return GatewayError(
+        503,
+        "ledger_unavailable",
+        "the ledger's database is unreachable; nothing was sent upstream",
+        retry_after_s=1,
+        should_retry=True,
+    )
 
 
 def deadline_exceeded(message: str = "the whole-request deadline ran out") -> GatewayError:

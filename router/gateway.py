@@ -33,7 +33,7 @@ import orjson
 
 from ledger import events as ev
 from ledger.accounting import BudgetDenied, Effect, HoldStateError, usage_cost
-from ledger.store import ANY_VERSION, NO_STREAM, EventStore
+from ledger.store import ANY_VERSION, NO_STREAM, EventStore, LedgerUnavailable
 from otel.ids import attempt_span_id, request_trace_id, upstream_traceparent
 from router.breakers import Admission, BreakerBoard, BreakerKey, Transition
 from router.budgets import RequestBudget, StepRecord
@@ -56,6 +56,7 @@ from router.errors import (
     budget_exceeded,
     deadline_exceeded,
     error_for_failure,
+    ledger_unavailable,
     no_eligible_route,
     upstream_unavailable,
 )
@@ -218,6 +219,7 @@ class Gateway:
         task = asyncio.ensure_future(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        task.add_done_callback(_log_failure)
 
     async def _record_transitions(self, transitions: list[Transition], request_id: str) -> None:
         if not transitions:
@@ -289,6 +291,8 @@ class _Run:
         self._metadata = {"config_generation": config.generation}
         caller_trace = _parse_traceparent(headers.traceparent)
         self.caller_trace_id = caller_trace[0] if caller_trace else None
+        # W3C: a tracestate goes with the traceparent it came with, never alone.
+        self.caller_tracestate = headers.tracestate if caller_trace else None
         self._pending: list[ev.Event] = [
             ev.RequestReceived(
                 request_id=request_id,
@@ -328,11 +332,24 @@ class _Run:
             await self.gw.store.append(
                 self._stream_id, expected, events, metadata=self._metadata, effects=all_effects
             )
-        except (BudgetDenied, HoldStateError):
-            # Refused by the books: nothing was written; what was queued stays queued.
+        except (BudgetDenied, HoldStateError, LedgerUnavailable):
+            # Refused by the books, or the database is down: taken as not written (a commit
+            # whose answer was lost is caught by the version check of the next append);
+            # what was queued stays queued.
             self._version = expected
             self._pending, self._pending_effects = pending, effects
             raise
+
+    async def _flush_patiently(self, *more: ev.Event) -> None:
+        """The end of an abandoned request, retried while the ledger is unreachable (its
+        hold stays counted meanwhile, and crash recovery is the last resort)."""
+        for delay in (0.5, 1, 2, 4, 8, 16):
+            try:
+                await self._flush(*more)
+                return
+            except LedgerUnavailable:
+                await asyncio.sleep(delay)
+        await self._flush(*more)
 
     def _remaining_ms(self) -> int:
         return max(0, int((self.deadline - time.monotonic()) * 1000))
@@ -400,7 +417,7 @@ class _Run:
             error = GatewayError(499, "client_canceled", "the client closed the connection")
         else:
             error = GatewayError(500, "internal_error", "internal error", error_type="api_error")
-        self.gw._keep(self._flush(self._request_failed(error)))
+        self.gw._keep(self._flush_patiently(self._request_failed(error)))
 
     async def _complete(self) -> Completion:
         route: _Route | None = None
@@ -626,6 +643,9 @@ class _Run:
         )
         try:
             await self._flush(started, step=reservation)
+        except LedgerUnavailable:
+            self.budget.forget(attempt_id)  # no reservation, so no upstream call
+            raise
         except BudgetDenied as refusal:
             self.budget.forget(attempt_id)
             self._pending.append(
@@ -666,6 +686,7 @@ class _Run:
                 stream_idle_timeout_s=defaults.stream_idle_timeout_ms / 1000,
             ),
             traceparent=upstream_traceparent(trace_id, attempt_span_id(attempt.attempt_id)),
+            tracestate=self.caller_tracestate,
         )
 
     def _cost(self, mapping: ModelMapping, usage: ev.Usage | None) -> Decimal | None:
@@ -719,18 +740,23 @@ class _Run:
             self._record(self.budget.settle(attempt.attempt_id, cost, usage))
         else:  # the upstream answered but did not say what it used
             self._record(self.budget.hold_unknown(attempt.attempt_id, "usage_not_reported"))
-        await self._flush(
-            ev.RequestCompleted(
-                request_id=self.request_id,
-                endpoint=route.choice.endpoint,
-                model=route.mapping.model,
-                attempts=self.attempt_count,
-                usage=usage,
-                cost_usd=cost,
-                finish_reason=finish_reason,
-                duration_ms=self._elapsed_ms(),
-            ),
+        completed = ev.RequestCompleted(
+            request_id=self.request_id,
+            endpoint=route.choice.endpoint,
+            model=route.mapping.model,
+            attempts=self.attempt_count,
+            usage=usage,
+            cost_usd=cost,
+            finish_reason=finish_reason,
+            duration_ms=self._elapsed_ms(),
         )
+        try:
+            await self._flush(completed)
+        except LedgerUnavailable:
+            # The answer cannot be acknowledged unrecorded, so the client gets a 503; the
+            # attempt and its cost are still recorded once the ledger is back.
+            self.gw._keep(self._flush_patiently(self._request_failed(ledger_unavailable())))
+            raise
         await self._report_breakers(route, None)
 
     def _attempt_finished(
@@ -871,7 +897,11 @@ class _Run:
         """Record the request's failure; returns the error for the caller to raise."""
         error.with_attempts(tuple(self.tally.summaries))
         self.ended = True
-        await self._flush(self._request_failed(error))
+        try:
+            await self._flush(self._request_failed(error))
+        except LedgerUnavailable:
+            self.gw._keep(self._flush_patiently(self._request_failed(error)))
+            raise
         return error
 
     def _request_failed(
@@ -1031,6 +1061,11 @@ def _parse_traceparent(traceparent: str | None) -> tuple[str, str] | None:
 
 def _optional_str(value: object) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("recording the end of a request failed", exc_info=task.exception())
 
 
 def _policy_applied(classification: Classification, defaults: Defaults) -> str | None:

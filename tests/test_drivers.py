@@ -52,6 +52,7 @@ def _binding(
     first: float = 5.0,
     idle: float = 5.0,
     traceparent: str | None = None,
+    tracestate: str | None = None,
     **extra: object,
 ) -> AttemptBinding:
     return AttemptBinding(
@@ -60,6 +61,7 @@ def _binding(
         attempt_id="att_123",
         timeouts=AttemptTimeouts(attempt, first, idle),
         traceparent=traceparent,
+        tracestate=tracestate,
     )
 
 
@@ -109,7 +111,9 @@ async def _complete_failure(driver: Driver, binding: AttemptBinding) -> Upstream
 async def test_buffered_completion_translates_content_usage_and_ids(driver, kind):
     async with FakeUpstream("east") as up:
         tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-        result = await driver.complete(_request(), _binding(up, kind, traceparent=tp))
+        ts = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
+        binding = _binding(up, kind, traceparent=tp, tracestate=ts)
+        result = await driver.complete(_request(), binding)
         sent = up.requests[-1]
     message = result.response["choices"][0]["message"]
     assert isinstance(message["content"], str) and message["content"]
@@ -120,6 +124,7 @@ async def test_buffered_completion_translates_content_usage_and_ids(driver, kind
     assert result.response_id
     assert sent.headers.get("x-waybill-attempt-id") == "att_123"
     assert sent.headers.get("traceparent") == tp
+    assert sent.headers.get("tracestate") == ts
 
 
 async def test_openai_driver_sends_bearer_auth():

@@ -75,6 +75,7 @@ class AttemptBinding:
     attempt_id: str
     timeouts: AttemptTimeouts
     traceparent: str | None = None
+    tracestate: str | None = None  # the caller's, forwarded unchanged beside traceparent
     extra_headers: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -205,6 +206,8 @@ class Driver(ABC):
         headers[ATTEMPT_ID_HEADER] = binding.attempt_id
         if binding.traceparent:
             headers["traceparent"] = binding.traceparent
+            if binding.tracestate:
+                headers["tracestate"] = binding.tracestate
         return headers
 
     async def _open(

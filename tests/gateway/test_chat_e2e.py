@@ -86,6 +86,37 @@ async def test_attempt_id_and_traceparent_are_sent_upstream(database_url):
         assert events[0].data["trace_id"] == "0af7651916cd43dd8448eb211c80319c"
 
 
+async def test_tracestate_is_forwarded_unchanged_to_every_attempt_with_the_traceparent(
+    database_url,
+):
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    tracestate = "congo=t61rcWkgMzE, rojo=00f067aa0ba902b7"
+    async with running_gateway(
+        database_url, ["east", "west"], [Route("east", tier=0), Route("west", tier=1)]
+    ) as gw:
+
+        async def sent(headers: dict[str, str]) -> Any:
+            raw = await gw.client().chat.completions.with_raw_response.create(
+                model="chat", messages=MESSAGES, extra_headers=headers
+            )
+            return gw.upstreams[raw.headers["x-waybill-endpoint"]].requests[-1].headers
+
+        gw.upstreams["east"].set_plan([Behavior.rate_limited()])
+        answered = await sent({"traceparent": traceparent, "tracestate": tracestate})
+        failed = gw.upstreams["east"].requests[-1].headers  # the attempt that failed over
+        assert failed["tracestate"] == answered["tracestate"] == tracestate
+
+        # Without a valid traceparent, a tracestate has nothing to belong to.
+        for alone in ({"tracestate": tracestate}, {"traceparent": "00-bad", "tracestate": "a=b"}):
+            headers = await sent(alone)
+            assert "traceparent" in headers and "tracestate" not in headers
+
+        # Over the W3C limits (32 list members, 512 characters) it is dropped, not trimmed.
+        for oversize in (",".join(f"v{i}=x" for i in range(33)), "v=" + "x" * 511):
+            headers = await sent({"traceparent": traceparent, "tracestate": oversize})
+            assert "tracestate" not in headers
+
+
 async def test_stream_with_include_usage_ends_with_the_usage_chunk(database_url):
     async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
         stream = await gw.client().chat.completions.create(

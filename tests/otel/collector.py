@@ -1,6 +1,6 @@
 """A real OpenTelemetry collector for end-to-end tests: the ``rotel`` agent from PyPI.
 
-The agent is a separate process that receives OTLP over HTTP (and gRPC) on 127.0.0.1. Its
+The agent is a separate process that receives OTLP over HTTP and gRPC on 127.0.0.1. Its
 exporter is the blackhole; what it received is handed to ``rotel_processor.py``, a Python
 span (and metric) processor run inside the agent, which appends each span as a JSON line to
 a file the test reads.
@@ -35,24 +35,39 @@ PROCESSOR = Path(__file__).resolve().with_name("rotel_processor.py")
 Span = dict[str, Any]
 
 
+def _accepts(port: int) -> bool:
+    with (
+        contextlib.suppress(OSError),
+        socket.create_connection(("127.0.0.1", port), timeout=0.2),
+    ):
+        return True
+    return False
+
+
 class Collector:
     def __init__(self, directory: Path, http_port: int | None = None) -> None:
         self.directory = directory
         self.http_port = http_port or closed_port()
+        self.grpc_port = closed_port()
         self.spans_file = directory / "spans.jsonl"
         self._process: asyncio.subprocess.Process | None = None
 
     @property
     def endpoint(self) -> str:
-        """The base URL for ``OTEL_EXPORTER_OTLP_ENDPOINT``."""
+        """The base URL for ``OTEL_EXPORTER_OTLP_ENDPOINT`` (OTLP/HTTP)."""
         return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_endpoint(self) -> str:
+        """The endpoint for ``OTEL_EXPORTER_OTLP_ENDPOINT`` with ``..._PROTOCOL=grpc``."""
+        return f"http://127.0.0.1:{self.grpc_port}"
 
     async def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
             "ROTEL_OTLP_HTTP_ENDPOINT": f"127.0.0.1:{self.http_port}",
-            "ROTEL_OTLP_GRPC_ENDPOINT": f"127.0.0.1:{closed_port()}",
+            "ROTEL_OTLP_GRPC_ENDPOINT": f"127.0.0.1:{self.grpc_port}",
             "ROTEL_EXPORTER": "blackhole",
             "ROTEL_OTLP_WITH_TRACE_PROCESSOR": str(PROCESSOR),
             "ROTEL_OTLP_WITH_METRICS_PROCESSOR": str(PROCESSOR),
@@ -72,12 +87,7 @@ class Collector:
             if self._process.returncode is not None:
                 output = (self.directory / "rotel.out").read_text(errors="replace")
                 raise RuntimeError(f"rotel exited with {self._process.returncode}: {output}")
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection(("127.0.0.1", self.http_port), timeout=0.2),
-            ):
-                return True
-            return False
+            return all(map(_accepts, (self.http_port, self.grpc_port)))
 
         await eventually(listening, within_s=15, interval=0.05)
 

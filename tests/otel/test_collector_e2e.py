@@ -1,5 +1,6 @@
 """Traces and metrics end to end: a real gateway, fake providers over real HTTP, and a real
-OpenTelemetry collector process (rotel) receiving OTLP/HTTP from the gateway and the CLI."""
+OpenTelemetry collector process (rotel) receiving OTLP over HTTP and gRPC from the gateway
+and the CLI."""
 
 from __future__ import annotations
 
@@ -43,13 +44,19 @@ async def collector(tmp_path: Path) -> AsyncIterator[Collector]:
         yield running
 
 
-def _otel_env(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
+def _otel_env(
+    monkeypatch: pytest.MonkeyPatch, endpoint: str, protocol: str = "http/protobuf"
+) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "2")
     monkeypatch.setenv("OTEL_SERVICE_NAME", "waybill-e2e")
     monkeypatch.setenv("OTEL_METRICS_EXPORTER", "none")
-    for name in ("OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+    for name in ("OTEL_TRACES_EXPORTER", "OTEL_SDK_DISABLED"):
         monkeypatch.delenv(name, raising=False)
+    for signal in ("TRACES", "METRICS"):
+        for setting in ("ENDPOINT", "PROTOCOL"):
+            monkeypatch.delenv(f"OTEL_EXPORTER_OTLP_{signal}_{setting}", raising=False)
 
 
 async def _chat(gw: Gateway, headers: dict[str, str] | None = None) -> str:
@@ -163,6 +170,28 @@ async def test_a_request_without_traceparent_gets_a_trace_of_its_own(
     assert sent == f"00-{request['trace_id']}-{attempt['span_id']}-01"
 
 
+async def test_traces_and_metrics_reach_the_collector_over_grpc(
+    sqlite_url: str, collector: Collector, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _otel_env(monkeypatch, collector.grpc_endpoint, protocol="grpc")  # rotel's gRPC receiver
+    monkeypatch.setenv("OTEL_METRICS_EXPORTER", "otlp")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "200")
+    async with running_gateway(sqlite_url, ["east"], [Route("east")]) as gw:
+        request_id = await _chat(gw, {"traceparent": TRACEPARENT})
+        spans = await collector.wait_for_request(request_id, 2)
+        sent = gw.upstreams["east"].requests[-1].headers["traceparent"]
+        await collector.wait_until(lambda c: "gen_ai.client.operation.duration" in c.metric_names())
+    request = _one(spans, "chat chat")
+    attempt = _one(spans, "chat fake-model")
+    assert {s["trace_id"] for s in spans} == {CALLER_TRACE}
+    assert (request["kind"], request["parent_span_id"]) == (SERVER, CALLER_SPAN)
+    assert request["span_id"] == request_span_id(request_id)
+    assert (attempt["kind"], attempt["parent_span_id"]) == (CLIENT, request["span_id"])
+    assert attempt["attributes"]["gen_ai.request.model"] == "fake-model"
+    assert sent == f"00-{CALLER_TRACE}-{attempt['span_id']}-01"
+    assert request["resource"]["service.name"] == "waybill-e2e"
+
+
 async def _lag(gw: Gateway, follower: str) -> int | None:
     async with gw.http() as http:
         response = await http.get("/metrics", headers={"authorization": ""})
@@ -208,18 +237,19 @@ async def test_spans_wait_in_the_ledger_while_the_collector_is_down_and_are_neve
 
 
 async def _waybill(
-    *args: str, database_url: str, endpoint: str
+    *args: str, database_url: str, endpoint: str, protocol: str = "http/protobuf"
 ) -> subprocess.CompletedProcess[str]:
-    return await asyncio.to_thread(_run_waybill, args, database_url, endpoint)
+    return await asyncio.to_thread(_run_waybill, args, database_url, endpoint, protocol)
 
 
 def _run_waybill(
-    args: tuple[str, ...], database_url: str, endpoint: str
+    args: tuple[str, ...], database_url: str, endpoint: str, protocol: str
 ) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "WAYBILL_DATABASE_URL": database_url,
         "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
         "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
         "OTEL_SERVICE_NAME": "waybill-replay",
         "COLUMNS": "200",
@@ -293,6 +323,46 @@ async def test_waybill_otel_export_replays_a_past_window_with_the_same_spans(
         assert sorted(map(_comparable, replay.spans_of(late))) == sorted(
             map(_comparable, collector.spans_of(late))
         )
+
+
+async def test_waybill_otel_export_speaks_grpc_and_refuses_an_unknown_protocol(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    engine = create_engine(sqlite_url)
+    store = EventStore(engine)
+    trail = await store.append("request-r1", NO_STREAM, factories.succeeded_trail("r1"))
+    await store.close()
+    await engine.dispose()
+    expected = to_readable_spans(request_spans(trail), Resource({}))
+
+    async with Collector(tmp_path / "grpc") as collector:
+        sent = await _waybill(
+            "otel",
+            "export",
+            database_url=sqlite_url,
+            endpoint=collector.grpc_endpoint,
+            protocol="grpc",
+        )
+        assert sent.returncode == 0, sent.stderr
+        assert f"exported 2 spans of 1 requests to {collector.grpc_endpoint}\n" in sent.stdout
+        spans = await collector.wait_for_request("r1", 2)
+    assert {(s["span_id"], s["name"], s["start"], s["end"]) for s in spans} == {
+        (format(s.context.span_id, "016x"), s.name, s.start_time, s.end_time)
+        for s in expected
+        if s.context is not None
+    }
+    assert {s["resource"]["service.name"] for s in spans} == {"waybill-replay"}
+
+    refused = await _waybill(
+        "otel",
+        "export",
+        database_url=sqlite_url,
+        endpoint=collector.endpoint,
+        protocol="http/json",
+    )
+    assert refused.returncode == 1
+    assert "OTLP protocol 'http/json' is not supported" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 async def test_waybill_otel_export_fails_in_one_line(sqlite_url: str, tmp_path: Path) -> None:
