@@ -1,0 +1,566 @@
+"""Gateway overhead benchmark: the same load sent directly to a fake provider and through Waybill.
+
+    .venv/bin/python bench/gateway_bench.py [--backend postgres|sqlite] [--seconds 5]
+        [--concurrency 1,16,64] [--modes buffered,streaming] [--json]
+        [--plot bench/gateway_latency.png] [--profile PATH.speedscope.json]
+
+Four processes: the fake provider (``python -m router.fake_upstream``), the gateway
+(``waybill serve``, ledger on a fresh database), this orchestrator, and for each cell a
+closed-loop keep-alive load generator (``bench/loadgen.py``). For every mode and concurrency
+the load goes first straight to the fake, then through the gateway; per cell: requests/s,
+p50 / p99 latency, the added p50 latency, the gateway's CPU ms per request (utime + stime of
+the ``waybill serve`` process from /proc, from the cell's start until the gateway is idle
+again, so deferred work such as projections is included), and gateway/direct throughput.
+
+A cell is valid only if every response was a complete 200 and the ledger gained exactly one
+``RequestCompleted`` (and no ``RequestFailed``) per request sent through the gateway.
+With ``--profile``, one more buffered cell at concurrency 16 runs through the gateway under
+``py-spy record`` and the hottest functions are summarised (see ``bench/profile_summary.py``).
+A benchmark, not a test: figures vary with the machine; compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, cast
+
+import psycopg
+from sqlalchemy import func, select
+from sqlalchemy.engine import make_url
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.profile_summary import summarize
+from ledger import apikeys
+from ledger.db import create_engine, migrate
+from ledger.schema import events
+from ledger.store import EventStore
+from router.fake_upstream import FakeUpstream
+from tests.gateway.harness import ANTHROPIC_ENV, Route, closed_port, config_text
+
+PG_ADMIN = os.environ.get(
+    "WAYBILL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+BENCH = Path(__file__).resolve().parent
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+# --- the processes ----------------------------------------------------------------------
+
+
+class _Child:
+    """A process this benchmark started, with its CPU time read from /proc."""
+
+    def __init__(
+        self, args: Sequence[str], log: Path, env: dict[str, str] | None = None, *, pipe: bool
+    ) -> None:
+        self.log = log
+        self._log_file = log.open("wb")
+        stdout = subprocess.PIPE if pipe else self._log_file  # pipe: we read its first line
+        self.popen = subprocess.Popen(list(args), stdout=stdout, stderr=self._log_file, env=env)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def cpu_s(self) -> float:
+        return _process_cpu_s(self.pid)
+
+    def settle(self, quiet_s: float = 0.5, within_s: float = 30.0) -> None:
+        """Wait until the process is (nearly) idle: deferred work from the last cell is done."""
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            before = self.cpu_s()
+            time.sleep(quiet_s)
+            if self.cpu_s() - before <= 0.02 * quiet_s + 1 / _CLK_TCK:
+                return
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self._log_file.close()
+
+
+def _start_fake(tmp: Path) -> tuple[_Child, str]:
+    fake = _Child(
+        [sys.executable, "-m", "router.fake_upstream", "--port", "0", "--name", "fake"],
+        tmp / "fake.log",
+        pipe=True,
+    )
+    assert fake.popen.stdout is not None
+    line = fake.popen.stdout.readline().decode().strip()  # "listening http://HOST:PORT"
+    if not line.startswith("listening "):
+        fake.stop()
+        raise SystemExit(f"fake provider did not start: {fake.log.read_text()[-2000:]}")
+    return fake, line.removeprefix("listening ")
+
+
+class _RemoteUpstream:
+    """Where a fake provider in another process listens, shaped for ``config_text``."""
+
+    def __init__(self, root_url: str) -> None:
+        self.root_url = root_url
+        self.base_url = f"{root_url}/v1"
+
+
+def _start_gateway(tmp: Path, database_url: str, fake_root: str) -> tuple[_Child, str]:
+    upstreams = {"fake": cast(FakeUpstream, _RemoteUpstream(fake_root))}
+    config = tmp / "waybill.yaml"
+    config.write_text(config_text(upstreams, [Route("fake")], generation="bench-1"))
+    # What a plain `waybill serve` gets: no Redis, no OTLP export (metrics stay on).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "WAYBILL_"))}
+    env.update(ANTHROPIC_ENV)
+    waybill = Path(sys.executable).with_name("waybill")
+    command = str(waybill) if waybill.exists() else shutil.which("waybill") or "waybill"
+    port = closed_port()
+    serve = ["serve", "--config", str(config), "--database-url", database_url]
+    serve += ["--port", str(port), "--no-migrate"]
+    gateway = _Child([command, *serve], tmp / "gateway.log", env, pipe=False)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if gateway.popen.poll() is not None:
+            break
+        try:
+            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as answer:
+                if answer.status == 200:
+                    return gateway, url
+        except OSError:
+            time.sleep(0.1)
+    gateway.stop()
+    raise SystemExit(f"gateway did not become ready: {gateway.log.read_text()[-2000:]}")
+
+
+def _post(url: str) -> None:
+    request = urllib.request.Request(url, data=b"", method="POST")
+    with urllib.request.urlopen(request, timeout=5):
+        pass
+
+
+# --- the ledger ---------------------------------------------------------------------------
+
+
+def _fresh_database(backend: str, tmp: Path) -> str:
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp / 'gateway_bench.db'}"
+    else:
+        admin = make_url(PG_ADMIN)
+        with psycopg.connect(
+            admin.set(drivername="postgresql").render_as_string(False), autocommit=True
+        ) as conn:
+            conn.execute("DROP DATABASE IF EXISTS waybill_gateway_bench WITH (FORCE)")
+            conn.execute("CREATE DATABASE waybill_gateway_bench")
+        url = admin.set(database="waybill_gateway_bench").render_as_string(False)
+    migrate(url)
+    return url
+
+
+async def _create_key(database_url: str) -> str:
+    engine = create_engine(database_url)
+    store = EventStore(engine)
+    try:
+        return (await apikeys.create_key(store, "acme", "client")).secret
+    finally:
+        await store.close()
+        await engine.dispose()
+
+
+async def _outcomes(database_url: str, at_least: tuple[int, int] | None = None) -> tuple[int, int]:
+    """(RequestCompleted, RequestFailed) in the ledger; with ``at_least``, wait (up to 30 s)
+    until the completed count reaches it: a stream's last events may follow its last byte."""
+    engine = create_engine(database_url, pool_size=1)
+    query = (
+        select(events.c.type, func.count())
+        .where(events.c.type.in_(("RequestCompleted", "RequestFailed")))
+        .group_by(events.c.type)
+    )
+    deadline = time.monotonic() + 30
+    try:
+        while True:
+            async with engine.connect() as conn:
+                counts = {kind: n for kind, n in await conn.execute(query)}
+            found = (counts.get("RequestCompleted", 0), counts.get("RequestFailed", 0))
+            if at_least is None or sum(found) >= sum(at_least) or time.monotonic() > deadline:
+                return found
+            await asyncio.sleep(0.1)
+    finally:
+        await engine.dispose()
+
+
+# --- one cell ---------------------------------------------------------------------------
+
+
+def _load(
+    url: str,
+    model: str,
+    api_key: str | None,
+    stream: bool,
+    concurrency: int,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Run the load generator in its own process; its JSON summary."""
+    command = [sys.executable, str(BENCH / "loadgen.py"), "--url", f"{url}/chat/completions"]
+    command += ["--model", model, "--concurrency", str(concurrency)]
+    command += ["--seconds", str(args.seconds), "--warmup", str(args.warmup)]
+    if api_key:
+        command += ["--api-key", api_key]
+    if stream:
+        command.append("--stream")
+    done = subprocess.run(command, capture_output=True, check=True, timeout=args.seconds + 120)
+    return cast(dict[str, Any], json.loads(done.stdout))
+
+
+@dataclass(frozen=True)
+class _Usage:
+    """CPU seconds used so far, read together: the whole machine and each of our processes."""
+
+    wall: float
+    machine: float
+    gateway: float
+    fake: float
+    bench: float  # this orchestrator and the load generators it has waited for
+
+    def since(self, start: _Usage, requests: int, postgres_s: float = 0.0) -> dict[str, float]:
+        """CPU ms per request of each process over the window, and how many cores the rest of
+        the machine (other users' work) kept busy meanwhile."""
+        wall = self.wall - start.wall
+        spent = {name: getattr(self, name) - getattr(start, name) for name in ("gateway", "fake")}
+        spent["postgres"] = postgres_s
+        spent["bench"] = self.bench - start.bench
+        others = (self.machine - start.machine) - sum(spent.values())
+        out = {f"{name}_cpu_ms_per_request": _per_request(v, requests) for name, v in spent.items()}
+        out["other_load_cores"] = round(max(others, 0.0) / max(wall, 1e-9), 2)
+        return out
+
+
+def _machine_busy_s() -> float:
+    # /proc/stat "cpu" line: user nice system idle iowait irq softirq steal ...
+    values = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(values) - values[3] - values[4]) / _CLK_TCK
+
+
+def _process_cpu_s(pid: int | str) -> float:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rfind(")") + 2 :].split()  # fields[0] is field 3 (state)
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime + stime
+
+
+class _BackendCpu:
+    """CPU seconds of the PostgreSQL backends serving ``database`` (their title names it),
+    sampled every 100 ms by a thread: the gateway's pool opens and closes overflow connections
+    during a cell, and a backend that exits takes its counters with it, so at most its last
+    100 ms is missed."""
+
+    def __init__(self, database: str) -> None:
+        self._needle = f" {database} ".encode()
+        self._first: dict[str, float] = {}
+        self._last: dict[str, float] = {}
+        self._not_postgres: set[str] = set()  # read each process's title once, not every scan
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample_until_stopped, daemon=True)
+
+    def __enter__(self) -> _BackendCpu:
+        self._first = self._scan()  # backends already running count from here
+        self._last = dict(self._first)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._last.update(self._scan())
+
+    @property
+    def seconds(self) -> float:
+        return sum(last - self._first.get(pid, 0.0) for pid, last in self._last.items())
+
+    def _sample_until_stopped(self) -> None:
+        while not self._stop.wait(0.1):
+            self._last.update(self._scan())
+
+    def _scan(self) -> dict[str, float]:
+        found = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or entry.name in self._not_postgres:
+                continue
+            try:
+                title = (entry / "cmdline").read_bytes()
+                if b"postgres" not in title:
+                    self._not_postgres.add(entry.name)
+                elif title.startswith(b"postgres:") and self._needle in title:
+                    found[entry.name] = _process_cpu_s(entry.name)
+            except OSError:  # the process ended while we looked
+                continue
+        return found
+
+
+@dataclass
+class Cell:
+    mode: str
+    concurrency: int
+    direct: dict[str, Any] = field(default_factory=dict)
+    gateway: dict[str, Any] = field(default_factory=dict)
+    direct_cpu: dict[str, float] = field(default_factory=dict)
+    gateway_cpu: dict[str, float] = field(default_factory=dict)
+    ledger_completed: int = 0
+    ledger_failed: int = 0
+
+    @property
+    def added_p50_ms(self) -> float:
+        return round(float(self.gateway["p50_ms"]) - float(self.direct["p50_ms"]), 3)
+
+    @property
+    def throughput_ratio(self) -> float:
+        return round(float(self.gateway["rps"]) / max(float(self.direct["rps"]), 1e-9), 3)
+
+    @property
+    def gateway_cpu_ms_per_request(self) -> float:
+        return self.gateway_cpu["gateway_cpu_ms_per_request"]
+
+    @property
+    def valid(self) -> bool:
+        sent = self.gateway["sent"]
+        return (
+            self.direct["ok"]
+            and self.gateway["ok"]
+            and self.ledger_completed == sent
+            and self.ledger_failed == 0
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.update(
+            added_p50_ms=self.added_p50_ms, throughput_ratio=self.throughput_ratio, valid=self.valid
+        )
+        return out
+
+
+@dataclass
+class _Run:
+    args: argparse.Namespace
+    database_url: str
+    api_key: str
+    fake: _Child
+    fake_url: str
+    gateway: _Child
+    gateway_url: str
+
+    def usage(self) -> _Usage:
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return _Usage(
+            wall=time.monotonic(),
+            machine=_machine_busy_s(),
+            gateway=self.gateway.cpu_s(),
+            fake=self.fake.cpu_s(),
+            bench=time.process_time() + children.ru_utime + children.ru_stime,
+        )
+
+    def direct(self, cell: Cell) -> None:
+        stream = cell.mode == "streaming"
+        self.gateway.settle()
+        _post(f"{self.fake_url}/_fake/reset")  # its request log would only grow
+        start = self.usage()
+        fake_api = f"{self.fake_url}/v1"
+        cell.direct = _load(fake_api, "fake-model", None, stream, cell.concurrency, self.args)
+        cell.direct_cpu = self.usage().since(start, cell.direct["sent"])
+
+    def through_gateway(self, cell: Cell) -> None:
+        stream = cell.mode == "streaming"
+        self.gateway.settle()
+        _post(f"{self.fake_url}/_fake/reset")
+        before = asyncio.run(_outcomes(self.database_url))
+        # SQLite runs inside the gateway's process; "" matches no PostgreSQL backend then.
+        database = make_url(self.database_url).database if self.args.backend == "postgres" else ""
+        with _BackendCpu(database or "") as postgres:
+            start = self.usage()
+            api = f"{self.gateway_url}/v1"
+            cell.gateway = _load(api, "chat", self.api_key, stream, cell.concurrency, self.args)
+            sent = cell.gateway["sent"]
+            after = asyncio.run(_outcomes(self.database_url, (before[0] + sent, before[1])))
+            # Until the gateway is idle again: work it deferred (projections) is a cost too.
+            self.gateway.settle()
+            end = self.usage()
+        cell.gateway_cpu = end.since(start, sent, postgres.seconds)
+        cell.ledger_completed = after[0] - before[0]
+        cell.ledger_failed = after[1] - before[1]
+
+    def profile(self, output: Path) -> dict[str, Any]:
+        """One more buffered c16 cell through the gateway, sampled by py-spy."""
+        py_spy = Path(sys.executable).with_name("py-spy")
+        command = str(py_spy) if py_spy.exists() else shutil.which("py-spy") or "py-spy"
+        self.gateway.settle()
+        _post(f"{self.fake_url}/_fake/reset")
+        duration = max(1, round(self.args.warmup + self.args.seconds))
+        record = [command, "record", "--pid", str(self.gateway.pid), "--rate", "200"]
+        record += ["--format", "speedscope", "--output", str(output), "--duration", str(duration)]
+        spy = subprocess.Popen(record, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(0.5)  # let py-spy attach before the load starts
+        load = _load(f"{self.gateway_url}/v1", "chat", self.api_key, False, 16, self.args)
+        _, error = spy.communicate(timeout=duration + 60)
+        if spy.returncode != 0:
+            raise SystemExit(f"py-spy failed: {error.decode()[-2000:]}")
+        return {"file": str(output), "load": load, **summarize(json.loads(output.read_text()))}
+
+
+def _per_request(cpu_s: float, requests: int) -> float:
+    return round(cpu_s * 1000 / max(requests, 1), 3)
+
+
+# --- output -----------------------------------------------------------------------------
+
+_COLUMNS = (
+    ("mode", 9), ("c", 3), ("direct rps", 10), ("gateway rps", 11), ("ratio", 6),
+    ("direct p50/p99 ms", 18), ("gateway p50/p99 ms", 19), ("added p50 ms", 12),
+    ("gw CPU ms/req", 13), ("pg CPU ms/req", 13), ("other load", 10), ("ledger", 14),
+)  # fmt: skip
+
+
+def _table(cells: Sequence[Cell]) -> str:
+    """One line per cell; "other load" is the cores kept busy by processes outside the
+    benchmark during the gateway phase (the machine has two)."""
+    lines = ["  ".join(f"{name:>{width}}" for name, width in _COLUMNS)]
+    for cell in cells:
+        d, g = cell.direct, cell.gateway
+        ledger = f"{cell.ledger_completed}/{g['sent']}" + ("" if cell.valid else " INVALID")
+        values = (
+            cell.mode, cell.concurrency, f"{d['rps']:,.0f}", f"{g['rps']:,.0f}",
+            f"{cell.throughput_ratio:.2f}", f"{d['p50_ms']:.2f} / {d['p99_ms']:.2f}",
+            f"{g['p50_ms']:.2f} / {g['p99_ms']:.2f}", f"{cell.added_p50_ms:.2f}",
+            f"{cell.gateway_cpu_ms_per_request:.2f}",
+            f"{cell.gateway_cpu['postgres_cpu_ms_per_request']:.2f}",
+            f"{cell.gateway_cpu['other_load_cores']:.2f}", ledger,
+        )  # fmt: skip
+        lines.append("  ".join(f"{v!s:>{w}}" for v, (_, w) in zip(values, _COLUMNS, strict=True)))
+    return "\n".join(lines)
+
+
+def _plot(cells: Sequence[Cell], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = sorted({c.mode for c in cells})
+    figure, axes = plt.subplots(1, len(modes), figsize=(6 * len(modes), 4.5), squeeze=False)
+    for axis, mode in zip(axes[0], modes, strict=True):
+        rows = sorted((c for c in cells if c.mode == mode), key=lambda c: c.concurrency)
+        xs = [c.concurrency for c in rows]
+        for target, colour in (("direct", "tab:blue"), ("gateway", "tab:red")):
+            for stat, style in (("p50_ms", "-o"), ("p99_ms", "--^")):
+                ys = [getattr(c, target)[stat] for c in rows]
+                label = f"{target} {stat.removesuffix('_ms')}"
+                axis.plot(xs, ys, style, color=colour, label=label)
+        axis.set_xscale("log", base=2)
+        axis.set_yscale("log")
+        axis.set_xticks(xs, [str(x) for x in xs])
+        axis.set_xlabel("concurrency (closed loop, keep-alive)")
+        axis.set_ylabel("latency per request (ms)")
+        axis.set_title(mode)
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend()
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+# --- main -------------------------------------------------------------------------------
+
+
+def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    cells = [
+        Cell(mode, c)
+        for mode in args.modes.split(",")
+        for c in map(int, args.concurrency.split(","))
+    ]
+    loadavg_before = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        database_url = _fresh_database(args.backend, tmp)
+        api_key = asyncio.run(_create_key(database_url))
+        fake, fake_url = _start_fake(tmp)
+        try:
+            gateway, gateway_url = _start_gateway(tmp, database_url, fake_url)
+        except BaseException:
+            fake.stop()
+            raise
+        run = _Run(args, database_url, api_key, fake, fake_url, gateway, gateway_url)
+        profile = None
+        try:
+            for cell in cells:
+                run.direct(cell)
+                run.through_gateway(cell)
+                print(f"  {cell.mode} c{cell.concurrency} done", file=sys.stderr, flush=True)
+            if args.profile:
+                profile = run.profile(Path(args.profile))
+        finally:
+            gateway.stop()
+            fake.stop()
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "backend": args.backend,
+        "seconds_per_cell": args.seconds,
+        "warmup_s": args.warmup,
+        "cpu_count": os.cpu_count(),
+        "loadavg_before": [round(x, 2) for x in loadavg_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "cells": [cell.as_json() for cell in cells],
+        "valid": all(cell.valid for cell in cells),
+        "profile": profile,
+        "_cells": cells,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["postgres", "sqlite"], default="postgres")
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per cell")
+    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
+    parser.add_argument("--concurrency", default="1,16,64")
+    parser.add_argument("--modes", default="buffered,streaming")
+    parser.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
+    parser.add_argument("--plot", default=str(BENCH / "gateway_latency.png"), help="'' for none")
+    parser.add_argument("--profile", help="also profile a buffered c16 cell (speedscope JSON)")
+    args = parser.parse_args()
+    result = _bench(args)
+    cells: list[Cell] = result.pop("_cells")
+    if args.plot:
+        title = f"Waybill gateway vs direct, ledger on {args.backend}, {args.seconds:g} s per cell"
+        _plot(cells, Path(args.plot), title)
+    # With --json, stdout is the JSON alone and the table goes to stderr for the reader.
+    report = sys.stderr if args.json else sys.stdout
+    print(_table(cells), file=report)
+    if result["profile"]:
+        print(f"\n{result['profile']['text']}", file=report)
+    before, after = result["loadavg_before"], result["loadavg_after"]
+    print(f"\nload average (1, 5, 15 min) before / after: {before} / {after}", file=report)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    if not result["valid"]:
+        message = "INVALID: a response was not a complete 200, or the ledger missed events"
+        print(message, file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
