@@ -291,16 +291,16 @@ class Books:
 
     def apply(self, effects: Sequence[Effect]) -> None:
         """Apply all of ``effects`` or none: a refusal leaves the books as they were."""
-        saved = copy.deepcopy(
-            (
-                self.accounts,
-                self.holds,
-                self.new_accounts,
-                self.changed_accounts,
-                self.new_holds,
-                self.changed_holds,
-                self.resolutions,
-            )
+        # Balances and holds are flat records of immutable values: a shallow copy of each
+        # is a full snapshot (cheaper than deepcopy on the append path).
+        saved = (
+            {k: copy.copy(v) for k, v in self.accounts.items()},
+            {k: copy.copy(v) for k, v in self.holds.items()},
+            set(self.new_accounts),
+            set(self.changed_accounts),
+            set(self.new_holds),
+            set(self.changed_holds),
+            list(self.resolutions),
         )
         try:
             for effect in effects:

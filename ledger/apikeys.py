@@ -102,7 +102,7 @@ async def revoke_key(
 
 
 async def find_key(store: EventStore, secret: str) -> ApiKey | None:
-    async with store.engine.connect() as conn:
+    async with store.reading() as conn:
         row = (
             await conn.execute(
                 select(api_keys).where(api_keys.c.secret_sha256 == secret_digest(secret))

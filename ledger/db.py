@@ -87,7 +87,8 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
             target,
             pool_size=pool_size,
             max_overflow=pool_size,
-            pool_pre_ping=True,
+            # No pre-ping (a round trip before every transaction): a connection that died
+            # fails its one transaction, is discarded, and the next checkout is fresh.
             # An unreachable server must fail a request fast, not hang it.
             connect_args={"connect_timeout": 5},
             json_serializer=_json_serializer,

@@ -422,6 +422,11 @@ class EventStore:
     def _read(self) -> _ReadConnection:
         return _ReadConnection(self.engine)
 
+    def reading(self) -> _ReadConnection:
+        """A connection for single-statement reads: on SQLite it does not take the write
+        lock; on PostgreSQL it runs in autocommit (no BEGIN/ROLLBACK round trips)."""
+        return _ReadConnection(self.engine)
+
 
 class _ReadConnection:
     """A connection for reads; on SQLite it does not take the write lock."""
@@ -432,6 +437,8 @@ class _ReadConnection:
 
     async def __aenter__(self) -> AsyncConnection:
         self._conn = await self._engine.connect()
+        if self._engine.dialect.name == "postgresql":
+            return await self._conn.execution_options(isolation_level="AUTOCOMMIT")
         return await self._conn.execution_options(**{READ_ONLY: True})
 
     async def __aexit__(self, *exc: object) -> None:

@@ -181,7 +181,7 @@ def create_app(settings: AppSettings) -> FastAPI:
         # Read models (request views, keys, ...) follow the ledger while the gateway runs.
         stop = asyncio.Event()
         runner = ProjectionRunner(store, all_projections())
-        following = asyncio.create_task(runner.run(stop))
+        following = asyncio.create_task(runner.run(stop, settle_s=0.1))
         # So do traces and metrics (SPEC §8), in the background, never on the request path.
         telemetry = Telemetry.from_env(store)
         app.state.telemetry = telemetry

@@ -106,7 +106,7 @@ class RequestBudget:
 
     async def _available(self) -> Mapping[str, Decimal]:
         ids = [s.account_id for s in self.specs]
-        async with self._store.engine.connect() as conn:
+        async with self._store.reading() as conn:
             rows = await conn.execute(
                 select(
                     budget_accounts.c.account_id,

@@ -23,10 +23,10 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import orjson
@@ -76,6 +76,8 @@ from router.sse import DONE_FRAME, encode_data
 __all__ = ["Caller", "Completion", "Gateway", "StreamingCompletion"]
 
 log = logging.getLogger("waybill.gateway")
+
+_T = TypeVar("_T")
 
 _MAX_BUDGET_RACES: Final = 5  # reservations lost to concurrent requests before giving up
 
@@ -360,25 +362,20 @@ class _Run:
     # --- the two shapes of a request ---
 
     async def complete(self) -> Completion:
-        try:
-            return await self._complete()
-        except asyncio.CancelledError:
-            self._record_abandoned(canceled=True)
-            raise
-        except GatewayError:
-            raise
-        except Exception:
-            self._record_abandoned(canceled=False)
-            raise
+        return await self._ending_recorded(self._complete())
 
     async def stream(self) -> StreamingCompletion:
+        return await self._ending_recorded(self._stream())
+
+    async def _ending_recorded(self, work: Coroutine[Any, Any, _T]) -> _T:
+        """Run ``work``; however it ends, the request's end is on the ledger."""
         try:
-            return await self._stream()
+            return await work
         except asyncio.CancelledError:
             self._record_abandoned(canceled=True)
             raise
         except GatewayError:
-            raise
+            raise  # already recorded
         except Exception:
             self._record_abandoned(canceled=False)
             raise
