@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import signal
-import subprocess
 import time
 from decimal import Decimal
 from pathlib import Path
@@ -24,14 +21,14 @@ from router.chat import parse_body
 from router.fake_upstream import Behavior, FakeUpstream
 from router.routing import worst_case_cost
 from tests.gateway.harness import (
-    ANTHROPIC_ENV,
     Gateway,
     Route,
     closed_port,
     config_text,
     running_gateway,
 )
-from tests.ledger.test_cli import WAYBILL, waybill
+from tests.gateway.processes import new_key, serve_process
+from tests.ledger.test_cli import waybill
 
 D = Decimal
 BODY: dict[str, Any] = {
@@ -196,44 +193,6 @@ async def test_no_eligible_candidate_under_the_workspace_budget_is_402(sqlite_ur
         assert "BudgetReserved" not in [e.type for e in events]  # nothing was reserved
 
 
-def _serve(config: Path, url: str, port: int, **env: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [
-            *WAYBILL,
-            "serve",
-            "--config",
-            str(config),
-            "--database-url",
-            url,
-            "--port",
-            str(port),
-            "--no-migrate",
-        ],
-        env={**os.environ, **ANTHROPIC_ENV, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-
-
-def _wait_ready(port: int, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert process.poll() is None, process.stderr.read() if process.stderr else ""
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-
-
-def _key(url: str) -> str:
-    created = waybill("keys", "create", "--workspace", "acme", "--json", database_url=url)
-    assert created.returncode == 0, created.stderr
-    return str(json.loads(created.stdout)["secret"])
-
-
 @pytest.mark.slow
 @pytest.mark.postgres
 def test_two_gateway_processes_on_one_postgres_never_overspend(
@@ -248,12 +207,10 @@ def test_two_gateway_processes_on_one_postgres_never_overspend(
                 workspace_extra="    key_budget: {limit_usd: 0.0024, window: day}",
             )
         )
-        secret = _key(postgres_url)
+        secret = new_key(postgres_url)
         ports = [closed_port(), closed_port()]
-        processes = [_serve(config, postgres_url, port) for port in ports]
+        processes = [serve_process(config, postgres_url, port) for port in ports]
         try:
-            for port, process in zip(ports, processes, strict=True):
-                _wait_ready(port, process)
 
             async def load() -> list[int]:
                 async with httpx.AsyncClient(
@@ -293,10 +250,9 @@ def test_kill_9_mid_request_then_restart_leaves_an_open_unknown_settlement(
     with FakeUpstream("east", default=Behavior.ok(latency_ms=30_000)) as east:
         config = tmp_path / "waybill.yaml"
         config.write_text(config_text({"east": east}, [Route("east")]))
-        secret = _key(url)
+        secret = new_key(url)
         port = closed_port()
-        first = _serve(config, url, port, WAYBILL_HEARTBEAT_S="0.2")
-        _wait_ready(port, first)
+        first = serve_process(config, url, port, env={"WAYBILL_HEARTBEAT_S": "0.2"})
         with (
             httpx.Client(headers={"Authorization": f"Bearer {secret}"}) as http,
             contextlib.suppress(httpx.ReadTimeout),  # the upstream is slow: in flight
@@ -305,9 +261,8 @@ def test_kill_9_mid_request_then_restart_leaves_an_open_unknown_settlement(
         assert east.hits == 1
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=10)
-        second = _serve(config, url, port, WAYBILL_HEARTBEAT_S="0.2")
+        second = serve_process(config, url, port, env={"WAYBILL_HEARTBEAT_S": "0.2"})
         try:
-            _wait_ready(port, second)
             engine = sa.create_engine(url)
             deadline = time.monotonic() + 20
             while True:

@@ -5,8 +5,6 @@ hash chain verifies."""
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import random
 import signal
 import subprocess
@@ -19,38 +17,11 @@ import pytest
 import sqlalchemy as sa
 
 from router.fake_upstream import Behavior, FakeUpstream
-from tests.gateway.harness import ANTHROPIC_ENV, Route, closed_port, config_text
-from tests.ledger.test_cli import WAYBILL, waybill
+from tests.gateway.harness import Route, closed_port, config_text
+from tests.gateway.processes import new_key, serve_process
+from tests.ledger.test_cli import waybill
 
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
-
-
-def _start(config: Path, url: str, port: int) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(
-        [
-            *WAYBILL,
-            "serve",
-            "--config",
-            str(config),
-            "--database-url",
-            url,
-            "--port",
-            str(port),
-            "--no-migrate",
-        ],
-        env={**os.environ, **ANTHROPIC_ENV, "WAYBILL_HEARTBEAT_S": "0.2"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
-                return process
-        except httpx.TransportError:
-            pass
-        assert process.poll() is None and time.monotonic() < deadline
-        time.sleep(0.1)
 
 
 async def _load(port: int, secret: str, seconds: float, answered: list[str]) -> None:
@@ -90,14 +61,11 @@ def test_kill_9_under_load_loses_nothing(postgres_url: str, tmp_path: Path) -> N
                 workspace_extra="    budget: {limit_usd: 1000, window: month}",
             )
         )
-        created = waybill(
-            "keys", "create", "--workspace", "acme", "--json", database_url=postgres_url
-        )
-        secret = json.loads(created.stdout)["secret"]
+        secret = new_key(postgres_url)
         port = closed_port()
         answered: list[str] = []
         for _ in range(3):
-            process = _start(config, postgres_url, port)
+            process = serve_process(config, postgres_url, port, env={"WAYBILL_HEARTBEAT_S": "0.2"})
             killer_delay = rng.uniform(0.5, 1.5)
 
             async def run(
@@ -110,7 +78,8 @@ def test_kill_9_under_load_loses_nothing(postgres_url: str, tmp_path: Path) -> N
 
             asyncio.run(run())
             process.wait(timeout=10)
-        survivor = _start(config, postgres_url, port)  # recovers the dead ones' holds
+        # A survivor recovers the dead gateways' holds.
+        survivor = serve_process(config, postgres_url, port, env={"WAYBILL_HEARTBEAT_S": "0.2"})
         try:
             engine = sa.create_engine(postgres_url)
             deadline = time.monotonic() + 30

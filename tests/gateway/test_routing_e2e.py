@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import time
 import uuid
 from collections import Counter
@@ -17,9 +15,9 @@ import redis
 
 from ledger.db import migrate
 from router.fake_upstream import Behavior, FakeUpstream
-from tests.gateway.harness import ANTHROPIC_ENV, Route, closed_port, config_text, running_gateway
+from tests.gateway.harness import Route, closed_port, config_text, running_gateway
+from tests.gateway.processes import new_key, serve_process
 from tests.helpers import eventually
-from tests.ledger.test_cli import WAYBILL, waybill
 
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 REDIS_URL = os.environ.get("WAYBILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -143,29 +141,10 @@ def test_two_gateway_processes_share_breakers_through_redis(tmp_path: Path) -> N
                 generation=f"shared-{uuid.uuid4().hex[:8]}",
             )
         )
-        created = waybill("keys", "create", "--workspace", "acme", "--json", database_url=url)
-        assert created.returncode == 0, created.stderr
-        secret = json.loads(created.stdout)["secret"]
-        env = {**os.environ, **ANTHROPIC_ENV, "WAYBILL_REDIS_URL": REDIS_URL}
+        secret = new_key(url)
         ports = [closed_port(), closed_port()]
         processes = [
-            subprocess.Popen(
-                [
-                    *WAYBILL,
-                    "serve",
-                    "--config",
-                    str(config),
-                    "--database-url",
-                    url,
-                    "--port",
-                    str(port),
-                    "--no-migrate",
-                ],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-            )
-            for port in ports
+            serve_process(config, url, port, env={"WAYBILL_REDIS_URL": REDIS_URL}) for port in ports
         ]
         try:
             clients = [
@@ -176,8 +155,6 @@ def test_two_gateway_processes_share_breakers_through_redis(tmp_path: Path) -> N
                 )
                 for port in ports
             ]
-            for client, process in zip(clients, processes, strict=True):
-                _wait_ready(client, process)
             east.set_default(Behavior.server_error())
             first = clients[0].post("/v1/chat/completions", json=BODY)
             assert first.headers["x-waybill-endpoint"] == "west"
@@ -190,16 +167,3 @@ def test_two_gateway_processes_share_breakers_through_redis(tmp_path: Path) -> N
             for process in processes:
                 process.terminate()
                 process.wait(timeout=20)
-
-
-def _wait_ready(client: httpx.Client, process: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            if client.get("/readyz").status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert process.poll() is None, process.stderr.read() if process.stderr else ""
-        assert time.monotonic() < deadline, "gateway did not become ready"
-        time.sleep(0.1)

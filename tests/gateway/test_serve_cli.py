@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import time
 from pathlib import Path
 
 import httpx
 
-from tests.gateway.harness import ANTHROPIC_ENV
-from tests.ledger.test_cli import WAYBILL, waybill
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.gateway.harness import ANTHROPIC_ENV, closed_port
+from tests.gateway.processes import serve_process
+from tests.ledger.test_cli import waybill
 
 
 def test_demo_check_serves_a_buffered_and_a_streamed_request(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'demo.db'}"
-    result = waybill("demo", "--check", "--port", str(_free_port()), database_url=url)
+    result = waybill("demo", "--check", "--port", str(closed_port()), database_url=url)
     assert result.returncode == 0, result.stderr
     assert "buffered: 200 via demo-primary" in result.stdout
     assert "streamed: 200" in result.stdout
@@ -55,28 +47,17 @@ def test_serve_without_a_config_says_how_to_give_one(tmp_path: Path) -> None:
 
 
 def test_serve_migrates_and_answers_readyz(tmp_path: Path) -> None:
-    port = _free_port()
-    url = f"sqlite:///{tmp_path / 'fresh.db'}"
-    env = {"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k", "WAYBILL_DATABASE_URL": url}
-    process = subprocess.Popen(
-        [*WAYBILL, "serve", "--config", "docs/config.example.yaml", "--port", str(port)],
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    port = closed_port()
+    url = f"sqlite:///{tmp_path / 'fresh.db'}"  # never migrated: serve does it first
+    process = serve_process(
+        Path("docs/config.example.yaml"),
+        url,
+        port,
+        migrate=True,
+        env={"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k"},
     )
     try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if http.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "the gateway did not become ready"
-                assert process.poll() is None, "the gateway exited"
-                time.sleep(0.1)
-            assert http.get("/v1/models").status_code == 401
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
     finally:
         process.terminate()
         process.wait(timeout=20)
@@ -91,27 +72,12 @@ def test_sighup_reloads_the_config_file(tmp_path: Path) -> None:
     from tests.gateway.harness import Route, config_text
 
     url = f"sqlite:///{tmp_path / 'hup.db'}"
-    port = _free_port()
+    port = closed_port()
     with FakeUpstream("east") as east:
         config = tmp_path / "waybill.yaml"
         config.write_text(config_text({"east": east}, [Route("east")]))
-        process = subprocess.Popen(
-            [*WAYBILL, "serve", "--config", str(config), "--port", str(port)],
-            env={**os.environ, **ANTHROPIC_ENV, "WAYBILL_DATABASE_URL": url},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        process = serve_process(config, url, port, migrate=True)
         try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}") as http:
-                deadline = time.monotonic() + 30
-                while True:
-                    try:
-                        if http.get("/readyz").status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    assert time.monotonic() < deadline and process.poll() is None
-                    time.sleep(0.1)
             config.write_text(config.read_text().replace("generation: test-1", "generation: hup"))
             process.send_signal(signal.SIGHUP)
             engine = sa.create_engine(url)

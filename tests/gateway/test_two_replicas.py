@@ -1,0 +1,131 @@
+"""Two gateway processes sharing PostgreSQL and Redis under concurrent load: the budget is
+never exceeded, breakers are shared, and the read models agree with the ledger."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import sqlalchemy as sa
+
+from router.fake_upstream import Behavior, FakeUpstream
+from tests.gateway.harness import Route, closed_port, config_text
+from tests.gateway.processes import new_key, serve_process
+from tests.ledger.test_cli import waybill
+
+REDIS_URL = os.environ.get("WAYBILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+BODY: dict[str, Any] = {
+    "model": "chat",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 100,
+}
+LIMIT = Decimal("0.0050")  # about 20 worst cases of 0.00024
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_two_replicas_share_budget_breakers_and_agree_on_the_books(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    try:
+        redis.Redis.from_url(REDIS_URL).ping()
+    except redis.RedisError:
+        pytest.skip(f"no Redis at {REDIS_URL}")
+    with (
+        # east refuses before starting work (429): its holds are released, so the budget
+        # goes to the fallback; it opens the shared breaker at once.
+        FakeUpstream("east", default=Behavior.rate_limited()) as east,
+        FakeUpstream("west", default=Behavior.ok(latency_ms=50)) as west,
+    ):
+        config = tmp_path / "waybill.yaml"
+        config.write_text(
+            config_text(
+                {"east": east, "west": west},
+                [Route("east", tier=0), Route("west", tier=1)],
+                defaults={
+                    "breaker": "{failure_threshold: 2, base_cooldown_ms: 60000,"
+                    " max_cooldown_ms: 60000}"
+                },
+                workspace_extra=f"    key_budget: {{limit_usd: {LIMIT}, window: day}}",
+                generation=f"replicas-{uuid.uuid4().hex[:8]}",
+            )
+        )
+        secret = new_key(postgres_url)
+        ports = [closed_port(), closed_port()]
+        env = {"WAYBILL_REDIS_URL": REDIS_URL}
+        processes = [serve_process(config, postgres_url, port, env=env) for port in ports]
+        engine = sa.create_engine(postgres_url)
+        over: list[Any] = []
+        try:
+
+            async def load() -> list[int]:
+                stop = asyncio.Event()
+
+                async def sample() -> None:
+                    while not stop.is_set():
+                        with engine.connect() as conn:
+                            for row in conn.execute(sa.text("SELECT * FROM budget_accounts")):
+                                if row.held_usd + row.settled_usd > row.limit_usd:
+                                    over.append(row)
+                        await asyncio.sleep(0.01)
+
+                sampler = asyncio.create_task(sample())
+                async with httpx.AsyncClient(
+                    headers={"Authorization": f"Bearer {secret}"}, timeout=30
+                ) as http:
+                    responses = await asyncio.gather(
+                        *(
+                            http.post(
+                                f"http://127.0.0.1:{ports[n % 2]}/v1/chat/completions", json=BODY
+                            )
+                            for n in range(60)
+                        )
+                    )
+                stop.set()
+                await sampler
+                return [r.status_code for r in responses]
+
+            statuses = asyncio.run(load())
+            assert set(statuses) <= {200, 402, 503}, statuses
+            assert statuses.count(200) > 0 and statuses.count(402) > 0
+            assert not over, "settled + held went over the limit"
+            # Breakers are shared: with two replicas and 60 requests, east is tried only
+            # until the shared breaker opens (threshold 2 plus what was already in flight).
+            assert east.hits < 30, east.hits
+
+            # Both replicas' read models follow the same ledger: they must agree with it.
+            deadline = time.monotonic() + 30
+            while True:
+                with engine.connect() as conn:
+                    received = conn.execute(
+                        sa.text("SELECT count(*) FROM events WHERE type = 'RequestReceived'")
+                    ).scalar_one()
+                    views = conn.execute(sa.text("SELECT count(*) FROM request_views")).scalar_one()
+                    settled = conn.execute(
+                        sa.text(
+                            "SELECT coalesce(sum((data->>'settled_usd')::numeric), 0) "
+                            "FROM events WHERE type = 'BudgetSettled'"
+                        )
+                    ).scalar_one()
+                    spent = conn.execute(
+                        sa.text("SELECT coalesce(sum(settled_usd), 0) FROM spend_attempts")
+                    ).scalar_one()
+                if received == views == 60 and settled == spent:
+                    break
+                assert time.monotonic() < deadline, (received, views, settled, spent)
+                time.sleep(0.2)
+        finally:
+            engine.dispose()
+            for process in processes:
+                process.terminate()
+                process.wait(timeout=20)
+    assert waybill("verify", database_url=postgres_url).returncode == 0
+    assert west.hits == statuses.count(200)
