@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import Dialect, Numeric, String
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-__all__ = ["MoneyColumn", "money_str"]
+__all__ = ["MONEY_LIMIT", "MONEY_PATTERN", "MoneyColumn", "money_str", "parse_money"]
+
+# NUMERIC(38, 12) holds amounts below 10**26 dollars: no amount the ledger books may reach it.
+MONEY_LIMIT: Final = Decimal(10) ** 26
+# A money amount a client writes: plain digits, an optional fraction, no sign, no exponent.
+MONEY_PATTERN: Final = r"^0*[0-9]{1,26}(\.[0-9]+)?$"
+_MONEY: Final = re.compile(MONEY_PATTERN)
 
 
 class MoneyColumn(TypeDecorator[Decimal]):
@@ -38,6 +45,13 @@ class MoneyColumn(TypeDecorator[Decimal]):
         if value is None:
             return None
         return Decimal(value) if not isinstance(value, Decimal) else value
+
+
+def parse_money(text: str) -> Decimal | None:
+    """The amount ``text`` writes (``"0.25"``, surrounding blanks ignored), or None if it
+    is not a plain decimal amount below :data:`MONEY_LIMIT`."""
+    text = text.strip()
+    return Decimal(text) if _MONEY.match(text) else None
 
 
 def money_str(value: Decimal) -> str:

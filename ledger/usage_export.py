@@ -176,9 +176,7 @@ def _optional_id(record: Mapping[str, Any], field: str, line: int) -> str | None
     value = record.get(field)
     if not _present(value):
         return None
-    if not isinstance(value, str):
-        raise ExportError("must be a string", line=line, field=field)
-    value = value.strip()
+    value = _string(value, field, line)
     if len(value) > _MAX_ID:
         raise ExportError(f"longer than {_MAX_ID} characters", line=line, field=field)
     return value
@@ -188,8 +186,14 @@ def _text(record: Mapping[str, Any], field: str, line: int) -> str:
     value = record.get(field)
     if not _present(value):
         raise ExportError("is required", line=line, field=field)
+    return _string(value, field, line)
+
+
+def _string(value: Any, field: str, line: int) -> str:
     if not isinstance(value, str):
         raise ExportError("must be a string", line=line, field=field)
+    if "\x00" in value:  # PostgreSQL text cannot hold NUL: no attempt or model is named so
+        raise ExportError("must not contain NUL characters", line=line, field=field)
     return value.strip()
 
 
@@ -199,7 +203,7 @@ def _tokens(record: Mapping[str, Any], field: str, line: int, *, optional: bool 
         if optional:
             return 0
         raise ExportError("is required", line=line, field=field)
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         return int(value.strip())
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
@@ -235,6 +239,7 @@ def _timestamp(record: Mapping[str, Any], field: str, line: int) -> datetime:
         raise ExportError("must be an ISO 8601 string", line=line, field=field)
     try:
         moment = datetime.fromisoformat(value.strip())
-    except ValueError:
+        # An offset can push the UTC time out of the calendar: as malformed as any other.
+        return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    except (ValueError, OverflowError):
         raise ExportError(f"not an ISO 8601 timestamp: {value!r}", line=line, field=field) from None
-    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)

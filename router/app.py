@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 import orjson
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response, StreamingResponse
 from sqlalchemy.exc import DBAPIError
@@ -36,6 +36,7 @@ from ledger.types import money_str
 from ledger.views import all_projections
 from otel.metrics import PROMETHEUS_CONTENT_TYPE
 from otel.telemetry import Telemetry
+from router import openapi as api_doc
 from router.breakers import breaker_board
 from router.chat import MAX_BODY_BYTES, parse_body, read_headers
 from router.config import Config, ConfigError, load_config
@@ -62,7 +63,7 @@ log = logging.getLogger("waybill.app")
 _JSON: Final = "application/json"
 _SSE: Final = "text/event-stream"
 _MAX_RECORDED_STREAM: Final = 8 * 1024 * 1024
-_UNAUTHENTICATED: Final = frozenset({"/healthz", "/readyz", "/metrics"})
+_UNAUTHENTICATED: Final = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -158,6 +159,13 @@ async def _authenticate(request: Request, config: Config) -> Caller:
     return Caller(key.key_id, workspace, key.role, key.budget)
 
 
+async def _refuse_nul(request: Request) -> None:
+    """PostgreSQL text cannot hold NUL, so no id, name or filter contains one: a URL that
+    does is malformed, refused here rather than failing a query in the database."""
+    if "\x00" in request.scope["path"] or b"%00" in request.scope["query_string"]:
+        raise invalid_request("the URL contains a NUL character (%00)")
+
+
 def _request_id(request: Request) -> str:
     return str(request.scope.get("state", {}).get("request_id") or new_id("req"))
 
@@ -213,8 +221,10 @@ def create_app(settings: AppSettings) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",
+        dependencies=[Depends(_refuse_nul)],
     )
+    api_doc.install_openapi(app)
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, error: GatewayError) -> Response:
@@ -224,7 +234,11 @@ def create_app(settings: AppSettings) -> FastAPI:
     async def _http_error(request: Request, error: StarletteHTTPException) -> Response:
         code = "not_found" if error.status_code == 404 else "invalid_request"
         message = "no such route" if error.status_code == 404 else str(error.detail)
-        return _error_response(GatewayError(error.status_code, code, message), _request_id(request))
+        response = _error_response(
+            GatewayError(error.status_code, code, message), _request_id(request)
+        )
+        response.headers.update(error.headers or {})  # a 405's Allow (RFC 9110)
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, error: RequestValidationError) -> Response:
@@ -242,16 +256,16 @@ def create_app(settings: AppSettings) -> FastAPI:
         failure = GatewayError(500, "internal_error", "internal error", error_type="api_error")
         return _error_response(failure, _request_id(request))
 
-    @app.get("/healthz")
+    @app.get("/healthz", openapi_extra=api_doc.HEALTHZ)
     async def healthz() -> Response:
         return Response(b'{"status":"ok"}', media_type=_JSON)
 
-    @app.get("/metrics")
+    @app.get("/metrics", openapi_extra=api_doc.METRICS)
     async def metrics(request: Request) -> Response:
         telemetry: Telemetry = request.app.state.telemetry
         return Response(telemetry.prometheus_text(), media_type=PROMETHEUS_CONTENT_TYPE)
 
-    @app.get("/readyz")
+    @app.get("/readyz", openapi_extra=api_doc.READYZ)
     async def readyz(request: Request) -> Response:
         store: EventStore = request.app.state.store
         try:
@@ -265,7 +279,7 @@ def create_app(settings: AppSettings) -> FastAPI:
             return Response(orjson.dumps(body), status_code=503, media_type=_JSON)
         return Response(orjson.dumps({"status": "ready", "migration": head}), media_type=_JSON)
 
-    @app.post("/v1/admin/config/reload")
+    @app.post("/v1/admin/config/reload", openapi_extra=api_doc.ADMIN_RELOAD)
     async def reload(request: Request) -> Response:
         """Reload the config file (admin keys): the same as SIGHUP, with an answer."""
         caller = await authenticate(request)
@@ -278,7 +292,7 @@ def create_app(settings: AppSettings) -> FastAPI:
         body = {"previous_generation": previous, "generation": current}
         return Response(orjson.dumps(body), media_type=_JSON)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", openapi_extra=api_doc.MODELS)
     async def models(request: Request) -> Response:
         caller = await authenticate(request)
         gateway: Gateway = request.app.state.gateway
@@ -288,7 +302,7 @@ def create_app(settings: AppSettings) -> FastAPI:
         ]
         return Response(orjson.dumps({"object": "list", "data": data}), media_type=_JSON)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=api_doc.CHAT_COMPLETIONS)
     async def chat_completions(request: Request) -> Response:
         request_id = _request_id(request)
         state = request.app.state

@@ -13,16 +13,24 @@ import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any, Final
 
 import orjson
 
 from ledger.events import Requirements
+from ledger.types import MONEY_LIMIT, parse_money
 from router.config import DataClass, Workspace, data_class_rank
 from router.errors import GatewayError, invalid_request
 
-__all__ = ["MAX_BODY_BYTES", "ChatCall", "HeaderNarrowing", "parse_body", "read_headers"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_JSON_INTEGER",
+    "ChatCall",
+    "HeaderNarrowing",
+    "parse_body",
+    "read_headers",
+]
 
 MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 _DATA_CLASSES: Final = ("public", "internal", "restricted")
@@ -33,6 +41,10 @@ _DATA_CLASSES: Final = ("public", "internal", "restricted")
 _BYTES_PER_TOKEN: Final = 1
 _TOKENS_PER_MESSAGE: Final = 8
 _IMAGE_TOKENS: Final = 3000
+# I-JSON (RFC 7493): the largest integer every JSON parser reads exactly (orjson reads larger
+# ones as floats, and cannot write integers beyond 64 bits into an event at all). Token counts
+# and deadlines beyond it are refused rather than guessed at.
+MAX_JSON_INTEGER: Final = 2**53 - 1
 # W3C Trace Context: a tracestate of at most 32 list members, 512 characters being the
 # length every vendor must be able to propagate.
 _TRACESTATE_MAX_CHARS: Final = 512
@@ -182,8 +194,16 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
         value = body.get(name)
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise invalid_request(f"'{name}' must be a positive integer", param=name)
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # JSON has numbers, not ints: 2799.0 is the integer 2799
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not 0 < value <= MAX_JSON_INTEGER
+        ):
+            raise invalid_request(
+                f"'{name}' must be an integer from 1 to {MAX_JSON_INTEGER}", param=name
+            )
         found = value if found is None else min(found, value)
     return found
 
@@ -245,12 +265,11 @@ def _idempotency_key(value: str | None) -> str | None:
 def _max_cost(value: str | None) -> Decimal | None:
     if value is None:
         return None
-    try:
-        amount = Decimal(value.strip())
-    except InvalidOperation:
-        raise _bad_header("X-Waybill-Max-Cost-Usd", "must be a decimal amount") from None
-    if not amount.is_finite() or amount < 0:
-        raise _bad_header("X-Waybill-Max-Cost-Usd", "must be a non-negative decimal amount")
+    amount = parse_money(value)
+    if amount is None:
+        raise _bad_header(
+            "X-Waybill-Max-Cost-Usd", f"must be a decimal amount (0.25) below {MONEY_LIMIT}"
+        )
     return amount
 
 
@@ -258,8 +277,9 @@ def _positive_int(value: str | None, name: str) -> int | None:
     if value is None:
         return None
     text = value.strip()
-    if not text.isdigit() or int(text) < 1:
-        raise _bad_header(name, "must be a positive integer")
+    # ASCII digits only: "²" is a digit to str.isdigit, and not a number to int().
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) <= MAX_JSON_INTEGER:
+        raise _bad_header(name, f"must be an integer from 1 to {MAX_JSON_INTEGER}")
     return int(text)
 
 

@@ -104,6 +104,7 @@ _TYPE_BY_STATUS: Final[Mapping[int, str]] = {
     401: "authentication_error",
     402: "budget_error",
     404: "invalid_request_error",
+    405: "invalid_request_error",
     409: "conflict_error",
     413: "invalid_request_error",
     422: "invalid_request_error",

@@ -35,6 +35,7 @@ from ledger.queries import (
 )
 from ledger.store import EventStore, RecordedEvent
 from ledger.verify import verify_chain
+from router import openapi as api_doc
 from router.access import can_read_request, can_verify_ledger, read_scope
 from router.errors import GatewayError, invalid_request, permission_denied, request_not_found
 from router.gateway import Caller
@@ -53,7 +54,7 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
     """The query routes, authenticating each call with ``authenticate``."""
     router = APIRouter()
 
-    @router.get("/v1/requests")
+    @router.get("/v1/requests", openapi_extra=api_doc.SEARCH_REQUESTS)
     async def search_requests(request: Request) -> Response:
         caller = await authenticate(request)
         params = request.query_params
@@ -70,7 +71,7 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
             next_cursor = _encode_cursor("requests", [next_key[0].isoformat(), next_key[1]])
         return _json({"data": [request_view_json(r) for r in rows], "next_cursor": next_cursor})
 
-    @router.get("/v1/requests/{request_id}")
+    @router.get("/v1/requests/{request_id}", openapi_extra=api_doc.REQUEST_VIEW)
     async def request_view(request_id: str, request: Request) -> Response:
         caller = await authenticate(request)
         row = await find_request_view(_store(request).engine, request_id)
@@ -78,7 +79,7 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
             raise request_not_found(request_id)
         return _json(request_view_json(row))
 
-    @router.get("/v1/requests/{request_id}/explain")
+    @router.get("/v1/requests/{request_id}/explain", openapi_extra=api_doc.EXPLAIN_REQUEST)
     async def explain_request(request_id: str, request: Request) -> Response:
         caller = await authenticate(request)
         text = _format(request.query_params)
@@ -89,7 +90,7 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
             return Response(render_text(explanation).encode(), media_type=_TEXT)
         return _json(explanation)
 
-    @router.get("/v1/requests/{request_id}/events")
+    @router.get("/v1/requests/{request_id}/events", openapi_extra=api_doc.REQUEST_EVENTS)
     async def request_events(request_id: str, request: Request) -> Response:
         caller = await authenticate(request)
         params = request.query_params
@@ -105,7 +106,7 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
             next_cursor = _encode_cursor("events", [page[-1].version])
         return _json({"data": [e.as_json() for e in page], "next_cursor": next_cursor})
 
-    @router.get("/v1/ledger/verify")
+    @router.get("/v1/ledger/verify", openapi_extra=api_doc.VERIFY_LEDGER)
     async def verify_ledger(request: Request) -> Response:
         caller = await authenticate(request)
         if not can_verify_ledger(caller):
@@ -141,7 +142,8 @@ def _limit(params: Mapping[str, str]) -> int:
     raw = params.get("limit")
     if raw is None:
         return DEFAULT_LIMIT
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_LIMIT:
+    # ASCII digits only: "²" is a digit to str.isdigit, and not a number to int().
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_LIMIT:
         raise invalid_request(
             f"limit must be an integer from 1 to {MAX_LIMIT}, not {raw!r}", param="limit"
         )
@@ -161,16 +163,19 @@ def _instant(params: Mapping[str, str], name: str) -> datetime | None:
     if raw is None:
         return None
     try:
-        moment = datetime.fromisoformat(raw)
-    except ValueError:
+        return _utc(datetime.fromisoformat(raw))
+    except (ValueError, OverflowError):
         raise invalid_request(
             f"{name} must be an ISO 8601 date or time (2026-11-30, 2026-11-30T12:00:00Z), "
             f"not {raw!r}",
             param=name,
         ) from None
-    if moment.tzinfo is None:  # a date or a time without offset is UTC
-        moment = moment.replace(tzinfo=UTC)
-    return moment
+
+
+def _utc(moment: datetime) -> datetime:
+    """In UTC (a date or a time without offset is UTC already). OverflowError when the UTC
+    time falls outside the calendar (0001-01-01T00:00+01:00): as malformed as any other."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 def _search(caller: Caller, params: Mapping[str, str]) -> RequestSearch | None:
@@ -228,8 +233,8 @@ def _request_cursor(cursor: str | None) -> RequestKey | None:
     if len(values) != 2 or not all(isinstance(v, str) for v in values):
         raise _bad_cursor()
     try:
-        return datetime.fromisoformat(values[0]), values[1]
-    except ValueError:
+        return _utc(datetime.fromisoformat(values[0])), values[1]
+    except (ValueError, OverflowError):
         raise _bad_cursor() from None
 
 

@@ -25,6 +25,7 @@ from ledger.reconcile import (
 )
 from ledger.store import EventStore
 from ledger.usage_export import ExportFormat
+from router import openapi as api_doc
 from router.access import read_scope
 from router.errors import GatewayError, invalid_request, permission_denied
 from router.gateway import Caller
@@ -49,7 +50,7 @@ _FORMATS: Final[dict[str, ExportFormat]] = {
 def reconcile_router(authenticate: Authenticate) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/reconciliations")
+    @router.post("/v1/reconciliations", openapi_extra=api_doc.IMPORT_RECONCILIATION)
     async def import_export(request: Request) -> Response:
         caller = _reconciler(await authenticate(request))
         provider = request.query_params.get("provider") or None
@@ -66,7 +67,9 @@ def reconcile_router(authenticate: Authenticate) -> APIRouter:
             raise invalid_request(str(error), param=error.field) from None
         return Response(orjson.dumps(report_json(report)), media_type=_JSON)
 
-    @router.get("/v1/reconciliations/{reconciliation_id}")
+    @router.get(
+        "/v1/reconciliations/{reconciliation_id}", openapi_extra=api_doc.READ_RECONCILIATION
+    )
     async def read(reconciliation_id: str, request: Request) -> Response:
         caller = _reconciler(await authenticate(request))
         report = await find_reconciliation(_store(request), reconciliation_id)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import date, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 import orjson
 from fastapi import APIRouter, Request
@@ -24,6 +24,8 @@ from ledger.spend import (
     unknown_settlements_page,
 )
 from ledger.store import EventStore
+from ledger.types import MONEY_LIMIT, parse_money
+from router import openapi as api_doc
 from router.access import read_scope
 from router.errors import GatewayError, invalid_request, permission_denied
 from router.gateway import Caller
@@ -37,7 +39,7 @@ Authenticate = Callable[[Request], Awaitable[Caller]]
 def spend_router(authenticate: Authenticate) -> APIRouter:
     router = APIRouter()
 
-    @router.get("/v1/spend")
+    @router.get("/v1/spend", openapi_extra=api_doc.SPEND)
     async def spend(request: Request) -> Response:
         caller = await authenticate(request)
         params = request.query_params
@@ -56,7 +58,7 @@ def spend_router(authenticate: Authenticate) -> APIRouter:
             return Response(spend_csv(rows, group_by), media_type="text/csv; charset=utf-8")
         return Response(orjson.dumps({"data": rows, "next_cursor": None}), media_type=_JSON)
 
-    @router.get("/v1/budgets")
+    @router.get("/v1/budgets", openapi_extra=api_doc.BUDGETS)
     async def budgets(request: Request) -> Response:
         """Account balances: limit, held, settled and available per key and workspace."""
         caller = await authenticate(request)
@@ -65,7 +67,7 @@ def spend_router(authenticate: Authenticate) -> APIRouter:
         )
         return Response(orjson.dumps({"data": rows, "next_cursor": None}), media_type=_JSON)
 
-    @router.get("/v1/settlements/unknown")
+    @router.get("/v1/settlements/unknown", openapi_extra=api_doc.UNKNOWN_SETTLEMENTS)
     async def settlements(request: Request) -> Response:
         caller = await authenticate(request)
         params = request.query_params
@@ -87,7 +89,7 @@ def spend_router(authenticate: Authenticate) -> APIRouter:
             orjson.dumps({"data": page.data, "next_cursor": next_cursor}), media_type=_JSON
         )
 
-    @router.post("/v1/settlements/unknown/{settlement_id}")
+    @router.post("/v1/settlements/unknown/{settlement_id}", openapi_extra=api_doc.SETTLE_UNKNOWN)
     async def settle(settlement_id: str, request: Request) -> Response:
         """An operator settles unknown usage by hand: ``{"settled_usd", "reason"}``."""
         caller = await authenticate(request)
@@ -130,14 +132,11 @@ def _settle_body(raw: bytes) -> tuple[Decimal, str]:
     if not isinstance(body, dict):
         raise invalid_request("request body must be a JSON object")
     amount, reason = body.get("settled_usd"), body.get("reason")
-    if not isinstance(amount, str):
-        raise invalid_request("settled_usd must be a decimal string", param="settled_usd")
-    try:
-        value = Decimal(amount)
-    except InvalidOperation:
-        raise invalid_request("settled_usd must be a decimal string", param="settled_usd") from None
-    if not value.is_finite() or value < 0:
-        raise invalid_request("settled_usd must be >= 0", param="settled_usd")
+    value = parse_money(amount) if isinstance(amount, str) else None
+    if value is None:
+        raise invalid_request(
+            f"settled_usd must be a decimal string (0.25) below {MONEY_LIMIT}", param="settled_usd"
+        )
     if not isinstance(reason, str) or not reason.strip():
         raise invalid_request("reason must say why (a non-empty string)", param="reason")
     return value, reason.strip()

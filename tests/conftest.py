@@ -11,6 +11,7 @@ import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -57,14 +58,21 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture
-def postgres_url(pg_template: str) -> Iterator[str]:
+@contextmanager
+def cloned_postgres(template: str) -> Iterator[str]:
+    """The URL of a fresh database cloned from ``template``, dropped afterwards."""
     name = f"waybill_t_{uuid.uuid4().hex[:12]}"
     with _admin() as conn:
-        conn.execute(f"CREATE DATABASE {name} TEMPLATE {pg_template}")
+        conn.execute(f"CREATE DATABASE {name} TEMPLATE {template}")
     yield _pg_url(name)
     with _admin() as conn:
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture
+def postgres_url(pg_template: str) -> Iterator[str]:
+    with cloned_postgres(pg_template) as url:
+        yield url
 
 
 @pytest.fixture

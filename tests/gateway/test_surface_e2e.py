@@ -6,6 +6,7 @@ import asyncio
 from typing import Any
 
 import openai
+import orjson
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
@@ -187,3 +188,98 @@ async def test_capacity_error_is_503_and_never_touches_an_upstream(database_url)
         assert_error_shape(second, 503, "capacity_error")
         assert (await first).status_code == 200
         assert gw.upstreams["east"].hits == 1
+
+
+# --- found by fuzzing the API from its OpenAPI schema (test_fuzz_api.py) ------------------
+
+
+async def test_an_undeclared_method_is_a_controlled_405_naming_the_allowed_ones(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        response = await http.delete("/v1/models")
+        error = assert_error_shape(response, 405, "invalid_request")
+        assert error["type"] == "invalid_request_error"
+        assert response.headers["allow"] == "GET"
+
+
+async def test_max_tokens_is_any_json_integer_within_i_json_range(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        # JSON has numbers, not ints: 16.0 is the integer 16.
+        accepted = await http.post("/v1/chat/completions", json={**BODY, "max_tokens": 16.0})
+        assert accepted.status_code == 200, accepted.text
+        for content in (
+            b'{"model": "chat", "messages": [{"role": "user"}], "max_tokens": 9007199254740992}',
+            b'{"model": "chat", "messages": [{"role": "user"}], "max_tokens": 1e30}',
+            b'{"model": "chat", "messages": [{"role": "user"}], "max_tokens": 16.5}',
+        ):
+            response = await http.post("/v1/chat/completions", content=content)
+            assert assert_error_shape(response, 400, "invalid_request")["param"] == "max_tokens"
+
+
+async def test_header_numbers_beyond_what_the_ledger_holds_are_a_400_not_a_500(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        for name, value in [
+            ("X-Waybill-Deadline-Ms", "1" + "0" * 30),  # no event could record it
+            ("X-Waybill-Deadline-Ms", "\u00b2"),  # a digit to str.isdigit, no number to int()
+            ("X-Waybill-Max-Cost-Usd", "1" + "0" * 26),  # beyond NUMERIC(38, 12)
+            ("X-Waybill-Max-Cost-Usd", "1e3"),  # money is plain digits
+        ]:
+            response = await http.post(
+                "/v1/chat/completions", json=BODY, headers={name.encode(): value.encode("latin-1")}
+            )
+            assert assert_error_shape(response, 400, "invalid_request")["param"] == name
+        assert gw.upstreams["east"].hits == 0
+        within = {"X-Waybill-Deadline-Ms": "9" * 15, "X-Waybill-Max-Cost-Usd": "9" * 25}
+        assert (await http.post("/v1/chat/completions", json=BODY, headers=within)).is_success
+
+
+async def test_query_values_outside_the_calendar_or_with_nul_are_a_400_not_a_500(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        # A cursor this endpoint could have handed out, but for an instant outside the calendar.
+        forged = "WyJyZXF1ZXN0cyIsIjAwMDEtMDEtMDFUMDA6MDA6MDArMjM6NTkiLCJ4Il0"
+        for params, param in [
+            ({"since": "0001-01-01T00:00:00+23:59"}, "since"),
+            ({"until": "9999-12-31T23:59:59-23:59"}, "until"),
+            ({"limit": "\u00b2"}, "limit"),
+            ({"cursor": forged}, "cursor"),
+            ({"model": "chat\x00"}, None),  # PostgreSQL text cannot hold NUL
+        ]:
+            response = await http.get("/v1/requests", params=params)
+            assert assert_error_shape(response, 400, "invalid_request")["param"] == param
+        for path in (
+            "/v1/requests/req%00x",
+            "/v1/spend?workspace=%00",
+            "/v1/budgets?workspace=%00",
+        ):
+            assert_error_shape(await http.get(path), 400, "invalid_request")
+
+
+async def test_usage_export_and_settlement_values_out_of_range_are_a_400(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
+        admin = await apikeys.create_key(gw.store, "acme", "admin")
+        headers = {"Authorization": f"Bearer {admin.secret}"}
+        line = {
+            "attempt_id": "att_x",
+            "model": "m",
+            "input_tokens": 1,
+            "output_tokens": 1,
+            "cost_usd": "0.01",
+            "timestamp": "2026-11-30T12:00:00Z",
+        }
+        async with gw.http() as http:
+            for field, value in [
+                ("timestamp", "0001-01-01T00:00:00+23:59"),  # outside the calendar in UTC
+                ("attempt_id", "att\x00x"),  # PostgreSQL text cannot hold NUL
+                ("input_tokens", "\u00b2"),
+            ]:
+                response = await http.post(
+                    "/v1/reconciliations",
+                    content=orjson.dumps({**line, field: value}) + b"\n",
+                    headers={**headers, "content-type": "application/x-ndjson"},
+                )
+                assert assert_error_shape(response, 400, "invalid_request")["param"] == field
+            response = await http.post(
+                "/v1/settlements/unknown/set_x",
+                json={"settled_usd": "1" + "0" * 26, "reason": "beyond NUMERIC(38, 12)"},
+                headers=headers,
+            )
+            assert assert_error_shape(response, 400, "invalid_request")["param"] == "settled_usd"
