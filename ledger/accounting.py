@@ -46,6 +46,9 @@ __all__ = [
     "Window",
     "account_specs",
     "quantize",
+    "reservation_id",
+    "reservation_of_settlement",
+    "settlement_id",
     "usage_cost",
     "window_start",
 ]
@@ -57,6 +60,23 @@ _ZERO: Final = Decimal(0)
 AccountKind: TypeAlias = Literal["request", "key", "workspace"]
 Window: TypeAlias = Literal["day", "month", "total"]
 HoldState: TypeAlias = Literal["held", "unknown", "resolved"]
+
+
+# Ids follow from the attempt's: one attempt, one reservation, at most one unknown-usage
+# settlement. A repeated step therefore finds the same hold (SPEC §6: idempotent steps).
+def reservation_id(attempt_id: str) -> str:
+    return "res_" + attempt_id.removeprefix("att_")
+
+
+def settlement_id(attempt_id: str) -> str:
+    return "unk_" + attempt_id.removeprefix("att_")
+
+
+def reservation_of_settlement(settlement: str) -> str | None:
+    """The reservation an unknown-usage settlement id stands for; None if it is not one."""
+    if not settlement.startswith("unk_"):
+        return None
+    return "res_" + settlement.removeprefix("unk_")
 
 
 def quantize(amount: Decimal) -> Decimal:

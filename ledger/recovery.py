@@ -18,7 +18,7 @@ from sqlalchemy import and_, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ledger import events as ev
-from ledger.accounting import HoldStateError, HoldUnknown
+from ledger.accounting import HoldStateError, HoldUnknown, settlement_id
 from ledger.schema import budget_holds, gateway_instances
 from ledger.store import ANY_VERSION, EventStore
 
@@ -83,7 +83,7 @@ async def recover_abandoned_holds(store: EventStore, *, stale_after_s: float) ->
                 duration_ms=0,
             ),
             ev.UnknownUsageOpened(
-                settlement_id="unk_" + attempt_id.removeprefix("att_"),
+                settlement_id=settlement_id(attempt_id),
                 request_id=row.request_id,
                 attempt_id=attempt_id,
                 reservation_id=reservation_id,

@@ -8,7 +8,7 @@ from decimal import Decimal
 from sqlalchemy import select
 
 from ledger import events as ev
-from ledger.accounting import HoldStateError, SettleUnknown
+from ledger.accounting import HoldStateError, SettleUnknown, reservation_of_settlement
 from ledger.schema import budget_holds
 from ledger.store import ANY_VERSION, EventStore
 
@@ -20,9 +20,10 @@ class SettlementError(LookupError):
 
 
 def _reservation_id(settlement_id: str) -> str:
-    if not settlement_id.startswith("unk_"):
+    reservation = reservation_of_settlement(settlement_id)
+    if reservation is None:
         raise SettlementError(f"{settlement_id!r} is not a settlement id (unk_...)")
-    return "res_" + settlement_id.removeprefix("unk_")
+    return reservation
 
 
 async def settle_unknown(

@@ -63,7 +63,6 @@ log = logging.getLogger("waybill.app")
 _JSON: Final = "application/json"
 _SSE: Final = "text/event-stream"
 _MAX_RECORDED_STREAM: Final = 8 * 1024 * 1024
-_UNAUTHENTICATED: Final = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json"})
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

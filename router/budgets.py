@@ -27,6 +27,8 @@ from ledger.accounting import (
     Settle,
     Window,
     account_specs,
+    reservation_id,
+    settlement_id,
 )
 from ledger.schema import budget_accounts
 from ledger.store import EventStore
@@ -41,15 +43,6 @@ class StepRecord:
 
     events: tuple[ev.Event, ...]
     effects: tuple[Effect, ...]
-
-
-def _reservation_id(attempt_id: str) -> str:
-    # Deterministic: one attempt, one reservation; a repeated step finds the same hold.
-    return "res_" + attempt_id.removeprefix("att_")
-
-
-def _settlement_id(attempt_id: str) -> str:
-    return "unk_" + attempt_id.removeprefix("att_")
 
 
 class RequestBudget:
@@ -121,7 +114,7 @@ class RequestBudget:
 
     def reserve(self, attempt_id: str, endpoint: str, model: str, amount: Decimal) -> StepRecord:
         hold = Hold(
-            reservation_id=_reservation_id(attempt_id),
+            reservation_id=reservation_id(attempt_id),
             request_id=self.request_id,
             attempt_id=attempt_id,
             workspace=self.workspace,
@@ -196,7 +189,7 @@ class RequestBudget:
         """Usage unknown: the whole hold stays counted until it is settled (SPEC §6)."""
         hold = self._holds.pop(attempt_id)
         event = ev.UnknownUsageOpened(
-            settlement_id=_settlement_id(attempt_id),
+            settlement_id=settlement_id(attempt_id),
             request_id=self.request_id,
             attempt_id=attempt_id,
             reservation_id=hold.reservation_id,

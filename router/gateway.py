@@ -23,7 +23,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final, Literal, TypeVar
@@ -46,6 +46,7 @@ from router.drivers import (
     AttemptTimeouts,
     ChatRequest,
     Driver,
+    DriverResult,
     DriverStream,
     UpstreamFailure,
     driver_for,
@@ -416,7 +417,12 @@ class _Run:
             error = GatewayError(500, "internal_error", "internal error", error_type="api_error")
         self.gw._keep(self._flush_patiently(self._request_failed(error)))
 
-    async def _complete(self) -> Completion:
+    async def _until_answered(
+        self, attempt_once: Callable[[_Route, _Attempt], Awaitable[_T]]
+    ) -> tuple[_Route, _Attempt, _T]:
+        """SPEC §4's loop: route, start an attempt, run it within the deadline; on a failure
+        decide, then retry the route, fail over, or stop (``_failed`` raises the final
+        error). Returns the attempt that answered and what it returned."""
         route: _Route | None = None
         while True:
             route = route or await self._next_route()
@@ -426,64 +432,52 @@ class _Run:
                 continue
             try:
                 async with asyncio.timeout_at(_loop_time(self.deadline)):
-                    result = await route.driver.complete(
-                        self._chat_request(route), self._binding(attempt)
-                    )
+                    return route, attempt, await attempt_once(route, attempt)
             except UpstreamFailure as failure:
                 route = await self._failed(attempt, failure.classification, failure)
-                continue
             except TimeoutError:
                 route = await self._failed(attempt, _deadline_class(), None)
-                continue
-            cost = self._cost(route.mapping, result.usage)
-            await self._succeeded(
-                attempt,
-                usage=result.usage,
-                cost=cost,
-                finish_reason=result.finish_reason,
-                response_id=result.response_id,
-                response_model=_optional_str(result.response.get("model")),
-                upstream_request_id=result.upstream_request_id,
-                http_status=result.status,
-            )
-            return Completion(
-                self.request_id, result.response, route.choice.endpoint, self.attempt_count, cost
-            )
+
+    async def _complete(self) -> Completion:
+        async def call(route: _Route, attempt: _Attempt) -> DriverResult:
+            return await route.driver.complete(self._chat_request(route), self._binding(attempt))
+
+        route, attempt, result = await self._until_answered(call)
+        cost = self._cost(route.mapping, result.usage)
+        await self._succeeded(
+            attempt,
+            usage=result.usage,
+            cost=cost,
+            finish_reason=result.finish_reason,
+            response_id=result.response_id,
+            response_model=_optional_str(result.response.get("model")),
+            upstream_request_id=result.upstream_request_id,
+            http_status=result.status,
+        )
+        return Completion(
+            self.request_id, result.response, route.choice.endpoint, self.attempt_count, cost
+        )
 
     async def _stream(self) -> StreamingCompletion:
-        route: _Route | None = None
-        while True:
-            route = route or await self._next_route()
-            attempt = await self._start(route)
-            if attempt is None:
-                route = None
-                continue
-            upstream: DriverStream | None = None
+        async def open_until_content(
+            route: _Route, attempt: _Attempt
+        ) -> tuple[DriverStream, AsyncIterator[dict[str, Any]], list[dict[str, Any]]]:
+            upstream = await route.driver.stream(self._chat_request(route), self._binding(attempt))
             try:
-                async with asyncio.timeout_at(_loop_time(self.deadline)):
-                    upstream = await route.driver.stream(
-                        self._chat_request(route), self._binding(attempt)
-                    )
-                    chunks = aiter(upstream)
-                    held = await _first_content(chunks)
-            except UpstreamFailure as failure:
-                if upstream is not None:
-                    await upstream.aclose()
-                route = await self._failed(attempt, failure.classification, failure)
-                continue
-            except TimeoutError:
-                if upstream is not None:
-                    await upstream.aclose()
-                route = await self._failed(attempt, _deadline_class(), None)
-                continue
-            assert upstream is not None
-            attempt.stream_committed = True
-            return StreamingCompletion(
-                self.request_id,
-                route.choice.endpoint,
-                self.attempt_count,
-                self._stream_body(attempt, upstream, chunks, held),
-            )
+                chunks = aiter(upstream)
+                return upstream, chunks, await _first_content(chunks)
+            except BaseException:
+                await upstream.aclose()
+                raise
+
+        route, attempt, (upstream, chunks, held) = await self._until_answered(open_until_content)
+        attempt.stream_committed = True
+        return StreamingCompletion(
+            self.request_id,
+            route.choice.endpoint,
+            self.attempt_count,
+            self._stream_body(attempt, upstream, chunks, held),
+        )
 
     async def _stream_body(
         self,

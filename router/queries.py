@@ -40,7 +40,14 @@ from router.access import can_read_request, can_verify_ledger, read_scope
 from router.errors import GatewayError, invalid_request, permission_denied, request_not_found
 from router.gateway import Caller
 
-__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "queries_router"]
+__all__ = [
+    "DEFAULT_LIMIT",
+    "MAX_LIMIT",
+    "decode_cursor",
+    "encode_cursor",
+    "limit_param",
+    "queries_router",
+]
 
 DEFAULT_LIMIT: Final = 100
 MAX_LIMIT: Final = 500
@@ -58,7 +65,7 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
     async def search_requests(request: Request) -> Response:
         caller = await authenticate(request)
         params = request.query_params
-        limit = _limit(params)
+        limit = limit_param(params)
         search = _search(caller, params)
         after = _request_cursor(params.get("cursor"))
         if search is None:  # the caller asked for a workspace or key it may not read
@@ -68,7 +75,7 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
         )
         next_cursor = None
         if next_key is not None:
-            next_cursor = _encode_cursor("requests", [next_key[0].isoformat(), next_key[1]])
+            next_cursor = encode_cursor("requests", [next_key[0].isoformat(), next_key[1]])
         return _json({"data": [request_view_json(r) for r in rows], "next_cursor": next_cursor})
 
     @router.get("/v1/requests/{request_id}", openapi_extra=api_doc.REQUEST_VIEW)
@@ -94,7 +101,7 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
     async def request_events(request_id: str, request: Request) -> Response:
         caller = await authenticate(request)
         params = request.query_params
-        limit = _limit(params)
+        limit = limit_param(params)
         after = _events_cursor(params.get("cursor"))
         engine = _store(request).engine
         first = await read_request_events(engine, request_id, limit=1)
@@ -103,7 +110,7 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
         next_cursor = None
         if len(page) > limit:
             page = page[:limit]
-            next_cursor = _encode_cursor("events", [page[-1].version])
+            next_cursor = encode_cursor("events", [page[-1].version])
         return _json({"data": [e.as_json() for e in page], "next_cursor": next_cursor})
 
     @router.get("/v1/ledger/verify", openapi_extra=api_doc.VERIFY_LEDGER)
@@ -138,7 +145,7 @@ def _check_readable(caller: Caller, request_id: str, first: list[RecordedEvent])
 # --- query values ------------------------------------------------------------------------
 
 
-def _limit(params: Mapping[str, str]) -> int:
+def limit_param(params: Mapping[str, str]) -> int:
     raw = params.get("limit")
     if raw is None:
         return DEFAULT_LIMIT
@@ -208,7 +215,7 @@ def _search(caller: Caller, params: Mapping[str, str]) -> RequestSearch | None:
 # --- cursors: opaque to clients, checked on the way back ----------------------------------
 
 
-def _encode_cursor(kind: str, values: list[Any]) -> str:
+def encode_cursor(kind: str, values: list[Any]) -> str:
     return base64.urlsafe_b64encode(orjson.dumps([kind, *values])).rstrip(b"=").decode()
 
 
@@ -216,7 +223,7 @@ def _bad_cursor() -> GatewayError:
     return invalid_request("cursor is not one this endpoint handed out", param="cursor")
 
 
-def _decode_cursor(kind: str, cursor: str) -> list[Any]:
+def decode_cursor(kind: str, cursor: str) -> list[Any]:
     try:
         decoded = orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
     except (binascii.Error, ValueError):
@@ -229,7 +236,7 @@ def _decode_cursor(kind: str, cursor: str) -> list[Any]:
 def _request_cursor(cursor: str | None) -> RequestKey | None:
     if cursor is None:
         return None
-    values = _decode_cursor("requests", cursor)
+    values = decode_cursor("requests", cursor)
     if len(values) != 2 or not all(isinstance(v, str) for v in values):
         raise _bad_cursor()
     try:
@@ -241,7 +248,7 @@ def _request_cursor(cursor: str | None) -> RequestKey | None:
 def _events_cursor(cursor: str | None) -> int:
     if cursor is None:
         return 0
-    values = _decode_cursor("events", cursor)
+    values = decode_cursor("events", cursor)
     if len(values) != 1 or type(values[0]) is not int or values[0] < 0:
         raise _bad_cursor()
     return int(values[0])

@@ -29,7 +29,7 @@ from router import openapi as api_doc
 from router.access import read_scope
 from router.errors import GatewayError, invalid_request, permission_denied
 from router.gateway import Caller
-from router.queries import _decode_cursor, _encode_cursor, _limit
+from router.queries import decode_cursor, encode_cursor, limit_param
 
 __all__ = ["spend_router"]
 
@@ -78,13 +78,13 @@ def spend_router(authenticate: Authenticate) -> APIRouter:
             _store(request).engine,
             state=state,
             scope=_scope(caller, params),
-            limit=_limit(params),
+            limit=limit_param(params),
             after=_settlement_cursor(params.get("cursor")),
         )
         next_cursor = None
         if page.next_after is not None:
             opened_at, settlement_id = page.next_after
-            next_cursor = _encode_cursor("settlements", [opened_at.isoformat(), settlement_id])
+            next_cursor = encode_cursor("settlements", [opened_at.isoformat(), settlement_id])
         return Response(
             orjson.dumps({"data": page.data, "next_cursor": next_cursor}), media_type=_JSON
         )
@@ -180,7 +180,7 @@ def _day(params: Mapping[str, str], name: str) -> date | None:
 def _settlement_cursor(cursor: str | None) -> tuple[datetime, str] | None:
     if cursor is None:
         return None
-    values = _decode_cursor("settlements", cursor)
+    values = decode_cursor("settlements", cursor)
     if len(values) != 2 or not all(isinstance(v, str) for v in values):
         raise invalid_request("cursor is not one this endpoint handed out", param="cursor")
     try:

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger import events as ev
+from ledger.accounting import reservation_id
 from ledger.projection import Projection, fold_into
 from ledger.schema import spend_attempts, unknown_settlements
 from ledger.store import RecordedEvent
@@ -122,7 +123,7 @@ def _reservation_of(recorded: RecordedEvent) -> str:
     # (router.budgets: one attempt, one reservation, "res_<attempt>").
     if "reservation_id" in recorded.data:
         return str(recorded.data["reservation_id"])
-    return "res_" + str(recorded.data["attempt_id"]).removeprefix("att_")
+    return reservation_id(str(recorded.data["attempt_id"]))
 
 
 class SpendProjection(Projection):
