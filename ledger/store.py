@@ -14,6 +14,7 @@ database's immutability triggers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import weakref
 from collections import deque
@@ -23,12 +24,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+import psycopg
+from psycopg.rows import namedtuple_row
 from sqlalchemy import insert, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ledger.accounting import BudgetDenied, Effect, HoldStateError
-from ledger.books import load_books, save_books
+from ledger.accounting import Books, BudgetDenied, Effect, HoldStateError
+from ledger.books import (
+    balance_of,
+    book_needs,
+    book_writes,
+    hold_of,
+    load_books,
+    save_books,
+)
 from ledger.db import READ_ONLY
 from ledger.events import Event, EventValidationError, decode_event, encode_event
 from ledger.schema import events, ledger_head
@@ -177,7 +187,7 @@ class EventStore:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        self._postgres = engine.dialect.name == "postgresql"
+        self._pg = _PostgresAppender(engine) if engine.dialect.name == "postgresql" else None
         self._state = _AppenderState()
         self._commit_signals: weakref.WeakSet[asyncio.Event] = weakref.WeakSet()
 
@@ -272,7 +282,7 @@ class EventStore:
                 # Every caller must hear how its append ended; a database failure is
                 # reported as LedgerUnavailable, anything else (a bug) as itself.
                 failure: BaseException = error
-                if isinstance(error, SQLAlchemyError | OSError):
+                if isinstance(error, SQLAlchemyError | psycopg.Error | OSError):
                     failure = LedgerUnavailable(f"the ledger could not commit: {error}")
                 for pending in batch:
                     pending.result = failure
@@ -283,88 +293,32 @@ class EventStore:
                 signal.set()
 
     async def _commit(self, batch: list[_PendingAppend]) -> None:
+        if self._pg is not None:
+            await self._pg.commit(batch)
+            return
         async with self.engine.begin() as conn:
-            # THE LOCK. Every append transaction, in every process, first locks the single
-            # ledger_head row and holds it until commit. So transactions that write events
-            # are strictly serialized: positions are head+1, head+2, ... with no gaps, and
-            # the transaction that got position N has committed (and is visible) before the
-            # one that gets N+1 can even read the head. A reader tailing `position > p`
-            # therefore can never see N+1 without N — the bigserial pitfall (sequence values
-            # taken in one order, committed in another) cannot happen. It also gives the hash
-            # chain its single predecessor. The cost, one writer at a time, is paid once per
-            # batch rather than per event thanks to group commit. On SQLite, BEGIN IMMEDIATE
-            # (ledger.db) takes the database write lock, which is the same serialization.
+            # SQLite: BEGIN IMMEDIATE (ledger.db) takes the database write lock, which is
+            # the same serialization as PostgreSQL's head-row lock (see _PG_LOCK_HEAD).
             head = (
                 await conn.execute(
-                    select(ledger_head.c.position, ledger_head.c.hash)
-                    .where(ledger_head.c.id == 1)
-                    .with_for_update()
+                    select(ledger_head.c.position, ledger_head.c.hash).where(ledger_head.c.id == 1)
                 )
             ).one()
-            position, previous = int(head.position), str(head.hash)
             versions = await _stream_versions(conn, {p.stream_id for p in batch})
-            # The books are read after the head lock too: balances seen here include every
-            # reservation committed before, by any process.
             books = None
             if any(p.effects for p in batch):
                 books = await load_books(conn, (e for p in batch for e in p.effects))
-            recorded_at = datetime.now(UTC)
-            stamp = recorded_at.isoformat()
-            rows: list[dict[str, Any]] = []
-            for pending in batch:
-                current = versions.get(pending.stream_id, 0)
-                expected = pending.expected_version
-                if expected is not None and expected != current:
-                    pending.result = WrongExpectedVersion(pending.stream_id, expected, current)
-                    continue
-                if books is not None and pending.effects:
-                    try:
-                        books.apply(pending.effects)
-                    except (BudgetDenied, HoldStateError) as refusal:
-                        pending.result = refusal
-                        continue
-                recorded = []
-                for offset, (event_type, schema_version, data) in enumerate(pending.events, 1):
-                    position += 1
-                    payload = canonical_payload(
-                        stream_id=pending.stream_id,
-                        version=current + offset,
-                        event_type=event_type,
-                        schema_version=schema_version,
-                        data=data,
-                        metadata=pending.metadata,
-                        recorded_at=stamp,
-                    )
-                    previous = chain_hash(previous, position, payload)
-                    row = RecordedEvent(
-                        position=position,
-                        stream_id=pending.stream_id,
-                        version=current + offset,
-                        type=event_type,
-                        schema_version=schema_version,
-                        data=data,
-                        metadata=pending.metadata,
-                        recorded_at=recorded_at,
-                        hash=previous,
-                        payload=payload,
-                    )
-                    recorded.append(row)
-                    rows.append(_row(row))
-                versions[pending.stream_id] = current + len(pending.events)
-                pending.result = recorded
-            if not rows:
+            written = _assign(batch, int(head.position), str(head.hash), versions, books)
+            if written is None:
                 return
             if books is not None:
                 await save_books(conn, books)
-            if self._postgres:
-                await _write_postgres(conn, rows, recorded_at, position, previous)
-            else:
-                await conn.execute(insert(events), rows)
-                await conn.execute(
-                    update(ledger_head)
-                    .where(ledger_head.c.id == 1)
-                    .values(position=position, hash=previous)
-                )
+            await conn.execute(insert(events), [_row(r) for r in written.events])
+            await conn.execute(
+                update(ledger_head)
+                .where(ledger_head.c.id == 1)
+                .values(position=written.head, hash=written.head_hash)
+            )
 
     async def close(self) -> None:
         """Commit what is queued, then stop the appender."""
@@ -373,6 +327,8 @@ class EventStore:
         state.wakeup.set()
         if state.task is not None:
             await state.task
+        if self._pg is not None:
+            await self._pg.close()
 
     @property
     def stats(self) -> dict[str, int]:
@@ -446,10 +402,135 @@ class _ReadConnection:
         await self._conn.close()
 
 
-# One round trip for the whole batch: the rows as parallel arrays (one statement, however many
-# events), the head row update, and the NOTIFY that wakes tailing readers at commit. Sent on
-# the driver connection (inside SQLAlchemy's transaction) so that the arrays travel in
-# PostgreSQL's binary format: text-format arrays cost a regex escape per element.
+@dataclass(frozen=True, slots=True)
+class _Written:
+    events: list[RecordedEvent]
+    head: int
+    head_hash: str
+    recorded_at: datetime
+
+
+def _assign(
+    batch: list[_PendingAppend],
+    position: int,
+    previous: str,
+    versions: dict[str, int],
+    books: Books | None,
+) -> _Written | None:
+    """Decide every append of ``batch`` against the ledger as it stands under the lock.
+
+    Each append is checked on its own (its expected version, its budget effects); those that
+    pass get the next positions and versions and are chained onto ``previous``. Sets each
+    pending append's result; returns what to write (None: nothing passed)."""
+    recorded_at = datetime.now(UTC)
+    stamp = recorded_at.isoformat()
+    written: list[RecordedEvent] = []
+    for pending in batch:
+        current = versions.get(pending.stream_id, 0)
+        expected = pending.expected_version
+        if expected is not None and expected != current:
+            pending.result = WrongExpectedVersion(pending.stream_id, expected, current)
+            continue
+        if books is not None and pending.effects:
+            try:
+                books.apply(pending.effects)
+            except (BudgetDenied, HoldStateError) as refusal:
+                pending.result = refusal
+                continue
+        recorded = []
+        for offset, (event_type, schema_version, data) in enumerate(pending.events, 1):
+            position += 1
+            payload = canonical_payload(
+                stream_id=pending.stream_id,
+                version=current + offset,
+                event_type=event_type,
+                schema_version=schema_version,
+                data=data,
+                metadata=pending.metadata,
+                recorded_at=stamp,
+            )
+            previous = chain_hash(previous, position, payload)
+            recorded.append(
+                RecordedEvent(
+                    position=position,
+                    stream_id=pending.stream_id,
+                    version=current + offset,
+                    type=event_type,
+                    schema_version=schema_version,
+                    data=data,
+                    metadata=pending.metadata,
+                    recorded_at=recorded_at,
+                    hash=previous,
+                    payload=payload,
+                )
+            )
+        versions[pending.stream_id] = current + len(pending.events)
+        pending.result = recorded
+        written.extend(recorded)
+    if not written:
+        return None
+    return _Written(written, position, previous, recorded_at)
+
+
+# THE LOCK. Every append transaction, in every process, first locks the single ledger_head
+# row and holds it until commit. So transactions that write events are strictly serialized:
+# positions are head+1, head+2, ... with no gaps, and the transaction that got position N has
+# committed (and is visible) before the one that gets N+1 can even read the head. A reader
+# tailing `position > p` therefore can never see N+1 without N — the bigserial pitfall
+# (sequence values taken in one order, committed in another) cannot happen. It also gives the
+# hash chain its single predecessor, and serializes every change to the books (balances read
+# after the lock include every reservation committed before, by any process). The cost, one
+# writer at a time, is paid once per batch rather than per event thanks to group commit.
+_PG_LOCK_HEAD = "SELECT position, hash FROM ledger_head WHERE id = 1 FOR UPDATE"
+
+# One index probe per stream (its last version through the (stream_id, version) unique
+# index), however long the stream: never a scan of its events.
+_PG_VERSIONS = """
+    SELECT s.id, (SELECT e.version FROM events e WHERE e.stream_id = s.id
+                  ORDER BY e.version DESC LIMIT 1)
+    FROM unnest(%(ids)s::text[]) AS s(id)
+"""
+
+_PG_HOLDS = "SELECT * FROM budget_holds WHERE reservation_id = ANY(%(holds)s::text[])"
+
+# The accounts the effects name, and those of the holds they resolve.
+_PG_ACCOUNTS = """
+    SELECT * FROM budget_accounts WHERE account_id IN (
+        SELECT unnest(%(accounts)s::text[])
+        UNION
+        SELECT jsonb_array_elements_text(h.accounts::jsonb) FROM budget_holds h
+        WHERE h.reservation_id = ANY(%(holds)s::text[]))
+"""
+
+_PG_NEW_ACCOUNT = """
+    INSERT INTO budget_accounts (account_id, kind, workspace, key_id, window_start, limit_usd,
+                                 held_usd, settled_usd, updated_at)
+    VALUES (%(account_id)s, %(kind)s, %(workspace)s, %(key_id)s, %(window_start)s,
+            %(limit_usd)s, %(held_usd)s, %(settled_usd)s, %(updated_at)s)
+"""
+_PG_CHANGED_ACCOUNT = """
+    UPDATE budget_accounts SET limit_usd = %(limit_usd)s, held_usd = %(held_usd)s,
+                               settled_usd = %(settled_usd)s, updated_at = %(updated_at)s
+    WHERE account_id = %(account_id)s
+"""
+_PG_NEW_HOLD = """
+    INSERT INTO budget_holds (reservation_id, request_id, attempt_id, workspace, key_id,
+                              endpoint, model, amount_usd, accounts, state, owner, created_at)
+    VALUES (%(reservation_id)s, %(request_id)s, %(attempt_id)s, %(workspace)s, %(key_id)s,
+            %(endpoint)s, %(model)s, %(amount_usd)s, %(accounts)s, %(state)s, %(owner)s,
+            %(created_at)s)
+"""
+_PG_CHANGED_HOLD = (
+    "UPDATE budget_holds SET state = %(state)s WHERE reservation_id = %(reservation_id)s"
+)
+_PG_RESOLUTION = """
+    INSERT INTO budget_resolutions (reservation_id, kind, settled_usd, released_usd, resolved_at)
+    VALUES (%(reservation_id)s, %(kind)s, %(settled_usd)s, %(released_usd)s, %(resolved_at)s)
+"""
+
+# The whole batch in one statement: the rows as parallel arrays in PostgreSQL's binary
+# format (text-format arrays cost a regex escape per element), the head row update, and the
+# NOTIFY that wakes tailing readers at commit.
 _PG_WRITE = """
     WITH inserted AS (
         INSERT INTO events (position, stream_id, version, type, schema_version, data,
@@ -469,60 +550,130 @@ _PG_WRITE = """
 """
 
 
-async def _write_postgres(
-    conn: AsyncConnection,
-    rows: list[dict[str, Any]],
-    recorded_at: datetime,
-    head: int,
-    head_hash: str,
-) -> None:
-    raw = await conn.get_raw_connection()
-    driver = raw.driver_connection
-    assert driver is not None
-    async with driver.cursor() as cursor:
-        await cursor.execute(
-            _PG_WRITE,
-            {
-                "recorded_at": recorded_at,
-                "positions": [r["position"] for r in rows],
-                "stream_ids": [r["stream_id"] for r in rows],
-                "versions": [r["version"] for r in rows],
-                "types": [r["type"] for r in rows],
-                "schema_versions": [r["schema_version"] for r in rows],
-                "datas": [orjson.dumps(r["data"]).decode() for r in rows],
-                "metadatas": [orjson.dumps(r["metadata"]).decode() for r in rows],
-                "payloads": [r["payload"] for r in rows],
-                "hashes": [r["hash"] for r in rows],
-                "head": head,
-                "head_hash": head_hash,
-            },
-        )
+class _PostgresAppender:
+    """The appender's own connection on PostgreSQL, and a batch in two round trips.
+
+    Through psycopg's pipeline mode, the head lock, the stream versions and the books the
+    batch touches are read in one round trip; the events, the head, the books and the
+    COMMIT go in the second. (Through the SQLAlchemy pool the same transaction took seven
+    round trips and most of the appender's CPU.) A connection that failed mid-batch is
+    dropped; the next batch connects afresh."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        url = engine.url.set(drivername="postgresql")
+        self._conninfo = url.render_as_string(hide_password=False)
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+
+    async def commit(self, batch: list[_PendingAppend]) -> None:
+        conn = self._conn
+        if conn is None or conn.closed:
+            conn = self._conn = await psycopg.AsyncConnection.connect(
+                self._conninfo, connect_timeout=10
+            )
+        try:
+            await self._commit(conn, batch)
+        except BaseException:
+            self._conn = None
+            await _close_quietly(conn)
+            raise
+
+    async def _commit(
+        self, conn: psycopg.AsyncConnection[Any], batch: list[_PendingAppend]
+    ) -> None:
+        stream_ids = sorted({p.stream_id for p in batch})
+        effects = [e for p in batch for e in p.effects]
+        account_ids, hold_ids = book_needs(effects)
+        async with conn.pipeline():
+            head = conn.cursor()
+            await head.execute(_PG_LOCK_HEAD)
+            probe = conn.cursor()
+            await probe.execute(_PG_VERSIONS, {"ids": stream_ids})
+            if effects:
+                holds = conn.cursor(row_factory=namedtuple_row)
+                await holds.execute(_PG_HOLDS, {"holds": sorted(hold_ids)})
+                accounts = conn.cursor(row_factory=namedtuple_row)
+                await accounts.execute(
+                    _PG_ACCOUNTS, {"accounts": sorted(account_ids), "holds": sorted(hold_ids)}
+                )
+            # --- one round trip: everything above is read under the lock ---
+            position, previous = await _one(head)
+            versions = {str(s): int(v) for s, v in await probe.fetchall() if v is not None}
+            books = None
+            if effects:
+                books = Books()
+                for row in await holds.fetchall():
+                    hold = hold_of(row)
+                    books.holds[hold.reservation_id] = hold
+                for row in await accounts.fetchall():
+                    balance = balance_of(row)
+                    books.accounts[balance.account_id] = balance
+            written = _assign(batch, int(position), str(previous), versions, books)
+            if written is None:
+                await conn.rollback()
+                return
+            if books is not None:
+                writes = book_writes(books, written.recorded_at)
+                cursor = conn.cursor()
+                for statement, rows in (
+                    (_PG_NEW_ACCOUNT, writes.new_accounts),
+                    (_PG_CHANGED_ACCOUNT, writes.changed_accounts),
+                    (_PG_NEW_HOLD, writes.new_holds),
+                    (_PG_CHANGED_HOLD, writes.changed_holds),
+                    (_PG_RESOLUTION, writes.resolutions),
+                ):
+                    if rows:
+                        await cursor.executemany(statement, rows)
+            new = written.events
+            await conn.cursor().execute(
+                _PG_WRITE,
+                {
+                    "recorded_at": written.recorded_at,
+                    "positions": [r.position for r in new],
+                    "stream_ids": [r.stream_id for r in new],
+                    "versions": [r.version for r in new],
+                    "types": [r.type for r in new],
+                    "schema_versions": [r.schema_version for r in new],
+                    "datas": [orjson.dumps(r.data).decode() for r in new],
+                    "metadatas": [orjson.dumps(r.metadata).decode() for r in new],
+                    "payloads": [r.payload for r in new],
+                    "hashes": [r.hash for r in new],
+                    "head": written.head,
+                    "head_hash": written.head_hash,
+                },
+            )
+            # --- the second round trip: the writes and the commit ---
+            await conn.commit()
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await _close_quietly(conn)
+
+
+async def _one(cursor: psycopg.AsyncCursor[Any]) -> Any:
+    row = await cursor.fetchone()
+    if row is None:
+        raise LedgerUnavailable("the ledger head row is missing: is the database migrated?")
+    return row
+
+
+async def _close_quietly(conn: psycopg.AsyncConnection[Any]) -> None:
+    with contextlib.suppress(Exception):
+        await conn.close()
 
 
 async def _stream_versions(conn: AsyncConnection, stream_ids: set[str]) -> dict[str, int]:
-    # One index probe per stream (the last version via the (stream_id, version) unique
-    # index), however long the stream: never a scan of the stream's events.
-    if conn.dialect.name == "postgresql":
-        # An array parameter keeps the statement text constant, so it is prepared once.
-        result = await conn.execute(
-            text(
-                "SELECT s.id, (SELECT e.version FROM events e WHERE e.stream_id = s.id "
-                "ORDER BY e.version DESC LIMIT 1) "
-                "FROM unnest(CAST(:ids AS text[])) AS s(id)"
-            ),
-            {"ids": sorted(stream_ids)},
-        )
-    else:
-        # SQLite: a VALUES table of the ids (placeholders only; the ids are bound).
-        names = [f"s{i}" for i in range(len(stream_ids))]
-        rows = ", ".join(f"(:{name})" for name in names)
-        result = await conn.execute(
-            text(
-                f"WITH s(id) AS (VALUES {rows}) SELECT s.id, "
-                "(SELECT max(e.version) FROM events e WHERE e.stream_id = s.id) FROM s"
-            ),
-            dict(zip(names, sorted(stream_ids), strict=True)),
-        )
+    # SQLite: a VALUES table of the ids (placeholders only; the ids are bound), one index
+    # probe per stream.
+    names = [f"s{i}" for i in range(len(stream_ids))]
+    rows = ", ".join(f"(:{name})" for name in names)
+    result = await conn.execute(
+        text(
+            f"WITH s(id) AS (VALUES {rows}) SELECT s.id, "
+            "(SELECT max(e.version) FROM events e WHERE e.stream_id = s.id) FROM s"
+        ),
+        dict(zip(names, sorted(stream_ids), strict=True)),
+    )
     return {str(stream_id): int(version) for stream_id, version in result if version is not None}
 
 
