@@ -9,11 +9,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Literal, TypeGuard
 
-from sqlalchemy import select
-
 from ledger.events import KeyCreated, KeyRevoked
 from ledger.projection import ProjectionRunner
-from ledger.schema import api_keys
 from ledger.store import NO_STREAM, EventStore
 from ledger.views.keys import KeysProjection
 
@@ -101,16 +98,19 @@ async def revoke_key(
     await _project(store)
 
 
+_FIND_KEY = (
+    "SELECT key_id, workspace, role, revoked_at, budget_limit_usd, budget_window "
+    "FROM api_keys WHERE secret_sha256 = :digest"
+)
+
+
 async def find_key(store: EventStore, secret: str) -> ApiKey | None:
-    async with store.reading() as conn:
-        row = (
-            await conn.execute(
-                select(api_keys).where(api_keys.c.secret_sha256 == secret_digest(secret))
-            )
-        ).first()
+    """The key with this secret, from the keys read model (on every request: a revoked key
+    is refused as soon as the revocation is recorded)."""
+    row = await store.hot.first(_FIND_KEY, {"digest": secret_digest(secret)})
     if row is None:
         return None
     budget = None
     if row.budget_limit_usd is not None and row.budget_window in ("day", "month", "total"):
-        budget = (row.budget_limit_usd, row.budget_window)
+        budget = (Decimal(str(row.budget_limit_usd)), row.budget_window)
     return ApiKey(row.key_id, row.workspace, row.role, row.revoked_at is not None, budget)

@@ -20,12 +20,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 __all__ = [
     "DEFAULT_DATABASE_URL",
     "READ_ONLY",
+    "LedgerUnavailable",
     "async_url",
     "create_engine",
     "current_revision",
     "head_revision",
     "is_postgres",
     "migrate",
+    "psycopg_conninfo",
     "resolve_database_url",
     "sync_url",
 ]
@@ -38,6 +40,11 @@ ALEMBIC_DIR = Path(__file__).resolve().parent.parent / "alembic"
 
 class DatabaseUrlError(ValueError):
     pass
+
+
+class LedgerUnavailable(Exception):
+    """The database could not be reached or could not durably record an append (nothing
+    was acknowledged). The gateway answers 503 ``ledger_unavailable``."""
 
 
 def resolve_database_url(url: str | None) -> str:
@@ -66,6 +73,12 @@ def async_url(url: str) -> URL:
     if parsed.get_backend_name() == "postgresql":
         return parsed.set(drivername="postgresql+psycopg")
     return parsed.set(drivername="sqlite+aiosqlite")
+
+
+def psycopg_conninfo(engine: AsyncEngine) -> str:
+    """The engine's PostgreSQL URL as plain psycopg takes it (for the raw connections of
+    the hot path: the appender's and the request path's reads)."""
+    return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 def sync_url(url: str) -> URL:

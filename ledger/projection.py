@@ -74,29 +74,42 @@ class ProjectionRunner:
             known = ", ".join(sorted(self.projections))
             raise KeyError(f"unknown projection {name!r} (known: {known})") from None
 
-    async def step(self, projection: Projection) -> int:
-        """Apply the next page; returns how many events it consumed (0: up to date)."""
+    async def step(self, *projections: Projection) -> int:
+        """Apply the next page to ``projections`` (all of them when none is named); returns
+        how many events the page held (0: all are up to date).
+
+        One transaction, one read of the page, each event decoded once, however many
+        projections take part: each gets the events past its own checkpoint, and every
+        checkpoint moves with its read model's writes."""
+        chosen = sorted(projections or self.projections.values(), key=lambda p: p.name)
         async with self.store.engine.begin() as conn:
-            checkpoint = await _lock_checkpoint(conn, projection.name)
+            checkpoints = [await _lock_checkpoint(conn, p.name) for p in chosen]
             rows = (
                 await conn.execute(
                     select(events.c.position, events.c.hash, events.c.payload)
-                    .where(events.c.position > checkpoint)
+                    .where(events.c.position > min(checkpoints))
                     .order_by(events.c.position)
                     .limit(self.page_size)
                 )
             ).all()
             if not rows:
                 return 0
-            wanted = projection.event_types
-            decoded = (decode_payload(r.position, r.hash, r.payload) for r in rows)
-            batch = [e for e in decoded if wanted is None or e.type in wanted]
-            if batch:
-                await projection.apply(conn, batch)
+            page = [decode_payload(r.position, r.hash, r.payload) for r in rows]
+            for projection, checkpoint in zip(chosen, checkpoints, strict=True):
+                wanted = projection.event_types
+                batch = [
+                    e
+                    for e in page
+                    if e.position > checkpoint and (wanted is None or e.type in wanted)
+                ]
+                if batch:
+                    await projection.apply(conn, batch)
+            last = rows[-1].position
+            behind = [p.name for p, c in zip(chosen, checkpoints, strict=True) if c < last]
             await conn.execute(
                 update(projection_checkpoints)
-                .where(projection_checkpoints.c.name == projection.name)
-                .values(position=rows[-1].position, updated_at=datetime.now(UTC))
+                .where(projection_checkpoints.c.name.in_(behind))
+                .values(position=last, updated_at=datetime.now(UTC))
             )
             return len(rows)
 
@@ -114,7 +127,13 @@ class ProjectionRunner:
                 return done
 
     async def catch_up_all(self) -> int:
-        return sum([await self.catch_up(p) for p in self.projections.values()])
+        """Every projection, up to the head: the pages read once for all of them."""
+        done = 0
+        while True:
+            consumed = await self.step()
+            done += consumed
+            if consumed < self.page_size:
+                return done
 
     async def replay(self, projection: Projection, progress: Progress | None = None) -> int:
         """Clear the projection's tables and rebuild them from position 0."""

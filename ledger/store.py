@@ -14,11 +14,11 @@ database's immutability triggers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
+import logging
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -39,8 +39,9 @@ from ledger.books import (
     load_books,
     save_books,
 )
-from ledger.db import READ_ONLY
+from ledger.db import READ_ONLY, LedgerUnavailable, psycopg_conninfo
 from ledger.events import Event, EventValidationError, decode_event, encode_event
+from ledger.reads import HotReads, close_quietly
 from ledger.schema import events, ledger_head
 
 __all__ = [
@@ -61,6 +62,7 @@ NO_STREAM = 0
 """``expected_version`` for a stream that must not exist yet."""
 
 _MAX_BATCH_EVENTS = 1000
+_log = logging.getLogger("waybill.ledger")
 
 
 class WrongExpectedVersion(Exception):
@@ -74,10 +76,6 @@ class WrongExpectedVersion(Exception):
         self.stream_id = stream_id
         self.expected = expected
         self.actual = actual
-
-
-class LedgerUnavailable(Exception):
-    """The database could not durably record the append; nothing was acknowledged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,10 +92,16 @@ class RecordedEvent:
     recorded_at: datetime
     hash: str
     payload: bytes
+    _event: Event | None = field(default=None, compare=False, repr=False)
 
     def event(self) -> Event:
-        """The typed event, upcast to the current schema version."""
-        return decode_event(self.type, self.schema_version, self.data)
+        """The typed event, upcast to the current schema version (validated once, then
+        shared by every reader of this record: the events are immutable)."""
+        typed = self._event
+        if typed is None:
+            typed = decode_event(self.type, self.schema_version, self.data)
+            object.__setattr__(self, "_event", typed)
+        return typed
 
     def as_json(self) -> dict[str, Any]:
         """The event in the query API's stable shape (SPEC §3)."""
@@ -166,7 +170,7 @@ def decode_payload(position: int, hash_: str, payload: bytes) -> RecordedEvent:
 class _PendingAppend:
     stream_id: str
     expected_version: int | None
-    events: list[tuple[str, int, dict[str, Any]]]
+    events: list[tuple[str, int, dict[str, Any], Event]]  # type, version, data, the event
     metadata: dict[str, Any]
     future: asyncio.Future[list[RecordedEvent]]
     effects: tuple[Effect, ...] = ()
@@ -189,7 +193,16 @@ class EventStore:
         self.engine = engine
         self._pg = _PostgresAppender(engine) if engine.dialect.name == "postgresql" else None
         self._state = _AppenderState()
+        self.hot = HotReads(engine)  # the request path's single-statement reads
         self._commit_signals: weakref.WeakSet[asyncio.Event] = weakref.WeakSet()
+        self._listeners: list[Callable[[Sequence[RecordedEvent]], None]] = []
+
+    def on_commit(self, listener: Callable[[Sequence[RecordedEvent]], None]) -> Callable[[], None]:
+        """Call ``listener`` with the events of each batch this store commits, right after
+        the commit (so: this process's appends only, in position order). It must be quick
+        and must not raise; what it raises is logged. Returns the way to unsubscribe."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
 
     def commit_signal(self) -> asyncio.Event:
         """An event this store sets after each commit (the caller clears it)."""
@@ -250,7 +263,8 @@ class EventStore:
         for event in new_events:
             if not isinstance(event, Event):
                 raise EventValidationError(f"not a catalogue event: {event!r}")
-            encoded.append((type(event).type, type(event).schema_version, encode_event(event)))
+            cls = type(event)
+            encoded.append((cls.type, cls.schema_version, encode_event(event), event))
         meta = dict(metadata or {})
         try:
             orjson.dumps(meta)
@@ -289,8 +303,20 @@ class EventStore:
             for pending in batch:
                 _resolve(pending)
             state.batches += 1
+            if self._listeners:
+                self._tell_listeners(batch)
             for signal in self._commit_signals:
                 signal.set()
+
+    def _tell_listeners(self, batch: list[_PendingAppend]) -> None:
+        committed = [e for p in batch if isinstance(p.result, list) for e in p.result]
+        if not committed:
+            return
+        for listener in list(self._listeners):
+            try:
+                listener(committed)
+            except Exception:
+                _log.exception("a commit listener failed")
 
     async def _commit(self, batch: list[_PendingAppend]) -> None:
         if self._pg is not None:
@@ -329,6 +355,7 @@ class EventStore:
             await state.task
         if self._pg is not None:
             await self._pg.close()
+        await self.hot.close()
 
     @property
     def stats(self) -> dict[str, int]:
@@ -438,7 +465,7 @@ def _assign(
                 pending.result = refusal
                 continue
         recorded = []
-        for offset, (event_type, schema_version, data) in enumerate(pending.events, 1):
+        for offset, (event_type, schema_version, data, event) in enumerate(pending.events, 1):
             position += 1
             payload = canonical_payload(
                 stream_id=pending.stream_id,
@@ -462,6 +489,7 @@ def _assign(
                     recorded_at=recorded_at,
                     hash=previous,
                     payload=payload,
+                    _event=event,
                 )
             )
         versions[pending.stream_id] = current + len(pending.events)
@@ -560,8 +588,7 @@ class _PostgresAppender:
     dropped; the next batch connects afresh."""
 
     def __init__(self, engine: AsyncEngine) -> None:
-        url = engine.url.set(drivername="postgresql")
-        self._conninfo = url.render_as_string(hide_password=False)
+        self._conninfo = psycopg_conninfo(engine)
         self._conn: psycopg.AsyncConnection[Any] | None = None
 
     async def commit(self, batch: list[_PendingAppend]) -> None:
@@ -574,7 +601,7 @@ class _PostgresAppender:
             await self._commit(conn, batch)
         except BaseException:
             self._conn = None
-            await _close_quietly(conn)
+            await close_quietly(conn)
             raise
 
     async def _commit(
@@ -647,7 +674,7 @@ class _PostgresAppender:
     async def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
-            await _close_quietly(conn)
+            await close_quietly(conn)
 
 
 async def _one(cursor: psycopg.AsyncCursor[Any]) -> Any:
@@ -655,11 +682,6 @@ async def _one(cursor: psycopg.AsyncCursor[Any]) -> Any:
     if row is None:
         raise LedgerUnavailable("the ledger head row is missing: is the database migrated?")
     return row
-
-
-async def _close_quietly(conn: psycopg.AsyncConnection[Any]) -> None:
-    with contextlib.suppress(Exception):
-        await conn.close()
 
 
 async def _stream_versions(conn: AsyncConnection, stream_ids: set[str]) -> dict[str, int]:

@@ -1,6 +1,9 @@
-"""The gateway's live telemetry: one background task that follows the ledger.
+"""The gateway's live telemetry: metrics from this process's commits, traces from the ledger.
 
-Each round it records the new events into the metrics, lets the :class:`TraceFollower`
+Metrics: every batch this process's event store commits is recorded into the instruments
+right after its commit (``EventStore.on_commit``), so each replica counts its own requests
+(summed across replicas, as Prometheus does, nothing is counted twice) and no page of the
+ledger is read back for them. Traces: one background task lets the :class:`TraceFollower`
 export the spans of requests that have finished, and refreshes the ledger-lag gauge. It
 runs beside the request path, never on it: a slow or absent collector only makes the
 trace checkpoint wait (spans stay in the ledger and go out when the collector is back,
@@ -13,14 +16,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any, Final
 
 from sqlalchemy import select
 
 from ledger.db import READ_ONLY
 from ledger.schema import ledger_head, projection_checkpoints
-from ledger.store import EventStore
+from ledger.store import EventStore, RecordedEvent
 from ledger.tail import Wakeup
 from otel.export import (
     ExportFailed,
@@ -35,8 +38,8 @@ from otel.metrics import MetricsPipeline
 __all__ = ["METRICS_FOLLOWER", "Telemetry"]
 
 METRICS_FOLLOWER: Final = "otel_metrics"
-"""The metrics follower's name on the ``waybill.ledger.lag`` gauge (it keeps no checkpoint:
-each process counts from the ledger head it found at start)."""
+"""The metrics' name on the ``waybill.ledger.lag`` gauge: always 0, they are recorded at
+commit (kept so that dashboards built on the gauge keep their series)."""
 
 _log = logging.getLogger("waybill.otel")
 _MAX_BACKOFF_S: Final = 30.0
@@ -62,11 +65,11 @@ class Telemetry:
         self.settle_s = settle_s
         self.page_size = page_size
         self._lag_at = 0.0
-        self._metrics_position: int | None = None
         self._trace_failures = 0
         self._retry_traces_at = 0.0
         self._failing: set[str] = set()
         self._stopping = False
+        self._unsubscribe = store.on_commit(self._record)
 
     @classmethod
     def from_env(cls, store: EventStore) -> Telemetry:
@@ -95,6 +98,14 @@ class Telemetry:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow the ledger until ``stop`` is set."""
+        if self.traces is None:
+            # Only the lag gauge to refresh: no need to wake on every commit.
+            while not stop.is_set():
+                await self.round(stop)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.poll_interval_s):
+                        await stop.wait()
+            return
         async with Wakeup(self.store, poll_interval_s=self.poll_interval_s) as wakeup:
             while not stop.is_set():
                 await self.round(stop)
@@ -107,8 +118,7 @@ class Telemetry:
                         await stop.wait()
 
     async def round(self, stop: asyncio.Event | None = None) -> None:
-        """One pass: metrics, then traces (unless backing off), then the lag gauge."""
-        await self._guard("metrics", self._follow_metrics())
+        """One pass: traces (unless backing off), then the lag gauge."""
         if self.traces is not None and time.monotonic() >= self._retry_traces_at:
             await self._export_traces(self.traces, stop)
         if time.monotonic() >= self._lag_at:
@@ -123,23 +133,16 @@ class Telemetry:
             self.traces.exporter.shutdown()
 
     def shutdown(self) -> None:
+        self._unsubscribe()
         self.pipeline.shutdown()
 
-    async def _follow_metrics(self) -> None:
-        if self._metrics_position is None:
-            self._metrics_position = (await self.store.head())[0]
-        while True:
-            page = await self.store.read_all(self._metrics_position, self.page_size)
-            for recorded in page:
-                try:
-                    self.pipeline.metrics.record(recorded)
-                except Exception:
-                    # One event this code cannot read must not stop the metrics: skip it.
-                    _log.exception("cannot record event %d in the metrics", recorded.position)
-            if page:
-                self._metrics_position = page[-1].position
-            if len(page) < self.page_size:
-                return
+    def _record(self, committed: Sequence[RecordedEvent]) -> None:
+        for recorded in committed:
+            try:
+                self.pipeline.metrics.record(recorded)
+            except Exception:
+                # One event this code cannot read must not stop the metrics: skip it.
+                _log.exception("cannot record event %d in the metrics", recorded.position)
 
     async def _export_traces(self, traces: TraceFollower, stop: asyncio.Event | None) -> None:
         try:
@@ -174,8 +177,7 @@ class Telemetry:
                 )
             ).all()
         lag = {str(name): head - int(position) for name, position in rows}
-        if self._metrics_position is not None:
-            lag[METRICS_FOLLOWER] = head - self._metrics_position
+        lag[METRICS_FOLLOWER] = 0
         self.pipeline.metrics.set_lag(lag)
 
     async def _guard(self, what: str, work: Coroutine[Any, Any, None]) -> None:

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from sqlalchemy import select
-
 from ledger import events as ev
 from ledger.accounting import (
     AccountSpec,
@@ -30,7 +28,6 @@ from ledger.accounting import (
     reservation_id,
     settlement_id,
 )
-from ledger.schema import budget_accounts
 from ledger.store import EventStore
 from router.config import Workspace
 
@@ -98,16 +95,16 @@ class RequestBudget:
         return over_budget
 
     async def _available(self) -> Mapping[str, Decimal]:
-        ids = [s.account_id for s in self.specs]
-        async with self._store.reading() as conn:
-            rows = await conn.execute(
-                select(
-                    budget_accounts.c.account_id,
-                    budget_accounts.c.held_usd,
-                    budget_accounts.c.settled_usd,
-                ).where(budget_accounts.c.account_id.in_(ids))
-            )
-            used = {row.account_id: row.held_usd + row.settled_usd for row in rows}
+        ids = {f"a{i}": s.account_id for i, s in enumerate(self.specs)}
+        rows = await self._store.hot.rows(
+            "SELECT account_id, held_usd, settled_usd FROM budget_accounts "
+            f"WHERE account_id IN ({', '.join(':' + name for name in ids)})",
+            ids,
+        )
+        used = {
+            row.account_id: Decimal(str(row.held_usd)) + Decimal(str(row.settled_usd))
+            for row in rows
+        }
         return {s.account_id: s.limit_usd - used.get(s.account_id, Decimal(0)) for s in self.specs}
 
     # --- the steps of one attempt's hold ---
