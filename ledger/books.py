@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -57,7 +58,7 @@ def hold_of(row: Any) -> Hold:
         key_id=row.key_id,
         endpoint=row.endpoint,
         model=row.model,
-        amount_usd=row.amount_usd,
+        amount_usd=_money(row.amount_usd),
         accounts=tuple(orjson.loads(row.accounts)),
         owner=row.owner,
         state=row.state,
@@ -72,10 +73,15 @@ def balance_of(row: Any) -> Balance:
         workspace=row.workspace,
         key_id=row.key_id,
         window_start=row.window_start,
-        limit_usd=row.limit_usd,
-        held_usd=row.held_usd,
-        settled_usd=row.settled_usd,
+        limit_usd=_money(row.limit_usd),
+        held_usd=_money(row.held_usd),
+        settled_usd=_money(row.settled_usd),
     )
+
+
+def _money(value: Any) -> Decimal:
+    # A NUMERIC column read as such, or as exact text (the JSON the PostgreSQL appender reads).
+    return value if isinstance(value, Decimal) else Decimal(str(value))
 
 
 @dataclass(frozen=True, slots=True)

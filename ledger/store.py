@@ -21,11 +21,11 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
 import psycopg
-from psycopg.rows import namedtuple_row
 from sqlalchemy import insert, select, text, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -511,56 +511,80 @@ def _assign(
 # writer at a time, is paid once per batch rather than per event thanks to group commit.
 _PG_LOCK_HEAD = "SELECT position, hash FROM ledger_head WHERE id = 1 FOR UPDATE"
 
-# One index probe per stream (its last version through the (stream_id, version) unique
-# index), however long the stream: never a scan of its events.
-_PG_VERSIONS = """
-    SELECT s.id, (SELECT e.version FROM events e WHERE e.stream_id = s.id
-                  ORDER BY e.version DESC LIMIT 1)
-    FROM unnest(%(ids)s::text[]) AS s(id)
+# Everything the batch is decided on, read in one statement AFTER the lock's: in READ
+# COMMITTED a statement reads from a snapshot taken when it starts, so reads folded into the
+# locking statement could miss the transaction that held the lock before us. The streams'
+# last versions (one index probe each, never a scan), the holds the batch resolves, and the
+# accounts it touches (named by its reservations, or by the holds' own account lists). Money
+# travels as text so that it stays exact.
+_PG_READ = """
+    SELECT
+      (SELECT coalesce(json_agg(json_build_array(s.id, (
+                  SELECT e.version FROM events e WHERE e.stream_id = s.id
+                  ORDER BY e.version DESC LIMIT 1))), '[]')
+       FROM unnest(%(streams)s::text[]) AS s(id)),
+      (SELECT coalesce(json_agg(json_build_object(
+                  'reservation_id', h.reservation_id, 'request_id', h.request_id,
+                  'attempt_id', h.attempt_id, 'workspace', h.workspace, 'key_id', h.key_id,
+                  'endpoint', h.endpoint, 'model', h.model, 'amount_usd', h.amount_usd::text,
+                  'accounts', h.accounts, 'owner', h.owner, 'state', h.state)), '[]')
+       FROM budget_holds h WHERE h.reservation_id = ANY(%(holds)s::text[])),
+      (SELECT coalesce(json_agg(json_build_object(
+                  'account_id', a.account_id, 'kind', a.kind, 'workspace', a.workspace,
+                  'key_id', a.key_id, 'window_start', a.window_start,
+                  'limit_usd', a.limit_usd::text, 'held_usd', a.held_usd::text,
+                  'settled_usd', a.settled_usd::text)), '[]')
+       FROM budget_accounts a WHERE a.account_id IN (
+           SELECT unnest(%(accounts)s::text[])
+           UNION
+           SELECT jsonb_array_elements_text(h.accounts::jsonb) FROM budget_holds h
+           WHERE h.reservation_id = ANY(%(holds)s::text[])))
 """
 
-_PG_HOLDS = "SELECT * FROM budget_holds WHERE reservation_id = ANY(%(holds)s::text[])"
-
-# The accounts the effects name, and those of the holds they resolve.
-_PG_ACCOUNTS = """
-    SELECT * FROM budget_accounts WHERE account_id IN (
-        SELECT unnest(%(accounts)s::text[])
-        UNION
-        SELECT jsonb_array_elements_text(h.accounts::jsonb) FROM budget_holds h
-        WHERE h.reservation_id = ANY(%(holds)s::text[]))
-"""
-
-_PG_NEW_ACCOUNT = """
-    INSERT INTO budget_accounts (account_id, kind, workspace, key_id, window_start, limit_usd,
-                                 held_usd, settled_usd, updated_at)
-    VALUES (%(account_id)s, %(kind)s, %(workspace)s, %(key_id)s, %(window_start)s,
-            %(limit_usd)s, %(held_usd)s, %(settled_usd)s, %(updated_at)s)
-"""
-_PG_CHANGED_ACCOUNT = """
-    UPDATE budget_accounts SET limit_usd = %(limit_usd)s, held_usd = %(held_usd)s,
-                               settled_usd = %(settled_usd)s, updated_at = %(updated_at)s
-    WHERE account_id = %(account_id)s
-"""
-_PG_NEW_HOLD = """
-    INSERT INTO budget_holds (reservation_id, request_id, attempt_id, workspace, key_id,
-                              endpoint, model, amount_usd, accounts, state, owner, created_at)
-    VALUES (%(reservation_id)s, %(request_id)s, %(attempt_id)s, %(workspace)s, %(key_id)s,
-            %(endpoint)s, %(model)s, %(amount_usd)s, %(accounts)s, %(state)s, %(owner)s,
-            %(created_at)s)
-"""
-_PG_CHANGED_HOLD = (
-    "UPDATE budget_holds SET state = %(state)s WHERE reservation_id = %(reservation_id)s"
-)
-_PG_RESOLUTION = """
-    INSERT INTO budget_resolutions (reservation_id, kind, settled_usd, released_usd, resolved_at)
-    VALUES (%(reservation_id)s, %(kind)s, %(settled_usd)s, %(released_usd)s, %(resolved_at)s)
-"""
-
-# The whole batch in one statement: the rows as parallel arrays in PostgreSQL's binary
-# format (text-format arrays cost a regex escape per element), the head row update, and the
-# NOTIFY that wakes tailing readers at commit.
+# Everything the batch writes, in one statement: the books' rows and the events as parallel
+# arrays (the events' in PostgreSQL's binary format: text-format arrays cost a regex escape
+# per element), the head row, and the NOTIFY that wakes tailing readers at commit. New and
+# changed rows of a table are disjoint sets (ledger.accounting.Books), so the data-modifying
+# CTEs never touch the same row twice.
 _PG_WRITE = """
-    WITH inserted AS (
+    WITH new_accounts AS (
+        INSERT INTO budget_accounts (account_id, kind, workspace, key_id, window_start,
+                                     limit_usd, held_usd, settled_usd, updated_at)
+        SELECT u.*, %(recorded_at)s
+        FROM unnest(%(na_id)s::text[], %(na_kind)s::text[], %(na_workspace)s::text[],
+                    %(na_key)s::text[], %(na_window)s::text[], %(na_limit)s::numeric[],
+                    %(na_held)s::numeric[], %(na_settled)s::numeric[]) AS u
+        RETURNING 1
+    ), changed_accounts AS (
+        UPDATE budget_accounts a
+        SET limit_usd = u.l, held_usd = u.h, settled_usd = u.s, updated_at = %(recorded_at)s
+        FROM unnest(%(ca_id)s::text[], %(ca_limit)s::numeric[], %(ca_held)s::numeric[],
+                    %(ca_settled)s::numeric[]) AS u(id, l, h, s)
+        WHERE a.account_id = u.id
+        RETURNING 1
+    ), new_holds AS (
+        INSERT INTO budget_holds (reservation_id, request_id, attempt_id, workspace, key_id,
+                                  endpoint, model, amount_usd, accounts, state, owner,
+                                  created_at)
+        SELECT u.*, %(recorded_at)s
+        FROM unnest(%(nh_id)s::text[], %(nh_request)s::text[], %(nh_attempt)s::text[],
+                    %(nh_workspace)s::text[], %(nh_key)s::text[], %(nh_endpoint)s::text[],
+                    %(nh_model)s::text[], %(nh_amount)s::numeric[], %(nh_accounts)s::text[],
+                    %(nh_state)s::text[], %(nh_owner)s::text[]) AS u
+        RETURNING 1
+    ), changed_holds AS (
+        UPDATE budget_holds b SET state = u.st
+        FROM unnest(%(ch_id)s::text[], %(ch_state)s::text[]) AS u(id, st)
+        WHERE b.reservation_id = u.id
+        RETURNING 1
+    ), resolutions AS (
+        INSERT INTO budget_resolutions (reservation_id, kind, settled_usd, released_usd,
+                                        resolved_at)
+        SELECT u.*, %(recorded_at)s
+        FROM unnest(%(r_id)s::text[], %(r_kind)s::text[], %(r_settled)s::numeric[],
+                    %(r_released)s::numeric[]) AS u
+        RETURNING 1
+    ), inserted AS (
         INSERT INTO events (position, stream_id, version, type, schema_version, data,
                             metadata, recorded_at, payload, hash)
         SELECT p, s, v, t, sv, CAST(d AS jsonb), CAST(m AS jsonb), %(recorded_at)s, b, h
@@ -581,11 +605,12 @@ _PG_WRITE = """
 class _PostgresAppender:
     """The appender's own connection on PostgreSQL, and a batch in two round trips.
 
-    Through psycopg's pipeline mode, the head lock, the stream versions and the books the
-    batch touches are read in one round trip; the events, the head, the books and the
-    COMMIT go in the second. (Through the SQLAlchemy pool the same transaction took seven
-    round trips and most of the appender's CPU.) A connection that failed mid-batch is
-    dropped; the next batch connects afresh."""
+    Through psycopg's pipeline mode: the head lock and the one read of what the batch is
+    decided on go in the first flight; the one write statement and the COMMIT in the
+    second. Four statements per batch, however many appends it holds (through the
+    SQLAlchemy pool the same transaction took a dozen round trips and most of the
+    appender's CPU). A connection that failed mid-batch is dropped; the next batch
+    connects afresh."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._conninfo = psycopg_conninfo(engine)
@@ -607,74 +632,98 @@ class _PostgresAppender:
     async def _commit(
         self, conn: psycopg.AsyncConnection[Any], batch: list[_PendingAppend]
     ) -> None:
-        stream_ids = sorted({p.stream_id for p in batch})
         effects = [e for p in batch for e in p.effects]
         account_ids, hold_ids = book_needs(effects)
         async with conn.pipeline():
             head = conn.cursor()
             await head.execute(_PG_LOCK_HEAD)
-            probe = conn.cursor()
-            await probe.execute(_PG_VERSIONS, {"ids": stream_ids})
-            if effects:
-                holds = conn.cursor(row_factory=namedtuple_row)
-                await holds.execute(_PG_HOLDS, {"holds": sorted(hold_ids)})
-                accounts = conn.cursor(row_factory=namedtuple_row)
-                await accounts.execute(
-                    _PG_ACCOUNTS, {"accounts": sorted(account_ids), "holds": sorted(hold_ids)}
-                )
-            # --- one round trip: everything above is read under the lock ---
+            read = conn.cursor()
+            await read.execute(
+                _PG_READ,
+                {
+                    "streams": sorted({p.stream_id for p in batch}),
+                    "holds": sorted(hold_ids),
+                    "accounts": sorted(account_ids),
+                },
+            )
+            # --- the first round trip: the lock, then what it protects ---
             position, previous = await _one(head)
-            versions = {str(s): int(v) for s, v in await probe.fetchall() if v is not None}
+            versions_json, holds_json, accounts_json = await _one(read)
+            versions = {str(s): int(v) for s, v in versions_json if v is not None}
             books = None
             if effects:
                 books = Books()
-                for row in await holds.fetchall():
-                    hold = hold_of(row)
+                for row in holds_json:
+                    hold = hold_of(SimpleNamespace(**row))
                     books.holds[hold.reservation_id] = hold
-                for row in await accounts.fetchall():
-                    balance = balance_of(row)
+                for row in accounts_json:
+                    balance = balance_of(SimpleNamespace(**row))
                     books.accounts[balance.account_id] = balance
             written = _assign(batch, int(position), str(previous), versions, books)
             if written is None:
                 await conn.rollback()
                 return
-            if books is not None:
-                writes = book_writes(books, written.recorded_at)
-                cursor = conn.cursor()
-                for statement, rows in (
-                    (_PG_NEW_ACCOUNT, writes.new_accounts),
-                    (_PG_CHANGED_ACCOUNT, writes.changed_accounts),
-                    (_PG_NEW_HOLD, writes.new_holds),
-                    (_PG_CHANGED_HOLD, writes.changed_holds),
-                    (_PG_RESOLUTION, writes.resolutions),
-                ):
-                    if rows:
-                        await cursor.executemany(statement, rows)
-            new = written.events
-            await conn.cursor().execute(
-                _PG_WRITE,
-                {
-                    "recorded_at": written.recorded_at,
-                    "positions": [r.position for r in new],
-                    "stream_ids": [r.stream_id for r in new],
-                    "versions": [r.version for r in new],
-                    "types": [r.type for r in new],
-                    "schema_versions": [r.schema_version for r in new],
-                    "datas": [orjson.dumps(r.data).decode() for r in new],
-                    "metadatas": [orjson.dumps(r.metadata).decode() for r in new],
-                    "payloads": [r.payload for r in new],
-                    "hashes": [r.hash for r in new],
-                    "head": written.head,
-                    "head_hash": written.head_hash,
-                },
-            )
-            # --- the second round trip: the writes and the commit ---
+            await conn.cursor().execute(_PG_WRITE, _write_parameters(written, books))
+            # --- the second round trip: the write and the commit ---
             await conn.commit()
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             await close_quietly(conn)
+
+
+def _write_parameters(written: _Written, books: Books | None) -> dict[str, Any]:
+    events_ = written.events
+    parameters: dict[str, Any] = {
+        "recorded_at": written.recorded_at,
+        "positions": [r.position for r in events_],
+        "stream_ids": [r.stream_id for r in events_],
+        "versions": [r.version for r in events_],
+        "types": [r.type for r in events_],
+        "schema_versions": [r.schema_version for r in events_],
+        "datas": [orjson.dumps(r.data).decode() for r in events_],
+        "metadatas": [orjson.dumps(r.metadata).decode() for r in events_],
+        "payloads": [r.payload for r in events_],
+        "hashes": [r.hash for r in events_],
+        "head": written.head,
+        "head_hash": written.head_hash,
+    }
+    writes = book_writes(books or Books(), written.recorded_at)
+    na, ca = writes.new_accounts, writes.changed_accounts
+    nh, ch, res = writes.new_holds, writes.changed_holds, writes.resolutions
+    parameters.update(
+        na_id=[r["account_id"] for r in na],
+        na_kind=[r["kind"] for r in na],
+        na_workspace=[r["workspace"] for r in na],
+        na_key=[r["key_id"] for r in na],
+        na_window=[r["window_start"] for r in na],
+        na_limit=[r["limit_usd"] for r in na],
+        na_held=[r["held_usd"] for r in na],
+        na_settled=[r["settled_usd"] for r in na],
+        ca_id=[r["account_id"] for r in ca],
+        ca_limit=[r["limit_usd"] for r in ca],
+        ca_held=[r["held_usd"] for r in ca],
+        ca_settled=[r["settled_usd"] for r in ca],
+        nh_id=[r["reservation_id"] for r in nh],
+        nh_request=[r["request_id"] for r in nh],
+        nh_attempt=[r["attempt_id"] for r in nh],
+        nh_workspace=[r["workspace"] for r in nh],
+        nh_key=[r["key_id"] for r in nh],
+        nh_endpoint=[r["endpoint"] for r in nh],
+        nh_model=[r["model"] for r in nh],
+        nh_amount=[r["amount_usd"] for r in nh],
+        nh_accounts=[r["accounts"] for r in nh],
+        nh_state=[r["state"] for r in nh],
+        nh_owner=[r["owner"] for r in nh],
+        ch_id=[r["reservation_id"] for r in ch],
+        ch_state=[r["state"] for r in ch],
+        r_id=[r["reservation_id"] for r in res],
+        r_kind=[r["kind"] for r in res],
+        r_settled=[r["settled_usd"] for r in res],
+        r_released=[r["released_usd"] for r in res],
+    )
+    return parameters
 
 
 async def _one(cursor: psycopg.AsyncCursor[Any]) -> Any:
