@@ -17,6 +17,7 @@ from router.drivers import (
     OpenAIDriver,
     UpstreamFailure,
 )
+from router.drivers.http import HTTPClient
 from router.fake_upstream import Behavior, FakeUpstream
 from router.fake_upstream.behavior import Kind
 
@@ -170,6 +171,17 @@ async def test_the_driver_reuses_its_pooled_connection(driver, kind):
         for _ in range(3):
             await driver.complete(_request(), _binding(up, kind))
         assert up.connections == 1
+
+
+async def test_a_driver_sends_through_the_client_it_is_given(kind):
+    driver: Driver = (AnthropicDriver if kind == "anthropic" else OpenAIDriver)(
+        HTTPClient(max_idle_per_origin=0)  # keeps nothing: every attempt connects anew
+    )
+    async with FakeUpstream("east") as up:
+        for _ in range(2):
+            await driver.complete(_request(), _binding(up, kind))
+        await driver.aclose()
+        assert up.connections == 2
 
 
 # --- HTTP errors ---

@@ -1,5 +1,6 @@
 """What every driver shares: the request and binding it is given, what it returns, how it
-fails, and the HTTP edge (one pooled client, per-attempt timeouts, byte limits).
+fails, and the HTTP edge (one pooled :class:`~router.drivers.http.HTTPClient`, per-attempt
+timeouts, byte limits).
 
 A driver translates a chat request to its provider's API and the answer back to OpenAI
 shapes, and classifies failures with :func:`router.classify.classify`. It never decides a
@@ -17,12 +18,19 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ClassVar, Final, Self
 
-import httpx
 import orjson
 
 from ledger.events import Usage
 from router.classify import Classification, Transport, UpstreamOutcome, classify
 from router.config import Endpoint
+from router.drivers.http import (
+    ConnectFailed,
+    Headers,
+    HTTPClient,
+    HTTPError,
+    ReadTimeout,
+    Response,
+)
 from router.sse import EndReason, SSEError, SSEIdleTimeout, SSEStream
 
 __all__ = [
@@ -158,15 +166,12 @@ class DriverStream(ABC):
 
 
 class Driver(ABC):
-    """One provider API. Holds one pooled ``httpx.AsyncClient``; close it with :meth:`aclose`."""
+    """One provider API. Holds one pooled :class:`HTTPClient`; close it with :meth:`aclose`."""
 
     _request_id_header: ClassVar[str]
 
-    def __init__(self, client: httpx.AsyncClient | None = None) -> None:
-        self._client = client or httpx.AsyncClient(
-            limits=httpx.Limits(max_keepalive_connections=32, keepalive_expiry=30.0),
-            follow_redirects=False,
-        )
+    def __init__(self, client: HTTPClient | None = None) -> None:
+        self._client = client or HTTPClient(max_idle_per_origin=32, idle_expiry_s=30.0)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -185,7 +190,7 @@ class Driver(ABC):
     def _auth_headers(self, endpoint: Endpoint) -> dict[str, str]: ...
 
     def _error_outcome(
-        self, status: int, body: Any, headers: httpx.Headers, secret: str | None
+        self, status: int, body: Any, headers: Headers, secret: str | None
     ) -> UpstreamOutcome:
         # Both wire formats put the cause under "error" (OpenAI adds a "code"; Anthropic
         # has only a "type"), so one reading serves both.
@@ -212,33 +217,35 @@ class Driver(ABC):
 
     async def _open(
         self, url: str, payload: Mapping[str, Any], binding: AttemptBinding, *, stream: bool
-    ) -> httpx.Response:
+    ) -> Response:
         """Send the request and wait for the response headers within the attempt timeout."""
         timeouts = binding.timeouts
+        # Every later wait for body bytes is bounded by this; a stream's idle timeout is
+        # enforced on events by SSEStream, so the wire waits at least as long.
         read_timeout = timeouts.attempt_timeout_s
         if stream and timeouts.stream_idle_timeout_s is not None:
             read_timeout = max(read_timeout, timeouts.stream_idle_timeout_s)
-        request = self._client.build_request(
-            "POST",
-            url,
-            content=orjson.dumps(payload),
-            headers={**self._headers(binding), "content-type": "application/json"},
-            timeout=httpx.Timeout(read_timeout, connect=timeouts.attempt_timeout_s),
-        )
         try:
             async with asyncio.timeout(timeouts.attempt_timeout_s):
-                response = await self._client.send(request, stream=True)
-        except (TimeoutError, httpx.ReadTimeout, httpx.WriteTimeout) as exc:
+                response = await self._client.request(
+                    "POST",
+                    url,
+                    headers={**self._headers(binding), "content-type": "application/json"},
+                    body=orjson.dumps(payload),
+                    connect_timeout=timeouts.attempt_timeout_s,
+                    read_timeout=read_timeout,
+                )
+        except (TimeoutError, ReadTimeout) as exc:
             raise self._transport_failure(binding, "timeout_before_headers") from exc
-        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+        except ConnectFailed as exc:  # the request was never written
             raise self._transport_failure(binding, "connect_error") from exc
-        except httpx.TransportError as exc:
+        except HTTPError as exc:  # written, then reset or answered with garbage
             raise self._transport_failure(binding, "sent_then_reset") from exc
         if response.status_code >= 400:
             await self._raise_for_error(response, binding)
         return response
 
-    async def _raise_for_error(self, response: httpx.Response, binding: AttemptBinding) -> None:
+    async def _raise_for_error(self, response: Response, binding: AttemptBinding) -> None:
         request_id = response.headers.get(self._request_id_header)
         raw = b""
         try:
@@ -246,7 +253,7 @@ class Driver(ABC):
                 raw += piece
                 if len(raw) > _MAX_ERROR_BODY:
                     break
-        except httpx.TransportError:
+        except HTTPError:
             pass  # the status alone classifies; a cut error body changes nothing
         finally:
             await response.aclose()
@@ -280,7 +287,7 @@ class Driver(ABC):
             upstream_request_id=request_id,
         )
 
-    async def _read_body(self, response: httpx.Response, binding: AttemptBinding) -> Any:
+    async def _read_body(self, response: Response, binding: AttemptBinding) -> Any:
         """The whole JSON body of a 2xx, within ``max_response_bytes``."""
         limit = binding.endpoint.max_response_bytes
         request_id = response.headers.get(self._request_id_header)
@@ -295,11 +302,7 @@ class Driver(ABC):
                 if size > limit:
                     raise self._too_large(binding, response.status_code, request_id)
                 chunks.append(piece)
-        except httpx.TimeoutException as exc:
-            raise self._transport_failure(
-                binding, "broken_stream", status=response.status_code, request_id=request_id
-            ) from exc
-        except httpx.TransportError as exc:
+        except HTTPError as exc:  # cut, stalled past the read timeout, or garbled
             raise self._transport_failure(
                 binding, "broken_stream", status=response.status_code, request_id=request_id
             ) from exc
@@ -345,7 +348,7 @@ def sanitize(message: object, secret: str | None) -> str | None:
     return message[:_MAX_MESSAGE_CHARS]
 
 
-def retry_after_ms(headers: httpx.Headers) -> int | None:
+def retry_after_ms(headers: Headers) -> int | None:
     """``retry-after-ms`` if given, else ``Retry-After`` in seconds (an HTTP date is ignored)."""
     for name, scale in (("retry-after-ms", 1.0), ("retry-after", 1000.0)):
         value = headers.get(name)
@@ -413,7 +416,7 @@ class SSEDriverStream(DriverStream):
     def __init__(
         self,
         driver: Driver,
-        response: httpx.Response,
+        response: Response,
         binding: AttemptBinding,
         translator: StreamTranslator,
         started_at: float,
@@ -496,7 +499,7 @@ class SSEDriverStream(DriverStream):
             raise self._fail("first_token_timeout", yielded, "no first event in time") from exc
         except SSEError as exc:
             raise self._fail("broken_stream", yielded, type(exc).__name__) from exc
-        except httpx.TransportError as exc:
+        except HTTPError as exc:
             raise self._fail("broken_stream", yielded, "connection broke mid-stream") from exc
         finally:
             self._sync()

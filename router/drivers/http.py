@@ -1,0 +1,526 @@
+"""The drivers' HTTP/1.1 client: the wire to a provider, and nothing more.
+
+One keep-alive pool per origin, each request written in one piece, responses parsed by
+httptools (llhttp) inside an asyncio Protocol and read as an async iterator of bytes. No
+cookies, redirects, proxies, HTTP/2 or compression: an upstream call needs none of them, and
+httpx's general-purpose layers cost ~1 ms of CPU per call on the request path
+(bench/README.md).
+
+Failures are :class:`HTTPError` subclasses split by what they prove about the request, the
+evidence SPEC §5 asks for: :class:`ConnectFailed` means its bytes were never written (not
+started); after they were written, every failure (:class:`ReadTimeout`,
+:class:`ConnectionBroken`, :class:`ProtocolError`) leaves the upstream maybe started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Final, TypeVar, cast, overload
+from urllib.parse import urlsplit
+
+import httptools
+
+__all__ = [
+    "ConnectFailed",
+    "ConnectionBroken",
+    "HTTPClient",
+    "HTTPError",
+    "Headers",
+    "ProtocolError",
+    "ReadTimeout",
+    "Response",
+]
+
+_HIGH_WATER: Final = 256 * 1024  # unread body bytes buffered before reading pauses
+_MANAGED: Final = frozenset({"host", "content-length", "transfer-encoding"})
+_USER_AGENT: Final = "waybill"
+_T = TypeVar("_T")
+
+
+class HTTPError(Exception):
+    """Base of every failure of an upstream exchange."""
+
+
+class ConnectFailed(HTTPError):
+    """No connection (DNS, refused, connect timeout, TLS handshake): nothing was sent."""
+
+
+class ReadTimeout(HTTPError):
+    """No response bytes within ``read_timeout`` after the request was written.
+
+    Deliberately not a :class:`TimeoutError`: callers tell their own deadlines
+    (``asyncio.timeout``) from this one by the type.
+    """
+
+
+class ConnectionBroken(HTTPError):
+    """Closed or reset after the request was written, before the response ended.
+
+    Also what a pooled connection that the server had already closed gives: the request was
+    written to it, so the upstream may have started (as httpx reports it too).
+    """
+
+
+class ProtocolError(HTTPError):
+    """The response is not HTTP/1.1 we can read; the request was written."""
+
+
+class Headers(Mapping[str, str]):
+    """A response's headers: read-only, case-insensitive.
+
+    A repeated header's values are joined with ", " in arrival order (RFC 9110 §5.3), so
+    :meth:`get` returns all of them as one string.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, str] | None = None) -> None:
+        self._items = {name.lower(): value for name, value in (items or {}).items()}
+
+    def __getitem__(self, name: str) -> str:
+        return self._items[name.lower()]
+
+    @overload
+    def get(self, name: str, /) -> str | None: ...
+    @overload
+    def get(self, name: str, /, default: str | _T) -> str | _T: ...
+    def get(self, name: str, /, default: object = None) -> object:
+        return self._items.get(name.lower(), default)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.lower() in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"Headers({self._items!r})"
+
+
+@dataclass(frozen=True)
+class _Target:
+    origin: tuple[str, str, int]  # scheme, host, port: what a pooled connection is for
+    host_header: str
+    path: str  # path and query, the request target
+
+
+@functools.lru_cache(maxsize=256)
+def _target(url: str) -> _Target:
+    # Cached: a driver calls the same few URLs over and over, and urlsplit is not free.
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL: {url!r}")
+    host = parts.hostname
+    default_port = 443 if scheme == "https" else 80
+    port = parts.port or default_port
+    host_header = f"[{host}]" if ":" in host else host
+    if port != default_port:
+        host_header = f"{host_header}:{port}"
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return _Target((scheme, host, port), host_header, path)
+
+
+def _request_bytes(method: str, target: _Target, headers: Mapping[str, str], body: bytes) -> bytes:
+    lines = [f"{method} {target.path} HTTP/1.1\r\nHost: {target.host_header}\r\n"]
+    has_agent = False
+    for name, value in headers.items():
+        lowered = name.lower()
+        if lowered in _MANAGED:
+            continue  # the framing is ours to write
+        has_agent = has_agent or lowered == "user-agent"
+        lines.append(f"{name}: {value}\r\n")
+    if not has_agent:
+        lines.append(f"User-Agent: {_USER_AGENT}\r\n")
+    if body or method in ("POST", "PUT", "PATCH"):
+        lines.append(f"Content-Length: {len(body)}\r\n")
+    lines.append("\r\n")
+    head = "".join(lines)
+    # Every element ends in exactly one CRLF, the first in two: any other CR or LF came from
+    # a method, path, name or value and would let it forge headers.
+    expected = len(lines) + 1
+    if head.count("\n") != expected or head.count("\r") != expected:
+        raise ValueError("CR or LF in the request line or a header")
+    return head.encode("latin-1") + body
+
+
+class _Connection(asyncio.Protocol):
+    """One TCP (or TLS) connection and the one exchange in flight on it (no pipelining).
+
+    The protocol callbacks and the httptools callbacks fill the exchange's state; the task
+    that reads the response waits on :meth:`wait` and is woken by every change.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpResponseParser(self)
+        self.closed = False  # the peer closed it, it failed, or we closed it
+        self.idle_since = 0.0
+        self._begin(in_flight=False)
+
+    def _begin(self, *, in_flight: bool) -> None:
+        self.in_flight = in_flight
+        self.status_code = 0
+        self.headers: dict[str, str] = {}
+        self.headers_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.chunks: list[bytes] = []
+        self.buffered = 0
+        self.error: HTTPError | None = None
+        self._close_delimited = False
+        self._interim = False
+        self._paused = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    # --- the exchange, driven by the client ---
+
+    def send(self, data: bytes) -> None:
+        assert self._transport is not None
+        self._begin(in_flight=True)
+        self._transport.write(data)
+
+    async def wait(self, read_timeout: float | None) -> None:
+        """Until the next change of the exchange, or :class:`ReadTimeout`."""
+        waiter = self._waiter = self._loop.create_future()
+        timer = None
+        if read_timeout is not None:
+            timer = self._loop.call_later(read_timeout, _expire, waiter)
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def take(self) -> bytes:
+        """The body bytes buffered so far (there are some), reading resumed if paused."""
+        chunks = self.chunks
+        piece = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self.chunks = []
+        self.buffered = 0
+        if self._paused and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+        return piece
+
+    def close(self) -> None:
+        self.closed, self.in_flight = True, False
+        if self._transport is not None:
+            self._transport.close()
+
+    def abort(self) -> None:
+        """Drop the connection now: whatever is left of its exchange must never be read."""
+        self.closed, self.in_flight = True, False
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _fail(self, error: HTTPError) -> None:
+        if self.error is None and not self.complete:
+            self.error = error
+        self.abort()
+        self._wake()
+
+    # --- asyncio.Protocol ---
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport, though uvloop's do not subclass asyncio.Transport.
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.in_flight:
+            # Bytes nobody asked for on an idle connection: its framing is lost.
+            self.abort()
+            return
+        try:
+            self._parser.feed_data(data)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            if self.complete:
+                # Bytes after a whole response: it stands, the connection is not reused.
+                self.keep_alive = False
+            else:
+                self._fail(ProtocolError(f"malformed response: {exc}"))
+
+    def eof_received(self) -> bool | None:
+        self._peer_closed(None)
+        return None  # let the transport close itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._peer_closed(exc)
+
+    def _peer_closed(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.in_flight or self.complete or self.error is not None:
+            return
+        if self.headers_done and self._close_delimited and exc is None:
+            # RFC 9112 §6.3: without Content-Length or chunking, the close ends the body.
+            self.complete = True
+        else:
+            how = "reset" if exc is not None else "closed"
+            when = "mid-body" if self.headers_done else "before the response headers"
+            self.error = ConnectionBroken(f"connection {how} by the upstream {when}")
+        self._wake()
+
+    # --- httptools callbacks ---
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            raise ProtocolError("bytes after the end of the response")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        prior = self.headers.get(key)
+        self.headers[key] = text if prior is None else f"{prior}, {text}"
+
+    def on_headers_complete(self) -> None:
+        status = self._parser.get_status_code()
+        if status < 200:
+            self._interim = True  # 100 Continue, 103 Early Hints: the real one follows
+            self.headers = {}
+            return
+        self.status_code = status
+        self._close_delimited = (
+            "content-length" not in self.headers
+            and "chunked" not in self.headers.get("transfer-encoding", "").lower()
+            and status not in (204, 304)
+        )
+        self.headers_done = True
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > _HIGH_WATER and not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if self._interim:
+            self._interim = False
+            return
+        self.complete = True
+        # False for HTTP/1.0 and for "Connection: close" (llhttp's reading of both).
+        self.keep_alive = self._parser.should_keep_alive()
+        self._wake()
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(ReadTimeout("no response bytes within the read timeout"))
+
+
+class Response:
+    """A response whose headers have arrived. Read its body once, with :meth:`aiter_bytes`.
+
+    Reading to the end hands the connection back to the pool (if the server keeps it alive);
+    :meth:`aclose` before the end closes it instead: the unread rest would otherwise be read
+    as the next exchange's response. A failure or a cancellation while reading closes it too.
+    """
+
+    def __init__(
+        self,
+        client: HTTPClient,
+        origin: tuple[str, str, int],
+        conn: _Connection,
+        read_timeout: float | None,
+    ) -> None:
+        self.status_code = conn.status_code
+        self.headers = Headers(conn.headers)
+        self._client = client
+        self._origin = origin
+        self._conn: _Connection | None = conn
+        self._read_timeout = read_timeout
+        self._ended = False
+        if conn.complete and not conn.chunks:
+            self._release()  # no body (204, Content-Length: 0): nothing left to read
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; raises :class:`HTTPError` if it is cut or stalls."""
+        while (piece := await self._next()) is not None:
+            yield piece
+
+    async def aread(self) -> bytes:
+        """The whole body."""
+        return b"".join([piece async for piece in self.aiter_bytes()])
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.abort()
+
+    async def _next(self) -> bytes | None:
+        conn = self._conn
+        if conn is None:
+            if self._ended:
+                return None
+            raise RuntimeError("the response was closed before its end")
+        while True:
+            if conn.chunks:
+                piece = conn.take()
+                if conn.complete:
+                    self._release()  # the last bytes are in hand: the wire is free
+                return piece
+            if conn.complete:
+                self._release()
+                return None
+            if conn.error is not None:
+                await self.aclose()
+                raise conn.error
+            try:
+                await conn.wait(self._read_timeout)
+            except BaseException:
+                # A timeout or a cancellation leaves the rest of the body on the wire.
+                await self.aclose()
+                raise
+
+    def _release(self) -> None:
+        conn, self._conn = self._conn, None
+        self._ended = True
+        if conn is not None:
+            self._client._release(self._origin, conn)
+
+
+class HTTPClient:
+    """Upstream HTTP/1.1 calls over pooled keep-alive connections.
+
+    Each origin (scheme, host, port) keeps at most ``max_idle_per_origin`` idle connections,
+    each for at most ``idle_expiry_s``; requests beyond them open new connections (no limit).
+    ``ssl_context`` replaces the default (the system's defaults with certifi's CA bundle
+    when installed, as httpx had it), for tests with a private CA.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_idle_per_origin: int = 32,
+        idle_expiry_s: float = 30.0,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        if max_idle_per_origin < 0:
+            raise ValueError("max_idle_per_origin must be >= 0")
+        self._max_idle = max_idle_per_origin
+        self._idle_expiry_s = idle_expiry_s
+        self._ssl_context = ssl_context
+        # Per origin, idle connections oldest first: reuse takes the newest (the one least
+        # likely to have been closed by the server), expiry trims from the oldest.
+        self._idle: dict[tuple[str, str, int], deque[_Connection]] = {}
+        self._closed = False
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        body: bytes = b"",
+        connect_timeout: float | None = 10.0,
+        read_timeout: float | None = None,
+    ) -> Response:
+        """Send one request and wait for its response headers.
+
+        ``Host``, ``Content-Length`` and ``User-Agent`` (unless given) are written by the
+        client; a caller's ``Host``, ``Content-Length`` or ``Transfer-Encoding`` is ignored.
+        ``connect_timeout`` bounds the TCP and TLS connect; ``read_timeout`` every wait for
+        response bytes, the headers included. Bound the whole call with ``asyncio.timeout``.
+        """
+        if self._closed:
+            raise RuntimeError("the HTTP client is closed")
+        if method == "HEAD":
+            raise ValueError("HEAD is not supported")  # its response framing differs
+        target = _target(url)
+        data = _request_bytes(method, target, headers or {}, body)
+        conn = self._reuse(target.origin) or await self._connect(target, connect_timeout)
+        try:
+            conn.send(data)
+            while not conn.headers_done:
+                if conn.error is not None:
+                    raise conn.error
+                await conn.wait(read_timeout)
+        except BaseException:
+            conn.abort()  # a cancelled or failed exchange never goes back to the pool
+            raise
+        return Response(self, target.origin, conn, read_timeout)
+
+    async def aclose(self) -> None:
+        """Close every idle connection; connections still reading close when done."""
+        self._closed = True
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()
+
+    def _reuse(self, origin: tuple[str, str, int]) -> _Connection | None:
+        idle = self._idle.get(origin)
+        if not idle:
+            return None
+        now = asyncio.get_running_loop().time()
+        while idle:
+            conn = idle.pop()
+            if conn.closed:
+                continue  # the server closed it while it sat idle
+            if now - conn.idle_since >= self._idle_expiry_s:
+                conn.close()  # the newest is expired, so all older ones are too
+                while idle:
+                    idle.pop().close()
+                return None
+            return conn
+        return None
+
+    async def _connect(self, target: _Target, connect_timeout: float | None) -> _Connection:
+        scheme, host, port = target.origin
+        context = None
+        if scheme == "https":
+            context = self._ssl_context or _default_ssl_context()
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(connect_timeout):
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(loop),
+                    host,
+                    port,
+                    ssl=context,
+                    server_hostname=host if context is not None else None,
+                )
+        except (OSError, TimeoutError) as exc:  # DNS, refused, TLS (ssl.SSLError), timeout
+            raise ConnectFailed(f"cannot connect to {host}:{port}: {exc!r}") from exc
+        return conn
+
+    def _release(self, origin: tuple[str, str, int], conn: _Connection) -> None:
+        if conn.closed or not conn.keep_alive or self._closed or self._max_idle == 0:
+            conn.close()
+            return
+        conn.in_flight = False
+        conn.idle_since = asyncio.get_running_loop().time()
+        idle = self._idle.setdefault(origin, deque())
+        if len(idle) >= self._max_idle:
+            idle.popleft().close()
+        idle.append(conn)
+
+
+@functools.cache
+def _default_ssl_context() -> ssl.SSLContext:
+    # Built once per process: loading a CA bundle takes milliseconds.
+    try:
+        import certifi
+    except ImportError:
+        context = ssl.create_default_context()
+    else:
+        context = ssl.create_default_context(cafile=certifi.where())
+    context.set_alpn_protocols(["http/1.1"])
+    return context
