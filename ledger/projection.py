@@ -113,13 +113,18 @@ class ProjectionRunner:
             )
             return len(rows)
 
-    async def catch_up(self, projection: Projection, progress: Progress | None = None) -> int:
+    async def catch_up(self, *projections: Projection, progress: Progress | None = None) -> int:
+        """Bring ``projections`` (all when none is named) up to the head, the pages read
+        once for all of them; returns the events read."""
         # The lag is only worth its queries when someone shows progress; and a page shorter
         # than page_size was the last one (no extra empty round trip per catch-up).
-        lag = (await self.lag())[projection.name] if progress is not None else 0
+        lag = 0
+        if progress is not None:
+            lags = await self.lag()
+            lag = max(lags[p.name] for p in projections or self.projections.values())
         done = 0
         while True:
-            consumed = await self.step(projection)
+            consumed = await self.step(*projections)
             done += consumed
             if progress is not None:
                 progress(done, max(lag, done))
@@ -127,26 +132,24 @@ class ProjectionRunner:
                 return done
 
     async def catch_up_all(self) -> int:
-        """Every projection, up to the head: the pages read once for all of them."""
-        done = 0
-        while True:
-            consumed = await self.step()
-            done += consumed
-            if consumed < self.page_size:
-                return done
+        return await self.catch_up()
 
-    async def replay(self, projection: Projection, progress: Progress | None = None) -> int:
-        """Clear the projection's tables and rebuild them from position 0."""
+    async def replay(self, *projections: Projection, progress: Progress | None = None) -> int:
+        """Clear the tables of ``projections`` (all when none is named) and rebuild them from
+        position 0, in one pass over the ledger."""
+        chosen = sorted(projections or self.projections.values(), key=lambda p: p.name)
         async with self.store.engine.begin() as conn:
-            await _lock_checkpoint(conn, projection.name)
-            for table in reversed(projection.tables):
-                await conn.execute(delete(table))
+            for projection in chosen:
+                await _lock_checkpoint(conn, projection.name)
+            for projection in chosen:
+                for table in reversed(projection.tables):
+                    await conn.execute(delete(table))
             await conn.execute(
                 update(projection_checkpoints)
-                .where(projection_checkpoints.c.name == projection.name)
+                .where(projection_checkpoints.c.name.in_([p.name for p in chosen]))
                 .values(position=0, updated_at=datetime.now(UTC))
             )
-        return await self.catch_up(projection, progress)
+        return await self.catch_up(*chosen, progress=progress)
 
     async def lag(self) -> dict[str, int]:
         """Head position minus checkpoint, per projection: how far each read model trails."""

@@ -169,14 +169,12 @@ def replay_command(
             chosen = [runner.get(name) for name in names]
         except KeyError as error:
             raise CliError(str(error.args[0])) from None
-        applied = {}
+        # One pass over the ledger rebuilds them all: each page is read and decoded once.
         with _progress() as progress:
-            for target in chosen:
-                task = progress.add_task(f"replaying {target.name}", total=None)
-                applied[target.name] = await runner.replay(
-                    target, _progress_callback(progress, task)
-                )
-        return applied
+            label = ", ".join(t.name for t in chosen)
+            task = progress.add_task(f"replaying {label}", total=None)
+            count = await runner.replay(*chosen, progress=_progress_callback(progress, task))
+        return {target.name: count for target in chosen}
 
     applied = _with_store(database_url, work)
     for name, count in applied.items():
