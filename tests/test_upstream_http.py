@@ -491,6 +491,46 @@ async def test_a_partly_read_body_closed_early_is_not_reused(client):
     assert server.connections == 2
 
 
+async def test_released_after_its_end_a_streamed_body_gives_its_connection_back(client):
+    # An SSE stream read up to [DONE]: the terminating chunk arrives after the reader left.
+    ended = asyncio.Event()
+
+    async def serve(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await peer.send(b"e\r\ndata: [DONE]\n\n\r\n")
+        await ended.wait()
+        await peer.send(b"3\r\nxyz\r\n0\r\n\r\n")  # more bytes, then the end
+        await echo(peer)
+
+    async with RawServer(serve) as server:
+        response = await client.request("POST", server.url)
+        assert await anext(response.aiter_bytes()) == b"data: [DONE]\n\n"
+        response.release_after_end(within_s=5)
+        ended.set()
+        for _ in range(50):
+            await settle()
+        assert await call(client, server.url, b"again") == b"again"
+    assert server.connections == 1
+
+
+async def test_released_after_its_end_a_body_that_never_ends_is_dropped(client):
+    async def serve(peer: Peer) -> None:
+        if server.connections > 1:
+            return await echo(peer)
+        await peer.read_request()
+        await peer.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        await peer.read_request()  # until the client closes it
+
+    async with RawServer(serve) as server:
+        response = await client.request("POST", server.url)
+        assert await anext(response.aiter_bytes()) == b"abc"
+        response.release_after_end(within_s=0.05)
+        await server.wait_ended(1)
+        assert await call(client, server.url, b"again") == b"again"
+    assert server.connections == 2
+
+
 @pytest.mark.parametrize(
     "answer",
     [b"HTTX/1.1 200 OK\r\n\r\n", b"HTTP/1.1 2x0 OK\r\n\r\n", b"garbage\r\n\r\n"],

@@ -503,7 +503,11 @@ class SSEDriverStream(DriverStream):
             raise self._fail("broken_stream", yielded, "connection broke mid-stream") from exc
         finally:
             self._sync()
-            await self._response.aclose()
+            if sse.end_reason is EndReason.DONE:
+                # Read to [DONE]: the body's end follows at once; keep the connection.
+                self._response.release_after_end()
+            else:
+                await self._response.aclose()
         # SPEC §5: a clean end after a final chunk is complete even without [DONE]; a stream
         # that stops without a finish reason (or inside a frame) is broken, never a success.
         if self.finish_reason is None or sse.end_reason is EndReason.EOF_MID_FRAME:

@@ -18,7 +18,7 @@ import asyncio
 import functools
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final, TypeVar, cast, overload
 from urllib.parse import urlsplit
@@ -181,8 +181,23 @@ class _Connection(asyncio.Protocol):
         self._interim = False
         self._paused = False
         self._waiter: asyncio.Future[None] | None = None
+        self._on_end: Callable[[], None] | None = None  # set while the rest is discarded
+        self._drain_timer: asyncio.TimerHandle | None = None
 
     # --- the exchange, driven by the client ---
+
+    def discard_rest(self, on_end: Callable[[], None], within_s: float) -> None:
+        """Drop the rest of the body as it arrives and call ``on_end`` when the response
+        ends; if it has not ended within ``within_s``, drop the connection instead."""
+        self.chunks, self.buffered = [], 0
+        if self._paused and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+        if self.complete:
+            on_end()
+            return
+        self._on_end = on_end
+        self._drain_timer = self._loop.call_later(within_s, self.abort)
 
     def send(self, data: bytes) -> None:
         assert self._transport is not None
@@ -221,6 +236,9 @@ class _Connection(asyncio.Protocol):
     def abort(self) -> None:
         """Drop the connection now: whatever is left of its exchange must never be read."""
         self.closed, self.in_flight = True, False
+        self._on_end = None
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()
         if self._transport is not None:
             self._transport.abort()
 
@@ -303,6 +321,8 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        if self._on_end is not None:
+            return  # the reader is gone; the rest is only read to free the connection
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > _HIGH_WATER and not self._paused and self._transport is not None:
@@ -317,6 +337,11 @@ class _Connection(asyncio.Protocol):
         self.complete = True
         # False for HTTP/1.0 and for "Connection: close" (llhttp's reading of both).
         self.keep_alive = self._parser.should_keep_alive()
+        on_end, self._on_end = self._on_end, None
+        if on_end is not None:
+            if self._drain_timer is not None:
+                self._drain_timer.cancel()
+            on_end()
         self._wake()
 
 
@@ -363,6 +388,20 @@ class Response:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.abort()
+
+    def release_after_end(self, within_s: float = 1.0) -> None:
+        """Done reading, though the body has not ended on the wire (an SSE stream read up
+        to ``[DONE]``, whose terminating chunk follows): let the rest arrive and be
+        discarded, then hand the connection back to the pool; if it does not end within
+        ``within_s``, drop it. Saves a new connection per stream."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if conn.error is not None or conn.closed:
+            conn.abort()
+            return
+        self._ended = True
+        conn.discard_rest(lambda: self._client._release(self._origin, conn), within_s)
 
     async def _next(self) -> bytes | None:
         conn = self._conn
