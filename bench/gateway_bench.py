@@ -40,14 +40,16 @@ from pathlib import Path
 from typing import Any, cast
 
 import psycopg
+import sqlalchemy as sa
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.profile_summary import summarize
 from ledger import apikeys
-from ledger.db import create_engine, migrate
+from ledger.db import create_engine, migrate, sync_url
 from ledger.schema import events
 from ledger.store import EventStore
 from router.fake_upstream import FakeUpstream
@@ -314,6 +316,49 @@ class _BackendCpu:
         return found
 
 
+class _LedgerSampler:
+    """The ledger while the gateway is under load, sampled every 100 ms by a thread: how
+    fast it grows (events appended per second) and how far the read models trail it
+    (projection lag: head position minus the furthest-behind checkpoint)."""
+
+    def __init__(self, database_url: str) -> None:
+        self._engine = sa.create_engine(sync_url(database_url), poolclass=NullPool)
+        self._samples: list[tuple[float, int, int]] = []  # (time, head, lag)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample_until_stopped, daemon=True)
+
+    def __enter__(self) -> _LedgerSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._engine.dispose()
+
+    def _sample_until_stopped(self) -> None:
+        with self._engine.connect() as conn:
+            while True:
+                head = int(conn.scalar(sa.text("SELECT position FROM ledger_head")) or 0)
+                lowest = conn.scalar(sa.text("SELECT min(position) FROM projection_checkpoints"))
+                conn.rollback()
+                lag = head - int(lowest) if lowest is not None else 0
+                self._samples.append((time.monotonic(), head, lag))
+                if self._stop.wait(0.1):
+                    return
+
+    def summary(self) -> dict[str, float]:
+        if len(self._samples) < 2:
+            return {"events_per_s": 0.0, "projection_lag_p50": 0, "projection_lag_max": 0}
+        (t0, head0, _), (t1, head1, _) = self._samples[0], self._samples[-1]
+        lags = sorted(lag for _, _, lag in self._samples)
+        return {
+            "events_per_s": round((head1 - head0) / max(t1 - t0, 1e-9), 1),
+            "projection_lag_p50": lags[len(lags) // 2],
+            "projection_lag_max": lags[-1],
+        }
+
+
 @dataclass
 class Cell:
     mode: str
@@ -324,6 +369,7 @@ class Cell:
     gateway_cpu: dict[str, float] = field(default_factory=dict)
     ledger_completed: int = 0
     ledger_failed: int = 0
+    ledger_load: dict[str, float] = field(default_factory=dict)  # _LedgerSampler.summary
 
     @property
     def added_p50_ms(self) -> float:
@@ -394,7 +440,9 @@ class _Run:
         with _BackendCpu(database or "") as postgres:
             start = self.usage()
             api = f"{self.gateway_url}/v1"
-            cell.gateway = _load(api, "chat", self.api_key, stream, cell.concurrency, self.args)
+            with _LedgerSampler(self.database_url) as ledger:
+                cell.gateway = _load(api, "chat", self.api_key, stream, cell.concurrency, self.args)
+            cell.ledger_load = ledger.summary()
             sent = cell.gateway["sent"]
             after = asyncio.run(_outcomes(self.database_url, (before[0] + sent, before[1])))
             # Until the gateway is idle again: work it deferred (projections) is a cost too.
@@ -432,6 +480,7 @@ _COLUMNS = (
     ("mode", 9), ("c", 3), ("direct rps", 10), ("gateway rps", 11), ("ratio", 6),
     ("direct p50/p99 ms", 18), ("gateway p50/p99 ms", 19), ("added p50 ms", 12),
     ("gw CPU ms/req", 13), ("pg CPU ms/req", 13), ("other load", 10), ("ledger", 14),
+    ("ledger ev/s", 11), ("proj lag p50/max", 16),
 )  # fmt: skip
 
 
@@ -449,6 +498,8 @@ def _table(cells: Sequence[Cell]) -> str:
             f"{cell.gateway_cpu_ms_per_request:.2f}",
             f"{cell.gateway_cpu['postgres_cpu_ms_per_request']:.2f}",
             f"{cell.gateway_cpu['other_load_cores']:.2f}", ledger,
+            f"{cell.ledger_load['events_per_s']:,.0f}",
+            f"{cell.ledger_load['projection_lag_p50']} / {cell.ledger_load['projection_lag_max']}",
         )  # fmt: skip
         lines.append("  ".join(f"{v!s:>{w}}" for v, (_, w) in zip(values, _COLUMNS, strict=True)))
     return "\n".join(lines)
