@@ -22,12 +22,12 @@ __all__ = [
     "READ_ONLY",
     "LedgerUnavailable",
     "async_url",
+    "asyncpg_dsn",
     "create_engine",
     "current_revision",
     "head_revision",
     "is_postgres",
     "migrate",
-    "psycopg_conninfo",
     "resolve_database_url",
     "sync_url",
 ]
@@ -75,9 +75,9 @@ def async_url(url: str) -> URL:
     return parsed.set(drivername="sqlite+aiosqlite")
 
 
-def psycopg_conninfo(engine: AsyncEngine) -> str:
-    """The engine's PostgreSQL URL as plain psycopg takes it (for the raw connections of
-    the hot path: the appender's and the request path's reads)."""
+def asyncpg_dsn(engine: AsyncEngine) -> str:
+    """The engine's PostgreSQL URL as asyncpg takes it (for the raw connections of the hot
+    path: the appender's and the request path's reads; ``ledger.reads``)."""
     return engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
