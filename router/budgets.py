@@ -202,6 +202,10 @@ class RequestBudget:
     def has_hold(self, attempt_id: str) -> bool:
         return attempt_id in self._holds
 
+    def adopt(self, hold: Hold) -> None:
+        """A reservation taken after all (its append's answer was lost): hold it again."""
+        self._holds[hold.attempt_id] = hold
+
     def forget(self, attempt_id: str) -> None:
         """A reservation the books refused: there is no hold to resolve."""
         self._holds.pop(attempt_id, None)

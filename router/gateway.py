@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from ledger import events as ev
-from ledger.accounting import BudgetDenied, Effect, HoldStateError, usage_cost
+from ledger.accounting import BudgetDenied, Effect, HoldStateError, Reserve, usage_cost
 from ledger.store import ANY_VERSION, NO_STREAM, EventStore, LedgerUnavailable
 from otel.ids import attempt_span_id, request_trace_id, upstream_traceparent
 from router.breakers import Admission, BreakerBoard, BreakerKey, Transition
@@ -139,6 +139,15 @@ class _Attempt:
     attempt_id: str
     started_at: float
     stream_committed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Unsure:
+    """An append that failed with the ledger unavailable: maybe committed, maybe not."""
+
+    version: int  # the stream's version it expected
+    events: tuple[ev.Event, ...]
+    effects: tuple[Effect, ...]
 
 
 @dataclass(slots=True)
@@ -291,6 +300,7 @@ class _Run:
         self.ended = False  # RequestCompleted or RequestFailed is recorded (or on its way)
         self._stream_id = f"request-{request_id}"
         self._version = NO_STREAM
+        self._unsure: _Unsure | None = None  # an append whose commit answer was lost
         self._metadata = {"config_generation": config.generation}
         caller_trace = _parse_traceparent(headers.traceparent)
         self.caller_trace_id = caller_trace[0] if caller_trace else None
@@ -321,6 +331,8 @@ class _Run:
         self._pending_effects.extend(step.effects)
 
     async def _flush(self, *more: ev.Event, step: StepRecord | None = None) -> None:
+        if self._unsure is not None:
+            await self._resolve_unsure()
         pending, effects = self._pending, self._pending_effects
         events = [*pending, *(step.events if step else ()), *more]
         all_effects = [*effects, *(step.effects if step else ())]
@@ -335,13 +347,54 @@ class _Run:
             await self.gw.store.append(
                 self._stream_id, expected, events, metadata=self._metadata, effects=all_effects
             )
-        except (BudgetDenied, HoldStateError, LedgerUnavailable):
-            # Refused by the books, or the database is down: taken as not written (a commit
-            # whose answer was lost is caught by the version check of the next append);
-            # what was queued stays queued.
+        except (BudgetDenied, HoldStateError, LedgerUnavailable) as error:
+            # Refused by the books, or the database is down: taken as not written, and what
+            # was queued stays queued. When the database failed, the commit may have happened
+            # all the same (its answer lost): the next append finds out first.
             self._version = expected
             self._pending, self._pending_effects = pending, effects
+            if isinstance(error, LedgerUnavailable):
+                self._unsure = _Unsure(expected, tuple(events), tuple(all_effects))
             raise
+
+    async def _resolve_unsure(self) -> None:
+        """An earlier append failed with the ledger unavailable: did it commit after all?
+
+        This run is its stream's only writer, so anything past the version it expected is
+        that append. If it committed, its events are not written again, and an attempt it
+        started is finished as never run (``_start`` made no upstream call without an
+        answer) with its reservation released."""
+        unsure = self._unsure
+        assert unsure is not None
+        recorded = await self.gw.store.read_stream(self._stream_id, unsure.version)
+        self._unsure = None
+        if not recorded:
+            return  # it did not commit: carry on as if it never happened
+        if len(recorded) != len(unsure.events):
+            raise RuntimeError(
+                f"stream {self._stream_id} has {len(recorded)} events past version "
+                f"{unsure.version}, not the {len(unsure.events)} of the unanswered append"
+            )
+        self._version = unsure.version + len(recorded)
+        written = {id(e) for e in unsure.events}
+        resolved = {id(e) for e in unsure.effects}
+        self._pending = [e for e in self._pending if id(e) not in written]
+        self._pending_effects = [e for e in self._pending_effects if id(e) not in resolved]
+        for effect in unsure.effects:
+            if isinstance(effect, Reserve) and not self.budget.has_hold(effect.hold.attempt_id):
+                hold = effect.hold
+                self.budget.adopt(hold)
+                self._pending.append(
+                    ev.AttemptFinished(
+                        request_id=self.request_id,
+                        attempt_id=hold.attempt_id,
+                        status="failed",
+                        evidence=ev.Evidence.NOT_STARTED,
+                        error_code="ledger_unavailable",
+                        duration_ms=0,
+                    )
+                )
+                self._record(self.budget.release(hold.attempt_id, "not_started"))
 
     async def _flush_patiently(self, *more: ev.Event) -> None:
         """The end of an abandoned request, retried while the ledger is unreachable (its
@@ -377,11 +430,14 @@ class _Run:
             raise
         except GatewayError:
             raise  # already recorded
+        except LedgerUnavailable:
+            self._record_abandoned(canceled=False, error=ledger_unavailable())
+            raise
         except Exception:
             self._record_abandoned(canceled=False)
             raise
 
-    def _record_abandoned(self, *, canceled: bool) -> None:
+    def _record_abandoned(self, *, canceled: bool, error: GatewayError | None = None) -> None:
         """The client went away (``canceled``) or the gateway itself failed before an
         answer: record how the request ended, in a task of its own that the cancellation of
         this one does not reach. A hold in flight stays counted as unknown usage."""
@@ -413,7 +469,7 @@ class _Run:
                 self._pending.append(self._failover_decided(attempt, classification, decision))
         if canceled:
             error = GatewayError(499, "client_canceled", "the client closed the connection")
-        else:
+        elif error is None:
             error = GatewayError(500, "internal_error", "internal error", error_type="api_error")
         self.gw._keep(self._flush_patiently(self._request_failed(error)))
 

@@ -58,6 +58,7 @@ class Gateway:
     upstreams: dict[str, FakeUpstream]
     config: Config
     clients: list[AsyncOpenAI] = field(default_factory=list)
+    served_store: EventStore | None = None  # the serving app's own store (for fault injection)
 
     def client(self, secret: str | None = None, **kw: Any) -> AsyncOpenAI:
         client = AsyncOpenAI(
@@ -164,11 +165,11 @@ def closed_port() -> int:
 
 
 @asynccontextmanager
-async def serve(settings: AppSettings) -> AsyncIterator[str]:
+async def serve(settings: AppSettings) -> AsyncIterator[tuple[str, Any]]:
+    """The served app's URL, and the app (its ``.app.state`` holds the gateway's own store)."""
+    app = create_app(settings)
     server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings), host="127.0.0.1", port=0, log_level="warning", lifespan="on"
-        )
+        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
     )
     task = asyncio.create_task(server.serve())
 
@@ -180,7 +181,7 @@ async def serve(settings: AppSettings) -> AsyncIterator[str]:
     await eventually(started, within_s=20)
     port = server.servers[0].sockets[0].getsockname()[1]
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", app
     finally:
         server.should_exit = True
         await task
@@ -217,8 +218,9 @@ async def running_gateway(
             max_in_flight=max_in_flight,
             config_path=str(config_file) if config_file else None,
         )
-        url = await stack.enter_async_context(serve(settings))
+        url, app = await stack.enter_async_context(serve(settings))
         gateway = Gateway(url, key.secret, key.key_id, store, upstreams, config)
+        gateway.served_store = app.app.state.store
         try:
             yield gateway
         finally:

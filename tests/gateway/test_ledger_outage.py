@@ -10,8 +10,11 @@ import time
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
+from ledger.schema import budget_holds
+from ledger.store import LedgerUnavailable
 from tests.gateway.harness import Route, running_gateway
 from tests.helpers import eventually
 
@@ -83,3 +86,55 @@ async def test_database_outage_fails_fast_without_calling_upstream_then_recovers
 
         await eventually(serving, within_s=20, interval=0.2)
     await proxy.cut()
+
+
+async def test_a_commit_whose_answer_was_lost_is_found_and_its_attempt_closed(database_url):
+    # The append that reserves the attempt and records its start commits, but its caller
+    # hears LedgerUnavailable (the connection died before the answer). The gateway made no
+    # upstream call; what it records next must continue the stream that really exists:
+    # the attempt finished as never started, its reservation released, the request failed.
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
+        store = gw.served_store
+        assert store is not None
+        real_append = store.append
+        lost: list[str] = []
+
+        async def answer_lost(stream_id: str, *args: Any, **kwargs: Any) -> Any:
+            recorded = await real_append(stream_id, *args, **kwargs)
+            if not lost and any(e.type == "AttemptStarted" for e in recorded):
+                lost.append(stream_id)
+                raise LedgerUnavailable("the connection dropped before the commit's answer")
+            return recorded
+
+        store.append = answer_lost  # type: ignore[method-assign]
+        async with gw.http() as http:
+            response = await http.post("/v1/chat/completions", json=BODY)
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "ledger_unavailable"
+        assert gw.upstreams["east"].hits == 0
+        request_id = response.headers["x-request-id"]
+
+        async def ended() -> bool:
+            return any(e.type == "RequestFailed" for e in await gw.events(request_id))
+
+        await eventually(ended, within_s=10)
+        trail = await gw.events(request_id)
+        assert [e.type for e in trail] == [
+            "RequestReceived",
+            "RouteEvaluated",
+            "BudgetReserved",
+            "AttemptStarted",
+            "AttemptFinished",
+            "BudgetReleased",
+            "RequestFailed",
+        ]
+        finished, released, failed = (e.data for e in trail[4:])
+        assert (finished["evidence"], finished["error_code"]) == (
+            "not_started",
+            "ledger_unavailable",
+        )
+        assert released["reason"] == "not_started"
+        assert failed["error_code"] == "ledger_unavailable"
+        async with store.engine.connect() as conn:
+            states = (await conn.execute(sa.select(budget_holds.c.state))).scalars().all()
+        assert states == ["resolved"]
