@@ -103,7 +103,11 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
             # No pre-ping (a round trip before every transaction): a connection that died
             # fails its one transaction, is discarded, and the next checkout is fresh.
             # An unreachable server must fail a request fast, not hang it.
-            connect_args={"connect_timeout": 5},
+            # Every statement planned for its own parameters: psycopg prepares a statement
+            # after five uses, and PostgreSQL may then keep one generic plan, made while a
+            # read model's table was still small (a sequential scan), for good — a replay or
+            # a projection that slows down as its tables grow.
+            connect_args={"connect_timeout": 5, "options": "-c plan_cache_mode=force_custom_plan"},
             json_serializer=_json_serializer,
             json_deserializer=orjson.loads,
         )
