@@ -101,14 +101,15 @@ def _run(coroutine: Coroutine[Any, Any, T]) -> T:
     return asyncio.run(coroutine)
 
 
-def _progress() -> Progress:
+def progress_bar(*, console: Console = err, transient: bool = False) -> Progress:
+    """The progress bar of every long CLI command (and the benchmarks): on stderr."""
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeRemainingColumn(),
-        console=err,
-        transient=False,
+        console=console,
+        transient=transient,
     )
 
 
@@ -136,7 +137,7 @@ def verify_command(
     """Verify the ledger's hash chain; exits non-zero naming the first bad event."""
 
     async def work(store: EventStore) -> Any:
-        with _progress() as progress:
+        with progress_bar() as progress:
             task = progress.add_task("verifying", total=None)
             return await verify_chain(store, _progress_callback(progress, task))
 
@@ -170,7 +171,7 @@ def replay_command(
         except KeyError as error:
             raise CliError(str(error.args[0])) from None
         # One pass over the ledger rebuilds them all: each page is read and decoded once.
-        with _progress() as progress:
+        with progress_bar() as progress:
             label = ", ".join(t.name for t in chosen)
             task = progress.add_task(f"replaying {label}", total=None)
             count = await runner.replay(*chosen, progress=_progress_callback(progress, task))
@@ -465,7 +466,7 @@ def otel_export_command(
 
     async def work(store: EventStore) -> Any:
         try:
-            with _progress() as progress:
+            with progress_bar() as progress:
                 task = progress.add_task("exporting traces", total=None)
                 return await export.export_window(
                     store, start, end, exporter, progress=_progress_callback(progress, task)
@@ -634,7 +635,7 @@ def reconcile_command(
 
     async def work(store: EventStore) -> dict[str, Any]:
         try:
-            with _progress() as progress:
+            with progress_bar() as progress:
                 task = progress.add_task("reconciling", total=None)
                 report = await import_reconciliation(
                     store,
