@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -23,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from sqlalchemy import Table, delete, select, update
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.db import dialect_insert
@@ -30,7 +32,7 @@ from ledger.schema import events, ledger_head, projection_checkpoints
 from ledger.store import EventStore, RecordedEvent, decode_payload
 from ledger.tail import Wakeup
 
-__all__ = ["Projection", "ProjectionRunner", "fold_into"]
+__all__ = ["ModelWriter", "Projection", "ProjectionRunner", "SqlAlchemyWriter", "fold_into"]
 
 _log = logging.getLogger(__name__)
 
@@ -48,9 +50,77 @@ class Projection(ABC):
     """The event types it reads; None for all."""
 
     @abstractmethod
-    async def apply(self, conn: AsyncConnection, batch: Sequence[RecordedEvent]) -> None:
-        """Apply a page of events (already filtered to ``event_types``) inside ``conn``'s
-        transaction. Must be idempotent and must not commit."""
+    async def apply(self, writer: ModelWriter, batch: Sequence[RecordedEvent]) -> None:
+        """Apply a page of events (already filtered to ``event_types``) through ``writer``,
+        inside the page's transaction. Must be idempotent and must not commit."""
+
+
+class ModelWriter(ABC):
+    """What a projection may do to its tables inside the page's transaction: read rows by
+    key, and upsert whole rows. One implementation per backend: SQLAlchemy (SQLite), and
+    asyncpg on PostgreSQL, where SQLAlchemy's per-statement and per-row costs made the
+    read models a fifth of the gateway's CPU."""
+
+    @abstractmethod
+    async def rows(self, table: Table, key: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The rows of ``table`` whose ``key`` is one of ``ids``, as column dicts."""
+
+    @abstractmethod
+    async def upsert(self, table: Table, key: str, rows: Sequence[dict[str, Any]]) -> None:
+        """Insert ``rows`` (every column), or overwrite the rows with the same ``key``."""
+
+
+class SqlAlchemyWriter(ModelWriter):
+    def __init__(self, conn: AsyncConnection) -> None:
+        self.conn = conn
+
+    async def rows(self, table: Table, key: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        result = await self.conn.execute(select(table).where(table.c[key].in_(sorted(ids))))
+        return {getattr(r, key): dict(r._mapping) for r in result}
+
+    async def upsert(self, table: Table, key: str, rows: Sequence[dict[str, Any]]) -> None:
+        statement = dialect_insert(self.conn, table)
+        columns = [c.name for c in table.columns if c.name != key]
+        await self.conn.execute(
+            statement.on_conflict_do_update(
+                index_elements=[key], set_={name: statement.excluded[name] for name in columns}
+            ),
+            list(rows),
+        )
+
+
+class _AsyncpgWriter(ModelWriter):
+    def __init__(self, conn: Any) -> None:
+        self.conn = conn
+
+    async def rows(self, table: Table, key: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        records = await self.conn.fetch(_select_sql(table, key), sorted(ids))
+        return {record[key]: dict(record) for record in records}
+
+    async def upsert(self, table: Table, key: str, rows: Sequence[dict[str, Any]]) -> None:
+        names = [c.name for c in table.columns]
+        columns = [[row[name] for row in rows] for name in names]
+        await self.conn.execute(_upsert_sql(table, key), *columns)
+
+
+@functools.cache
+def _select_sql(table: Table, key: str) -> str:
+    return f"SELECT * FROM {table.name} WHERE {key} = ANY($1::text[])"
+
+
+@functools.cache
+def _upsert_sql(table: Table, key: str) -> str:
+    # All rows in one statement: one array per column, in PostgreSQL's own column types.
+    dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
+    names = [c.name for c in table.columns]
+    arrays = ", ".join(
+        f"${i}::{c.type.compile(dialect=dialect)}[]" for i, c in enumerate(table.columns, 1)
+    )
+    updates = ", ".join(f"{n} = EXCLUDED.{n}" for n in names if n != key)
+    return (
+        f"INSERT INTO {table.name} ({', '.join(names)}) SELECT * FROM unnest({arrays}) "
+        f"ON CONFLICT ({key}) DO UPDATE SET {updates}"
+    )
 
 
 class ProjectionRunner:
@@ -82,6 +152,8 @@ class ProjectionRunner:
         projections take part: each gets the events past its own checkpoint, and every
         checkpoint moves with its read model's writes."""
         chosen = sorted(projections or self.projections.values(), key=lambda p: p.name)
+        if self.store.engine.dialect.name == "postgresql":
+            return await self._step_postgres(chosen)
         async with self.store.engine.begin() as conn:
             checkpoints = [await _lock_checkpoint(conn, p.name) for p in chosen]
             rows = (
@@ -95,22 +167,31 @@ class ProjectionRunner:
             if not rows:
                 return 0
             page = [decode_payload(r.position, r.hash, r.payload) for r in rows]
-            for projection, checkpoint in zip(chosen, checkpoints, strict=True):
-                wanted = projection.event_types
-                batch = [
-                    e
-                    for e in page
-                    if e.position > checkpoint and (wanted is None or e.type in wanted)
-                ]
-                if batch:
-                    await projection.apply(conn, batch)
-            last = rows[-1].position
+            last = await _apply_page(SqlAlchemyWriter(conn), chosen, checkpoints, page)
             behind = [p.name for p, c in zip(chosen, checkpoints, strict=True) if c < last]
             await conn.execute(
                 update(projection_checkpoints)
                 .where(projection_checkpoints.c.name.in_(behind))
                 .values(position=last, updated_at=datetime.now(UTC))
             )
+            return len(rows)
+
+    async def _step_postgres(self, chosen: list[Projection]) -> int:
+        # The same page on one of the store's asyncpg connections (ledger.reads).
+        names = [p.name for p in chosen]
+        async with self.store.hot.connection() as conn, conn.transaction():
+            positions = dict(await conn.fetch(_PG_LOCK_CHECKPOINTS, names))
+            if len(positions) < len(names):  # a projection's first run: create its checkpoint
+                await conn.execute(_PG_NEW_CHECKPOINTS, names)
+                positions = dict(await conn.fetch(_PG_LOCK_CHECKPOINTS, names))
+            checkpoints = [int(positions[name]) for name in names]
+            rows = await conn.fetch(_PG_PAGE, min(checkpoints), self.page_size)
+            if not rows:
+                return 0
+            page = [decode_payload(r[0], r[1], r[2]) for r in rows]
+            last = await _apply_page(_AsyncpgWriter(conn), chosen, checkpoints, page)
+            behind = [name for name, c in zip(names, checkpoints, strict=True) if c < last]
+            await conn.execute(_PG_MOVE_CHECKPOINTS, last, behind)
             return len(rows)
 
     async def catch_up(self, *projections: Projection, progress: Progress | None = None) -> int:
@@ -189,6 +270,42 @@ class ProjectionRunner:
                             await stop.wait()
 
 
+async def _apply_page(
+    writer: ModelWriter,
+    chosen: Sequence[Projection],
+    checkpoints: Sequence[int],
+    page: Sequence[RecordedEvent],
+) -> int:
+    """Give each projection the page's events past its own checkpoint; the page's last
+    position."""
+    for projection, checkpoint in zip(chosen, checkpoints, strict=True):
+        wanted = projection.event_types
+        batch = [
+            e for e in page if e.position > checkpoint and (wanted is None or e.type in wanted)
+        ]
+        if batch:
+            await projection.apply(writer, batch)
+    return page[-1].position
+
+
+# Locked in name order by every runner, in every process: two runners take turns.
+_PG_LOCK_CHECKPOINTS = (
+    "SELECT name, position FROM projection_checkpoints WHERE name = ANY($1::text[]) "
+    "ORDER BY name FOR UPDATE"
+)
+_PG_NEW_CHECKPOINTS = (
+    "INSERT INTO projection_checkpoints (name, position, updated_at) "
+    "SELECT unnest($1::text[]), 0, now() ON CONFLICT (name) DO NOTHING"
+)
+_PG_PAGE = (
+    "SELECT position, hash, payload FROM events WHERE position > $1 ORDER BY position LIMIT $2"
+)
+_PG_MOVE_CHECKPOINTS = (
+    "UPDATE projection_checkpoints SET position = $1, updated_at = now() "
+    "WHERE name = ANY($2::text[])"
+)
+
+
 async def _lock_checkpoint(conn: AsyncConnection, name: str) -> int:
     lock = (
         select(projection_checkpoints.c.position)
@@ -207,7 +324,7 @@ async def _lock_checkpoint(conn: AsyncConnection, name: str) -> int:
 
 
 async def fold_into(
-    conn: AsyncConnection,
+    writer: ModelWriter,
     table: Table,
     key: str,
     batch: Sequence[RecordedEvent],
@@ -222,8 +339,7 @@ async def fold_into(
         return key_of(recorded) if key_of is not None else str(recorded.data[key])
 
     ids = {row_id_of(e) for e in batch}
-    result = await conn.execute(select(table).where(table.c[key].in_(sorted(ids))))
-    rows: dict[str, dict[str, Any] | None] = {getattr(r, key): dict(r._mapping) for r in result}
+    rows: dict[str, dict[str, Any] | None] = dict(await writer.rows(table, key, sorted(ids)))
     touched: set[str] = set()
     for recorded in batch:
         row_id = row_id_of(recorded)
@@ -233,13 +349,5 @@ async def fold_into(
             rows[row_id] = after
             touched.add(row_id)
     values = [row for i in sorted(touched) if (row := rows[i]) is not None]
-    if not values:
-        return
-    statement = dialect_insert(conn, table)
-    columns = [c.name for c in table.columns if c.name != key]
-    await conn.execute(
-        statement.on_conflict_do_update(
-            index_elements=[key], set_={name: statement.excluded[name] for name in columns}
-        ),
-        values,
-    )
+    if values:
+        await writer.upsert(table, key, values)

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import re
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -82,23 +82,31 @@ class HotReads:
                 reading = await connection.execution_options(**{READ_ONLY: True})
                 return (await reading.execute(text(statement), dict(params))).all()
         sql, names = positional(statement)
+        async with self.connection() as conn:
+            try:
+                records = await conn.fetch(sql, *(params[name] for name in names))
+            except UNREACHABLE as error:
+                raise LedgerUnavailable(f"the ledger database failed: {error}") from None
+        return [_Row(record) for record in records]
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[asyncpg.Connection]:
+        """One of the pool's PostgreSQL connections, for this caller alone until it exits
+        (a failure or a cancellation inside drops the connection instead of returning it)."""
         async with self._turns:
             try:
                 conn = self._idle.pop() if self._idle else await connect(self._dsn)
             except UNREACHABLE as error:
                 raise LedgerUnavailable(f"the ledger database is unreachable: {error}") from None
             try:
-                records = await conn.fetch(sql, *(params[name] for name in names))
-            except BaseException as error:
-                await close_quietly(conn)  # a failed or cancelled read leaves nothing to reuse
-                if isinstance(error, UNREACHABLE):
-                    raise LedgerUnavailable(f"the ledger database failed: {error}") from None
+                yield conn
+            except BaseException:
+                await close_quietly(conn)
                 raise
             if self._closed:
                 await close_quietly(conn)
             else:
                 self._idle.append(conn)
-            return [_Row(record) for record in records]
 
     async def first(self, statement: str, params: Mapping[str, Any]) -> Any | None:
         rows = await self.rows(statement, params)
@@ -110,8 +118,12 @@ class HotReads:
             await close_quietly(self._idle.pop())
 
 
-async def connect(dsn: str) -> asyncpg.Connection:
-    return await asyncpg.connect(dsn, timeout=10)
+async def connect(dsn: str, *, custom_plans: bool = True) -> asyncpg.Connection:
+    # Every statement planned for its own parameters: asyncpg prepares statements, and a
+    # generic plan made while a table was small (a sequential scan) could otherwise stay
+    # for the connection's life on a server that never re-analyses (autovacuum off).
+    settings = {"plan_cache_mode": "force_custom_plan"} if custom_plans else {}
+    return await asyncpg.connect(dsn, timeout=10, server_settings=settings)
 
 
 @lru_cache(maxsize=256)

@@ -6,13 +6,10 @@ Only the SHA-256 of a key's secret is ever stored (in the event and here).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import update
-from sqlalchemy.ext.asyncio import AsyncConnection
-
-from ledger.db import dialect_insert
 from ledger.events import KeyCreated, KeyRevoked
-from ledger.projection import Projection
+from ledger.projection import ModelWriter, Projection, fold_into
 from ledger.schema import api_keys
 from ledger.store import RecordedEvent
 
@@ -24,27 +21,27 @@ class KeysProjection(Projection):
     tables = (api_keys,)
     event_types = frozenset({KeyCreated.type, KeyRevoked.type})
 
-    async def apply(self, conn: AsyncConnection, batch: Sequence[RecordedEvent]) -> None:
-        for recorded in batch:
-            event = recorded.event()
-            if isinstance(event, KeyCreated):
-                await conn.execute(
-                    dialect_insert(conn, api_keys)
-                    .values(
-                        key_id=event.key_id,
-                        workspace=event.workspace,
-                        role=event.role,
-                        secret_sha256=event.secret_sha256,
-                        label=event.label,
-                        created_at=recorded.recorded_at,
-                        budget_limit_usd=event.budget_limit_usd,
-                        budget_window=event.budget_window,
-                    )
-                    .on_conflict_do_nothing(index_elements=["key_id"])
-                )
-            elif isinstance(event, KeyRevoked):
-                await conn.execute(
-                    update(api_keys)
-                    .where(api_keys.c.key_id == event.key_id, api_keys.c.revoked_at.is_(None))
-                    .values(revoked_at=recorded.recorded_at)
-                )
+    async def apply(self, writer: ModelWriter, batch: Sequence[RecordedEvent]) -> None:
+        await fold_into(writer, api_keys, "key_id", batch, fold_key)
+
+
+def fold_key(row: dict[str, Any] | None, recorded: RecordedEvent) -> dict[str, Any] | None:
+    """The key's row after ``recorded``: created once, revoked once."""
+    event = recorded.event()
+    if isinstance(event, KeyCreated):
+        if row is not None:
+            return row
+        return {
+            "key_id": event.key_id,
+            "workspace": event.workspace,
+            "role": event.role,
+            "secret_sha256": event.secret_sha256,
+            "label": event.label,
+            "created_at": recorded.recorded_at,
+            "revoked_at": None,
+            "budget_limit_usd": event.budget_limit_usd,
+            "budget_window": event.budget_window,
+        }
+    if isinstance(event, KeyRevoked) and row is not None and row["revoked_at"] is None:
+        return {**row, "revoked_at": recorded.recorded_at}
+    return row

@@ -18,10 +18,8 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from ledger import events as ev
-from ledger.projection import Projection, fold_into
+from ledger.projection import ModelWriter, Projection, fold_into
 from ledger.schema import request_views
 from ledger.store import RecordedEvent
 
@@ -122,5 +120,5 @@ class RequestViewProjection(Projection):
         }
     )
 
-    async def apply(self, conn: AsyncConnection, batch: Sequence[RecordedEvent]) -> None:
-        await fold_into(conn, request_views, "request_id", batch, fold_request)
+    async def apply(self, writer: ModelWriter, batch: Sequence[RecordedEvent]) -> None:
+        await fold_into(writer, request_views, "request_id", batch, fold_request)

@@ -14,11 +14,9 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
-from sqlalchemy.ext.asyncio import AsyncConnection
-
 from ledger import events as ev
 from ledger.accounting import reservation_id
-from ledger.projection import Projection, fold_into
+from ledger.projection import ModelWriter, Projection, fold_into
 from ledger.schema import spend_attempts, unknown_settlements
 from ledger.store import RecordedEvent
 
@@ -140,14 +138,14 @@ class SpendProjection(Projection):
         }
     )
 
-    async def apply(self, conn: AsyncConnection, batch: Sequence[RecordedEvent]) -> None:
+    async def apply(self, writer: ModelWriter, batch: Sequence[RecordedEvent]) -> None:
         await fold_into(
-            conn, spend_attempts, "reservation_id", batch, fold_attempt, key_of=_reservation_of
+            writer, spend_attempts, "reservation_id", batch, fold_attempt, key_of=_reservation_of
         )
         settlement_events = [
             e for e in batch if e.type in (ev.UnknownUsageOpened.type, ev.UnknownUsageSettled.type)
         ]
         if settlement_events:
             await fold_into(
-                conn, unknown_settlements, "settlement_id", settlement_events, fold_settlement
+                writer, unknown_settlements, "settlement_id", settlement_events, fold_settlement
             )

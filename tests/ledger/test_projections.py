@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from ledger import events as ev
 from ledger.db import create_engine
-from ledger.projection import ProjectionRunner
+from ledger.projection import ProjectionRunner, SqlAlchemyWriter
 from ledger.schema import api_keys, request_views
 from ledger.store import NO_STREAM, EventStore
 from ledger.tail import Wakeup
@@ -81,7 +81,8 @@ async def test_reapplying_a_page_changes_nothing(store: EventStore) -> None:
     async with store.engine.begin() as conn:
         for projection in runner.projections.values():
             wanted = projection.event_types
-            await projection.apply(conn, [e for e in page if wanted is None or e.type in wanted])
+            batch = [e for e in page if wanted is None or e.type in wanted]
+            await projection.apply(SqlAlchemyWriter(conn), batch)
     assert await _snapshot(store) == before
 
 
