@@ -24,9 +24,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import ROUND_CEILING, Decimal
-from typing import Final, Literal, TypeAlias
+from typing import Final, Literal, TypeAlias, TypeVar
 
 from ledger.events import Usage
+
+_R = TypeVar("_R")
 
 __all__ = [
     "MONEY_QUANTUM",
@@ -311,30 +313,38 @@ class Books:
 
     def apply(self, effects: Sequence[Effect]) -> None:
         """Apply all of ``effects`` or none: a refusal leaves the books as they were."""
-        # Balances and holds are flat records of immutable values: a shallow copy of each
-        # is a full snapshot (cheaper than deepcopy on the append path).
-        saved = (
-            {k: copy.copy(v) for k, v in self.accounts.items()},
-            {k: copy.copy(v) for k, v in self.holds.items()},
+        # Undo by snapshot of what these effects can touch: their holds and those holds'
+        # accounts, or a reservation's accounts. Balances and holds are flat records of
+        # immutable values, so a shallow copy of each is a full snapshot. (Copying every
+        # balance and hold in the books made each apply cost the batch's size.)
+        accounts, holds = self.needs(effects)
+        for effect in effects:
+            if isinstance(effect, Reserve):
+                holds.add(effect.hold.reservation_id)
+            elif (hold := self.holds.get(effect.reservation_id)) is not None:
+                accounts.update(hold.accounts)
+        saved_accounts = {k: copy.copy(self.accounts.get(k)) for k in accounts}
+        saved_holds = {k: copy.copy(self.holds.get(k)) for k in holds}
+        saved_sets = (
             set(self.new_accounts),
             set(self.changed_accounts),
             set(self.new_holds),
             set(self.changed_holds),
-            list(self.resolutions),
         )
+        resolutions = len(self.resolutions)
         try:
             for effect in effects:
                 self._apply(effect)
         except (BudgetDenied, HoldStateError):
+            _restore(self.accounts, saved_accounts)
+            _restore(self.holds, saved_holds)
             (
-                self.accounts,
-                self.holds,
                 self.new_accounts,
                 self.changed_accounts,
                 self.new_holds,
                 self.changed_holds,
-                self.resolutions,
-            ) = saved
+            ) = saved_sets
+            del self.resolutions[resolutions:]
             raise
 
     def _apply(self, effect: Effect) -> None:
@@ -414,3 +424,11 @@ class Books:
     def _touch_hold(self, reservation_id: str) -> None:
         if reservation_id not in self.new_holds:
             self.changed_holds.add(reservation_id)
+
+
+def _restore(records: dict[str, _R], saved: dict[str, _R | None]) -> None:
+    for key, before in saved.items():
+        if before is None:
+            records.pop(key, None)
+        else:
+            records[key] = before

@@ -133,14 +133,12 @@ def test_settling_never_posts_more_than_the_hold() -> None:
     assert books.accounts[SPEC.account_id].settled_usd == D("0.30")
 
 
-steps = st.lists(
-    st.tuples(
-        st.sampled_from(["reserve", "settle", "release", "unknown", "settle_unknown"]),
-        st.integers(0, 15),
-        st.decimals(min_value=0, max_value=1, places=3),
-    ),
-    max_size=60,
+step = st.tuples(
+    st.sampled_from(["reserve", "settle", "release", "unknown", "settle_unknown"]),
+    st.integers(0, 15),
+    st.decimals(min_value=0, max_value=1, places=3),
 )
+steps = st.lists(step, max_size=60)
 
 
 def _effect(action: str, n: int, amount: Decimal) -> Effect:
@@ -169,3 +167,38 @@ def test_settled_plus_held_never_exceeds_the_limit(script) -> None:
         held = sum((h.amount_usd for h in books.holds.values() if h.state != "resolved"), D(0))
         if books.accounts:
             assert books.accounts[SPEC.account_id].held_usd == held
+
+
+def _state(books: Books) -> tuple[object, ...]:
+    return (
+        {k: (a.limit_usd, a.held_usd, a.settled_usd) for k, a in books.accounts.items()},
+        {k: (h.amount_usd, h.state, h.accounts) for k, h in books.holds.items()},
+        set(books.new_accounts),
+        set(books.changed_accounts),
+        set(books.new_holds),
+        set(books.changed_holds),
+        list(books.resolutions),
+    )
+
+
+OTHER = AccountSpec("workspace:acme:2026-11", "workspace", "acme", None, "2026-11-01", D("0.7"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(step, max_size=4), max_size=30))
+def test_an_apply_is_all_or_nothing(script) -> None:
+    # Several effects per apply (as one append carries them): one refusal among them leaves
+    # every balance, hold, change set and resolution exactly as before the apply.
+    books = Books()
+    for group in script:
+        effects = [
+            hold(n, str(amount), (SPEC, OTHER))
+            if action == "reserve"
+            else _effect(action, n, amount)
+            for action, n, amount in group
+        ]
+        before = _state(books)
+        try:
+            books.apply(effects)
+        except (BudgetDenied, HoldStateError):
+            assert _state(books) == before
