@@ -14,6 +14,7 @@ database's immutability triggers.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import weakref
@@ -160,10 +161,15 @@ def decode_payload(position: int, hash_: str, payload: bytes) -> RecordedEvent:
         schema_version=body["schema_version"],
         data=body["data"],
         metadata=body["metadata"],
-        recorded_at=datetime.fromisoformat(body["recorded_at"]),
+        recorded_at=_recorded_at(body["recorded_at"]),
         hash=hash_,
         payload=payload,
     )
+
+
+# The events of one append batch share their recorded time: a page of events holds few
+# distinct ones, so each is parsed once (datetimes are immutable).
+_recorded_at = functools.lru_cache(maxsize=256)(datetime.fromisoformat)
 
 
 @dataclass(slots=True)
