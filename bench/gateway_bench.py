@@ -39,7 +39,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
-import psycopg
 import sqlalchemy as sa
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
@@ -47,6 +46,7 @@ from sqlalchemy.pool import NullPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.databases import fresh_postgres
 from bench.profile_summary import summarize
 from ledger import apikeys
 from ledger.db import create_engine, migrate, sync_url
@@ -55,9 +55,6 @@ from ledger.store import EventStore
 from router.fake_upstream import FakeUpstream
 from tests.gateway.harness import ANTHROPIC_ENV, Route, closed_port, config_text
 
-PG_ADMIN = os.environ.get(
-    "WAYBILL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
 BENCH = Path(__file__).resolve().parent
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -166,13 +163,7 @@ def _fresh_database(backend: str, tmp: Path) -> str:
     if backend == "sqlite":
         url = f"sqlite:///{tmp / 'gateway_bench.db'}"
     else:
-        admin = make_url(PG_ADMIN)
-        with psycopg.connect(
-            admin.set(drivername="postgresql").render_as_string(False), autocommit=True
-        ) as conn:
-            conn.execute("DROP DATABASE IF EXISTS waybill_gateway_bench WITH (FORCE)")
-            conn.execute("CREATE DATABASE waybill_gateway_bench")
-        url = admin.set(database="waybill_gateway_bench").render_as_string(False)
+        url = fresh_postgres("waybill_gateway_bench")
     migrate(url)
     return url
 

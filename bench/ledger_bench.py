@@ -13,42 +13,26 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import psycopg
-from sqlalchemy.engine import make_url
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.databases import fresh_postgres
 from ledger.db import create_engine, migrate
 from ledger.projection import ProjectionRunner
 from ledger.store import ANY_VERSION, EventStore
 from ledger.views import all_projections
 from tests.ledger.factories import succeeded_trail
 
-PG_ADMIN = os.environ.get(
-    "WAYBILL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
-
 
 def _fresh_database(backend: str, tmp: Path) -> str:
-    if backend == "sqlite":
-        url = f"sqlite:///{tmp / 'bench.db'}"
-    else:
-        admin = make_url(PG_ADMIN)
-        with psycopg.connect(
-            admin.set(drivername="postgresql").render_as_string(False), autocommit=True
-        ) as conn:
-            conn.execute("DROP DATABASE IF EXISTS waybill_bench WITH (FORCE)")
-            conn.execute("CREATE DATABASE waybill_bench")
-        url = admin.set(drivername="postgresql+psycopg", database="waybill_bench").render_as_string(
-            False
-        )
+    url = (
+        f"sqlite:///{tmp / 'bench.db'}" if backend == "sqlite" else fresh_postgres("waybill_bench")
+    )
     migrate(url)
     return url
 
@@ -89,7 +73,7 @@ async def bench_backend(backend: str, seconds: float) -> dict[str, object]:
 
         # Tail lag under load: a live projection runner beside 100 appenders.
         runner = ProjectionRunner(store, all_projections(), poll_interval_s=0.05)
-        await runner.catch_up_all()
+        await runner.catch_up()
         stop = asyncio.Event()
         live = asyncio.create_task(runner.run(stop))
         lags: list[int] = []

@@ -39,16 +39,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import psycopg
 from rich.console import Console
 from rich.progress import Progress
 from sqlalchemy import Table, func, select, text
-from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.databases import fresh_postgres, postgres_url
 from ledger import events as ev
 from ledger.accounting import reservation_id, settlement_id
 from ledger.db import create_engine, migrate
@@ -67,9 +66,6 @@ from ledger.views import all_projections
 from router.cli import progress_bar
 from tests.ledger.factories import key_created, succeeded_trail, unknown_then_failed_trail
 
-PG_ADMIN = os.environ.get(
-    "WAYBILL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
 DATABASE = "waybill_replay_bench"
 _ROOT = Path(__file__).resolve().parent.parent
 SQLITE_PATH = Path(tempfile.gettempdir()) / f"{DATABASE}.db"
@@ -131,8 +127,7 @@ _ROWS_PER_EVENT = {
 def _database_url(backend: str) -> str:
     if backend == "sqlite":
         return f"sqlite:///{SQLITE_PATH}"
-    url = make_url(PG_ADMIN).set(drivername="postgresql", database=DATABASE)
-    return url.render_as_string(hide_password=False)
+    return postgres_url(DATABASE)
 
 
 def _fresh_database(backend: str) -> str:
@@ -140,10 +135,7 @@ def _fresh_database(backend: str) -> str:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{SQLITE_PATH}{suffix}").unlink(missing_ok=True)
     else:
-        admin = make_url(PG_ADMIN).set(drivername="postgresql")
-        with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-            conn.execute(f"CREATE DATABASE {DATABASE}")
+        fresh_postgres(DATABASE)
     url = _database_url(backend)
     migrate(url)
     return url

@@ -12,6 +12,7 @@ from typing import Literal, TypeGuard
 from ledger.events import KeyCreated, KeyRevoked
 from ledger.projection import ProjectionRunner
 from ledger.store import NO_STREAM, EventStore
+from ledger.types import money_of
 from ledger.views.keys import KeysProjection
 
 __all__ = ["ApiKey", "UnknownKey", "create_key", "find_key", "revoke_key", "secret_digest"]
@@ -112,5 +113,5 @@ async def find_key(store: EventStore, secret: str) -> ApiKey | None:
         return None
     budget = None
     if row.budget_limit_usd is not None and row.budget_window in ("day", "month", "total"):
-        budget = (Decimal(str(row.budget_limit_usd)), row.budget_window)
+        budget = (money_of(row.budget_limit_usd), row.budget_window)
     return ApiKey(row.key_id, row.workspace, row.role, row.revoked_at is not None, budget)

@@ -17,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from decimal import Decimal
 from typing import Any
 
 import orjson
@@ -26,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.accounting import Balance, Books, Effect, Hold, Reserve
 from ledger.schema import budget_accounts, budget_holds, budget_resolutions
+from ledger.types import money_of
 
 __all__ = [
     "BookWrites",
@@ -58,7 +58,7 @@ def hold_of(row: Any) -> Hold:
         key_id=row.key_id,
         endpoint=row.endpoint,
         model=row.model,
-        amount_usd=_money(row.amount_usd),
+        amount_usd=money_of(row.amount_usd),
         accounts=tuple(orjson.loads(row.accounts)),
         owner=row.owner,
         state=row.state,
@@ -73,15 +73,10 @@ def balance_of(row: Any) -> Balance:
         workspace=row.workspace,
         key_id=row.key_id,
         window_start=row.window_start,
-        limit_usd=_money(row.limit_usd),
-        held_usd=_money(row.held_usd),
-        settled_usd=_money(row.settled_usd),
+        limit_usd=money_of(row.limit_usd),
+        held_usd=money_of(row.held_usd),
+        settled_usd=money_of(row.settled_usd),
     )
-
-
-def _money(value: Any) -> Decimal:
-    # A NUMERIC column read as such, or as exact text (the JSON the PostgreSQL appender reads).
-    return value if isinstance(value, Decimal) else Decimal(str(value))
 
 
 @dataclass(frozen=True, slots=True)

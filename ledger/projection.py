@@ -212,9 +212,6 @@ class ProjectionRunner:
             if consumed < self.page_size:
                 return done
 
-    async def catch_up_all(self) -> int:
-        return await self.catch_up()
-
     async def replay(self, *projections: Projection, progress: Progress | None = None) -> int:
         """Clear the tables of ``projections`` (all when none is named) and rebuild them from
         position 0, in one pass over the ledger."""
@@ -256,7 +253,7 @@ class ProjectionRunner:
         async with wakeup:
             while not stop.is_set():
                 try:
-                    await self.catch_up_all()
+                    await self.catch_up()
                 except Exception:
                     # A read model must not take the gateway down; it retries on the next
                     # wake-up and its lag shows that it is behind.

@@ -12,7 +12,7 @@ before (their cost is the database file's, not the ORM's).
 Statements are written once, with ``:name`` parameters, and run unchanged on both backends
 (:func:`positional` turns them into asyncpg's ``$n``). Rows come back with attribute
 access. Values are the driver's: on SQLite a money column is text and a timestamp is text,
-so callers convert (``Decimal(str(value))``).
+so callers convert (``ledger.types.money_of``).
 """
 
 from __future__ import annotations

@@ -411,14 +411,10 @@ class EventStore:
     def _read(self) -> _ReadConnection:
         return _ReadConnection(self.engine)
 
-    def reading(self) -> _ReadConnection:
-        """A connection for single-statement reads: on SQLite it does not take the write
-        lock; on PostgreSQL it runs in autocommit (no BEGIN/ROLLBACK round trips)."""
-        return _ReadConnection(self.engine)
-
 
 class _ReadConnection:
-    """A connection for reads; on SQLite it does not take the write lock."""
+    """A connection for reads: on SQLite it does not take the write lock; on PostgreSQL it
+    runs in autocommit (no BEGIN/ROLLBACK round trips)."""
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine

@@ -9,7 +9,7 @@ from typing import Any, Final
 from sqlalchemy import Dialect, Numeric, String
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
-__all__ = ["MONEY_LIMIT", "MONEY_PATTERN", "MoneyColumn", "money_str", "parse_money"]
+__all__ = ["MONEY_LIMIT", "MONEY_PATTERN", "MoneyColumn", "money_of", "money_str", "parse_money"]
 
 # NUMERIC(38, 12) holds amounts below 10**26 dollars: no amount the ledger books may reach it.
 MONEY_LIMIT: Final = Decimal(10) ** 26
@@ -52,6 +52,12 @@ def parse_money(text: str) -> Decimal | None:
     is not a plain decimal amount below :data:`MONEY_LIMIT`."""
     text = text.strip()
     return Decimal(text) if _MONEY.match(text) else None
+
+
+def money_of(value: Any) -> Decimal:
+    """A money column's value however the driver gave it: a ``Decimal`` (NUMERIC), or its
+    exact text (SQLite's column, a raw read of it, the JSON the PostgreSQL appender reads)."""
+    return value if isinstance(value, Decimal) else Decimal(str(value))
 
 
 def money_str(value: Decimal) -> str:

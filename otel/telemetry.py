@@ -56,14 +56,12 @@ class Telemetry:
         *,
         poll_interval_s: float = 1.0,
         settle_s: float = 0.2,
-        page_size: int = 1000,
     ) -> None:
         self.store = store
         self.pipeline = metrics
         self.traces = traces
         self.poll_interval_s = poll_interval_s
         self.settle_s = settle_s
-        self.page_size = page_size
         self._lag_at = 0.0
         self._trace_failures = 0
         self._retry_traces_at = 0.0

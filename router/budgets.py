@@ -29,6 +29,7 @@ from ledger.accounting import (
     settlement_id,
 )
 from ledger.store import EventStore
+from ledger.types import money_of
 from router.config import Workspace
 
 __all__ = ["Hold", "RequestBudget", "StepRecord"]
@@ -101,10 +102,7 @@ class RequestBudget:
             f"WHERE account_id IN ({', '.join(':' + name for name in ids)})",
             ids,
         )
-        used = {
-            row.account_id: Decimal(str(row.held_usd)) + Decimal(str(row.settled_usd))
-            for row in rows
-        }
+        used = {row.account_id: money_of(row.held_usd) + money_of(row.settled_usd) for row in rows}
         return {s.account_id: s.limit_usd - used.get(s.account_id, Decimal(0)) for s in self.specs}
 
     # --- the steps of one attempt's hold ---

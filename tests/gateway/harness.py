@@ -57,8 +57,8 @@ class Gateway:
     store: EventStore
     upstreams: dict[str, FakeUpstream]
     config: Config
+    served_store: EventStore  # the serving app's own store (for fault injection)
     clients: list[AsyncOpenAI] = field(default_factory=list)
-    served_store: EventStore | None = None  # the serving app's own store (for fault injection)
 
     def client(self, secret: str | None = None, **kw: Any) -> AsyncOpenAI:
         client = AsyncOpenAI(
@@ -219,8 +219,9 @@ async def running_gateway(
             config_path=str(config_file) if config_file else None,
         )
         url, app = await stack.enter_async_context(serve(settings))
-        gateway = Gateway(url, key.secret, key.key_id, store, upstreams, config)
-        gateway.served_store = app.app.state.store
+        gateway = Gateway(
+            url, key.secret, key.key_id, store, upstreams, config, served_store=app.app.state.store
+        )
         try:
             yield gateway
         finally:

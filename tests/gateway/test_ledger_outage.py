@@ -95,7 +95,6 @@ async def test_a_commit_whose_answer_was_lost_is_found_and_its_attempt_closed(da
     # the attempt finished as never started, its reservation released, the request failed.
     async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
         store = gw.served_store
-        assert store is not None
         real_append = store.append
         lost: list[str] = []
 

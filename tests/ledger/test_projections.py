@@ -49,7 +49,7 @@ async def test_request_view_folds_a_request_trail(store: EventStore) -> None:
     await store.append("request-ok", NO_STREAM, succeeded_trail("ok", cost="0.0012"))
     await store.append("request-bad", NO_STREAM, unknown_then_failed_trail("bad"))
     runner = ProjectionRunner(store, all_projections())
-    await runner.catch_up_all()
+    await runner.catch_up()
     rows = {r["request_id"]: r for r in (await _snapshot(store))["requests"]}
     ok, bad = rows["ok"], rows["bad"]
     assert ok["status"] == "succeeded" and ok["endpoint"] == "east" and ok["attempts"] == 1
@@ -75,7 +75,7 @@ async def test_checkpoint_moves_with_the_read_model_and_lag_is_observable(
 async def test_reapplying_a_page_changes_nothing(store: EventStore) -> None:
     await _append_mixed_history(store, 6)
     runner = ProjectionRunner(store, all_projections())
-    await runner.catch_up_all()
+    await runner.catch_up()
     before = await _snapshot(store)
     page = await store.read_all()
     async with store.engine.begin() as conn:
