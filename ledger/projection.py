@@ -20,10 +20,11 @@ import functools
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar
 
-from sqlalchemy import Table, delete, select, update
+from sqlalchemy import Table, delete, select, text, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -153,12 +154,12 @@ class ProjectionRunner:
         checkpoint moves with its read model's writes."""
         chosen = sorted(projections or self.projections.values(), key=lambda p: p.name)
         if self.store.engine.dialect.name == "postgresql":
-            return await self._step_postgres(chosen)
+            return (await self._step_postgres(chosen, None, read_ahead=False))[0]
         async with self.store.engine.begin() as conn:
             checkpoints = [await _lock_checkpoint(conn, p.name) for p in chosen]
             rows = (
                 await conn.execute(
-                    select(events.c.position, events.c.hash, events.c.payload)
+                    select(events.c.position, events.c.type, events.c.hash, events.c.payload)
                     .where(events.c.position > min(checkpoints))
                     .order_by(events.c.position)
                     .limit(self.page_size)
@@ -166,8 +167,9 @@ class ProjectionRunner:
             ).all()
             if not rows:
                 return 0
-            page = [decode_payload(r.position, r.hash, r.payload) for r in rows]
-            last = await _apply_page(SqlAlchemyWriter(conn), chosen, checkpoints, page)
+            last = int(rows[-1][0])
+            page = _decode_wanted(chosen, rows)
+            await _apply_page(SqlAlchemyWriter(conn), chosen, checkpoints, page)
             behind = [p.name for p, c in zip(chosen, checkpoints, strict=True) if c < last]
             await conn.execute(
                 update(projection_checkpoints)
@@ -176,8 +178,15 @@ class ProjectionRunner:
             )
             return len(rows)
 
-    async def _step_postgres(self, chosen: list[Projection]) -> int:
-        # The same page on one of the store's asyncpg connections (ledger.reads).
+    async def _step_postgres(
+        self, chosen: list[Projection], ahead: _Ahead | None, *, read_ahead: bool
+    ) -> tuple[int, _Ahead | None]:
+        # The same page on one of the store's asyncpg connections (ledger.reads). With
+        # ``read_ahead``, as soon as this page is known the next one is read and decoded on
+        # a second connection while this page's writes wait for PostgreSQL (the events past
+        # a position never change, so it is the next page unless another runner moved the
+        # checkpoints meanwhile; then it is dropped). Returns the events this page held and
+        # the page being read ahead.
         names = [p.name for p in chosen]
         async with self.store.hot.connection() as conn, conn.transaction():
             positions = dict(await conn.fetch(_PG_LOCK_CHECKPOINTS, names))
@@ -185,14 +194,41 @@ class ProjectionRunner:
                 await conn.execute(_PG_NEW_CHECKPOINTS, names)
                 positions = dict(await conn.fetch(_PG_LOCK_CHECKPOINTS, names))
             checkpoints = [int(positions[name]) for name in names]
-            rows = await conn.fetch(_PG_PAGE, min(checkpoints), self.page_size)
-            if not rows:
-                return 0
-            page = [decode_payload(r[0], r[1], r[2]) for r in rows]
-            last = await _apply_page(_AsyncpgWriter(conn), chosen, checkpoints, page)
-            behind = [name for name, c in zip(names, checkpoints, strict=True) if c < last]
-            await conn.execute(_PG_MOVE_CHECKPOINTS, last, behind)
-            return len(rows)
+            start = min(checkpoints)
+            if ahead is not None and ahead.start == start:
+                count, last, page = await ahead.task
+            else:
+                if ahead is not None:
+                    await ahead.drop()
+                count, last, page = await self._read_page(conn, chosen, start)
+            if count == 0:
+                return 0, None
+            following = None
+            if read_ahead and count == self.page_size:
+                following = _Ahead(last, asyncio.create_task(self._read_page(None, chosen, last)))
+            try:
+                await _apply_page(_AsyncpgWriter(conn), chosen, checkpoints, page)
+                behind = [name for name, c in zip(names, checkpoints, strict=True) if c < last]
+                await conn.execute(_PG_MOVE_CHECKPOINTS, last, behind)
+            except BaseException:
+                if following is not None:
+                    await following.drop()
+                raise
+            return count, following
+
+    async def _read_page(
+        self, conn: Any, chosen: Sequence[Projection], start: int
+    ) -> tuple[int, int, list[RecordedEvent]]:
+        """The page after ``start`` (on ``conn``, or on a connection of its own): how many
+        events it holds, its last position, and the events ``chosen`` read, decoded."""
+        if conn is None:
+            async with self.store.hot.connection() as own:
+                rows = await own.fetch(_PG_PAGE, start, self.page_size)
+        else:
+            rows = await conn.fetch(_PG_PAGE, start, self.page_size)
+        if not rows:
+            return 0, start, []
+        return len(rows), int(rows[-1][0]), _decode_wanted(chosen, rows)
 
     async def catch_up(self, *projections: Projection, progress: Progress | None = None) -> int:
         """Bring ``projections`` (all when none is named) up to the head, the pages read
@@ -204,6 +240,20 @@ class ProjectionRunner:
             lags = await self.lag()
             lag = max(lags[p.name] for p in projections or self.projections.values())
         done = 0
+        if self.store.engine.dialect.name == "postgresql":
+            chosen = sorted(projections or self.projections.values(), key=lambda p: p.name)
+            ahead: _Ahead | None = None
+            try:
+                while True:
+                    consumed, ahead = await self._step_postgres(chosen, ahead, read_ahead=True)
+                    done += consumed
+                    if progress is not None:
+                        progress(done, max(lag, done))
+                    if consumed < self.page_size:
+                        return done
+            finally:
+                if ahead is not None:
+                    await ahead.drop()
         while True:
             consumed = await self.step(*projections)
             done += consumed
@@ -219,8 +269,14 @@ class ProjectionRunner:
         async with self.store.engine.begin() as conn:
             for projection in chosen:
                 await _lock_checkpoint(conn, projection.name)
-            for projection in chosen:
-                for table in reversed(projection.tables):
+            tables = [table for p in chosen for table in reversed(p.tables)]
+            if conn.dialect.name == "postgresql":
+                # TRUNCATE, not DELETE: a DELETE leaves every old row dead in the table until
+                # a vacuum gets to it, and each rebuild would then write past the last one's
+                # corpses. Transactional like the DELETE; readers wait for the commit.
+                await conn.execute(text(f"TRUNCATE {', '.join(t.name for t in tables)}"))
+            else:
+                for table in tables:
                     await conn.execute(delete(table))
             await conn.execute(
                 update(projection_checkpoints)
@@ -267,14 +323,39 @@ class ProjectionRunner:
                             await stop.wait()
 
 
+@dataclass(frozen=True, slots=True)
+class _Ahead:
+    """The page after ``start``, being read on a connection of its own."""
+
+    start: int
+    task: asyncio.Task[tuple[int, int, list[RecordedEvent]]]
+
+    async def drop(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+def _decode_wanted(
+    chosen: Sequence[Projection], rows: Sequence[Sequence[Any]]
+) -> list[RecordedEvent]:
+    """The page's rows (position, type, hash, payload) that some projection reads, decoded;
+    the others (route evaluations, the largest events, are read by none) are skipped
+    unparsed."""
+    wanted: set[str] = set()
+    for projection in chosen:
+        if projection.event_types is None:
+            return [decode_payload(r[0], r[2], r[3]) for r in rows]
+        wanted |= projection.event_types
+    return [decode_payload(r[0], r[2], r[3]) for r in rows if r[1] in wanted]
+
+
 async def _apply_page(
     writer: ModelWriter,
     chosen: Sequence[Projection],
     checkpoints: Sequence[int],
     page: Sequence[RecordedEvent],
-) -> int:
-    """Give each projection the page's events past its own checkpoint; the page's last
-    position."""
+) -> None:
+    """Give each projection the page's events past its own checkpoint."""
     for projection, checkpoint in zip(chosen, checkpoints, strict=True):
         wanted = projection.event_types
         batch = [
@@ -282,7 +363,6 @@ async def _apply_page(
         ]
         if batch:
             await projection.apply(writer, batch)
-    return page[-1].position
 
 
 # Locked in name order by every runner, in every process: two runners take turns.
@@ -295,7 +375,8 @@ _PG_NEW_CHECKPOINTS = (
     "SELECT unnest($1::text[]), 0, now() ON CONFLICT (name) DO NOTHING"
 )
 _PG_PAGE = (
-    "SELECT position, hash, payload FROM events WHERE position > $1 ORDER BY position LIMIT $2"
+    "SELECT position, type, hash, payload FROM events WHERE position > $1 "
+    "ORDER BY position LIMIT $2"
 )
 _PG_MOVE_CHECKPOINTS = (
     "UPDATE projection_checkpoints SET position = $1, updated_at = now() "
