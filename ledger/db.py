@@ -11,8 +11,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import orjson
 from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, Connection, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
@@ -20,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 __all__ = [
     "DEFAULT_DATABASE_URL",
     "READ_ONLY",
+    "UNAVAILABLE",
     "LedgerUnavailable",
     "async_url",
     "asyncpg_dsn",
@@ -27,6 +30,7 @@ __all__ = [
     "current_revision",
     "head_revision",
     "is_postgres",
+    "is_unavailable",
     "migrate",
     "resolve_database_url",
     "sync_url",
@@ -45,6 +49,38 @@ class DatabaseUrlError(ValueError):
 class LedgerUnavailable(Exception):
     """The database could not be reached or could not durably record an append (nothing
     was acknowledged). The gateway answers 503 ``ledger_unavailable``."""
+
+
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    LedgerUnavailable,
+    OSError,
+    TimeoutError,
+    # asyncpg: the connection is closed, broken or refused; the server is shutting down or
+    # cancelled the statement; it is out of connections, memory or disk; a lock or
+    # serialization conflict (a retry may succeed).
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.OperatorInterventionError,
+    asyncpg.InsufficientResourcesError,
+    asyncpg.TransactionRollbackError,
+    asyncpg.LockNotAvailableError,
+    # SQLAlchemy (psycopg, aiosqlite): the same classes of trouble, and its pool's timeout.
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.TimeoutError,
+)
+"""The database failures that say "not now" rather than "never": the ledger is unavailable,
+and a retry may succeed."""
+
+
+def is_unavailable(error: BaseException) -> bool:
+    """Whether ``error`` means the database could not do the work now (answered 503
+    ``ledger_unavailable``, retryable). Anything else a database raises (a constraint
+    violated, a statement refused, a value out of range) is a bug in Waybill, and retrying
+    would fail the same way: it is answered 500 and logged."""
+    if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
+        return True
+    return isinstance(error, UNAVAILABLE)
 
 
 def resolve_database_url(url: str | None) -> str:

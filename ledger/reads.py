@@ -29,22 +29,12 @@ import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ledger.db import READ_ONLY, LedgerUnavailable, asyncpg_dsn
+from ledger.db import READ_ONLY, UNAVAILABLE, LedgerUnavailable, asyncpg_dsn
 
-__all__ = ["UNREACHABLE", "HotReads", "close_quietly", "connect", "positional"]
+__all__ = ["HotReads", "close_quietly", "connect", "positional"]
 
 _CONNECTIONS = 4  # at most, per process: requests beyond that wait their turn (a read is short)
 _PARAMETER = re.compile(r"(?<![:\w]):(\w+)")
-
-UNREACHABLE: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.InterfaceError,  # the connection is closed or broken
-    asyncpg.PostgresConnectionError,
-    asyncpg.OperatorInterventionError,  # the server is shutting down
-    asyncpg.TooManyConnectionsError,
-)
-"""What asyncpg raises when the database cannot be reached or went away mid-statement."""
 
 
 class _Row:
@@ -85,7 +75,7 @@ class HotReads:
         async with self.connection() as conn:
             try:
                 records = await conn.fetch(sql, *(params[name] for name in names))
-            except UNREACHABLE as error:
+            except UNAVAILABLE as error:
                 raise LedgerUnavailable(f"the ledger database failed: {error}") from None
         return [_Row(record) for record in records]
 
@@ -96,7 +86,7 @@ class HotReads:
         async with self._turns:
             try:
                 conn = self._idle.pop() if self._idle else await connect(self._dsn)
-            except UNREACHABLE as error:
+            except UNAVAILABLE as error:
                 raise LedgerUnavailable(f"the ledger database is unreachable: {error}") from None
             try:
                 yield conn

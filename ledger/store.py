@@ -28,7 +28,6 @@ from typing import Any
 import asyncpg
 import orjson
 from sqlalchemy import insert, select, text, update
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ledger.accounting import Books, BudgetDenied, Effect, HoldStateError
@@ -40,9 +39,9 @@ from ledger.books import (
     load_books,
     save_books,
 )
-from ledger.db import READ_ONLY, LedgerUnavailable, asyncpg_dsn
+from ledger.db import READ_ONLY, LedgerUnavailable, asyncpg_dsn, is_unavailable
 from ledger.events import Event, EventValidationError, decode_event, encode_event
-from ledger.reads import UNREACHABLE, HotReads, close_quietly, connect, positional
+from ledger.reads import HotReads, close_quietly, connect, positional
 from ledger.schema import events, ledger_head
 
 __all__ = [
@@ -299,10 +298,11 @@ class EventStore:
             try:
                 await self._commit(batch)
             except Exception as error:
-                # Every caller must hear how its append ended; a database failure is
-                # reported as LedgerUnavailable, anything else (a bug) as itself.
+                # Every caller must hear how its append ended; a database that could not
+                # commit now is reported as LedgerUnavailable (retryable), anything else (a
+                # constraint the batch broke: a bug) as itself.
                 failure: BaseException = error
-                if isinstance(error, SQLAlchemyError | asyncpg.PostgresError | UNREACHABLE):
+                if is_unavailable(error):
                     failure = LedgerUnavailable(f"the ledger could not commit: {error}")
                 for pending in batch:
                     pending.result = failure

@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ledger import events as ev
 from ledger.apikeys import find_key
-from ledger.db import create_engine, current_revision, head_revision
+from ledger.db import create_engine, current_revision, head_revision, is_unavailable
 from ledger.projection import ProjectionRunner
 from ledger.recovery import heartbeat, recover_abandoned_holds, register_instance, stop_instance
 from ledger.store import ANY_VERSION, EventStore, LedgerUnavailable
@@ -184,10 +184,11 @@ async def _refuse_nul(request: Request) -> None:
 
 def _failure_response(request: Request, error: Exception) -> Response:
     """The answer to an exception a handler raised: its own for a :class:`GatewayError`,
-    503 when the ledger's database failed, else a bare 500 (logged, never shown)."""
+    503 when the ledger's database could not do the work now (``ledger.db.is_unavailable``),
+    else a bare 500 (logged, never shown): a constraint violated is a bug, not an outage."""
     if isinstance(error, GatewayError):
         return _error_response(error, _request_id(request))
-    if isinstance(error, LedgerUnavailable | DBAPIError):
+    if is_unavailable(error):
         log.error("ledger unavailable serving %s: %s", request.url.path, type(error).__name__)
         return _error_response(ledger_unavailable(), _request_id(request))
     log.exception("unexpected error serving %s", request.url.path, exc_info=error)

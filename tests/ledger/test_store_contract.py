@@ -16,6 +16,7 @@ from ledger.store import (
     GENESIS_HASH,
     NO_STREAM,
     EventStore,
+    LedgerUnavailable,
     RecordedEvent,
     WrongExpectedVersion,
     chain_hash,
@@ -305,3 +306,29 @@ async def test_postgres_refuses_truncate_of_events(postgres_url: str) -> None:
                 await conn.execute(text("TRUNCATE events"))
     finally:
         await engine.dispose()
+
+
+async def _plant_event_at_next_position(store: EventStore) -> None:
+    # A row written behind the appender's back at the position it will assign next: its
+    # insert then breaks the events' primary key (a bug's symptom, not an outage).
+    async with store.engine.begin() as conn:
+        await conn.execute(
+            text(
+                "INSERT INTO events (position, stream_id, version, type, schema_version, data, "
+                "metadata, recorded_at, payload, hash) SELECT position + 1, 'planted', 1, type, "
+                "schema_version, data, metadata, recorded_at, payload, hash FROM events "
+                "ORDER BY position DESC LIMIT 1"
+            )
+        )
+
+
+async def test_a_refusal_that_is_not_an_outage_is_raised_as_itself(store: EventStore) -> None:
+    # LedgerUnavailable means "not now, retry"; a broken constraint would fail the same way
+    # on every retry, so it must not be reported as one (the gateway answers it 500).
+    await store.append("request-r1", NO_STREAM, [received("r1")])
+    await _plant_event_at_next_position(store)
+    with pytest.raises(Exception) as raised:
+        await store.append("request-r2", NO_STREAM, [received("r2")])
+    assert not isinstance(raised.value, LedgerUnavailable)
+    assert "unique" in str(raised.value).lower() or "duplicate" in str(raised.value).lower()
+    assert await store.read_stream("request-r2") == []
