@@ -78,7 +78,7 @@ class _Child:
         return self.popen.pid
 
     def cpu_s(self) -> float:
-        return _process_cpu_s(self.pid)
+        return _tree_cpu_s(self.pid)
 
     def settle(self, quiet_s: float = 0.5, within_s: float = 30.0) -> None:
         """Wait until the process is (nearly) idle: deferred work from the last cell is done."""
@@ -256,6 +256,24 @@ def _process_cpu_s(pid: int | str) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rfind(")") + 2 :].split()  # fields[0] is field 3 (state)
     return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime + stime
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds of ``pid`` and of the processes it started, running or ended (``waybill
+    serve`` on PostgreSQL runs its read models in a child, ``ledger.follow``)."""
+    total = 0.0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # the process ended while we looked
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if entry.name == str(pid) or fields[1] == str(pid):  # itself, or its child
+            # utime + stime, and cutime + cstime: its children that ended and were reaped
+            total += sum(int(v) for v in fields[11:15]) / _CLK_TCK
+    return total
 
 
 class _BackendCpu:

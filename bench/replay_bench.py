@@ -51,6 +51,7 @@ from bench.databases import fresh_postgres, postgres_url
 from ledger import events as ev
 from ledger.accounting import reservation_id, settlement_id
 from ledger.db import create_engine, migrate
+from ledger.process import tune_gc
 from ledger.projection import ProjectionRunner
 from ledger.schema import (
     api_keys,
@@ -565,6 +566,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.events < 1000:
         parser.error("--events: at least 1000")
+    tune_gc()  # as every Waybill process runs (router.cli), so the API phases are like-for-like
     results = asyncio.run(_bench(args))
     if args.json:
         print(json.dumps(results, indent=2))

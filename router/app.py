@@ -29,6 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ledger import events as ev
 from ledger.apikeys import find_key
 from ledger.db import create_engine, current_revision, head_revision, is_unavailable
+from ledger.follow import SETTLE_S, follow_in_child
 from ledger.projection import ProjectionRunner
 from ledger.recovery import heartbeat, recover_abandoned_holds, register_instance, stop_instance
 from ledger.store import ANY_VERSION, EventStore, LedgerUnavailable
@@ -80,6 +81,7 @@ class AppSettings:
     max_in_flight: int = 512  # per workspace and process; beyond it: 503 capacity_error
     heartbeat_s: float = 5.0  # a gateway silent for 6 heartbeats is presumed dead
     config_path: str | None = None  # where a reload (SIGHUP, or the admin API) reads from
+    follower_process: bool = False  # on PostgreSQL: read models in a child (ledger.follow)
 
 
 class _Edge:
@@ -216,10 +218,14 @@ def create_app(settings: AppSettings) -> FastAPI:
         app.state.gateway = gateway
         app.state.idempotency = IdempotencyStore(engine)
         app.state.capacity = _Capacity(settings.max_in_flight)
-        # Read models (request views, keys, ...) follow the ledger while the gateway runs.
+        # Read models (request views, keys, ...) follow the ledger while the gateway runs:
+        # from a child process when `waybill serve` runs on PostgreSQL (ledger.follow).
         stop = asyncio.Event()
-        runner = ProjectionRunner(store, all_projections())
-        following = asyncio.create_task(runner.run(stop, settle_s=0.1))
+        if settings.follower_process and store.engine.dialect.name == "postgresql":
+            following = asyncio.create_task(follow_in_child(settings.database_url, stop))
+        else:
+            runner = ProjectionRunner(store, all_projections())
+            following = asyncio.create_task(runner.run(stop, settle_s=SETTLE_S))
         # So do traces and metrics (SPEC §8), in the background, never on the request path.
         telemetry = Telemetry.from_env(store)
         app.state.telemetry = telemetry

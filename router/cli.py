@@ -31,6 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from ledger import apikeys
 from ledger.db import DatabaseUrlError, create_engine, migrate, resolve_database_url
+from ledger.process import tune_gc
 from ledger.projection import ProjectionRunner
 from ledger.store import EventStore
 from ledger.verify import verify_chain
@@ -366,6 +367,7 @@ def serve_command(
         max_in_flight=max_in_flight,
         heartbeat_s=heartbeat_s,
         config_path=config_file,
+        follower_process=True,
     )
     _serve(settings, host, port)
 
@@ -672,18 +674,8 @@ def reconcile_command(
         out.print(table)
 
 
-def _tune_gc() -> None:
-    """Waybill's work is a stream of short-lived objects (decoded events, rows, requests)
-    that reference counting frees; the cyclic collector's default pace (a young collection
-    every 700 allocations, each full one walking every object ever imported) cost about a
-    third of a replay's CPU. Freeze what exists at start-up out of its reach, and let it
-    run less often (``bench/README.md``)."""
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 20)
-
-
 def main() -> None:
-    _tune_gc()
+    tune_gc()
     try:
         app()
     except KeyboardInterrupt:

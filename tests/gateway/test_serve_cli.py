@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
 
 from tests.gateway.harness import ANTHROPIC_ENV, closed_port
 from tests.gateway.processes import serve_process
@@ -102,3 +105,106 @@ def test_sighup_reloads_the_config_file(tmp_path: Path) -> None:
         finally:
             process.terminate()
             process.wait(timeout=20)
+
+
+def _followers_of(pid: int) -> list[int]:
+    """The read-model followers (ledger.follow) that process ``pid`` started."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat[stat.rfind(")") + 2 :].split()[1])
+        if parent == pid and b"ledger.follow" in cmdline:
+            found.append(int(entry.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2] != "Z"  # an exited child not yet reaped is not alive
+
+
+def _wait_for(check: Callable[[], Any], within_s: float = 20) -> Any:
+    deadline = time.monotonic() + within_s
+    while not (result := check()):
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+    return result
+
+
+@pytest.mark.postgres
+def test_serve_on_postgres_keeps_read_models_in_a_child_it_restarts_and_stops(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    import os
+    import signal
+
+    import sqlalchemy as sa
+
+    from router.fake_upstream import FakeUpstream
+    from tests.gateway.harness import Route, config_text
+    from tests.gateway.processes import new_key
+
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+    port = closed_port()
+    engine = sa.create_engine(postgres_url.replace("postgresql://", "postgresql+psycopg://"))
+
+    def viewed(request_id: str) -> bool:
+        with engine.connect() as conn:
+            query = sa.text("SELECT status FROM request_views WHERE request_id = :r")
+            return conn.execute(query, {"r": request_id}).scalar() == "succeeded"
+
+    with FakeUpstream("east") as east:
+        config = tmp_path / "waybill.yaml"
+        config.write_text(config_text({"east": east}, [Route("east")]))
+        secret = new_key(postgres_url)
+        process = serve_process(config, postgres_url, port)
+        headers = {"Authorization": f"Bearer {secret}"}
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
+        try:
+            [follower] = _wait_for(lambda: _followers_of(process.pid))
+            first = httpx.post(url, json=body, headers=headers)
+            assert first.status_code == 200
+            _wait_for(lambda: viewed(first.headers["x-request-id"]))
+
+            os.kill(follower, signal.SIGKILL)  # the gateway starts another
+            [restarted] = _wait_for(
+                lambda: [p for p in _followers_of(process.pid) if p != follower]
+            )
+            second = httpx.post(url, json=body, headers=headers)
+            assert second.status_code == 200
+            _wait_for(lambda: viewed(second.headers["x-request-id"]))
+        finally:
+            process.terminate()
+            process.wait(timeout=20)
+            engine.dispose()
+        # Stopping the gateway stopped its follower (uvicorn exits by re-raising SIGTERM).
+        assert process.returncode == -signal.SIGTERM
+        assert not _alive(restarted)
+
+
+@pytest.mark.postgres
+def test_a_follower_whose_gateway_was_killed_stops_by_itself(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    import signal
+
+    from router.fake_upstream import FakeUpstream
+    from tests.gateway.harness import Route, config_text
+
+    with FakeUpstream("east") as east:
+        config = tmp_path / "waybill.yaml"
+        config.write_text(config_text({"east": east}, [Route("east")]))
+        process = serve_process(config, postgres_url, closed_port())
+        [follower] = _wait_for(lambda: _followers_of(process.pid))
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=10)
+        _wait_for(lambda: not _alive(follower), within_s=10)

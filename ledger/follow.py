@@ -1,0 +1,125 @@
+"""The read models' follower as a process of its own, beside the gateway's.
+
+``waybill serve`` on PostgreSQL keeps its read models (request views, spend, keys) current
+from a child process running ``python -m ledger.follow``: decoding and folding every event
+is CPU the request path would otherwise share its one event loop with (about a tenth of the
+gateway's CPU under load). The child wakes on the appender's NOTIFY like the in-process
+runner, takes turns with other runners through the checkpoint locks, and stops when told
+(SIGTERM, SIGINT) or when the gateway that started it is gone. The gateway restarts it if
+it dies; while it is down the read models only trail (their lag shows it), and nothing on
+the request path waits for them.
+
+On SQLite the runner stays in the gateway's process: one writer at a time is the file's
+rule, and a second process would only queue behind the first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+from ledger.db import create_engine
+from ledger.process import tune_gc
+from ledger.projection import ProjectionRunner
+from ledger.store import EventStore
+from ledger.views import all_projections
+
+__all__ = ["follow_in_child"]
+
+_log = logging.getLogger(__name__)
+
+_URL_VARIABLE = "WAYBILL_FOLLOW_DATABASE_URL"  # not argv: a password in a URL shows in ps
+_PARENT_VARIABLE = "WAYBILL_FOLLOW_PARENT"  # the gateway's pid (it may die before we start)
+_PARENT_CHECK_S = 1.0
+SETTLE_S = 0.1
+"""After a wake-up, let this long pass before catching up, so one catch-up folds the commits
+of many requests (the read models then trail by about that much)."""
+
+
+async def follow_in_child(
+    database_url: str, stop: asyncio.Event, *, restart_after_s: float = 1.0
+) -> None:
+    """Run the follower as a child process until ``stop`` is set, restarting it when it
+    exits on its own; then stop it and wait for it."""
+    env = {**os.environ, _URL_VARIABLE: database_url, _PARENT_VARIABLE: str(os.getpid())}
+    while not stop.is_set():
+        # A session of its own: a Ctrl-C at the terminal stops the gateway, which stops
+        # its child, rather than reaching both at once.
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "ledger.follow",
+            env=env,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        stopping = asyncio.create_task(stop.wait())
+        exiting = asyncio.create_task(child.wait())
+        try:
+            await asyncio.wait({stopping, exiting}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if child.returncode is None:
+                await _stop(child)
+            exiting.cancel()
+        if stop.is_set():
+            return
+        _log.warning("the read-model follower exited (status %s); restarting it", child.returncode)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), restart_after_s)
+
+
+async def _stop(child: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        child.terminate()
+    try:
+        await asyncio.wait_for(child.wait(), 10)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            child.kill()
+        await child.wait()
+
+
+async def _follow(database_url: str, parent: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+
+    async def orphaned() -> None:
+        # A gateway killed with SIGKILL cannot stop its child: the child notices instead.
+        while not stop.is_set():
+            if os.getppid() != parent:
+                stop.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), _PARENT_CHECK_S)
+
+    engine = create_engine(database_url)
+    store = EventStore(engine)
+    watching = asyncio.create_task(orphaned())
+    try:
+        await ProjectionRunner(store, all_projections()).run(stop, settle_s=SETTLE_S)
+    finally:
+        stop.set()
+        await watching
+        await store.close()
+        await engine.dispose()
+
+
+def main() -> None:
+    tune_gc()
+    logging.basicConfig(level=logging.WARNING, format="waybill follower: %(message)s")
+    database_url = os.environ.get(_URL_VARIABLE)
+    parent = os.environ.get(_PARENT_VARIABLE, "")
+    if not database_url or not parent.isdigit():
+        sys.exit("ledger.follow is started by `waybill serve`, not by hand")
+    asyncio.run(_follow(database_url, int(parent)))
+
+
+if __name__ == "__main__":
+    main()
