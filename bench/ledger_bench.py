@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.databases import fresh_postgres
 from ledger.db import create_engine, migrate
+from ledger.process import tune_gc
 from ledger.projection import ProjectionRunner
 from ledger.store import ANY_VERSION, EventStore
 from ledger.views import all_projections
@@ -113,6 +114,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args()
     backends = ["postgres", "sqlite"] if args.backend == "both" else [args.backend]
+    tune_gc()  # as every Waybill process runs
     for backend in backends:
         results = asyncio.run(bench_backend(backend, args.seconds))
         width = max(len(k) for k in results)
