@@ -518,7 +518,12 @@ _PG_BEGIN_AND_LOCK = "BEGIN; SELECT 1 FROM ledger_head WHERE id = 1 FOR UPDATE"
 # locking statement could miss the transaction that held the lock before us. The head, the
 # streams' last versions (one index probe each, never a scan), the holds the batch resolves, and the
 # accounts it touches (named by its reservations, or by the holds' own account lists). Money
-# travels as text so that it stays exact.
+# travels as text so that it stays exact. Rows are found by `= ANY(array)`, never joined to a
+# set-returning function: the planner guesses such a function returns 100 rows and would
+# hash-join it against a scan of the whole table, making every append's cost grow with the
+# number of holds ever made (measured under c1 load on a fresh ledger: the append's
+# statements took 0.29 ms each after 5 s and 0.66 ms after 30 s; now 0.17 and 0.26 ms). The
+# write's UPDATEs name their rows the same way.
 _PG_READ = """
     SELECT
       (SELECT position FROM ledger_head WHERE id = 1) AS position,
@@ -526,25 +531,21 @@ _PG_READ = """
       (SELECT coalesce(json_agg(json_build_array(s.id, (
                   SELECT e.version FROM events e WHERE e.stream_id = s.id
                   ORDER BY e.version DESC LIMIT 1))), '[]')
-       FROM json_array_elements_text(:streams::json) AS s(id)) AS versions,
+       FROM unnest(:streams::text[]) AS s(id)) AS versions,
       (SELECT coalesce(json_agg(json_build_object(
                   'reservation_id', h.reservation_id, 'request_id', h.request_id,
                   'attempt_id', h.attempt_id, 'workspace', h.workspace, 'key_id', h.key_id,
                   'endpoint', h.endpoint, 'model', h.model, 'amount_usd', h.amount_usd::text,
                   'accounts', h.accounts, 'owner', h.owner, 'state', h.state)), '[]')
-       FROM budget_holds h
-       WHERE h.reservation_id IN (SELECT json_array_elements_text(:holds::json))) AS holds,
+       FROM budget_holds h WHERE h.reservation_id = ANY(:holds::text[])) AS holds,
       (SELECT coalesce(json_agg(json_build_object(
                   'account_id', a.account_id, 'kind', a.kind, 'workspace', a.workspace,
                   'key_id', a.key_id, 'window_start', a.window_start,
                   'limit_usd', a.limit_usd::text, 'held_usd', a.held_usd::text,
                   'settled_usd', a.settled_usd::text)), '[]')
-       FROM budget_accounts a WHERE a.account_id IN (
-           SELECT json_array_elements_text(:accounts::json)
-           UNION
+       FROM budget_accounts a WHERE a.account_id = ANY(:accounts::text[] || ARRAY(
            SELECT jsonb_array_elements_text(h.accounts::jsonb) FROM budget_holds h
-           WHERE h.reservation_id IN (SELECT json_array_elements_text(:holds::json))))
-        AS accounts
+           WHERE h.reservation_id = ANY(:holds::text[])))) AS accounts
 """
 
 # Everything the batch writes, in one statement: the events as parallel arrays (asyncpg
@@ -570,6 +571,7 @@ _PG_WRITE = """
         FROM jsonb_to_recordset(:books::jsonb -> 'changed_accounts') AS u(
             account_id text, limit_usd numeric, held_usd numeric, settled_usd numeric)
         WHERE a.account_id = u.account_id
+          AND a.account_id = ANY(:changed_account_ids::text[])
         RETURNING 1
     ), new_holds AS (
         INSERT INTO budget_holds (reservation_id, request_id, attempt_id, workspace, key_id,
@@ -586,6 +588,7 @@ _PG_WRITE = """
         FROM jsonb_to_recordset(:books::jsonb -> 'changed_holds') AS u(
             reservation_id text, state text)
         WHERE b.reservation_id = u.reservation_id
+          AND b.reservation_id = ANY(:changed_hold_ids::text[])
         RETURNING 1
     ), resolutions AS (
         INSERT INTO budget_resolutions (reservation_id, kind, settled_usd, released_usd,
@@ -643,9 +646,9 @@ class _PostgresAppender:
         await conn.execute(_PG_BEGIN_AND_LOCK)  # no arguments: one simple-protocol query
         read, names = positional(_PG_READ)
         parameters = {
-            "streams": orjson.dumps(sorted({p.stream_id for p in batch})).decode(),
-            "holds": orjson.dumps(sorted(hold_ids)).decode(),
-            "accounts": orjson.dumps(sorted(account_ids)).decode(),
+            "streams": sorted({p.stream_id for p in batch}),
+            "holds": sorted(hold_ids),
+            "accounts": sorted(account_ids),
         }
         row = await conn.fetchrow(read, *(parameters[name] for name in names))
         assert row is not None
@@ -691,6 +694,8 @@ def _write_parameters(written: _Written, books: Books | None) -> dict[str, Any]:
         "hashes": [r.hash for r in new],
         "head": written.head,
         "head_hash": written.head_hash,
+        "changed_account_ids": [a["account_id"] for a in writes.changed_accounts],
+        "changed_hold_ids": [h["reservation_id"] for h in writes.changed_holds],
         # Decimals as their exact strings; the timestamps are the statement's own.
         "books": orjson.dumps(
             {

@@ -332,3 +332,44 @@ async def test_a_refusal_that_is_not_an_outage_is_raised_as_itself(store: EventS
     assert not isinstance(raised.value, LedgerUnavailable)
     assert "unique" in str(raised.value).lower() or "duplicate" in str(raised.value).lower()
     assert await store.read_stream("request-r2") == []
+
+
+async def test_postgres_append_finds_holds_by_index_however_many_there_are(
+    postgres_url: str,
+) -> None:
+    # The append's read must probe the holds it needs, not scan them all: a scan makes each
+    # append cost more as holds accumulate (one per attempt, forever). The plan PostgreSQL
+    # caches for the appender's prepared statement is checked, on a table of 20,000 holds.
+    from ledger.reads import positional
+    from ledger.store import _PG_READ
+
+    engine = create_engine(postgres_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                text(
+                    "INSERT INTO budget_holds (reservation_id, request_id, attempt_id, "
+                    "workspace, key_id, endpoint, model, amount_usd, accounts, state, owner, "
+                    "created_at) SELECT 'res_' || i, 'req_' || i, 'att_' || i, 'acme', 'k', "
+                    "'east', 'm', 0.01, '[]', 'resolved', 'gw', now() "
+                    "FROM generate_series(1, 20000) AS i"
+                )
+            )
+        sql, names = positional(_PG_READ)
+        types = {"streams": "text[]", "holds": "text[]", "accounts": "text[]"}
+        declared = ", ".join(types[name] for name in names)
+        async with engine.connect() as conn:
+            await conn.execute(text("SET plan_cache_mode = force_generic_plan"))
+            await conn.exec_driver_sql(f"PREPARE append_read ({declared}) AS {sql}")
+            arguments = ", ".join(
+                {"streams": "'{request-r1}'", "holds": "'{res_7}'", "accounts": "'{}'"}[name]
+                for name in names
+            )
+            plan = "\n".join(
+                row[0]
+                for row in await conn.exec_driver_sql(f"EXPLAIN EXECUTE append_read ({arguments})")
+            )
+        assert "budget_holds_pkey" in plan, plan
+        assert "Seq Scan on budget_holds" not in plan, plan
+    finally:
+        await engine.dispose()
