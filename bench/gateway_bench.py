@@ -9,8 +9,9 @@ Four processes: the fake provider (``python -m router.fake_upstream``), the gate
 closed-loop keep-alive load generator (``bench/loadgen.py``). For every mode and concurrency
 the load goes first straight to the fake, then through the gateway; per cell: requests/s,
 p50 / p99 latency, the added p50 latency, the gateway's CPU ms per request (utime + stime of
-the ``waybill serve`` process from /proc, from the cell's start until the gateway is idle
-again, so deferred work such as projections is included), and gateway/direct throughput.
+the ``waybill serve`` process and its children, the read-model follower among them, from
+/proc, from the cell's start until the gateway is idle again, so deferred work such as
+projections is included), and gateway/direct throughput.
 
 A cell is valid only if every response was a complete 200 and the ledger gained exactly one
 ``RequestCompleted`` (and no ``RequestFailed``) per request sent through the gateway.
