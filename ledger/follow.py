@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from ledger.db import create_engine
 from ledger.process import tune_gc
@@ -45,9 +46,12 @@ async def follow_in_child(
     database_url: str, stop: asyncio.Event, *, restart_after_s: float = 1.0
 ) -> None:
     """Run the follower as a child process until ``stop`` is set, restarting it when it
-    exits on its own; then stop it and wait for it."""
+    exits on its own (after ``restart_after_s``, doubled up to a minute while it keeps dying
+    young); then stop it and wait for it."""
     env = {**os.environ, _URL_VARIABLE: database_url, _PARENT_VARIABLE: str(os.getpid())}
+    delay = restart_after_s / 2
     while not stop.is_set():
+        started = time.monotonic()
         # A session of its own: a Ctrl-C at the terminal stops the gateway, which stops
         # its child, rather than reaching both at once.
         child = await asyncio.create_subprocess_exec(
@@ -69,9 +73,15 @@ async def follow_in_child(
             exiting.cancel()
         if stop.is_set():
             return
-        _log.warning("the read-model follower exited (status %s); restarting it", child.returncode)
+        lived_s = time.monotonic() - started
+        delay = restart_after_s if lived_s > 60 else min(delay * 2, 60)
+        _log.warning(
+            "the read-model follower exited (status %s); restarting it in %.0f s",
+            child.returncode,
+            delay,
+        )
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), restart_after_s)
+            await asyncio.wait_for(stop.wait(), delay)
 
 
 async def _stop(child: asyncio.subprocess.Process) -> None:
