@@ -632,7 +632,7 @@ class _PostgresAppender:
     async def commit(self, batch: list[_PendingAppend]) -> None:
         conn = self._conn
         if conn is None or conn.is_closed():
-            conn = self._conn = await connect(self._dsn, custom_plans=False)
+            conn = self._conn = await connect(self._dsn, appender=True)
         try:
             await self._commit(conn, batch)
         except BaseException:
