@@ -600,11 +600,11 @@ _PG_WRITE = """
     ), inserted AS (
         INSERT INTO events (position, stream_id, version, type, schema_version, data,
                             metadata, recorded_at, payload, hash)
-        SELECT p, s, v, t, sv, CAST(d AS jsonb), CAST(m AS jsonb), :recorded_at, b, h
+        SELECT p, s, v, t, sv, j -> 'data', j -> 'metadata', :recorded_at, b, h
         FROM unnest(:positions::bigint[], :stream_ids::text[], :versions::int[],
-                    :types::text[], :schema_versions::int[], :datas::text[],
-                    :metadatas::text[], :payloads::bytea[], :hashes::text[])
-             AS u(p, s, v, t, sv, d, m, b, h)
+                    :types::text[], :schema_versions::int[], :payloads::bytea[],
+                    :hashes::text[]) AS u(p, s, v, t, sv, b, h),
+             LATERAL (SELECT convert_from(b, 'UTF8')::jsonb AS j) AS parsed
         RETURNING 1
     ), head AS (
         UPDATE ledger_head SET position = :head, hash = :head_hash WHERE id = 1
@@ -688,8 +688,6 @@ def _write_parameters(written: _Written, books: Books | None) -> dict[str, Any]:
         "versions": [r.version for r in new],
         "types": [r.type for r in new],
         "schema_versions": [r.schema_version for r in new],
-        "datas": [orjson.dumps(r.data).decode() for r in new],
-        "metadatas": [orjson.dumps(r.metadata).decode() for r in new],
         "payloads": [r.payload for r in new],
         "hashes": [r.hash for r in new],
         "head": written.head,
