@@ -137,6 +137,22 @@ async def test_stream_with_include_usage_ends_with_the_usage_chunk(database_url)
         assert finished["usage"]["output_tokens"] > 0
 
 
+async def test_a_paced_stream_reaches_the_client_as_it_arrives_not_in_one_lump(database_url):
+    # The gateway never holds a frame back waiting for the next one: with the upstream
+    # pausing 100 ms between its events, the client's reads must see them arrive in many
+    # pieces.
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
+        gw.upstreams["east"].set_default(Behavior.ok(chunk_delay_ms=100))
+        body = {"model": "chat", "messages": MESSAGES, "stream": True}
+        pieces: list[bytes] = []
+        async with gw.http() as http, http.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            pieces = [piece async for piece in r.aiter_raw() if b"data:" in piece]
+        frames = b"".join(pieces).count(b"data:")
+        assert frames >= 5 and b"data: [DONE]" in pieces[-1]
+        assert len(pieces) >= frames - 2, [p.count(b"data:") for p in pieces]
+
+
 async def test_stream_without_include_usage_gets_no_usage_chunk_but_usage_is_recorded(
     database_url,
 ):
