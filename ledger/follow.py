@@ -54,14 +54,23 @@ async def follow_in_child(
         started = time.monotonic()
         # A session of its own: a Ctrl-C at the terminal stops the gateway, which stops
         # its child, rather than reaching both at once.
-        child = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "ledger.follow",
-            env=env,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        try:
+            child = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "ledger.follow",
+                env=env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as error:  # out of processes or memory: the read models only trail
+            delay = min(delay * 2, 60)
+            _log.error(
+                "could not start the read-model follower (%s); retrying in %.0f s", error, delay
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+            continue
         stopping = asyncio.create_task(stop.wait())
         exiting = asyncio.create_task(child.wait())
         try:
