@@ -203,9 +203,10 @@ class EventStore:
         self._listeners: list[Callable[[Sequence[RecordedEvent]], None]] = []
 
     def on_commit(self, listener: Callable[[Sequence[RecordedEvent]], None]) -> Callable[[], None]:
-        """Call ``listener`` with the events of each batch this store commits, right after
-        the commit (so: this process's appends only, in position order). It must be quick
-        and must not raise; what it raises is logged. Returns the way to unsubscribe."""
+        """Call ``listener`` with the events of each batch this store commits, just after
+        the commit (in the event loop's next turn; this process's appends only, in position
+        order). It must be quick and must not raise; what it raises is logged. Returns the
+        way to unsubscribe."""
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
@@ -310,7 +311,9 @@ class EventStore:
                 _resolve(pending)
             state.batches += 1
             if self._listeners:
-                self._tell_listeners(batch)
+                # Not inline: the appender goes on to send the next batch first, and the
+                # listeners (metrics: ~6% of the gateway's CPU) run while PostgreSQL works.
+                asyncio.get_running_loop().call_soon(self._tell_listeners, batch)
             for signal in self._commit_signals:
                 signal.set()
 
