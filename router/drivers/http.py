@@ -18,7 +18,7 @@ import asyncio
 import functools
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final, TypeVar, cast, overload
 from urllib.parse import urlsplit
@@ -71,38 +71,45 @@ class ProtocolError(HTTPError):
 
 
 class Headers(Mapping[str, str]):
-    """A response's headers: read-only, case-insensitive.
+    """Read-only, case-insensitive headers (a response's here; a request's in the fake
+    provider).
 
     A repeated header's values are joined with ", " in arrival order (RFC 9110 §5.3), so
-    :meth:`get` returns all of them as one string.
+    :meth:`get` returns all of them as one string. Names iterate as first received.
     """
 
     __slots__ = ("_items",)
 
-    def __init__(self, items: Mapping[str, str] | None = None) -> None:
-        self._items = {name.lower(): value for name, value in (items or {}).items()}
+    def __init__(self, pairs: Iterable[tuple[str, str]] = ()) -> None:
+        items: dict[str, tuple[str, str]] = {}
+        for name, value in pairs:
+            key = name.lower()
+            prior = items.get(key)
+            items[key] = (name, value) if prior is None else (prior[0], f"{prior[1]}, {value}")
+        self._items = items
 
     def __getitem__(self, name: str) -> str:
-        return self._items[name.lower()]
+        return self._items[name.lower()][1]
 
     @overload
     def get(self, name: str, /) -> str | None: ...
     @overload
     def get(self, name: str, /, default: str | _T) -> str | _T: ...
     def get(self, name: str, /, default: object = None) -> object:
-        return self._items.get(name.lower(), default)
+        item = self._items.get(name.lower())
+        return default if item is None else item[1]
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and name.lower() in self._items
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._items)
+        return (name for name, _ in self._items.values())
 
     def __len__(self) -> int:
         return len(self._items)
 
     def __repr__(self) -> str:
-        return f"Headers({self._items!r})"
+        return f"Headers({dict(self)!r})"
 
 
 @dataclass(frozen=True)
@@ -366,7 +373,7 @@ class Response:
         read_timeout: float | None,
     ) -> None:
         self.status_code = conn.status_code
-        self.headers = Headers(conn.headers)
+        self.headers = Headers(conn.headers.items())
         self._client = client
         self._origin = origin
         self._conn: _Connection | None = conn

@@ -11,9 +11,11 @@ import asyncio
 import contextlib
 import socket
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
+
+from router.drivers.http import Headers
 
 __all__ = ["BadRequest", "Connection", "Headers", "HttpRequest"]
 
@@ -24,33 +26,6 @@ _READ_SIZE = 64 * 1024
 
 class BadRequest(Exception):
     """The peer sent something that is not an HTTP/1.1 request we accept."""
-
-
-class Headers(Mapping[str, str]):
-    """Case-insensitive, read-only header mapping; repeated headers are joined by ", "."""
-
-    def __init__(self, pairs: list[tuple[str, str]] | None = None) -> None:
-        self._items: dict[str, tuple[str, str]] = {}
-        for name, value in pairs or []:
-            key = name.lower()
-            if key in self._items:
-                value = f"{self._items[key][1]}, {value}"
-            self._items[key] = (name, value)
-
-    def __getitem__(self, name: str) -> str:
-        return self._items[name.lower()][1]
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name.lower() in self._items
-
-    def __iter__(self) -> Iterator[str]:
-        return (original for original, _ in self._items.values())
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __repr__(self) -> str:
-        return f"Headers({dict(self)!r})"
 
 
 @dataclass(frozen=True)
