@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from decimal import Decimal
 
+import asyncpg
 import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
@@ -13,9 +14,10 @@ from alembic.migration import MigrationContext
 
 from ledger import events as ev
 from ledger.accounting import AccountSpec, BudgetDenied, Hold, HoldStateError, Release, Reserve
-from ledger.db import create_engine
+from ledger.db import asyncpg_dsn, create_engine
 from ledger.schema import budget_accounts, budget_resolutions, metadata
 from ledger.store import ANY_VERSION, EventStore
+from ledger.verify import verify_chain
 
 D = Decimal
 SPEC = AccountSpec("key:k1:total", "key", "acme", "k1", None, D("1.00"))
@@ -108,6 +110,50 @@ async def test_two_stores_on_one_postgres_never_overspend(postgres_url: str) -> 
         assert sum(results) == 10
         assert await balance(stores[0]) == (D("1.00"), D(0))
     finally:
+        for store, engine in zip(stores, engines, strict=True):
+            await store.close()
+            await engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_an_optimistic_append_that_lost_the_race_is_decided_again_under_the_lock(
+    postgres_url: str,
+) -> None:
+    # Two stores read the same head and the same balance without a lock, then both try to
+    # move the head. A third connection holds the head row until both wait on it, so the
+    # race is certain: one write moves the head, the other finds it moved, writes nothing,
+    # and is decided again from what the winner committed: its reservation no longer fits.
+    engines = [create_engine(postgres_url) for _ in range(2)]
+    stores = [EventStore(engine) for engine in engines]
+    blocker = await asyncpg.connect(asyncpg_dsn(engines[0]))
+    watcher = await asyncpg.connect(asyncpg_dsn(engines[0]))
+    try:
+        await blocker.execute("BEGIN; SELECT 1 FROM ledger_head WHERE id = 1 FOR UPDATE")
+        tries = []
+        for n, store in enumerate(stores):
+            events, effect = reserve(n, "0.60")
+            append = store.append(f"request-req_{n}", ANY_VERSION, events, effects=[effect])
+            tries.append(asyncio.create_task(append))
+        waiting = 0
+        for _ in range(500):
+            waiting = await watcher.fetchval(  # not the blocker: its view is a snapshot
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            )
+            if waiting == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert waiting == 2
+        await blocker.execute("ROLLBACK")
+        results = await asyncio.gather(*tries, return_exceptions=True)
+        assert sorted(type(r).__name__ for r in results) == ["BudgetDenied", "list"]
+        assert sum(store.stats["lost_races"] for store in stores) == 1
+        assert await balance(stores[0]) == (D("0.60"), D(0))
+        assert [r.position for r in await stores[0].read_all()] == [1]
+        assert (await verify_chain(stores[0])).ok
+    finally:
+        await blocker.close()
+        await watcher.close()
         for store, engine in zip(stores, engines, strict=True):
             await store.close()
             await engine.dispose()
