@@ -14,23 +14,24 @@ database's immutability triggers.
 from __future__ import annotations
 
 import asyncio
+import copy
 import functools
 import hashlib
 import logging
 import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import asyncpg
 import orjson
 from sqlalchemy import insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ledger.accounting import Books, BudgetDenied, Effect, HoldStateError
+from ledger.accounting import Balance, Books, BudgetDenied, Effect, Hold, HoldStateError, Reserve
 from ledger.books import (
     balance_of,
     book_needs,
@@ -62,6 +63,7 @@ NO_STREAM = 0
 """``expected_version`` for a stream that must not exist yet."""
 
 _MAX_BATCH_EVENTS = 1000
+_V = TypeVar("_V")
 _log = logging.getLogger("waybill.ledger")
 
 
@@ -372,6 +374,8 @@ class EventStore:
             "batches": self._state.batches,
             "queued": len(self._state.queue),
             "lost_races": self._pg.lost_races if self._pg is not None else 0,
+            "unread_batches": self._pg.unread_batches if self._pg is not None else 0,
+            "wrong_guesses": self._pg.wrong_guesses if self._pg is not None else 0,
         }
 
     # --- reads ---
@@ -530,7 +534,8 @@ def _assign(
 # always moves the head. Two round trips instead of four (BEGIN+lock, read, write, COMMIT):
 # 0.2-0.3 ms less per append, two appends per request. A process that loses the race goes
 # LOCKED for the next few batches, so two busy gateways on one database do not keep paying
-# for reads they throw away.
+# for reads they throw away. And when the head is still where this appender's own last
+# commit left it, the read is skipped altogether: what the batch needs is KNOWN (_Known).
 _PG_BEGIN_AND_LOCK = "BEGIN; SELECT 1 FROM ledger_head WHERE id = 1 FOR UPDATE"
 
 # Everything the batch is decided on, read in one statement, so in one snapshot; on the
@@ -645,17 +650,105 @@ _PG_WRITE = """
 """
 
 
-class _PostgresAppender:
-    """The appender's own connection on PostgreSQL, and a batch in two statements.
+class _Known:
+    """What this appender's own commits left in the ledger, as long as nobody else wrote.
 
-    Optimistic (see THE LOCK): the one read of what the batch is decided on, then the one
-    guarded write, each its own transaction, however many appends the batch holds. When the
-    head moved in between, the batch is decided again LOCKED: BEGIN with the head lock (one
-    simple-protocol round trip), the read, the write, COMMIT. Through the SQLAlchemy pool
-    the same transaction took a dozen statements; through psycopg's async connection each
-    statement still cost ~100 µs of CPU in its wait loop (asyncpg: ~25 µs). A connection
-    that failed mid-batch is dropped, which rolls back what it had not committed; the next
-    batch connects afresh."""
+    After each batch the appender keeps the head it left, the versions of the streams it
+    wrote or read and the balances and holds it saved or read. While the head is still
+    there (the write's guard checks exactly that), these are the database's current values,
+    so a batch that needs nothing else is decided without reading: one round trip. A
+    request's first append is to a new stream (``NO_STREAM``) and makes a new hold, which
+    are taken to be absent; if one was not, the write breaks a unique key, writes nothing,
+    and the batch is read and decided again. Bounded: the oldest entries are forgotten
+    (forgetting is always safe, it only costs a read)."""
+
+    LIMIT = 4096
+
+    def __init__(self) -> None:
+        self.head: tuple[int, str] | None = None
+        self.versions: dict[str, int] = {}
+        self.accounts: dict[str, Balance] = {}
+        self.holds: dict[str, Hold] = {}
+
+    def forget(self) -> None:
+        self.head = None
+        self.versions.clear()
+        self.accounts.clear()
+        self.holds.clear()
+
+    def state_for(
+        self, batch: list[_PendingAppend], effects: list[Effect]
+    ) -> tuple[int, str, dict[str, int], Books | None] | None:
+        """The head, versions and books ``batch`` is decided on, or None: something it
+        needs is not known (then it is read)."""
+        if self.head is None:
+            return None
+        versions = {}
+        for pending in batch:
+            version = self.versions.get(pending.stream_id)
+            if version is not None:
+                versions[pending.stream_id] = version
+            elif pending.expected_version != NO_STREAM:
+                return None  # a stream that exists, at a version not known here
+        if not effects:
+            return (*self.head, versions, None)
+        account_ids, hold_ids = Books.needs(effects)
+        new_holds = {e.hold.reservation_id for e in effects if isinstance(e, Reserve)}
+        books = Books()
+        for hold_id in hold_ids | new_holds:
+            hold = self.holds.get(hold_id)
+            if hold is None:
+                if hold_id not in new_holds:
+                    return None
+                continue  # a new reservation: its id is taken to be free
+            books.holds[hold_id] = copy.copy(hold)  # Books.apply changes them in place
+            account_ids.update(hold.accounts)
+        for account_id in account_ids:
+            balance = self.accounts.get(account_id)
+            if balance is None:
+                return None
+            books.accounts[account_id] = copy.copy(balance)
+        return (*self.head, versions, books)
+
+    def learn(
+        self,
+        decided_on: tuple[int, str],
+        head: tuple[int, str],
+        versions: dict[str, int],
+        books: Books | None,
+    ) -> None:
+        """A batch decided on the ledger at ``decided_on`` (known here, or just read) left
+        it at ``head``, with these versions and books among others. A batch decided on
+        another head than the one known here means others wrote: all else is forgotten."""
+        if decided_on != self.head:
+            self.forget()
+        self.head = head
+        _remember(self.versions, versions.items())
+        if books is not None:
+            _remember(self.accounts, books.accounts.items())
+            _remember(self.holds, books.holds.items())
+
+
+def _remember(known: dict[str, _V], entries: Iterable[tuple[str, _V]]) -> None:
+    for key, value in entries:
+        known.pop(key, None)  # to the end: the most recently used
+        known[key] = value
+    while len(known) > _Known.LIMIT:
+        del known[next(iter(known))]
+
+
+class _PostgresAppender:
+    """The appender's own connection on PostgreSQL, and a batch in one to four statements.
+
+    Known (see ``_Known``): the one guarded write, decided on what this appender's last
+    commit left. Optimistic (see THE LOCK): the one read of what the batch is decided on,
+    then the write, each its own transaction, however many appends the batch holds. When
+    the head moved in between, the batch is decided again LOCKED: BEGIN with the head lock
+    (one simple-protocol round trip), the read, the write, COMMIT. Through the SQLAlchemy
+    pool the same transaction took a dozen statements; through psycopg's async connection
+    each statement still cost ~100 µs of CPU in its wait loop (asyncpg: ~25 µs). A
+    connection that failed mid-batch is dropped, which rolls back what it had not
+    committed; the next batch connects afresh."""
 
     LOCKED_AFTER_A_LOST_RACE = 16
     """Batches committed under the lock after an optimistic write found the head moved."""
@@ -664,7 +757,10 @@ class _PostgresAppender:
         self._dsn = asyncpg_dsn(engine)
         self._conn: asyncpg.Connection | None = None
         self._locked_batches_left = 0
+        self._known = _Known()
         self.lost_races = 0
+        self.unread_batches = 0
+        self.wrong_guesses = 0
 
     async def commit(self, batch: list[_PendingAppend]) -> None:
         conn = self._conn
@@ -672,66 +768,99 @@ class _PostgresAppender:
             conn = self._conn = await connect(self._dsn, appender=True)
         try:
             if self._locked_batches_left == 0:
-                if await self._commit(conn, batch, locked=False):
+                if await self._commit(conn, batch, how="known"):
+                    return
+                if await self._commit(conn, batch, how="read"):
                     return
                 self.lost_races += 1
                 self._locked_batches_left = self.LOCKED_AFTER_A_LOST_RACE
             self._locked_batches_left -= 1
-            await self._commit(conn, batch, locked=True)
+            await self._commit(conn, batch, how="locked")
         except BaseException:
+            self._known.forget()  # the batch may have committed, its answer lost
             self._conn = None
             await close_quietly(conn)
             raise
 
     async def _commit(
-        self, conn: asyncpg.Connection, batch: list[_PendingAppend], *, locked: bool
+        self, conn: asyncpg.Connection, batch: list[_PendingAppend], *, how: _How
     ) -> bool:
-        """Decide and write ``batch``; False if, unlocked, the head moved and nothing was
-        written (every append's result is then decided again by the next try)."""
+        """Decide and write ``batch``; False if nothing was written and the next way must
+        decide it again (every append's result is then set again): unlocked, the head moved;
+        known, also when nothing could be decided without a read, or a guess was wrong."""
         effects = [e for p in batch for e in p.effects]
-        account_ids, hold_ids = book_needs(effects)
-        if locked:
-            await conn.execute(_PG_BEGIN_AND_LOCK)  # no arguments: one simple-protocol query
-        read, names = positional(_PG_READ)
-        parameters = {
-            "streams": sorted({p.stream_id for p in batch}),
-            "holds": sorted(hold_ids),
-            "accounts": sorted(account_ids),
-        }
-        row = await conn.fetchrow(read, *(parameters[name] for name in names))
-        assert row is not None
-        position, previous = row["position"], row["hash"]
-        versions = {str(s): int(v) for s, v in orjson.loads(row["versions"]) if v is not None}
-        books = None
-        if effects:
-            books = Books()
-            for fields in orjson.loads(row["holds"]):
-                hold = hold_of(SimpleNamespace(**fields))
-                books.holds[hold.reservation_id] = hold
-            for fields in orjson.loads(row["accounts"]):
-                balance = balance_of(SimpleNamespace(**fields))
-                books.accounts[balance.account_id] = balance
-        written = _assign(batch, int(position), str(previous), versions, books)
+        if how == "known":
+            state = self._known.state_for(batch, effects)
+            if state is None:
+                return False
+            position, previous, versions, books = state
+        else:
+            if how == "locked":
+                await conn.execute(_PG_BEGIN_AND_LOCK)  # no arguments: one simple query
+            position, previous, versions, books = await _read(conn, batch, effects)
+        written = _assign(batch, position, previous, versions, books)
         if written is None:
-            if locked:
+            if how == "locked":
                 await conn.execute("ROLLBACK")
+            self._known.learn((position, previous), (position, previous), versions, books)
             return True
         write, names = positional(_PG_WRITE)
-        parameters = _write_parameters(written, books, expected=int(position))
-        outcome = await conn.fetchrow(write, *(parameters[name] for name in names))
+        parameters = _write_parameters(written, books, expected=position)
+        try:
+            outcome = await conn.fetchrow(write, *(parameters[name] for name in names))
+        except asyncpg.UniqueViolationError:
+            if how != "known":
+                raise
+            # A stream or reservation taken to be new was not. What is known is still true
+            # (the head has not moved); the read adds what was missing.
+            self.wrong_guesses += 1
+            return False
         assert outcome is not None
-        moved = bool(outcome["moved"] == 1)
-        if not locked:
-            return moved
-        if not moved:  # the head is ours under the lock: it cannot have moved
-            raise RuntimeError("the ledger head moved under its lock")
-        await conn.execute("COMMIT")
+        if outcome["moved"] != 1:
+            if how == "locked":  # the head is ours under the lock: it cannot have moved
+                raise RuntimeError("the ledger head moved under its lock")
+            return False  # the read that follows shows the new head: learn() forgets
+        if how == "locked":
+            await conn.execute("COMMIT")
+        elif how == "known":
+            self.unread_batches += 1
+        self._known.learn((position, previous), (written.head, written.head_hash), versions, books)
         return True
 
     async def close(self) -> None:
         conn, self._conn = self._conn, None
         if conn is not None:
             await close_quietly(conn)
+
+
+_How = Literal["known", "read", "locked"]
+
+
+async def _read(
+    conn: asyncpg.Connection, batch: list[_PendingAppend], effects: list[Effect]
+) -> tuple[int, str, dict[str, int], Books | None]:
+    """The head, the batch's streams' versions and the books its effects touch, in one
+    statement (so one snapshot)."""
+    account_ids, hold_ids = book_needs(effects)
+    read, names = positional(_PG_READ)
+    parameters = {
+        "streams": sorted({p.stream_id for p in batch}),
+        "holds": sorted(hold_ids),
+        "accounts": sorted(account_ids),
+    }
+    row = await conn.fetchrow(read, *(parameters[name] for name in names))
+    assert row is not None
+    versions = {str(s): int(v) for s, v in orjson.loads(row["versions"]) if v is not None}
+    books = None
+    if effects:
+        books = Books()
+        for fields in orjson.loads(row["holds"]):
+            hold = hold_of(SimpleNamespace(**fields))
+            books.holds[hold.reservation_id] = hold
+        for fields in orjson.loads(row["accounts"]):
+            balance = balance_of(SimpleNamespace(**fields))
+            books.accounts[balance.account_id] = balance
+    return int(row["position"]), str(row["hash"]), versions, books
 
 
 def _write_parameters(written: _Written, books: Books | None, *, expected: int) -> dict[str, Any]:
