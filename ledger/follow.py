@@ -25,7 +25,7 @@ import sys
 import time
 
 from ledger.db import create_engine
-from ledger.process import tune_gc
+from ledger.process import run, tune_gc
 from ledger.projection import ProjectionRunner
 from ledger.store import EventStore
 from ledger.views import all_projections
@@ -137,7 +137,7 @@ def main() -> None:
     parent = os.environ.get(_PARENT_VARIABLE, "")
     if not database_url or not parent.isdigit():
         sys.exit("ledger.follow is started by `waybill serve`, not by hand")
-    asyncio.run(_follow(database_url, int(parent)))
+    run(_follow(database_url, int(parent)))
 
 
 if __name__ == "__main__":
