@@ -153,6 +153,33 @@ async def test_a_paced_stream_reaches_the_client_as_it_arrives_not_in_one_lump(d
         assert len(pieces) >= frames - 2, [p.count(b"data:") for p in pieces]
 
 
+async def test_a_client_that_hangs_up_mid_stream_cancels_the_upstream_and_is_recorded(
+    database_url,
+):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
+        gw.upstreams["east"].set_default(Behavior.ok(chunk_delay_ms=200))
+        body = {"model": "chat", "messages": MESSAGES, "stream": True}
+        async with gw.http() as http, http.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            request_id = r.headers["x-request-id"]
+            async for piece in r.aiter_raw():
+                if b"data:" in piece:
+                    break  # the first content arrived: hang up
+        types = await gw.wait_for_types(request_id, "RequestFailed")
+        events = await gw.events(request_id)
+        finished = first(events, "AttemptFinished")
+        assert (finished["failure_class"], finished["stream_committed"]) == (
+            "client_canceled",
+            True,
+        )
+        failed = first(events, "RequestFailed")
+        assert (failed["http_status"], failed["error_code"]) == (499, "client_canceled")
+        assert failed["stream_started"] is True
+        assert "BudgetSettled" in types or "UnknownUsageOpened" in types, types
+        # the upstream call was dropped, not left running to completion
+        await gw.upstreams["east"].wait_for_async(lambda up: up.client_gone >= 1)
+
+
 async def test_stream_without_include_usage_gets_no_usage_chunk_but_usage_is_recorded(
     database_url,
 ):
