@@ -471,21 +471,34 @@ class _ClientGone(Exception):
 
 
 async def _unless_disconnected(receive: Receive, work: Coroutine[Any, Any, T]) -> T:
-    """Run ``work``; if the client disconnects first, cancel it (the gateway records the
-    attempt in flight as ``client_canceled``, and the upstream call is dropped)."""
-    task = asyncio.ensure_future(work)
+    """Run ``work`` in this task; if the client disconnects first, cancel it (the gateway
+    records the attempt in flight as ``client_canceled``, and the upstream call is dropped)
+    and raise :class:`_ClientGone`. Only the watch is a task of its own: a second task for
+    the work, and waiting on both, took twice the CPU (14 µs a call on uvloop, now 7)."""
+    this = asyncio.current_task()
+    assert this is not None
+    gone = False
+
+    def hang_up(watch: asyncio.Future[None]) -> None:
+        nonlocal gone
+        if not watch.cancelled() and watch.exception() is None:
+            gone = True
+            this.cancel()
+
     watch = asyncio.ensure_future(_disconnected(receive))
+    watch.add_done_callback(hang_up)
     try:
-        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if gone:
+            this.uncancel()  # our cancellation, not one from outside: the request ends here
+            raise _ClientGone from None
+        raise
     finally:
+        watch.remove_done_callback(hang_up)
         watch.cancel()
-    if not task.done():
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        raise _ClientGone
-    result: T = task.result()
-    return result
+        if gone and this.cancelling():  # the work ended before our cancellation reached it
+            this.uncancel()
 
 
 async def _disconnected(receive: Receive) -> None:
