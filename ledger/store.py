@@ -800,6 +800,11 @@ class _PostgresAppender:
             position, previous, versions, books = await _read(conn, batch, effects)
         written = _assign(batch, position, previous, versions, books)
         if written is None:
+            if how == "known":
+                # Every append refused, on what is known: with nothing to write, no guard
+                # checks that it is still true (another writer may have moved the stream,
+                # made room in the budget, resolved the hold), so refusals are read again.
+                return False
             if how == "locked":
                 await conn.execute("ROLLBACK")
             self._known.learn((position, previous), (position, previous), versions, books)
