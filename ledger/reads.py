@@ -5,7 +5,7 @@ A key lookup through SQLAlchemy's async engine costs about 370 µs of CPU (state
 compilation and caching, the greenlet bridge, result processing); the same statement
 through psycopg's async connection about 90 µs, most of it psycopg's per-wait selector
 bookkeeping; through asyncpg about 30 µs. The request path reads a few rows per request
-and the appender runs four statements per batch, so on PostgreSQL both go through asyncpg
+and the appender one or two statements per batch, so on PostgreSQL both go through asyncpg
 (statements prepared once per connection). On SQLite the reads go through the engine as
 before (their cost is the database file's, not the ORM's).
 

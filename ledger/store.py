@@ -659,8 +659,9 @@ class _Known:
     so a batch that needs nothing else is decided without reading: one round trip. A
     request's first append is to a new stream (``NO_STREAM``) and makes a new hold, which
     are taken to be absent; if one was not, the write breaks a unique key, writes nothing,
-    and the batch is read and decided again. Bounded: the oldest entries are forgotten
-    (forgetting is always safe, it only costs a read)."""
+    and the batch is read and decided again. Only acceptances are decided this way: a batch
+    with any append refused is read and decided again. Bounded: the oldest entries are
+    forgotten (forgetting is always safe, it only costs a read)."""
 
     LIMIT = 4096
 
@@ -799,12 +800,12 @@ class _PostgresAppender:
                 await conn.execute(_PG_BEGIN_AND_LOCK)  # no arguments: one simple query
             position, previous, versions, books = await _read(conn, batch, effects)
         written = _assign(batch, position, previous, versions, books)
+        if how == "known" and any(isinstance(p.result, BaseException) for p in batch):
+            # A refusal is only ever decided on a read. Decided on what is known, it could
+            # rest on a guess (a stream taken to be new may exist: the version check comes
+            # first), and with nothing else to write no guard would check the rest.
+            return False
         if written is None:
-            if how == "known":
-                # Every append refused, on what is known: with nothing to write, no guard
-                # checks that it is still true (another writer may have moved the stream,
-                # made room in the budget, resolved the hold), so refusals are read again.
-                return False
             if how == "locked":
                 await conn.execute("ROLLBACK")
             self._known.learn((position, previous), (position, previous), versions, books)
