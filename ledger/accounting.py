@@ -363,6 +363,9 @@ class Books:
                 self._resolve(rid, "unknown", "unknown_settled", cost)
 
     def _reserve(self, hold: Hold, specs: tuple[AccountSpec, ...]) -> None:
+        # The books keep (and later change) a copy: the effect is the caller's, and the
+        # same effects are applied again when a batch is decided a second time.
+        hold = copy.copy(hold)
         if hold.reservation_id in self.holds:
             raise HoldStateError(f"reservation {hold.reservation_id} already exists")
         if hold.amount_usd < 0:

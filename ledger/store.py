@@ -527,7 +527,9 @@ def _assign(
 # A batch is first tried OPTIMISTICALLY, in two autocommit statements and no explicit
 # transaction: the read (_PG_READ, one snapshot: head, versions and books agree), then the
 # write (_PG_WRITE), whose every part is gated on moving the head from the position read
-# (`UPDATE ledger_head ... WHERE position = :expected`). That UPDATE takes the head lock, or
+# (`UPDATE ledger_head ... WHERE position = :expected AND hash = :expected_hash`; the hash
+# too, so that a database restored under a running gateway to another history with the same
+# length is not taken for the one it knew). That UPDATE takes the head lock, or
 # waits for whoever holds it and then sees the moved head; if the head moved since the read,
 # the statement writes nothing at all and the batch is decided again under the lock. The
 # guard covers the books too because nothing changes a book row except an append, which
@@ -585,7 +587,7 @@ _PG_READ = """
 _PG_WRITE = """
     WITH head AS (
         UPDATE ledger_head SET position = :head, hash = :head_hash
-        WHERE id = 1 AND position = :expected
+        WHERE id = 1 AND position = :expected AND hash = :expected_hash
         RETURNING 1
     ), new_accounts AS (
         INSERT INTO budget_accounts (account_id, kind, workspace, key_id, window_start,
@@ -811,7 +813,7 @@ class _PostgresAppender:
             self._known.learn((position, previous), (position, previous), versions, books)
             return True
         write, names = positional(_PG_WRITE)
-        parameters = _write_parameters(written, books, expected=position)
+        parameters = _write_parameters(written, books, expected=(position, previous))
         try:
             outcome = await conn.fetchrow(write, *(parameters[name] for name in names))
         except asyncpg.UniqueViolationError:
@@ -869,11 +871,14 @@ async def _read(
     return int(row["position"]), str(row["hash"]), versions, books
 
 
-def _write_parameters(written: _Written, books: Books | None, *, expected: int) -> dict[str, Any]:
+def _write_parameters(
+    written: _Written, books: Books | None, *, expected: tuple[int, str]
+) -> dict[str, Any]:
     writes = book_writes(books or Books(), written.recorded_at)
     new = written.events
     return {
-        "expected": expected,
+        "expected": expected[0],
+        "expected_hash": expected[1],
         "recorded_at": written.recorded_at,
         "positions": [r.position for r in new],
         "stream_ids": [r.stream_id for r in new],

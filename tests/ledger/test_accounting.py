@@ -202,3 +202,20 @@ def test_an_apply_is_all_or_nothing(script) -> None:
             books.apply(effects)
         except (BudgetDenied, HoldStateError):
             assert _state(books) == before
+
+
+def test_applying_effects_leaves_them_as_they_were_so_they_can_be_applied_again() -> None:
+    # The store decides a batch a second time (a lost race, a wrong guess) with the same
+    # effects: a reservation settled in the first try must not come back resolved.
+    effects: list[Effect] = [hold(1, "0.40"), Settle("res_1", D("0.10"))]
+    for _ in range(2):
+        books = Books()
+        books.apply(effects)
+        assert books.holds["res_1"].state == "resolved"
+        assert (books.accounts[SPEC.account_id].settled_usd, books.resolutions[0].kind) == (
+            D("0.10"),
+            "settled",
+        )
+    reserve = effects[0]
+    assert isinstance(reserve, Reserve)
+    assert (reserve.hold.state, reserve.hold.accounts) == ("held", ())

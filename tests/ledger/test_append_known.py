@@ -12,7 +12,7 @@ from decimal import Decimal
 
 import pytest
 import sqlalchemy as sa
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from ledger import events as ev
@@ -214,13 +214,13 @@ async def test_a_refusal_beside_an_append_that_is_written_is_still_decided_on_a_
     await store.append("request-x", NO_STREAM, [received("x")])
     events, effect = reserve(1, "0.30")
     await store.append("request-req_1", NO_STREAM, events, effects=[effect])
-    release = [Release("res_1")]
+    release: list[Effect] = [Release("res_1")]
     await store.append("request-req_1", 1, [received("req_1")], effects=release)
     outcomes = await asyncio.gather(
         _outcome(store, "request-x", NO_STREAM, release),
         _outcome(store, "request-y", NO_STREAM, []),
     )
-    assert outcomes == ["WrongExpectedVersion", "appended"]
+    assert list(outcomes) == ["WrongExpectedVersion", "appended"]
 
 
 # --- property: whatever the interleaving of two writers, each append ends as a single
@@ -244,6 +244,7 @@ _STEPS = st.lists(st.tuples(st.integers(0, 1), st.lists(_OP, min_size=1, max_siz
 @settings(
     max_examples=250,
     deadline=None,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],  # explain: minutes
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(steps=_STEPS, limit=st.sampled_from([1, 2, _Known.LIMIT]))
