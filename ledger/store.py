@@ -790,7 +790,8 @@ class _PostgresAppender:
     ) -> bool:
         """Decide and write ``batch``; False if nothing was written and the next way must
         decide it again (every append's result is then set again): unlocked, the head moved;
-        known, also when nothing could be decided without a read, or a guess was wrong."""
+        known, also when nothing could be decided without a read, an append was refused, or
+        a guess was wrong."""
         effects = [e for p in batch for e in p.effects]
         if how == "known":
             state = self._known.state_for(batch, effects)
