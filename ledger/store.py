@@ -370,13 +370,11 @@ class EventStore:
 
     @property
     def stats(self) -> dict[str, int]:
-        return {
-            "batches": self._state.batches,
-            "queued": len(self._state.queue),
-            "lost_races": self._pg.lost_races if self._pg is not None else 0,
-            "unread_batches": self._pg.unread_batches if self._pg is not None else 0,
-            "wrong_guesses": self._pg.wrong_guesses if self._pg is not None else 0,
+        appender = {  # PostgreSQL's ways of deciding a batch (0 on SQLite)
+            name: getattr(self._pg, name, 0)
+            for name in ("lost_races", "unread_batches", "wrong_guesses")
         }
+        return {"batches": self._state.batches, "queued": len(self._state.queue), **appender}
 
     # --- reads ---
 
@@ -695,10 +693,10 @@ class _Known:
                 return None  # a stream that exists, at a version not known here
         if not effects:
             return (*self.head, versions, None)
-        account_ids, hold_ids = Books.needs(effects)
+        account_ids, hold_ids = book_needs(effects)
         new_holds = {e.hold.reservation_id for e in effects if isinstance(e, Reserve)}
         books = Books()
-        for hold_id in hold_ids | new_holds:
+        for hold_id in hold_ids:
             hold = self.holds.get(hold_id)
             if hold is None:
                 if hold_id not in new_holds:

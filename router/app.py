@@ -15,6 +15,7 @@ import logging
 import signal
 import threading
 from collections.abc import (
+    AsyncGenerator,
     AsyncIterator,
     Awaitable,
     Callable,
@@ -517,7 +518,7 @@ class _EventStream(Response):
 
     media_type = _SSE
 
-    def __init__(self, body: AsyncIterator[bytes], headers: Mapping[str, str]) -> None:
+    def __init__(self, body: AsyncGenerator[bytes, None], headers: Mapping[str, str]) -> None:
         self._body = body
         self.status_code = 200
         self.background = None
@@ -537,9 +538,7 @@ class _EventStream(Response):
         finally:
             # Cancelled while sending, the body is left at a yield: close it now, so that
             # its own cleanup (the request's end on the ledger) runs at once.
-            aclose = getattr(body, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await body.aclose()
 
 
 def _replay(answer: RecordedAnswer) -> Response:
@@ -559,7 +558,7 @@ async def _streamed(
     claim: Claim | None,
     headers: dict[str, str],
     gateway: Gateway,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The committed stream's bytes. With an Idempotency-Key, the answer is recorded before
     its last frame goes out, so a client that saw the whole stream and retries gets the
     replay, never a 409: each frame is held until the next one exists (one frame of delay,

@@ -5,7 +5,6 @@ reading: another writer moved the head, a stream or reservation taken to be new 
 from __future__ import annotations
 
 import asyncio
-import copy
 import itertools
 from collections.abc import AsyncIterator
 from decimal import Decimal
@@ -32,7 +31,7 @@ from ledger.schema import budget_accounts
 from ledger.store import ANY_VERSION, NO_STREAM, EventStore, WrongExpectedVersion, _Known
 from ledger.verify import verify_chain
 from tests.ledger.factories import received
-from tests.ledger.test_books import balance, reserve
+from tests.ledger.test_books import balance, release, reserve
 
 pytestmark = pytest.mark.postgres
 D = Decimal
@@ -47,6 +46,12 @@ async def stores(postgres_url: str) -> AsyncIterator[list[EventStore]]:
     for store, engine in zip(stores, engines, strict=True):
         await store.close()
         await engine.dispose()
+
+
+async def reserved(store: EventStore, n: int, amount: str) -> None:
+    """Reserve ``amount`` as ``res_<n>``, the first append of a new stream ``request-req_<n>``."""
+    events, effect = reserve(n, amount)
+    await store.append(f"request-req_{n}", NO_STREAM, events, effects=[effect])
 
 
 def settled(n: int) -> tuple[list[ev.Event], Settle]:
@@ -67,8 +72,7 @@ async def test_a_request_s_appends_after_the_first_are_decided_without_reading(
 ) -> None:
     store = stores[0]
     for n in range(3):
-        events, effect = reserve(n, "0.30")
-        await store.append(f"request-req_{n}", NO_STREAM, events, effects=[effect])
+        await reserved(store, n, "0.30")
         events, settle = settled(n)
         await store.append(f"request-req_{n}", 1, events, effects=[settle])
     # The first append reads (nothing is known yet); the other five, each to a new stream
@@ -84,15 +88,11 @@ async def test_a_balance_another_writer_changed_is_read_again_before_deciding(
     stores: list[EventStore],
 ) -> None:
     a, b = stores
-    events, effect = reserve(1, "0.60")
-    await a.append("request-req_1", NO_STREAM, events, effects=[effect])
-    events, effect = reserve(2, "0.30")
-    await b.append("request-req_2", NO_STREAM, events, effects=[effect])
+    await reserved(a, 1, "0.60")
+    await reserved(b, 2, "0.30")
     # `a` last saw 0.60 held, where 0.30 more would fit; the ledger holds 0.90 by now.
-    events, effect = reserve(3, "0.30")
-    with pytest.raises(Exception, match="cannot cover") as refused:
-        await a.append("request-req_3", NO_STREAM, events, effects=[effect])
-    assert type(refused.value).__name__ == "BudgetDenied"
+    with pytest.raises(BudgetDenied, match="cannot cover"):
+        await reserved(a, 3, "0.30")
     assert a.stats["unread_batches"] == 0  # its guarded write found the head moved
     assert await balance(a) == (D("0.90"), D(0))
     assert (await verify_chain(a)).ok
@@ -122,8 +122,7 @@ async def test_a_reservation_taken_to_be_new_that_exists_is_refused_after_a_read
     monkeypatch.setattr(_Known, "LIMIT", 1)
     store = stores[0]
     for n in (1, 2):
-        events, effect = reserve(n, "0.10")
-        await store.append(f"request-req_{n}", NO_STREAM, events, effects=[effect])
+        await reserved(store, n, "0.10")
     events, effect = reserve(1, "0.10")  # res_1 again, forgotten by the store
     with pytest.raises(HoldStateError, match="already exists"):
         await store.append("request-again", NO_STREAM, events, effects=[effect])
@@ -136,16 +135,13 @@ async def test_what_was_known_before_another_writer_s_commit_is_dropped_when_a_r
     stores: list[EventStore],
 ) -> None:
     a, b = stores
-    events, effect = reserve(1, "0.60")
-    await a.append("request-req_1", NO_STREAM, events, effects=[effect])
-    events, effect = reserve(2, "0.30")
-    await b.append("request-req_2", NO_STREAM, events, effects=[effect])
+    await reserved(a, 1, "0.60")
+    await reserved(b, 2, "0.30")
     # This append needs a read (a stream at a version `a` does not know); the read shows
     # a head `a` did not leave, so the balance `a` saved (0.60 held) is no longer true.
     await a.append("request-other", ANY_VERSION, [received("other")])
-    events, effect = reserve(3, "0.30")
-    with pytest.raises(Exception, match="cannot cover"):
-        await a.append("request-req_3", NO_STREAM, events, effects=[effect])
+    with pytest.raises(BudgetDenied, match="cannot cover"):
+        await reserved(a, 3, "0.30")
     assert await balance(a) == (D("0.90"), D(0))
 
 
@@ -155,8 +151,7 @@ async def test_a_reservation_not_known_is_read_before_it_is_settled(
     monkeypatch.setattr(_Known, "LIMIT", 1)
     store = stores[0]
     for n in (1, 2):
-        events, effect = reserve(n, "0.30")
-        await store.append(f"request-req_{n}", NO_STREAM, events, effects=[effect])
+        await reserved(store, n, "0.30")
     unread = store.stats["unread_batches"]
     events, settle = settled(1)  # res_1, forgotten by now, to a new stream
     await store.append("request-settlement", NO_STREAM, events, effects=[settle])
@@ -169,11 +164,9 @@ async def test_an_account_not_known_is_read_not_taken_to_be_new(
     stores: list[EventStore],
 ) -> None:
     a, b = stores
-    events, effect = reserve(1, "0.30")
-    await b.append("request-req_1", NO_STREAM, events, effects=[effect])
+    await reserved(b, 1, "0.30")
     await a.append("request-other", NO_STREAM, [received("other")])  # `a` knows the head
-    events, effect = reserve(2, "0.30")
-    await a.append("request-req_2", NO_STREAM, events, effects=[effect])
+    await reserved(a, 2, "0.30")
     assert a.stats["wrong_guesses"] == 0
     assert await balance(a) == (D("0.60"), D(0))
 
@@ -187,18 +180,10 @@ async def test_a_refusal_decided_on_what_was_known_is_checked_by_a_read(
     await a.append("request-s", NO_STREAM, [received("s")])
     await b.append("request-s", 1, [received("s")])
     await a.append("request-s", 2, [received("s")])  # `a` knew version 1
-    events, effect = reserve(1, "0.90")
-    await a.append("request-req_1", NO_STREAM, events, effects=[effect])
-    released = ev.BudgetReleased(
-        request_id="req_1",
-        attempt_id="att_1",
-        reservation_id="res_1",
-        released_usd=D("0.90"),
-        reason="not_started",
-    )
-    await b.append("request-req_1", 1, [released], effects=[Release("res_1")])
-    events, effect = reserve(2, "0.50")
-    await a.append("request-req_2", NO_STREAM, events, effects=[effect])  # `a` knew 0.90 held
+    await reserved(a, 1, "0.90")
+    events, effect = release(1, "0.90")
+    await b.append("request-req_1", 1, events, effects=[effect])
+    await reserved(a, 2, "0.50")  # `a` knew 0.90 held
     assert await balance(a) == (D("0.50"), D(0))
 
 
@@ -212,21 +197,21 @@ async def test_a_refusal_beside_an_append_that_is_written_is_still_decided_on_a_
     monkeypatch.setattr(_Known, "LIMIT", 1)
     store = stores[0]
     await store.append("request-x", NO_STREAM, [received("x")])
-    events, effect = reserve(1, "0.30")
-    await store.append("request-req_1", NO_STREAM, events, effects=[effect])
-    release: list[Effect] = [Release("res_1")]
-    await store.append("request-req_1", 1, [received("req_1")], effects=release)
+    await reserved(store, 1, "0.30")
+    events, effect = release(1, "0.30")
+    await store.append("request-req_1", 1, events, effects=[effect])
     outcomes = await asyncio.gather(
-        _outcome(store, "request-x", NO_STREAM, release),
+        _outcome(store, "request-x", NO_STREAM, [effect]),
         _outcome(store, "request-y", NO_STREAM, []),
     )
     assert list(outcomes) == ["WrongExpectedVersion", "appended"]
 
 
 # --- property: whatever the interleaving of two writers, each append ends as a single
-# writer applying the same appends in the same order would have it end. It found that a
-# batch refused wholly on what was known went unchecked (now read again); it fails with
-# learn()'s forgetting, state_for's hold or account check, or that re-read removed. ------
+# writer applying the same appends in the same order would have it end. It found three bugs
+# (the two refusal tests above, and Books changing a caller's hold: test_accounting). With
+# learn()'s forgetting or state_for's hold or account check removed it failed, though not
+# in every run of 250 examples (the hold check's loss needs a mixed batch). ------------
 
 _examples = itertools.count()
 _OP = st.tuples(
@@ -318,7 +303,7 @@ def _oracle(
     if expected is not None and expected != current:
         return "WrongExpectedVersion"
     try:
-        books.apply([copy.deepcopy(e) for e in effects])  # Books keeps (and changes) the hold
+        books.apply(effects)
     except (BudgetDenied, HoldStateError) as refusal:
         return type(refusal).__name__
     versions[stream] = current + 1

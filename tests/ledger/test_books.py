@@ -37,6 +37,17 @@ def reserve(n: int, amount: str) -> tuple[list[ev.Event], Reserve]:
     return [event], Reserve(hold, (SPEC,))
 
 
+def release(n: int, amount: str) -> tuple[list[ev.Event], Release]:
+    event = ev.BudgetReleased(
+        request_id=f"req_{n}",
+        attempt_id=f"att_{n}",
+        reservation_id=f"res_{n}",
+        released_usd=D(amount),
+        reason="not_started",
+    )
+    return [event], Release(f"res_{n}")
+
+
 async def balance(store: EventStore) -> tuple[Decimal, Decimal]:
     async with store.engine.connect() as conn:
         row = (await conn.execute(sa.select(budget_accounts))).one()
@@ -63,16 +74,10 @@ async def test_a_denied_reservation_writes_no_event(store: EventStore) -> None:
 async def test_resolving_twice_is_refused_and_writes_nothing(store: EventStore) -> None:
     events, effect = reserve(1, "0.30")
     await store.append("request-req_1", ANY_VERSION, events, effects=[effect])
-    released = ev.BudgetReleased(
-        request_id="req_1",
-        attempt_id="att_1",
-        reservation_id="res_1",
-        released_usd=D("0.3"),
-        reason="not_started",
-    )
-    await store.append("request-req_1", ANY_VERSION, [released], effects=[Release("res_1")])
+    released, release_effect = release(1, "0.3")
+    await store.append("request-req_1", ANY_VERSION, released, effects=[release_effect])
     with pytest.raises(HoldStateError):
-        await store.append("request-req_1", ANY_VERSION, [released], effects=[Release("res_1")])
+        await store.append("request-req_1", ANY_VERSION, released, effects=[release_effect])
     assert len(await store.read_stream("request-req_1")) == 2
     assert await balance(store) == (D(0), D(0))
 
