@@ -15,7 +15,16 @@ from ledger.store import NO_STREAM, EventStore
 from ledger.types import money_of
 from ledger.views.keys import KeysProjection
 
-__all__ = ["ApiKey", "UnknownKey", "create_key", "find_key", "revoke_key", "secret_digest"]
+__all__ = [
+    "ApiKey",
+    "KeyCache",
+    "UnknownKey",
+    "create_key",
+    "find_key",
+    "key_stream",
+    "revoke_key",
+    "secret_digest",
+]
 
 Role = Literal["client", "admin", "finance", "auditor"]
 Window = Literal["day", "month", "total"]
@@ -37,6 +46,7 @@ class ApiKey:
     role: Role
     revoked: bool
     budget: tuple[Decimal, Window] | None = None  # overrides the workspace's key_budget
+    version: int = 0  # its ledger stream's version when read (see key_stream)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +61,10 @@ def secret_digest(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-def _stream(key_id: str) -> str:
+def key_stream(key_id: str) -> str:
+    """The ledger stream of a key's life: created, then perhaps revoked. An append that
+    requires it at the version an unrevoked key was read at (``EventStore.append``'s
+    ``requires``) is refused once the key is revoked."""
     return f"key-{key_id}"
 
 
@@ -81,7 +94,7 @@ async def create_key(
         budget_limit_usd=budget[0] if budget else None,
         budget_window=budget[1] if budget else None,
     )
-    await store.append(_stream(key_id), NO_STREAM, [event])
+    await store.append(key_stream(key_id), NO_STREAM, [event])
     await _project(store)
     return NewKey(key_id, secret, workspace, role)
 
@@ -89,29 +102,77 @@ async def create_key(
 async def revoke_key(
     store: EventStore, key_id: str, *, revoked_by: str | None = None, reason: str | None = None
 ) -> None:
-    history = await store.read_stream(_stream(key_id))
+    history = await store.read_stream(key_stream(key_id))
     if not history:
         raise UnknownKey(f"no key {key_id!r}")
     if any(e.type == KeyRevoked.type for e in history):
         return  # already revoked: revoking again records nothing new
     event = KeyRevoked(key_id=key_id, revoked_by=revoked_by, reason=reason)
-    await store.append(_stream(key_id), history[-1].version, [event])
+    await store.append(key_stream(key_id), history[-1].version, [event])
     await _project(store)
 
 
+# The key's row in the read model, and its stream in the ledger read in the same snapshot:
+# the stream's version (what an append can require) and whether it records a revocation
+# (which the read model may not show yet if the revoking command died before projecting).
 _FIND_KEY = (
-    "SELECT key_id, workspace, role, revoked_at, budget_limit_usd, budget_window "
-    "FROM api_keys WHERE secret_sha256 = :digest"
+    "SELECT k.key_id, k.workspace, k.role, k.revoked_at, k.budget_limit_usd, "
+    "k.budget_window, "
+    "(SELECT max(e.version) FROM events e WHERE e.stream_id = 'key-' || k.key_id) "
+    "AS version, "
+    "EXISTS (SELECT 1 FROM events e WHERE e.stream_id = 'key-' || k.key_id "
+    "AND e.type = 'KeyRevoked') AS revoked_in_ledger "
+    "FROM api_keys k WHERE k.secret_sha256 = :digest"
 )
 
 
 async def find_key(store: EventStore, secret: str) -> ApiKey | None:
-    """The key with this secret, from the keys read model (on every request: a revoked key
-    is refused as soon as the revocation is recorded)."""
-    row = await store.hot.first(_FIND_KEY, {"digest": secret_digest(secret)})
+    """The key with this secret, read from the keys read model and its ledger stream."""
+    return await _find_key(store, secret_digest(secret))
+
+
+async def _find_key(store: EventStore, digest: str) -> ApiKey | None:
+    row = await store.hot.first(_FIND_KEY, {"digest": digest})
     if row is None:
         return None
     budget = None
     if row.budget_limit_usd is not None and row.budget_window in ("day", "month", "total"):
         budget = (money_of(row.budget_limit_usd), row.budget_window)
-    return ApiKey(row.key_id, row.workspace, row.role, row.revoked_at is not None, budget)
+    revoked = row.revoked_at is not None or bool(row.revoked_in_ledger)
+    return ApiKey(row.key_id, row.workspace, row.role, revoked, budget, int(row.version or 0))
+
+
+class KeyCache:
+    """Unrevoked keys by their secret's digest, for the chat path: a key read once is not
+    read again on every request.
+
+    What keeps this as strict as a read on every request: a request served on a key from
+    here is accepted only by its first append, which requires the key's stream at the
+    version the key was read at (``key_stream``). A revocation moves that stream, so the
+    append is refused and writes nothing, no upstream call is made, and the caller evicts
+    the key and reads it again (``router.app``). Bounded: the least recently used keys are
+    dropped first."""
+
+    LIMIT = 10_000
+
+    def __init__(self, store: EventStore) -> None:
+        self._store = store
+        self._keys: dict[str, ApiKey] = {}
+
+    async def find(self, secret: str) -> tuple[ApiKey | None, bool]:
+        """The key with this secret and whether it came from the cache (so is not yet
+        confirmed by a read in this request); None for an unknown key."""
+        digest = secret_digest(secret)
+        key = self._keys.pop(digest, None)
+        if key is not None:
+            self._keys[digest] = key  # to the end: the most recently used
+            return key, True
+        key = await _find_key(self._store, digest)
+        if key is not None and not key.revoked:
+            self._keys[digest] = key
+            if len(self._keys) > self.LIMIT:
+                del self._keys[next(iter(self._keys))]
+        return key, False
+
+    def evict(self, secret: str) -> None:
+        self._keys.pop(secret_digest(secret), None)

@@ -181,6 +181,7 @@ class _PendingAppend:
     metadata: dict[str, Any]
     future: asyncio.Future[list[RecordedEvent]]
     effects: tuple[Effect, ...] = ()
+    requires: tuple[tuple[str, int], ...] = ()  # other streams' versions, only checked
     result: list[RecordedEvent] | BaseException | None = None
 
 
@@ -228,12 +229,19 @@ class EventStore:
         *,
         metadata: Mapping[str, Any] | None = None,
         effects: Sequence[Effect] = (),
+        requires: Mapping[str, int] | None = None,
     ) -> list[RecordedEvent]:
         """Append ``new_events`` to ``stream_id`` atomically.
 
         ``effects`` are the budget changes these events record (``ledger.accounting``):
         they are applied to the books in the same transaction, or the append fails with
         ``BudgetDenied`` / ``HoldStateError`` and writes nothing.
+
+        ``requires`` names other streams and the versions they must be at when the events
+        are committed (nothing is written to them): the append is accepted only if none of
+        them has moved, else it fails with ``WrongExpectedVersion`` for the first that did
+        and writes nothing. (A request's first append requires its API key's stream to be
+        where the key was read unrevoked: ``ledger.apikeys``.)
 
         ``expected_version`` is the stream's current version (``NO_STREAM`` for a new
         stream) or ``ANY_VERSION``. Raises ``WrongExpectedVersion`` if another writer got
@@ -243,6 +251,11 @@ class EventStore:
         """
         pending = self._prepare(stream_id, expected_version, new_events, metadata)
         pending.effects = tuple(effects)
+        if requires:
+            for required, version in requires.items():
+                if not required or version < 0 or required == stream_id:
+                    raise EventValidationError(f"invalid requirement {required!r} at {version}")
+            pending.requires = tuple(sorted(requires.items()))
         state = self._state
         if state.closing:
             raise LedgerUnavailable("the event store is closed")
@@ -341,7 +354,7 @@ class EventStore:
                     select(ledger_head.c.position, ledger_head.c.hash).where(ledger_head.c.id == 1)
                 )
             ).one()
-            versions = await _stream_versions(conn, {p.stream_id for p in batch})
+            versions = await _stream_versions(conn, _streams_of(batch))
             books = None
             if any(p.effects for p in batch):
                 books = await load_books(conn, (e for p in batch for e in p.effects))
@@ -468,6 +481,11 @@ def _assign(
         expected = pending.expected_version
         if expected is not None and expected != current:
             pending.result = WrongExpectedVersion(pending.stream_id, expected, current)
+            continue
+        moved = [(s, v) for s, v in pending.requires if versions.get(s, 0) != v]
+        if moved:
+            required, version = moved[0]
+            pending.result = WrongExpectedVersion(required, version, versions.get(required, 0))
             continue
         if books is not None and pending.effects:
             try:
@@ -691,6 +709,11 @@ class _Known:
                 versions[pending.stream_id] = version
             elif pending.expected_version != NO_STREAM:
                 return None  # a stream that exists, at a version not known here
+            for required, _ in pending.requires:
+                version = self.versions.get(required)
+                if version is None:
+                    return None
+                versions[required] = version
         if not effects:
             return (*self.head, versions, None)
         account_ids, hold_ids = book_needs(effects)
@@ -851,7 +874,7 @@ async def _read(
     account_ids, hold_ids = book_needs(effects)
     read, names = positional(_PG_READ)
     parameters = {
-        "streams": sorted({p.stream_id for p in batch}),
+        "streams": sorted(_streams_of(batch)),
         "holds": sorted(hold_ids),
         "accounts": sorted(account_ids),
     }
@@ -902,6 +925,15 @@ def _write_parameters(
             default=str,
         ).decode(),
     }
+
+
+def _streams_of(batch: list[_PendingAppend]) -> set[str]:
+    """The streams whose versions ``batch`` is decided on: those it appends to and those
+    it requires."""
+    streams = {p.stream_id for p in batch}
+    for pending in batch:
+        streams.update(s for s, _ in pending.requires)
+    return streams
 
 
 async def _stream_versions(conn: AsyncConnection, stream_ids: set[str]) -> dict[str, int]:

@@ -35,7 +35,7 @@ from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ledger import events as ev
-from ledger.apikeys import find_key
+from ledger.apikeys import ApiKey, KeyCache, find_key
 from ledger.db import create_engine, current_revision, head_revision, is_unavailable
 from ledger.follow import SETTLE_S, follow_in_child
 from ledger.projection import ProjectionRunner
@@ -58,7 +58,7 @@ from router.errors import (
     model_not_found,
     permission_denied,
 )
-from router.gateway import Caller, Gateway
+from router.gateway import Caller, Gateway, KeyMoved
 from router.idempotency import Claim, IdempotencyStore, RecordedAnswer
 from router.ids import new_id
 from router.queries import queries_router
@@ -172,17 +172,24 @@ async def authenticate(request: Request) -> Caller:
 
 
 async def _authenticate(request: Request, config: Config) -> Caller:
+    return _caller(await find_key(request.app.state.store, _secret(request)), config)
+
+
+def _secret(request: Request) -> str:
     header = request.headers.get("authorization", "")
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise invalid_api_key("missing API key: send Authorization: Bearer <key>")
-    key = await find_key(request.app.state.store, secret.strip())
+    return secret.strip()
+
+
+def _caller(key: ApiKey | None, config: Config) -> Caller:
     if key is None or key.revoked:
         raise invalid_api_key()
     workspace = config.workspace(key.workspace)
     if workspace is None:
         raise invalid_api_key(f"the key's workspace {key.workspace!r} is not configured")
-    return Caller(key.key_id, workspace, key.role, key.budget)
+    return Caller(key.key_id, workspace, key.role, key.budget, key.version)
 
 
 async def _refuse_nul(request: Request) -> None:
@@ -225,6 +232,7 @@ def create_app(settings: AppSettings) -> FastAPI:
         app.state.store = store
         app.state.gateway = gateway
         app.state.idempotency = IdempotencyStore(engine)
+        app.state.keys = KeyCache(store)
         app.state.capacity = _Capacity(settings.max_in_flight)
         # Read models (request views, keys, ...) follow the ledger while the gateway runs:
         # from a child process when `waybill serve` runs on PostgreSQL (ledger.follow).
@@ -356,11 +364,24 @@ async def _chat_completions(request: Request) -> Response:
     # a reload swaps in another meanwhile.
     gateway: Gateway = state.gateway
     config = gateway.config
-    caller = await _authenticate(request, config)
-    call = parse_body(await _read_body(request))
-    headers = read_headers(request.headers)
-    if call.model_group not in caller.workspace.models or not config.model_group(call.model_group):
-        raise model_not_found(call.model_group)
+    keys: KeyCache = state.keys
+    secret = _secret(request)
+    key, unconfirmed = await keys.find(secret)
+    caller = _caller(key, config)
+    try:
+        call = parse_body(await _read_body(request))
+        headers = read_headers(request.headers)
+        if call.model_group not in caller.workspace.models or not config.model_group(
+            call.model_group
+        ):
+            raise model_not_found(call.model_group)
+        if headers.idempotency_key is not None and unconfirmed:
+            # A claim is a write, and a replay an answer: neither for a revoked key.
+            caller, unconfirmed = await _reread(keys, secret, config), False
+    except GatewayError:
+        if unconfirmed:  # a revoked key hears only that, whatever else is wrong
+            await _reread(keys, secret, config)
+        raise
     claim: Claim | None = None
     if headers.idempotency_key is not None:
         lease_s = config.defaults.deadline_ms / 1000 + 30
@@ -376,6 +397,8 @@ async def _chat_completions(request: Request) -> Response:
     except GatewayError:
         if claim is not None:
             await state.idempotency.abandon(claim)
+        if unconfirmed:
+            await _reread(keys, secret, config)
         raise
     gateway.begin()
 
@@ -387,7 +410,14 @@ async def _chat_completions(request: Request) -> Response:
     try:
         if call.stream:
             started = await _unless_disconnected(
-                request.receive, gateway.stream(caller, call, headers, request_id)
+                request.receive,
+                _on_current_key(
+                    lambda c: gateway.stream(c, call, headers, request_id),
+                    caller,
+                    keys,
+                    secret,
+                    config,
+                ),
             )
             response_headers = {
                 "x-waybill-endpoint": started.endpoint,
@@ -399,7 +429,14 @@ async def _chat_completions(request: Request) -> Response:
             )
             return _EventStream(body, response_headers)
         completion = await _unless_disconnected(
-            request.receive, gateway.complete(caller, call, headers, request_id)
+            request.receive,
+            _on_current_key(
+                lambda c: gateway.complete(c, call, headers, request_id),
+                caller,
+                keys,
+                secret,
+                config,
+            ),
         )
         response_headers = {
             "x-waybill-endpoint": completion.endpoint,
@@ -438,6 +475,33 @@ async def _chat_completions(request: Request) -> Response:
         if claim is not None:
             await state.idempotency.abandon(claim)
         raise
+
+
+async def _reread(keys: KeyCache, secret: str, config: Config) -> Caller:
+    """The caller as the ledger has its key now (401 if revoked or unknown)."""
+    keys.evict(secret)
+    key, _ = await keys.find(secret)
+    return _caller(key, config)
+
+
+async def _on_current_key(
+    serve: Callable[[Caller], Awaitable[T]],
+    caller: Caller,
+    keys: KeyCache,
+    secret: str,
+    config: Config,
+) -> T:
+    """``serve`` the request; if its first append finds the key's stream moved since the
+    key was read (``KeyMoved``: nothing was recorded), read the key again and, unless it
+    was revoked (401), serve it on the key as it is now."""
+    try:
+        return await serve(caller)
+    except KeyMoved:
+        caller = await _reread(keys, secret, config)
+    try:
+        return await serve(caller)
+    except KeyMoved:
+        raise invalid_api_key("the key changed while the request was served") from None
 
 
 class _Once:

@@ -33,7 +33,14 @@ import orjson
 
 from ledger import events as ev
 from ledger.accounting import BudgetDenied, Effect, HoldStateError, Reserve, usage_cost
-from ledger.store import ANY_VERSION, NO_STREAM, EventStore, LedgerUnavailable
+from ledger.apikeys import key_stream
+from ledger.store import (
+    ANY_VERSION,
+    NO_STREAM,
+    EventStore,
+    LedgerUnavailable,
+    WrongExpectedVersion,
+)
 from otel.ids import attempt_span_id, request_trace_id, upstream_traceparent
 from router.breakers import Admission, BreakerBoard, BreakerKey, Transition
 from router.budgets import RequestBudget, StepRecord
@@ -74,7 +81,7 @@ from router.routing import (
 )
 from router.sse import DONE_FRAME, encode_data
 
-__all__ = ["Caller", "Completion", "Gateway", "StreamingCompletion"]
+__all__ = ["Caller", "Completion", "Gateway", "KeyMoved", "StreamingCompletion"]
 
 log = logging.getLogger("waybill.gateway")
 
@@ -99,6 +106,15 @@ class Caller:
     workspace: Workspace
     role: str
     key_budget: tuple[Decimal, Literal["day", "month", "total"]] | None = None  # own budget
+    key_version: int | None = None
+    """The key's ledger stream's version when it was read unrevoked: the request's first
+    append requires the stream still there (None: requires nothing)."""
+
+
+class KeyMoved(Exception):
+    """The request's first append was refused: its key's ledger stream moved (the key was
+    revoked) since the key was read. Nothing was recorded and no upstream call made; the
+    caller reads the key again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,6 +317,9 @@ class _Run:
         self._stream_id = f"request-{request_id}"
         self._version = NO_STREAM
         self._unsure: _Unsure | None = None  # an append whose commit answer was lost
+        self._requires: dict[str, int] | None = None  # what the first append requires
+        if caller.key_version is not None:
+            self._requires = {key_stream(caller.key_id): caller.key_version}
         self._metadata = {"config_generation": config.generation}
         caller_trace = _parse_traceparent(headers.traceparent)
         self.caller_trace_id = caller_trace[0] if caller_trace else None
@@ -345,8 +364,19 @@ class _Run:
         expected, self._version = self._version, self._version + len(events)
         try:
             await self.gw.store.append(
-                self._stream_id, expected, events, metadata=self._metadata, effects=all_effects
+                self._stream_id,
+                expected,
+                events,
+                metadata=self._metadata,
+                effects=all_effects,
+                requires=self._requires,
             )
+            self._requires = None
+        except WrongExpectedVersion as refusal:
+            if self._requires is None or refusal.stream_id not in self._requires:
+                raise
+            self.ended = True  # nothing of this request is on the ledger, nor will be
+            raise KeyMoved(str(refusal)) from None
         except (BudgetDenied, HoldStateError, LedgerUnavailable) as error:
             # Refused by the books, or the database is down: taken as not written, and what
             # was queued stays queued. When the database failed, the commit may have happened
@@ -370,6 +400,7 @@ class _Run:
         self._unsure = None
         if not recorded:
             return  # it did not commit: carry on as if it never happened
+        self._requires = None  # it was accepted: what it required held
         if len(recorded) != len(unsure.events):
             raise RuntimeError(
                 f"stream {self._stream_id} has {len(recorded)} events past version "
@@ -428,8 +459,8 @@ class _Run:
         except asyncio.CancelledError:
             self._record_abandoned(canceled=True)
             raise
-        except GatewayError:
-            raise  # already recorded
+        except (GatewayError, KeyMoved):
+            raise  # already recorded, or nothing to record
         except LedgerUnavailable:
             self._record_abandoned(canceled=False, error=ledger_unavailable())
             raise

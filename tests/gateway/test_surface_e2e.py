@@ -43,6 +43,32 @@ async def test_missing_unknown_and_revoked_keys_are_refused(database_url):
         revoked = await http.post("/v1/chat/completions", json=BODY)
         assert_error_shape(revoked, 401, "invalid_api_key")
         assert gw.upstreams["east"].hits == 1
+        received = [e for e in await gw.store.read_all() if e.type == "RequestReceived"]
+        assert len(received) == 1  # a revoked key's request leaves nothing on the ledger
+
+
+@pytest.mark.parametrize(
+    ("content", "headers"),
+    [
+        (orjson.dumps(BODY), {}),
+        (orjson.dumps({**BODY, "stream": True}), {}),
+        (b"{not json", {}),
+        (orjson.dumps({**BODY, "model": "no-such-model"}), {}),
+        (orjson.dumps(BODY), {"Idempotency-Key": "once"}),
+    ],
+    ids=["buffered", "streamed", "bad-body", "unknown-model", "idempotency-key"],
+)
+async def test_a_key_revoked_after_it_was_used_hears_only_401(database_url, content, headers):
+    # The chat path keeps keys it has read; a revocation by another process must still
+    # refuse the very next request, before any upstream call, whatever else is wrong with it.
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        assert (await http.post("/v1/chat/completions", json=BODY)).status_code == 200
+        await apikeys.revoke_key(gw.store, gw.key_id)
+        refused = await http.post("/v1/chat/completions", content=content, headers=headers)
+        assert_error_shape(refused, 401, "invalid_api_key")
+        assert gw.upstreams["east"].hits == 1
+        received = [e for e in await gw.store.read_all() if e.type == "RequestReceived"]
+        assert len(received) == 1
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from ledger.db import create_engine
 from ledger.schema import budget_accounts
 from ledger.store import ANY_VERSION, NO_STREAM, EventStore, WrongExpectedVersion, _Known
 from ledger.verify import verify_chain
-from tests.ledger.factories import received
+from tests.ledger.factories import key_created, received
 from tests.ledger.test_books import balance, release, reserve
 
 pytestmark = pytest.mark.postgres
@@ -82,6 +82,31 @@ async def test_a_request_s_appends_after_the_first_are_decided_without_reading(
     assert await balance(store) == (D(0), D("0.30"))
     assert [r.version for r in await store.read_stream("request-req_2")] == [1, 2]
     assert (await verify_chain(store)).ok
+
+
+async def test_a_required_stream_this_store_wrote_is_checked_without_reading(
+    stores: list[EventStore],
+) -> None:
+    store = stores[0]
+    await store.append("key-k_1", NO_STREAM, [key_created("k_1")])
+    for n in range(3):
+        await store.append(f"request-r{n}", NO_STREAM, [received(f"r{n}")], requires={"key-k_1": 1})
+    assert store.stats["unread_batches"] == 3
+    assert store.stats["wrong_guesses"] == 0
+
+
+async def test_a_key_another_writer_revoked_refuses_the_next_append_that_requires_it(
+    stores: list[EventStore],
+) -> None:
+    a, b = stores
+    await a.append("key-k_1", NO_STREAM, [key_created("k_1")])
+    await a.append("request-r1", NO_STREAM, [received("r1")], requires={"key-k_1": 1})
+    await b.append("key-k_1", 1, [ev.KeyRevoked(key_id="k_1")])
+    with pytest.raises(WrongExpectedVersion) as refused:
+        await a.append("request-r2", NO_STREAM, [received("r2")], requires={"key-k_1": 1})
+    assert (refused.value.stream_id, refused.value.actual) == ("key-k_1", 2)
+    assert await a.read_stream("request-r2") == []
+    assert a.stats["unread_batches"] == 1  # only r1: the refusal was decided on a read
 
 
 async def test_a_balance_another_writer_changed_is_read_again_before_deciding(

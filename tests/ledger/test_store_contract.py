@@ -101,6 +101,59 @@ async def test_a_conflict_in_a_batch_does_not_fail_the_other_appends(store: Even
     assert [r.position for r in await store.read_all()] == [1, 2, 3]
 
 
+async def test_an_append_requiring_another_stream_where_it_is_is_accepted(
+    store: EventStore,
+) -> None:
+    await store.append("key-k_1", NO_STREAM, [key_created("k_1")])
+    [recorded] = await store.append(
+        "request-r1", NO_STREAM, [received("r1")], requires={"key-k_1": 1}
+    )
+    assert recorded.version == 1
+    assert [r.version for r in await store.read_stream("key-k_1")] == [1]  # only checked
+
+
+async def test_an_append_requiring_a_stream_that_moved_is_refused_and_writes_nothing(
+    store: EventStore,
+) -> None:
+    await store.append("key-k_1", NO_STREAM, [key_created("k_1")])
+    await store.append("key-k_1", 1, [ev.KeyRevoked(key_id="k_1")])
+    outcomes = await asyncio.gather(
+        store.append("request-r1", NO_STREAM, [received("r1")], requires={"key-k_1": 1}),
+        store.append("request-r2", NO_STREAM, [received("r2")], requires={"key-k_9": 1}),
+        store.append("request-r3", NO_STREAM, [received("r3")], requires={"key-k_1": 2}),
+        return_exceptions=True,
+    )
+    moved, missing, accepted = outcomes
+    assert isinstance(moved, WrongExpectedVersion)
+    assert (moved.stream_id, moved.expected, moved.actual) == ("key-k_1", 1, 2)
+    assert isinstance(missing, WrongExpectedVersion) and missing.actual == 0
+    assert isinstance(accepted, list)
+    assert await store.read_stream("request-r1") == []
+    assert await _count(store) == 3
+
+
+async def test_a_requirement_is_checked_after_the_appends_before_it_in_a_batch(
+    store: EventStore,
+) -> None:
+    await store.append("key-k_1", NO_STREAM, [key_created("k_1")])
+    revoked, refused = await asyncio.gather(
+        store.append("key-k_1", 1, [ev.KeyRevoked(key_id="k_1")]),
+        store.append("request-r1", NO_STREAM, [received("r1")], requires={"key-k_1": 1}),
+        return_exceptions=True,
+    )
+    assert isinstance(revoked, list)
+    assert isinstance(refused, WrongExpectedVersion) and refused.actual == 2
+
+
+@pytest.mark.parametrize("requires", [{"": 1}, {"key-k_1": -1}, {"request-r1": 0}])
+async def test_a_malformed_requirement_is_refused_before_anything_is_written(
+    store: EventStore, requires: dict[str, int]
+) -> None:
+    with pytest.raises(ev.EventValidationError, match="invalid requirement"):
+        await store.append("request-r1", NO_STREAM, [received("r1")], requires=requires)
+    assert await _count(store) == 0
+
+
 async def test_any_version_appends_at_the_stream_end(store: EventStore) -> None:
     await store.append("request-r1", NO_STREAM, [received("r1")])
     [second] = await store.append("request-r1", ANY_VERSION, [succeeded_trail("r1")[1]])

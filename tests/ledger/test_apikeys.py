@@ -1,0 +1,62 @@
+"""API keys: the lookup reads the ledger's own record of a revocation, and the chat path's
+cache of keys is only a cache (the append that accepts a request checks the key)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger import apikeys
+from ledger import events as ev
+from ledger.apikeys import KeyCache, key_stream
+from ledger.store import EventStore
+
+
+async def test_a_key_is_read_with_its_stream_s_version(store: EventStore) -> None:
+    new = await apikeys.create_key(store, "acme")
+    key = await apikeys.find_key(store, new.secret)
+    assert key is not None and not key.revoked and key.version == 1
+    await apikeys.revoke_key(store, new.key_id)
+    key = await apikeys.find_key(store, new.secret)
+    assert key is not None and key.revoked and key.version == 2
+
+
+async def test_a_revocation_on_the_ledger_counts_before_the_read_model_shows_it(
+    store: EventStore,
+) -> None:
+    new = await apikeys.create_key(store, "acme")
+    # As if `waybill keys revoke` died between its append and its projection.
+    await store.append(key_stream(new.key_id), 1, [ev.KeyRevoked(key_id=new.key_id)])
+    key = await apikeys.find_key(store, new.secret)
+    assert key is not None and key.revoked
+
+
+async def test_the_cache_keeps_unrevoked_keys_until_evicted(store: EventStore) -> None:
+    keys = KeyCache(store)
+    new = await apikeys.create_key(store, "acme")
+    first, cached = await keys.find(new.secret)
+    assert first is not None and not cached
+    again, cached = await keys.find(new.secret)
+    assert again == first and cached
+    await apikeys.revoke_key(store, new.key_id)
+    stale, cached = await keys.find(new.secret)
+    assert stale == first and cached  # what the request's first append will refuse
+    keys.evict(new.secret)
+    current, cached = await keys.find(new.secret)
+    assert current is not None and current.revoked and not cached
+    _, cached = await keys.find(new.secret)
+    assert not cached  # a revoked key is never kept
+
+
+async def test_the_cache_drops_the_least_recently_used_key_first(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(KeyCache, "LIMIT", 2)
+    keys = KeyCache(store)
+    a, b, c = [await apikeys.create_key(store, "acme") for _ in range(3)]
+    for new in (a, b, a, c):  # a used again after b: b is the least recently used
+        await keys.find(new.secret)
+    assert [(await keys.find(new.secret))[1] for new in (a, c, b)] == [True, True, False]
+
+
+async def test_an_unknown_secret_is_not_a_key(store: EventStore) -> None:
+    assert await KeyCache(store).find("wb_nope") == (None, False)
