@@ -67,12 +67,20 @@ class _Child:
     """A process this benchmark started, with its CPU time read from /proc."""
 
     def __init__(
-        self, args: Sequence[str], log: Path, env: dict[str, str] | None = None, *, pipe: bool
+        self,
+        args: Sequence[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        *,
+        pipe: bool,
+        cwd: Path | None = None,
     ) -> None:
         self.log = log
         self._log_file = log.open("wb")
         stdout = subprocess.PIPE if pipe else self._log_file  # pipe: we read its first line
-        self.popen = subprocess.Popen(list(args), stdout=stdout, stderr=self._log_file, env=env)
+        self.popen = subprocess.Popen(
+            list(args), stdout=stdout, stderr=self._log_file, env=env, cwd=cwd
+        )
 
     @property
     def pid(self) -> int:
@@ -123,19 +131,32 @@ class _RemoteUpstream:
         self.base_url = f"{root_url}/v1"
 
 
-def _start_gateway(tmp: Path, database_url: str, fake_root: str) -> tuple[_Child, str]:
+def _start_gateway(
+    tmp: Path,
+    database_url: str,
+    fake_root: str,
+    *,
+    source: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> tuple[_Child, str]:
+    """``waybill serve`` on ``database_url`` in front of the fake; with ``source``, the
+    code of that checkout (``bench/ab.py``) instead of this one, and ``extra_env`` added."""
     upstreams = {"fake": cast(FakeUpstream, _RemoteUpstream(fake_root))}
     config = tmp / "waybill.yaml"
     config.write_text(config_text(upstreams, [Route("fake")], generation="bench-1"))
     # What a plain `waybill serve` gets: no Redis, no OTLP export (metrics stay on).
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "WAYBILL_"))}
     env.update(ANTHROPIC_ENV)
+    env.update(extra_env or {})
     waybill = Path(sys.executable).with_name("waybill")
-    command = str(waybill) if waybill.exists() else shutil.which("waybill") or "waybill"
+    command = [str(waybill) if waybill.exists() else shutil.which("waybill") or "waybill"]
+    if source is not None:  # its packages first on the path, for the follower child too
+        env["PYTHONPATH"] = str(source)
+        command = [sys.executable, "-c", "import sys; from router.cli import main; main()"]
     port = closed_port()
     serve = ["serve", "--config", str(config), "--database-url", database_url]
     serve += ["--port", str(port), "--no-migrate"]
-    gateway = _Child([command, *serve], tmp / "gateway.log", env, pipe=False)
+    gateway = _Child([*command, *serve], tmp / "gateway.log", env, pipe=False, cwd=source)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

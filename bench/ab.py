@@ -1,0 +1,171 @@
+"""A/B benchmark: two versions of the gateway under the same load, in alternating short cells.
+
+    .venv/bin/python bench/ab.py --a main --b WORKTREE [--env-b NAME=VALUE ...]
+        [--rounds 8] [--seconds 3] [--concurrency 1] [--stream]
+
+This machine's speed drifts by tens of per cent within minutes, so two runs of
+``bench/gateway_bench.py`` minutes apart cannot tell a 5% change from the noise. Here both
+versions run at once, each a ``waybill serve`` on a fresh PostgreSQL database of its own in
+front of one shared fake provider, and the cells alternate A, B, B, A, A, B, ... so that each
+pair is measured seconds apart. Per round: requests/s, p50 latency and CPU ms per request
+(the ``waybill serve`` process tree, and the PostgreSQL backends of its database); the
+report gives each side's median and the median of the per-round B/A ratios.
+
+``--a`` and ``--b`` name a git ref (checked out into a temporary worktree) or ``WORKTREE``
+(this checkout as it is on disk); ``--env-a`` / ``--env-b`` add environment variables to one
+side (an experiment behind a variable needs no second checkout). A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.databases import fresh_postgres
+from bench.gateway_bench import (
+    _BackendCpu,
+    _Child,
+    _create_key,
+    _load,
+    _post,
+    _start_fake,
+    _start_gateway,
+)
+from ledger.db import migrate
+
+REPO = Path(__file__).resolve().parent.parent
+WORKTREE = "WORKTREE"
+
+
+@dataclass
+class _Side:
+    name: str
+    source: Path
+    database: str
+    database_url: str
+    api_key: str
+    gateway: _Child
+    url: str
+    rounds: list[dict[str, float]] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def _checkout(ref: str, tmp: Path, name: str) -> Iterator[Path]:
+    """The source tree of ``ref``: this checkout for WORKTREE, else a temporary worktree."""
+    if ref == WORKTREE:
+        yield REPO
+        return
+    path = tmp / f"src-{name}"
+    git = ["git", "-C", str(REPO)]
+    subprocess.run([*git, "worktree", "add", "--detach", str(path), ref], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run([*git, "worktree", "remove", "--force", str(path)], check=False)
+
+
+def _env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--env-a/--env-b take NAME=VALUE, not {pair!r}")
+        env[name] = value
+    return env
+
+
+def _cell(side: _Side, args: argparse.Namespace) -> dict[str, float]:
+    side.gateway.settle()
+    with _BackendCpu(side.database) as postgres:
+        before = side.gateway.cpu_s()
+        load = _load(f"{side.url}/v1", "chat", side.api_key, args.stream, args.concurrency, args)
+        side.gateway.settle()  # deferred work (projections, metrics) counts too
+        spent = side.gateway.cpu_s() - before
+    if not load["ok"]:
+        raise SystemExit(f"{side.name}: not every response was a complete 200: {load}")
+    sent = max(int(load["sent"]), 1)
+    return {
+        "rps": float(load["rps"]),
+        "p50_ms": float(load["p50_ms"]),
+        "gateway_cpu_ms": spent * 1000 / sent,
+        "postgres_cpu_ms": postgres.seconds * 1000 / sent,
+    }
+
+
+def _report(a: _Side, b: _Side) -> dict[str, Any]:
+    out: dict[str, Any] = {"rounds": len(a.rounds)}
+    for metric in ("rps", "p50_ms", "gateway_cpu_ms", "postgres_cpu_ms"):
+        ratios = [rb[metric] / ra[metric] for ra, rb in zip(a.rounds, b.rounds, strict=True)]
+        out[metric] = {
+            "a_median": round(statistics.median(r[metric] for r in a.rounds), 3),
+            "b_median": round(statistics.median(r[metric] for r in b.rounds), 3),
+            "b_over_a_median": round(statistics.median(ratios), 3),
+            "b_over_a_range": [round(min(ratios), 3), round(max(ratios), 3)],
+            "b_better_in": sum((x < 1) if metric != "rps" else (x > 1) for x in ratios),
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--a", default="HEAD", help="git ref or WORKTREE (default HEAD)")
+    parser.add_argument("--b", default=WORKTREE, help="git ref or WORKTREE (default)")
+    parser.add_argument("--env-a", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--env-b", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per cell")
+    parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds first")
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--stream", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
+        tmp = Path(tmp_name)
+        fake, fake_url = _start_fake(tmp)
+        stack.callback(fake.stop)
+        sides = []
+        for name, ref, env in (("a", args.a, args.env_a), ("b", args.b, args.env_b)):
+            source = stack.enter_context(_checkout(ref, tmp, name))
+            database = f"waybill_ab_{name}"
+            url = fresh_postgres(database)
+            migrate(url)
+            api_key = asyncio.run(_create_key(url))
+            work = tmp / name
+            work.mkdir()
+            gateway, gateway_url = _start_gateway(
+                work, url, fake_url, source=source, extra_env=_env(env)
+            )
+            stack.callback(gateway.stop)
+            sides.append(_Side(name, source, database, url, api_key, gateway, gateway_url))
+        a, b = sides
+        for round_ in range(args.rounds):
+            order = (a, b) if round_ % 2 == 0 else (b, a)
+            for side in order:
+                _post(f"{fake_url}/_fake/reset")
+                side.rounds.append(_cell(side, args))
+            ra, rb = a.rounds[-1], b.rounds[-1]
+            print(
+                f"  round {round_ + 1}: rps {ra['rps']:.0f} / {rb['rps']:.0f}, "
+                f"p50 {ra['p50_ms']:.2f} / {rb['p50_ms']:.2f} ms, "
+                f"CPU {ra['gateway_cpu_ms']:.2f} / {rb['gateway_cpu_ms']:.2f} ms",
+                file=sys.stderr,
+                flush=True,
+            )
+        report = {"a": args.a, "b": args.b, "env_a": args.env_a, "env_b": args.env_b}
+        report.update(concurrency=args.concurrency, stream=args.stream, **_report(a, b))
+        print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
