@@ -24,15 +24,21 @@ _log = logging.getLogger(__name__)
 
 
 class Wakeup:
-    def __init__(self, store: EventStore, *, poll_interval_s: float = 1.0) -> None:
+    def __init__(
+        self, store: EventStore, *, poll_interval_s: float = 1.0, listen: bool = True
+    ) -> None:
+        """``listen=False``: no LISTEN connection, only this process's own appends and the
+        poll interval (``ledger.follow``: a notification per commit cost more than
+        polling does)."""
         self._store = store
+        self._listen_on_postgres = listen
         self._signal = store.commit_signal()
         self._poll_interval_s = poll_interval_s
         self._listener: asyncio.Task[None] | None = None
         self.notifications = 0
 
     async def __aenter__(self) -> Wakeup:
-        if self._store.engine.dialect.name == "postgresql":
+        if self._listen_on_postgres and self._store.engine.dialect.name == "postgresql":
             self._listener = asyncio.create_task(self._listen(), name="waybill-ledger-listen")
         return self
 
