@@ -1,7 +1,7 @@
 """A/B benchmark: two versions of the gateway under the same load, in alternating short cells.
 
     .venv/bin/python bench/ab.py --a main --b WORKTREE [--env-b NAME=VALUE ...]
-        [--rounds 8] [--seconds 3] [--concurrency 1] [--stream]
+        [--rounds 8] [--seconds 3] [--concurrency 1] [--stream] [--json]
 
 This machine's speed drifts by tens of per cent within minutes, so two runs of
 ``bench/gateway_bench.py`` minutes apart cannot tell a 5% change from the noise. Here both
@@ -129,6 +129,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds first")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--json", action="store_true", help="also the report as JSON on stdout")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
@@ -164,7 +165,16 @@ def main() -> None:
             )
         report = {"a": args.a, "b": args.b, "env_a": args.env_a, "env_b": args.env_b}
         report.update(concurrency=args.concurrency, stream=args.stream, **_report(a, b))
-        print(json.dumps(report, indent=2))
+        for metric in ("rps", "p50_ms", "gateway_cpu_ms", "postgres_cpu_ms"):
+            m = report[metric]
+            low, high = m["b_over_a_range"]
+            print(
+                f"{metric:>16}: A {m['a_median']}, B {m['b_median']}, B/A {m['b_over_a_median']}"
+                f" ({low}-{high}), B better in {m['b_better_in']} of {args.rounds}",
+                file=sys.stderr,
+            )
+        if args.json:
+            print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":
