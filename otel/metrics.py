@@ -11,9 +11,9 @@ and, for streams, ``gen_ai.client.operation.time_to_first_chunk``. The ``waybill
 counters count requests, failovers, breaker transitions, budget rejections and unknown-usage
 settlements opened; ``waybill.ledger.lag`` says how far each ledger follower trails.
 
-Each gateway process follows the whole ledger from the moment it starts, so every replica
-reports the activity of all replicas since it started (take ``max``, not ``sum``, across
-replicas).
+Each gateway process records the events its own event store commits
+(``otel.telemetry``), so every replica reports its own requests since it started (``sum``
+across replicas counts each request once).
 """
 
 from __future__ import annotations

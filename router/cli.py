@@ -405,6 +405,10 @@ def _serve(settings: Any, host: str, port: int) -> None:
         log_level="warning",
         access_log=False,
         lifespan="on",
+        # Nothing reads the client's address, so X-Forwarded-* need no rewriting (a layer
+        # of middleware on every request), and the answer need not name the server.
+        proxy_headers=False,
+        server_header=False,
     )
 
 

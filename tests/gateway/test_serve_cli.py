@@ -60,7 +60,9 @@ def test_serve_migrates_and_answers_readyz(tmp_path: Path) -> None:
         env={"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k"},
     )
     try:
-        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
+        answer = httpx.get(f"http://127.0.0.1:{port}/v1/models")
+        assert answer.status_code == 401
+        assert "server" not in answer.headers  # nothing says what serves it
     finally:
         process.terminate()
         process.wait(timeout=20)
