@@ -182,6 +182,19 @@ class Balance:
     def available_usd(self) -> Decimal:
         return self.limit_usd - self.held_usd - self.settled_usd
 
+    def __copy__(self) -> Balance:
+        # copy.copy's generic way (__reduce_ex__) took ~4x as long; books copy on every append.
+        return Balance(
+            self.account_id,
+            self.kind,
+            self.workspace,
+            self.key_id,
+            self.window_start,
+            self.limit_usd,
+            self.held_usd,
+            self.settled_usd,
+        )
+
     @staticmethod
     def opened(spec: AccountSpec) -> Balance:
         return Balance(
@@ -209,6 +222,21 @@ class Hold:
     accounts: tuple[str, ...]
     owner: str
     state: HoldState = "held"
+
+    def __copy__(self) -> Hold:
+        return Hold(
+            self.reservation_id,
+            self.request_id,
+            self.attempt_id,
+            self.workspace,
+            self.key_id,
+            self.endpoint,
+            self.model,
+            self.amount_usd,
+            self.accounts,
+            self.owner,
+            self.state,
+        )
 
 
 @dataclass(frozen=True, slots=True)
