@@ -391,6 +391,7 @@ def _serve(settings: Any, host: str, port: int) -> None:
     import uvicorn
 
     from router.app import create_app
+    from router.serving import UVICORN_OPTIONS
 
     err.print(
         f"waybill serving on http://{host}:{port} (config generation {settings.config.generation})",
@@ -398,18 +399,7 @@ def _serve(settings: Any, host: str, port: int) -> None:
     )
     served = create_app(settings)
     gc.freeze()  # the server's modules, imported just now, join those frozen at start-up
-    uvicorn.run(
-        served,
-        host=host,
-        port=port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        # Nothing reads the client's address, so X-Forwarded-* need no rewriting (a layer
-        # of middleware on every request), and the answer need not name the server.
-        proxy_headers=False,
-        server_header=False,
-    )
+    uvicorn.run(served, host=host, port=port, **UVICORN_OPTIONS)
 
 
 @app.command("demo")

@@ -144,9 +144,10 @@ def _check(settings: AppSettings, port: int, secret: str, out: Console) -> None:
     import uvicorn
 
     from router.app import create_app
+    from router.serving import UVICORN_OPTIONS
 
     server = uvicorn.Server(
-        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning")
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, **UVICORN_OPTIONS)
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -21,6 +21,7 @@ from ledger.store import EventStore, RecordedEvent
 from router.app import AppSettings, create_app
 from router.config import Config, parse_config
 from router.fake_upstream import FakeUpstream
+from router.serving import UVICORN_OPTIONS
 from tests.helpers import eventually
 
 ANTHROPIC_ENV = {"FAKE_KEY": "sk-fake-secret-never-logged"}
@@ -168,9 +169,7 @@ def closed_port() -> int:
 async def serve(settings: AppSettings) -> AsyncIterator[tuple[str, Any]]:
     """The served app's URL, and the app (its ``.app.state`` holds the gateway's own store)."""
     app = create_app(settings)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-    )
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, **UVICORN_OPTIONS))
     task = asyncio.create_task(server.serve())
 
     async def started() -> bool:
