@@ -80,5 +80,6 @@ UVICORN_OPTIONS: dict[str, Any] = {
     # middleware on every request), and the answer need not name the server.
     "proxy_headers": False,
     "server_header": False,
+    "ws": "none",  # no WebSocket routes: an Upgrade is answered as plain HTTP
 }
 """For ``uvicorn.run`` / ``uvicorn.Config`` (``waybill serve``, the demo, the tests)."""
