@@ -375,13 +375,13 @@ async def _chat_completions(request: Request) -> Response:
             call.model_group
         ):
             raise model_not_found(call.model_group)
-        if headers.idempotency_key is not None and unconfirmed:
-            # A claim is a write, and a replay an answer: neither for a revoked key.
-            caller, unconfirmed = await _reread(keys, secret, config), False
     except GatewayError:
         if unconfirmed:  # a revoked key hears only that, whatever else is wrong
             await _reread(keys, secret, config)
         raise
+    if headers.idempotency_key is not None and unconfirmed:
+        # A claim is a write, and a replay an answer: neither for a revoked key.
+        caller, unconfirmed = await _reread(keys, secret, config), False
     claim: Claim | None = None
     if headers.idempotency_key is not None:
         lease_s = config.defaults.deadline_ms / 1000 + 30
