@@ -1,13 +1,14 @@
 """The gateway's live telemetry: metrics from this process's commits, traces from the ledger.
 
 Metrics: every batch this process's event store commits is recorded into the instruments
-right after its commit (``EventStore.on_commit``), so each replica counts its own requests
-(summed across replicas, as Prometheus does, nothing is counted twice) and no page of the
-ledger is read back for them. Traces: one background task lets the :class:`TraceFollower`
-export the spans of requests that have finished, and refreshes the ledger-lag gauge. It
-runs beside the request path, never on it: a slow or absent collector only makes the
-trace checkpoint wait (spans stay in the ledger and go out when the collector is back,
-retried with back-off), and every failure is logged, never raised into the gateway.
+soon after its commit, off the request path (``EventStore.on_commit``), so each replica
+counts its own requests (summed across replicas, as Prometheus does, nothing is counted
+twice) and no page of the ledger is read back for them. Traces: one background task lets
+the :class:`TraceFollower` export the spans of requests that have finished, and refreshes
+the ledger-lag gauge. It runs beside the request path, never on it: a slow or absent
+collector only makes the trace checkpoint wait (spans stay in the ledger and go out when
+the collector is back, retried with back-off), and every failure is logged, never raised
+into the gateway.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from ledger.store import (
     chain_hash,
 )
 from ledger.verify import verify_chain
+from tests.helpers import eventually
 from tests.ledger.factories import key_created, received, succeeded_trail
 
 
@@ -430,3 +431,39 @@ async def test_postgres_append_finds_holds_by_index_however_many_there_are(
             assert '"Seq Scan"' not in plan, plan
     finally:
         await engine.dispose()
+
+
+async def test_commit_listeners_hear_every_committed_event_once_in_position_order(
+    store: EventStore,
+) -> None:
+    heard: list[int] = []
+    store.on_commit(lambda events: heard.extend(e.position for e in events))
+
+    def failing(events: object) -> None:
+        raise RuntimeError("a listener's bug")
+
+    store.on_commit(failing)  # logged, nothing more
+    await store.append("request-r1", NO_STREAM, [received("r1")])
+    outcomes = await asyncio.gather(
+        store.append("request-r2", NO_STREAM, [received("r2")]),
+        store.append("request-r1", NO_STREAM, [received("r1")]),  # refused: not heard
+        store.append("request-r3", NO_STREAM, [received("r3")]),
+        return_exceptions=True,
+    )
+    assert isinstance(outcomes[1], WrongExpectedVersion)
+
+    async def all_heard() -> bool:
+        return heard == [1, 2, 3]
+
+    await eventually(all_heard, within_s=2)  # no append follows: told within 10 ms
+
+
+async def test_what_listeners_were_not_told_yet_is_told_at_close(database_url: str) -> None:
+    engine = create_engine(database_url)
+    store = EventStore(engine)
+    heard: list[str] = []
+    store.on_commit(lambda events: heard.extend(e.stream_id for e in events))
+    await store.append("request-r1", NO_STREAM, [received("r1")])
+    await store.close()  # at once, before the timer
+    await engine.dispose()
+    assert heard == ["request-r1"]
