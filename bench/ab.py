@@ -39,6 +39,7 @@ from bench.gateway_bench import (
     _Child,
     _create_key,
     _load,
+    _per_request,
     _post,
     _start_fake,
     _start_gateway,
@@ -52,9 +53,7 @@ WORKTREE = "WORKTREE"
 @dataclass
 class _Side:
     name: str
-    source: Path
     database: str
-    database_url: str
     api_key: str
     gateway: _Child
     url: str
@@ -95,12 +94,11 @@ def _cell(side: _Side, args: argparse.Namespace) -> dict[str, float]:
         spent = side.gateway.cpu_s() - before
     if not load["ok"]:
         raise SystemExit(f"{side.name}: not every response was a complete 200: {load}")
-    sent = max(int(load["sent"]), 1)
     return {
         "rps": float(load["rps"]),
         "p50_ms": float(load["p50_ms"]),
-        "gateway_cpu_ms": spent * 1000 / sent,
-        "postgres_cpu_ms": postgres.seconds * 1000 / sent,
+        "gateway_cpu_ms": _per_request(spent, int(load["sent"])),
+        "postgres_cpu_ms": _per_request(postgres.seconds, int(load["sent"])),
     }
 
 
@@ -148,7 +146,7 @@ def main() -> None:
                 work, url, fake_url, source=source, extra_env=_env(env)
             )
             stack.callback(gateway.stop)
-            sides.append(_Side(name, source, database, url, api_key, gateway, gateway_url))
+            sides.append(_Side(name, database, api_key, gateway, gateway_url))
         a, b = sides
         for round_ in range(args.rounds):
             order = (a, b) if round_ % 2 == 0 else (b, a)

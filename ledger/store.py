@@ -502,10 +502,9 @@ def _assign(
         if expected is not None and expected != current:
             pending.result = WrongExpectedVersion(pending.stream_id, expected, current)
             continue
-        moved = [(s, v) for s, v in pending.requires if versions.get(s, 0) != v]
-        if moved:
-            required, version = moved[0]
-            pending.result = WrongExpectedVersion(required, version, versions.get(required, 0))
+        moved = next((r for r in pending.requires if versions.get(r[0], 0) != r[1]), None)
+        if moved is not None:
+            pending.result = WrongExpectedVersion(*moved, versions.get(moved[0], 0))
             continue
         if books is not None and pending.effects:
             try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import signal
@@ -368,6 +369,7 @@ async def _chat_completions(request: Request) -> Response:
     secret = _secret(request)
     key, unconfirmed = await keys.find(secret)
     caller = _caller(key, config)
+    reread = functools.partial(_reread, keys, secret, config)
     try:
         call = parse_body(await _read_body(request))
         headers = read_headers(request.headers)
@@ -377,11 +379,11 @@ async def _chat_completions(request: Request) -> Response:
             raise model_not_found(call.model_group)
     except GatewayError:
         if unconfirmed:  # a revoked key hears only that, whatever else is wrong
-            await _reread(keys, secret, config)
+            await reread()
         raise
     if headers.idempotency_key is not None and unconfirmed:
         # A claim is a write, and a replay an answer: neither for a revoked key.
-        caller, unconfirmed = await _reread(keys, secret, config), False
+        caller, unconfirmed = await reread(), False
     claim: Claim | None = None
     if headers.idempotency_key is not None:
         lease_s = config.defaults.deadline_ms / 1000 + 30
@@ -398,7 +400,7 @@ async def _chat_completions(request: Request) -> Response:
         if claim is not None:
             await state.idempotency.abandon(claim)
         if unconfirmed:
-            await _reread(keys, secret, config)
+            await reread()
         raise
     gateway.begin()
 
@@ -412,11 +414,7 @@ async def _chat_completions(request: Request) -> Response:
             started = await _unless_disconnected(
                 request.receive,
                 _on_current_key(
-                    lambda c: gateway.stream(c, call, headers, request_id),
-                    caller,
-                    keys,
-                    secret,
-                    config,
+                    lambda c: gateway.stream(c, call, headers, request_id), caller, reread
                 ),
             )
             response_headers = {
@@ -431,11 +429,7 @@ async def _chat_completions(request: Request) -> Response:
         completion = await _unless_disconnected(
             request.receive,
             _on_current_key(
-                lambda c: gateway.complete(c, call, headers, request_id),
-                caller,
-                keys,
-                secret,
-                config,
+                lambda c: gateway.complete(c, call, headers, request_id), caller, reread
             ),
         )
         response_headers = {
@@ -487,9 +481,7 @@ async def _reread(keys: KeyCache, secret: str, config: Config) -> Caller:
 async def _on_current_key(
     serve: Callable[[Caller], Awaitable[T]],
     caller: Caller,
-    keys: KeyCache,
-    secret: str,
-    config: Config,
+    reread: Callable[[], Awaitable[Caller]],
 ) -> T:
     """``serve`` the request; if its first append finds the key's stream moved since the
     key was read (``KeyMoved``: nothing was recorded), read the key again and, unless it
@@ -497,7 +489,7 @@ async def _on_current_key(
     try:
         return await serve(caller)
     except KeyMoved:
-        caller = await _reread(keys, secret, config)
+        caller = await reread()
     try:
         return await serve(caller)
     except KeyMoved:
