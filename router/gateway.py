@@ -29,8 +29,6 @@ from decimal import Decimal
 from typing import Any, Final, Literal, TypeVar
 from urllib.parse import urlsplit
 
-import orjson
-
 from ledger import events as ev
 from ledger.accounting import BudgetDenied, Effect, HoldStateError, Reserve, usage_cost
 from ledger.apikeys import key_stream
@@ -79,7 +77,7 @@ from router.routing import (
     next_context,
     select,
 )
-from router.sse import DONE_FRAME, encode_data
+from router.sse import DONE_FRAME, encode_json
 
 __all__ = ["Caller", "Completion", "Gateway", "KeyMoved", "StreamingCompletion"]
 
@@ -548,40 +546,42 @@ class _Run:
     async def _stream(self) -> StreamingCompletion:
         async def open_until_content(
             route: _Route, attempt: _Attempt
-        ) -> tuple[DriverStream, AsyncIterator[dict[str, Any]], list[dict[str, Any]]]:
+        ) -> tuple[DriverStream, AsyncIterator[list[dict[str, Any]]], list[dict[str, Any]]]:
             upstream = await route.driver.stream(self._chat_request(route), self._binding(attempt))
             try:
-                chunks = aiter(upstream)
-                return upstream, chunks, await _first_content(chunks)
+                batches = upstream.batches()
+                return upstream, batches, await _first_content(batches)
             except BaseException:
                 await upstream.aclose()
                 raise
 
-        route, attempt, (upstream, chunks, held) = await self._until_answered(open_until_content)
+        route, attempt, (upstream, batches, held) = await self._until_answered(open_until_content)
         attempt.stream_committed = True
         return StreamingCompletion(
             self.request_id,
             route.choice.endpoint,
             self.attempt_count,
-            self._stream_body(attempt, upstream, chunks, held),
+            self._stream_body(attempt, upstream, batches, held),
         )
 
     async def _stream_body(
         self,
         attempt: _Attempt,
         upstream: DriverStream,
-        chunks: AsyncIterator[dict[str, Any]],
+        batches: AsyncIterator[list[dict[str, Any]]],
         held: list[dict[str, Any]],
     ) -> AsyncIterator[bytes]:
+        """The client's bytes: a read's chunks go out together, as one piece."""
         include_usage = self.call.include_usage
         finished = False
         try:
-            for chunk in held:
-                if include_usage or not _is_usage_chunk(chunk):
-                    yield encode_data(orjson.dumps(chunk))
-            async for chunk in chunks:
-                if include_usage or not _is_usage_chunk(chunk):
-                    yield encode_data(orjson.dumps(chunk))
+            batch: list[dict[str, Any]] | None = held
+            while batch is not None:
+                if not include_usage:
+                    batch = [chunk for chunk in batch if not _is_usage_chunk(chunk)]
+                if batch:
+                    yield encode_json(batch)
+                batch = await anext(batches, None)
             cost = self._cost(attempt.route.mapping, upstream.usage)
             await self._succeeded(
                 attempt,
@@ -600,18 +600,13 @@ class _Run:
         except UpstreamFailure as failure:
             finished = True
             error = await self._broken_stream(attempt, failure.classification, failure, upstream)
-            yield encode_data(
-                orjson.dumps(
-                    {
-                        "error": {
-                            "code": error.code,
-                            "message": error.message,
-                            "type": error.error_type,
-                            "request_id": self.request_id,
-                        }
-                    }
-                )
-            )
+            detail = {
+                "code": error.code,
+                "message": error.message,
+                "type": error.error_type,
+                "request_id": self.request_id,
+            }
+            yield encode_json([{"error": detail}])
         finally:
             if not finished:
                 # The client went away (this task is being cancelled): record it anyway, in
@@ -1063,12 +1058,12 @@ class _Run:
 # --- small pure helpers ---
 
 
-async def _first_content(chunks: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
+async def _first_content(batches: AsyncIterator[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Pull chunks until one carries content (SPEC §5); return all pulled so far."""
     held: list[dict[str, Any]] = []
-    async for chunk in chunks:
-        held.append(chunk)
-        if _has_content(chunk):
+    async for batch in batches:
+        held += batch
+        if any(_has_content(chunk) for chunk in batch):
             break
     return held
 

@@ -6,10 +6,12 @@ This module owns the event-stream wire format of SPEC §5 ("Streaming") and noth
   event-stream rules: LF, CRLF and CR line ends, multi-line ``data``, comments, ``event``,
   ``id`` and ``retry``. It decodes UTF-8 per complete line, so characters split across
   chunks survive; it refuses frames over 32 KiB and never dispatches a frame cut at EOF.
-* :class:`SSEStream` layers JSON on top for drivers: it yields each event's JSON object,
-  stops at ``data: [DONE]``, skips and records events that are not JSON objects, enforces
-  the idle timeout and reports how the body ended (:class:`EndReason`).
-* :func:`encode_data` and :data:`DONE_FRAME` write the gateway's own stream to its client.
+* :class:`SSEStream` layers JSON on top for drivers: it yields each event's JSON object
+  (or, with :meth:`SSEStream.batches`, a network chunk's objects together), stops at
+  ``data: [DONE]``, skips and records events that are not JSON objects, enforces the idle
+  timeout and reports how the body ended (:class:`EndReason`).
+* :func:`encode_data`, :func:`encode_json` and :data:`DONE_FRAME` write the gateway's own
+  stream to its client.
 
 It is pure: no HTTP client and no I/O beyond consuming the async iterator of bytes it is
 given. Whether an ``eof`` end is a complete stream (a final chunk was seen) is the driver's
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final, TypeAlias
@@ -41,6 +43,7 @@ __all__ = [
     "SSEParser",
     "SSEStream",
     "encode_data",
+    "encode_json",
 ]
 
 JSONObject: TypeAlias = dict[str, Any]
@@ -319,20 +322,33 @@ class SSEStream:
         return tuple(self._samples)
 
     async def __aiter__(self) -> AsyncIterator[JSONObject]:
+        async for batch in self.batches():
+            for payload in batch:
+                yield payload
+
+    async def batches(self) -> AsyncIterator[list[JSONObject]]:
+        """The same objects, one non-empty list per network chunk that completed any: a
+        relay handles a chunk's events together instead of passing each through every
+        layer above (an upstream's events mostly arrive several to a read)."""
         if self._started:
             raise RuntimeError("an SSEStream can be iterated only once")
         self._started = True
         source = aiter(self._chunks)
         while (chunk := await self._next_chunk(source)) is not None:
             self._bytes_read += len(chunk)
+            batch: list[JSONObject] = []
             for frame in self._parser.feed(chunk):
                 self._frames += 1
                 if frame.is_done:
                     self._end_reason = EndReason.DONE
+                    if batch:
+                        yield batch
                     return
                 payload = self._decode(frame)
                 if payload is not None:
-                    yield payload
+                    batch.append(payload)
+            if batch:
+                yield batch
         self._end_reason = self._parser.close()
 
     async def _next_chunk(self, source: AsyncIterator[bytes]) -> bytes | None:
@@ -367,6 +383,12 @@ class SSEStream:
             if len(frame.data) > _SAMPLE_CHARS:
                 sample += "…"
             self._samples.append(InvalidEvent(self._frames - 1, reason, sample))
+
+
+def encode_json(payloads: Iterable[JSONObject]) -> bytes:
+    """Encode events for the gateway's client, one ``data`` line each: JSON as ``orjson``
+    writes it has no raw line end (they are escaped in strings), so no splitting is due."""
+    return b"".join([b"data: " + orjson.dumps(payload) + b"\n\n" for payload in payloads])
 
 
 def encode_data(payload: bytes | str) -> bytes:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -292,6 +293,36 @@ async def test_mid_stream_disconnect_is_a_failure_after_events_were_yielded(driv
         failure = await _stream_failure(driver, _binding(up, kind))
     assert failure.classification.failure_class is FailureClass.NETWORK_ERROR
     assert failure.events_yielded is True
+
+
+async def _until_failure(
+    driver: Driver, binding: AttemptBinding
+) -> tuple[list[dict[str, Any]], UpstreamFailure]:
+    chunks: list[dict[str, Any]] = []
+    with pytest.raises(UpstreamFailure) as info:
+        async with await driver.stream(_request(stream=True), binding) as stream:
+            async for chunk in stream:
+                chunks.append(chunk)
+    return chunks, info.value
+
+
+async def test_an_error_event_after_content_fails_after_what_came_before_it(driver, kind):
+    # The whole body arrives in one read, error event included: the content before the
+    # error is still handed out, and the failure says so.
+    behavior = Behavior.error_event(after_events=4, one_write=True)
+    async with FakeUpstream("east", plan=[behavior]) as up:
+        chunks, failure = await _until_failure(driver, _binding(up, kind))
+    assert any(c["choices"][0]["delta"].get("content") for c in chunks if c.get("choices"))
+    assert failure.events_yielded is True
+    assert failure.outcome.error_type == {"openai": "server_error"}.get(kind, "overloaded_error")
+    assert failure.classification.failure_class is FailureClass.UPSTREAM_UNAVAILABLE
+
+
+async def test_an_error_event_first_fails_with_nothing_yielded(driver, kind):
+    async with FakeUpstream("east", plan=[Behavior.error_event(after_events=0)]) as up:
+        chunks, failure = await _until_failure(driver, _binding(up, kind))
+    assert chunks == []
+    assert failure.events_yielded is False
 
 
 async def test_idle_stream_after_events_is_a_broken_stream(driver, kind):

@@ -494,6 +494,25 @@ def test_malformed_event_is_one_invalid_data_line_among_valid_ones(up):
     assert len(events) == 11  # role + 6 content + finish + usage + [DONE] + the bad one
 
 
+def test_error_event_ends_a_complete_body_with_the_providers_error(up):
+    up.set_plan([Behavior.error_event(after_events=2)])
+    raw = raw_exchange(up, "/v1/chat/completions", STREAM)
+    sse, complete = dechunk(split_head(raw)[2])
+
+    events = [json.loads(line) for line in data_lines(sse)]
+    assert complete  # the body ends properly: only the event says the stream failed
+    assert len(events) == 3
+    assert all("error" not in event for event in events[:2])
+    assert events[2]["error"]["type"] == "server_error"
+
+
+def test_error_event_leaves_a_buffered_reply_alone(up, http):
+    up.set_plan([Behavior.error_event()])
+    response = http.post("/v1/chat/completions", json=CHAT)
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["finish_reason"] == "stop"
+
+
 def test_no_done_ends_the_body_cleanly_after_the_finish_chunk(up):
     up.set_plan([Behavior.no_done()])
     raw = raw_exchange(up, "/v1/chat/completions", {**CHAT, "stream": True})

@@ -635,6 +635,30 @@ async def test_done_ends_iteration_with_reason_done() -> None:
     assert stream.end_reason is EndReason.DONE
 
 
+async def test_batches_group_the_objects_each_chunk_completed() -> None:
+    stream = SSEStream(
+        source(
+            sse_json({"n": 1}, {"n": 2}) + b'data: {"n"',
+            b": 3}\n\n" + sse_json({"n": 4}),
+            b": only a comment\n\n",
+            sse_json({"n": 5}) + DONE_FRAME + sse_json({"n": 6}),
+        )
+    )
+    assert [batch async for batch in stream.batches()] == [
+        [{"n": 1}, {"n": 2}],
+        [{"n": 3}, {"n": 4}],
+        [{"n": 5}],
+    ]
+    assert stream.end_reason is EndReason.DONE
+
+
+async def test_batches_skip_a_chunk_of_invalid_events_only() -> None:
+    stream = SSEStream(source(b"data: [1]\n\ndata: nope\n\n", sse_json({"n": 1})))
+    assert [batch async for batch in stream.batches()] == [[{"n": 1}]]
+    assert stream.invalid_events == 2
+    assert stream.end_reason is EndReason.EOF
+
+
 async def test_done_stops_reading_the_body() -> None:
     pulled: list[bytes] = []
 

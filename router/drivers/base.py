@@ -130,7 +130,8 @@ class UpstreamFailure(Exception):
 
 
 class DriverStream(ABC):
-    """A streamed completion: iterate once for OpenAI ``chat.completion.chunk`` dicts.
+    """A streamed completion: iterate once for OpenAI ``chat.completion.chunk`` dicts, or
+    once over :meth:`batches` for the same chunks a network read at a time.
 
     Iteration raises :class:`UpstreamFailure` on a failure, with ``events_yielded`` telling
     whether any chunk was already handed out. Use ``async with`` (or :meth:`aclose`) so the
@@ -147,8 +148,14 @@ class DriverStream(ABC):
     @abstractmethod
     def invalid_events(self) -> int: ...
 
+    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+        async for batch in self.batches():
+            for chunk in batch:
+                yield chunk
+
     @abstractmethod
-    def __aiter__(self) -> AsyncIterator[dict[str, Any]]: ...
+    def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
+        """The chunks in non-empty lists, each what one read of the body completed."""
 
     @abstractmethod
     async def aclose(self) -> None: ...
@@ -450,7 +457,7 @@ class SSEDriverStream(DriverStream):
             message=message,
         )
 
-    async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
+    async def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
         timeouts = self._binding.timeouts
         idle = timeouts.stream_idle_timeout_s
         first = timeouts.first_token_timeout_s
@@ -459,8 +466,9 @@ class SSEDriverStream(DriverStream):
         limit = self._binding.endpoint.max_response_bytes
         body = count_bytes(self._response.aiter_bytes(), limit, _TooLarge())
         sse = self._sse = SSEStream(body, idle_timeout_s=idle)
-        events = aiter(sse)
+        events = sse.batches()
         first_deadline = None if first is None else self._started_at + first
+        translate = self._translator.translate
         yielded = False
         try:
             while True:
@@ -470,18 +478,27 @@ class SSEDriverStream(DriverStream):
                             first_deadline - time.monotonic()
                         )
                         async with asyncio.timeout_at(loop_deadline):
-                            event = await anext(events)
+                            batch = await anext(events)
                     else:
-                        event = await anext(events)
+                        batch = await anext(events)
                 except StopAsyncIteration:
                     break
-                chunks = self._translator.translate(event)
+                chunks: list[dict[str, Any]] = []
+                error: StreamErrorEvent | None = None
+                for event in batch:
+                    try:
+                        chunks += translate(event)
+                    except StreamErrorEvent as exc:
+                        error = exc  # what came before it in this read still goes out
+                        break
                 self._sync()
-                for chunk in chunks:
+                if chunks:
                     if not yielded:
                         self.time_to_first_chunk_ms = elapsed_ms(self._started_at)
                         yielded = True
-                    yield chunk
+                    yield chunks
+                if error is not None:
+                    raise error
         except StreamErrorEvent as exc:
             trust = self._binding.endpoint.trust_not_started
             raise UpstreamFailure(

@@ -114,6 +114,10 @@ class _Anthropic(Dialect):
     def malformed(self, reply: Reply) -> SseEvent:
         return SseEvent('{"type":"content_block_delta","index":0,"delta":{', "content_block_delta")
 
+    def error_event(self) -> SseEvent:
+        error = {"type": "overloaded_error", "message": "Overloaded"}
+        return SseEvent(dumps({"type": "error", "error": error}), "error")
+
     def error(self, behavior: Behavior, prompt: Prompt, request_id: str) -> ErrorResponse:
         model = prompt.model
         tokens = prompt.prompt_tokens

@@ -140,6 +140,15 @@ class _OpenAI(Dialect):
     def malformed(self, reply: Reply) -> SseEvent:
         return SseEvent('{"id":"' + reply.message_id + '","object":"chat.completion.chunk",')
 
+    def error_event(self) -> SseEvent:
+        error = {
+            "message": "The server had an error while processing your request.",
+            "type": "server_error",
+            "param": None,
+            "code": None,
+        }
+        return SseEvent(dumps({"error": error}))
+
     def error(self, behavior: Behavior, prompt: Prompt, request_id: str) -> ErrorResponse:
         model = prompt.model
         tokens = prompt.prompt_tokens

@@ -209,6 +209,10 @@ class Dialect(ABC):
         """One event whose data is not valid JSON."""
 
     @abstractmethod
+    def error_event(self) -> SseEvent:
+        """The event a stream carries when the provider fails after the 200."""
+
+    @abstractmethod
     def error(self, behavior: Behavior, prompt: Prompt, request_id: str) -> ErrorResponse:
         """The provider's error response for an error kind."""
 

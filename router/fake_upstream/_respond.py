@@ -13,15 +13,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from router.fake_upstream._http import Connection, HttpRequest
-from router.fake_upstream._reply import Dialect, Prompt, Reply, dumps, frame, make_reply
+from router.fake_upstream._reply import Dialect, Prompt, Reply, SseEvent, dumps, frame, make_reply
 from router.fake_upstream.behavior import ERROR_KINDS, Behavior, Kind
 
 __all__ = ["Exchange", "respond", "send_json", "split_awkwardly"]
 
 JSON = "application/json"
 # `after_events` for kinds built without one (e.g. from JSON).
-_DEFAULT_AFTER = {Kind.MID_STREAM_DISCONNECT: 2, Kind.MALFORMED_EVENT: 1, Kind.STALL: 0}
-# Kinds that end a stream after `after_events` events.
+_DEFAULT_AFTER = {
+    Kind.MID_STREAM_DISCONNECT: 2,
+    Kind.MALFORMED_EVENT: 1,
+    Kind.STALL: 0,
+    Kind.ERROR_EVENT: 1,
+}
+# Kinds that cut a body: a stream after `after_events` events, a buffered one halfway.
 _CUTTING = frozenset({Kind.MID_STREAM_DISCONNECT, Kind.STALL})
 
 
@@ -149,8 +154,17 @@ async def _stream(ex: Exchange, reply: Reply) -> None:
         return
     after = behavior.after_events
     after = min(_DEFAULT_AFTER.get(kind, 0) if after is None else after, script.finish_index)
-    cut = after if kind in _CUTTING else None
+    cut = after if kind in _CUTTING or kind is Kind.ERROR_EVENT else None
     malformed_at = after if kind is Kind.MALFORMED_EVENT else None
+    held: list[bytes] | None = [] if behavior.one_write else None
+
+    async def emit(event: SseEvent) -> None:
+        data = frame(event, behavior.line_ending)
+        if held is None:
+            await _emit(ex, data)
+        else:
+            held.append(data)  # one_write: all of it goes out at the end, in one send
+
     for i, event in enumerate(script.events):
         if i == cut or (kind is Kind.NO_DONE and i == script.done_index):
             break
@@ -160,8 +174,12 @@ async def _stream(ex: Exchange, reply: Reply) -> None:
             await conn.close()
             return
         if i == malformed_at:
-            await _emit(ex, frame(ex.dialect.malformed(reply), behavior.line_ending))
-        await _emit(ex, frame(event, behavior.line_ending))
+            await emit(ex.dialect.malformed(reply))
+        await emit(event)
+    if kind is Kind.ERROR_EVENT:
+        await emit(ex.dialect.error_event())
+    if held:
+        await conn.send_chunk(b"".join(held))
     if kind is Kind.STALL:
         await _stall(ex)
     elif kind is Kind.MID_STREAM_DISCONNECT:

@@ -43,6 +43,7 @@ class Kind(StrEnum):
     MID_STREAM_DISCONNECT = "mid_stream_disconnect"
     STALL = "stall"
     MALFORMED_EVENT = "malformed_event"
+    ERROR_EVENT = "error_event"
     NO_DONE = "no_done"
     LINE_ENDINGS = "line_endings"
     SPLIT_UTF8 = "split_utf8"
@@ -78,11 +79,13 @@ class Behavior:
     - first_event_delay_ms: streams; wait after the headers before the first event.
     - chunk_delay_ms: streams; wait between events.
     - n_chunks: content pieces in the reply (default 6), capped by the request's max tokens.
-    - after_events: mid_stream_disconnect / stall / malformed_event; how many events go out
-      first. For stall, None means "before the headers".
+    - after_events: mid_stream_disconnect / stall / malformed_event / error_event; how many
+      events go out first. For stall, None means "before the headers".
     - stall_s: how long a stall lasts before the server closes the connection (None: until
       the client goes away or the server stops).
     - line_ending: SSE line ending, for every streaming kind.
+    - one_write: streams; every event in one socket write at the end, as a proxy that
+      buffers the stream delivers it (the client then reads them all at once).
     - split_delay_ms: split_utf8; pause between the tiny writes.
     - min_bytes: large_body; the response body is at least this long.
     - tool_name, tool_arguments: tool_call; the function called (default: the first tool
@@ -100,6 +103,7 @@ class Behavior:
     after_events: int | None = None
     stall_s: float | None = None
     line_ending: LineEnding = "lf"
+    one_write: bool = False
     split_delay_ms: float = 1.0
     min_bytes: int = 0
     tool_name: str | None = None
@@ -232,6 +236,12 @@ class Behavior:
     @classmethod
     def malformed_event(cls, after_events: int = 1) -> Behavior:
         return cls(Kind.MALFORMED_EVENT, after_events=after_events)
+
+    @classmethod
+    def error_event(cls, after_events: int = 1, *, one_write: bool = False) -> Behavior:
+        """A 200 stream that reports a provider error in an event and ends there, as an
+        overloaded provider does mid-stream; a buffered request gets the usual reply."""
+        return cls(Kind.ERROR_EVENT, after_events=after_events, one_write=one_write)
 
     @classmethod
     def no_done(cls) -> Behavior:

@@ -234,11 +234,22 @@ async def test_failover_to_the_next_tier_after_a_429(database_url):
         assert east["reason_code"] in ("already_tried", "breaker_open")
 
 
-async def test_a_stream_that_fails_before_its_first_content_fails_over_unseen(database_url):
+@pytest.mark.parametrize(
+    "failure",
+    [
+        Behavior.disconnect_before_first_event(),
+        Behavior.error_event(after_events=1),  # after the role chunk, before any content
+        Behavior.error_event(after_events=1, one_write=True),
+    ],
+    ids=["disconnect", "error_event", "error_event_one_read"],
+)
+async def test_a_stream_that_fails_before_its_first_content_fails_over_unseen(
+    database_url, failure
+):
     async with running_gateway(
         database_url, ["east", "west"], [Route("east", tier=0), Route("west", tier=1)]
     ) as gw:
-        gw.upstreams["east"].set_plan([Behavior.disconnect_before_first_event()])
+        gw.upstreams["east"].set_plan([failure])
         stream = await gw.client().chat.completions.create(
             model="chat", messages=MESSAGES, stream=True
         )
@@ -248,13 +259,22 @@ async def test_a_stream_that_fails_before_its_first_content_fails_over_unseen(da
         assert gw.upstreams["east"].hits == 1 and gw.upstreams["west"].hits == 1
 
 
-async def test_mid_stream_disconnect_ends_with_an_error_event_and_a_partial_failure(
-    database_url,
+@pytest.mark.parametrize(
+    "failure",
+    [
+        Behavior.mid_stream_disconnect(after_events=3),
+        Behavior.error_event(after_events=3),
+        Behavior.error_event(after_events=3, one_write=True),
+    ],
+    ids=["disconnect", "error_event", "error_event_one_read"],
+)
+async def test_a_stream_broken_after_content_ends_with_an_error_event_and_a_partial_failure(
+    database_url, failure
 ):
     async with running_gateway(
         database_url, ["east", "west"], [Route("east", tier=0), Route("west", tier=1)]
     ) as gw:
-        gw.upstreams["east"].set_plan([Behavior.mid_stream_disconnect(after_events=3)])
+        gw.upstreams["east"].set_plan([failure])
         stream = await gw.client().chat.completions.create(
             model="chat", messages=MESSAGES, stream=True
         )
