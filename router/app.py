@@ -422,10 +422,10 @@ async def _chat_completions(request: Request) -> Response:
                 "x-waybill-attempts": str(started.attempts),
                 "cache-control": "no-cache",
             }
-            body = _streamed(
-                started.body, release, state.idempotency, claim, response_headers, gateway
-            )
-            return _EventStream(body, response_headers)
+            body = started.body
+            if claim is not None:
+                body = _recorded(body, state.idempotency, claim, response_headers, gateway)
+            return _EventStream(body, response_headers, on_end=release)
         completion = await _unless_disconnected(
             request.receive,
             _on_current_key(
@@ -574,8 +574,15 @@ class _EventStream(Response):
 
     media_type = _SSE
 
-    def __init__(self, body: AsyncGenerator[bytes, None], headers: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        body: AsyncGenerator[bytes, None],
+        headers: Mapping[str, str],
+        *,
+        on_end: Callable[[], None],
+    ) -> None:
         self._body = body
+        self._on_end = on_end
         self.status_code = 200
         self.background = None
         self.init_headers(headers)
@@ -594,7 +601,10 @@ class _EventStream(Response):
         finally:
             # Cancelled while sending, the body is left at a yield: close it now, so that
             # its own cleanup (the request's end on the ledger) runs at once.
-            await body.aclose()
+            try:
+                await body.aclose()
+            finally:
+                self._on_end()
 
 
 def _replay(answer: RecordedAnswer) -> Response:
@@ -607,25 +617,17 @@ def _replay(answer: RecordedAnswer) -> Response:
     )
 
 
-async def _streamed(
+async def _recorded(
     body: AsyncIterator[bytes],
-    release: _Once,
     idempotency: IdempotencyStore,
-    claim: Claim | None,
+    claim: Claim,
     headers: dict[str, str],
     gateway: Gateway,
 ) -> AsyncGenerator[bytes, None]:
-    """The committed stream's bytes. With an Idempotency-Key, the answer is recorded before
-    its last frame goes out, so a client that saw the whole stream and retries gets the
-    replay, never a 409: each frame is held until the next one exists (one frame of delay,
+    """The committed stream's bytes, for an Idempotency-Key: the answer is recorded before
+    its last piece goes out, so a client that saw the whole stream and retries gets the
+    replay, never a 409. Each piece is held until the next one exists (one piece of delay,
     paid only by idempotent streams)."""
-    if claim is None:
-        try:
-            async for piece in body:
-                yield piece
-        finally:
-            release()
-        return
     recorded: list[bytes] | None = []
     size = 0
     held: bytes | None = None
@@ -648,7 +650,6 @@ async def _streamed(
         if held is not None:
             yield held
     finally:
-        release()
         if not completed:
             # Cut short by the client (or too long to keep): a retry runs again.
             gateway._keep(idempotency.abandon(claim))

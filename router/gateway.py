@@ -23,7 +23,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Final, Literal, TypeVar
@@ -133,7 +133,7 @@ class StreamingCompletion:
     request_id: str
     endpoint: str
     attempts: int
-    body: AsyncIterator[bytes]
+    body: AsyncGenerator[bytes, None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -570,7 +570,7 @@ class _Run:
         upstream: DriverStream,
         batches: AsyncIterator[list[dict[str, Any]]],
         held: list[dict[str, Any]],
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         """The client's bytes: a read's chunks go out together, as one piece."""
         include_usage = self.call.include_usage
         finished = False

@@ -198,8 +198,14 @@ class SSEParser:
             pos = 1 if data[0] == _LF else 0
             self._line_start = base + pos
         for match in _LINE_END.finditer(data, pos):
-            self._append(data[pos : match.start()])
-            self._end_line(frames)
+            if self._line:  # the rest of a line an earlier chunk began
+                self._append(data[pos : match.start()])
+                raw = bytes(self._line)
+                self._line.clear()
+            else:
+                raw = data[pos : match.start()]
+                self._check_size(len(raw), raw)
+            self._end_line(raw, frames)
             pos = match.end()
             self._line_start = base + pos
         self._append(data[pos:])
@@ -210,15 +216,15 @@ class SSEParser:
     def _append(self, piece: bytes) -> None:
         """Grow the current line, refusing to buffer past the frame limit."""
         self._line += piece
-        size = len(self._line)
-        if not self._line.startswith(b":"):
+        self._check_size(len(self._line), self._line)
+
+    def _check_size(self, size: int, line: bytes | bytearray) -> None:
+        if not line.startswith(b":"):
             size += self._frame_bytes  # comments are dropped, so only their line counts
         if size > self._max_frame_bytes:
             raise SSEFrameTooLarge(size, self._max_frame_bytes)
 
-    def _end_line(self, frames: list[SSEFrame]) -> None:
-        raw = bytes(self._line)
-        self._line.clear()
+    def _end_line(self, raw: bytes, frames: list[SSEFrame]) -> None:
         if not raw:
             frame = self._dispatch()
             if frame is not None:
