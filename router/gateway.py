@@ -571,16 +571,23 @@ class _Run:
         batches: AsyncIterator[list[dict[str, Any]]],
         held: list[dict[str, Any]],
     ) -> AsyncGenerator[bytes, None]:
-        """The client's bytes: a read's chunks go out together, as one piece."""
+        """The client's bytes: a read's chunks go out together, as one piece. The read that
+        ended the upstream's stream (its finish chunk, usage and end) goes out with the
+        gateway's own end, once the completion is recorded, as a buffered answer does: one
+        piece and one write fewer per stream."""
         include_usage = self.call.include_usage
         finished = False
+        last = b""
         try:
             batch: list[dict[str, Any]] | None = held
             while batch is not None:
                 if not include_usage:
                     batch = [chunk for chunk in batch if not _is_usage_chunk(chunk)]
                 if batch:
-                    yield encode_json(batch)
+                    if upstream.ended:
+                        last = encode_json(batch)
+                    else:
+                        yield encode_json(batch)
                 batch = await anext(batches, None)
             cost = self._cost(attempt.route.mapping, upstream.usage)
             await self._succeeded(
@@ -596,7 +603,7 @@ class _Run:
                 invalid_events=upstream.invalid_events,
             )
             finished = True
-            yield DONE_FRAME
+            yield last + DONE_FRAME
         except UpstreamFailure as failure:
             finished = True
             error = await self._broken_stream(attempt, failure.classification, failure, upstream)
@@ -606,7 +613,7 @@ class _Run:
                 "type": error.error_type,
                 "request_id": self.request_id,
             }
-            yield encode_json([{"error": detail}])
+            yield last + encode_json([{"error": detail}])
         finally:
             if not finished:
                 # The client went away (this task is being cancelled): record it anyway, in

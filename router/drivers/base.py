@@ -157,6 +157,12 @@ class DriverStream(ABC):
     def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
         """The chunks in non-empty lists, each what one read of the body completed."""
 
+    @property
+    def ended(self) -> bool:
+        """The provider has said its stream is over: the batch just handed out was the last
+        (the next step of :meth:`batches` only checks the ending, without waiting)."""
+        return False
+
     @abstractmethod
     async def aclose(self) -> None: ...
 
@@ -439,6 +445,10 @@ class SSEDriverStream(DriverStream):
     @property
     def invalid_events(self) -> int:
         return self._sse.invalid_events if self._sse is not None else 0
+
+    @property
+    def ended(self) -> bool:
+        return self._sse is not None and self._sse.end_reason is EndReason.DONE
 
     async def aclose(self) -> None:
         await self._response.aclose()

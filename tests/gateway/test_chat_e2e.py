@@ -12,7 +12,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from ledger.store import RecordedEvent
 from otel.ids import attempt_span_id
-from router.fake_upstream import Behavior
+from router.fake_upstream import Behavior, Kind
 from tests.gateway.harness import Route, running_gateway
 
 SECRET_PROMPT = "the-prompt-text-must-never-reach-the-ledger"
@@ -135,6 +135,24 @@ async def test_stream_with_include_usage_ends_with_the_usage_chunk(database_url)
         finished = first(await gw.events(request_id), "AttemptFinished")
         assert finished["stream_committed"] is True
         assert finished["usage"]["output_tokens"] > 0
+
+
+async def test_the_read_that_ends_a_stream_goes_out_with_its_end_once_recorded(database_url):
+    # The upstream's whole stream arrives in one read, [DONE] included: the client gets it
+    # as one piece with the gateway's own end, and by then the completion is on the ledger.
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
+        gw.upstreams["east"].set_default(Behavior(Kind.OK, one_write=True))
+        body = {"model": "chat", "messages": MESSAGES, "stream": True}
+        async with gw.http() as http, http.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200
+            raw = aiter(r.aiter_raw())
+            piece = await anext(raw)
+            types = await gw.types(r.headers["x-request-id"])
+            rest = [more async for more in raw]
+        assert piece.count(b"data:") >= 8 and piece.endswith(b"data: [DONE]\n\n")
+        assert b'"finish_reason":"stop"' in piece
+        assert rest == []
+        assert types[-1] == "RequestCompleted"
 
 
 async def test_a_paced_stream_reaches_the_client_as_it_arrives_not_in_one_lump(database_url):
