@@ -166,10 +166,15 @@ def closed_port() -> int:
 
 
 @asynccontextmanager
-async def serve(settings: AppSettings) -> AsyncIterator[tuple[str, Any]]:
-    """The served app's URL, and the app (its ``.app.state`` holds the gateway's own store)."""
+async def serve(
+    settings: AppSettings, *, plain_uvicorn: bool = False
+) -> AsyncIterator[tuple[str, Any]]:
+    """The served app's URL, and the app (its ``.app.state`` holds the gateway's own store).
+    ``plain_uvicorn``: served by uvicorn's own HTTP protocol, as another server would serve
+    the app, without Waybill's (``router.serving``)."""
     app = create_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, **UVICORN_OPTIONS))
+    options = {**UVICORN_OPTIONS, "http": "httptools"} if plain_uvicorn else UVICORN_OPTIONS
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, **options))
     task = asyncio.create_task(server.serve())
 
     async def started() -> bool:
@@ -195,6 +200,7 @@ async def running_gateway(
     redis_url: str | None = None,
     max_in_flight: int = 512,
     config_file: Path | None = None,
+    plain_uvicorn: bool = False,
     **config_options: Any,
 ) -> AsyncIterator[Gateway]:
     async with AsyncExitStack() as stack:
@@ -217,7 +223,7 @@ async def running_gateway(
             max_in_flight=max_in_flight,
             config_path=str(config_file) if config_file else None,
         )
-        url, app = await stack.enter_async_context(serve(settings))
+        url, app = await stack.enter_async_context(serve(settings, plain_uvicorn=plain_uvicorn))
         gateway = Gateway(
             url, key.secret, key.key_id, store, upstreams, config, served_store=app.app.state.store
         )

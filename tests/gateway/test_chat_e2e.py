@@ -171,10 +171,13 @@ async def test_a_paced_stream_reaches_the_client_as_it_arrives_not_in_one_lump(d
         assert len(pieces) >= frames - 2, [p.count(b"data:") for p in pieces]
 
 
+@pytest.mark.parametrize("plain_uvicorn", [False, True], ids=["waybill_serving", "plain_uvicorn"])
 async def test_a_client_that_hangs_up_mid_stream_cancels_the_upstream_and_is_recorded(
-    database_url,
+    database_url, plain_uvicorn
 ):
-    async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
+    async with running_gateway(
+        database_url, ["east"], [Route("east")], plain_uvicorn=plain_uvicorn
+    ) as gw:
         gw.upstreams["east"].set_default(Behavior.ok(chunk_delay_ms=200))
         body = {"model": "chat", "messages": MESSAGES, "stream": True}
         async with gw.http() as http, http.stream("POST", "/v1/chat/completions", json=body) as r:

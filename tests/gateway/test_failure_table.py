@@ -396,10 +396,13 @@ async def test_connect_error_before_sending_fails_over_as_not_started(sqlite_url
         assert (failed["failure_class"], failed["evidence"]) == ("network_error", "not_started")
 
 
+@pytest.mark.parametrize("plain_uvicorn", [False, True], ids=["waybill_serving", "plain_uvicorn"])
 async def test_client_disconnect_cancels_the_upstream_call_and_is_recorded(
-    sqlite_url: str,
+    sqlite_url: str, plain_uvicorn: bool
 ) -> None:
-    async with running_gateway(sqlite_url, ["east"], [Route("east")]) as gw:
+    async with running_gateway(
+        sqlite_url, ["east"], [Route("east")], plain_uvicorn=plain_uvicorn
+    ) as gw:
         gw.upstreams["east"].set_plan([Behavior.ok(latency_ms=3000)])
         async with gw.http() as http:
             with pytest.raises(httpx.ReadTimeout):
