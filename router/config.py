@@ -11,6 +11,7 @@ no repr, dump, log line or ledger event can carry them (SPEC §2, §7). Money is
 from __future__ import annotations
 
 import collections.abc as cabc
+import functools
 import hashlib
 import os
 import re
@@ -26,7 +27,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    PrivateAttr,
     SecretStr,
     StrictBool,
     StrictInt,
@@ -373,10 +373,6 @@ class Config(_Frozen):
     models: Annotated[tuple[ModelGroup, ...], _NonEmpty]
     workspaces: Annotated[tuple[Workspace, ...], _NonEmpty]
 
-    _endpoints: dict[str, Endpoint] = PrivateAttr(default_factory=dict)
-    _model_groups: dict[str, ModelGroup] = PrivateAttr(default_factory=dict)
-    _workspaces: dict[str, Workspace] = PrivateAttr(default_factory=dict)
-
     @field_validator("generation", mode="before")
     @classmethod
     def _generation_as_text(cls, value: object) -> object:
@@ -386,11 +382,20 @@ class Config(_Frozen):
             return value.strip()
         raise _error("must be an integer or a non-empty string")
 
-    def model_post_init(self, context: Any, /) -> None:
-        # Lookups are computed once: the request path never scans lists.
-        self._endpoints = {e.id: e for e in self.endpoints}
-        self._model_groups = {g.name: g for g in self.models}
-        self._workspaces = {w.id: w for w in self.workspaces}
+    # Lookups are computed once: the request path never scans lists. Cached properties, not
+    # private attributes: reading one of those goes through pydantic's __getattr__, which
+    # cost 4 us a lookup on a slow day, several lookups a request.
+    @functools.cached_property
+    def _endpoints(self) -> dict[str, Endpoint]:
+        return {e.id: e for e in self.endpoints}
+
+    @functools.cached_property
+    def _model_groups(self) -> dict[str, ModelGroup]:
+        return {g.name: g for g in self.models}
+
+    @functools.cached_property
+    def _workspaces(self) -> dict[str, Workspace]:
+        return {w.id: w for w in self.workspaces}
 
     def endpoint(self, endpoint_id: str) -> Endpoint | None:
         return self._endpoints.get(endpoint_id)
