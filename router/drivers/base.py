@@ -380,16 +380,29 @@ def count_bytes(
     source: AsyncIterator[bytes], limit: int, on_over: Exception
 ) -> AsyncIterator[bytes]:
     """Pass ``source`` through, raising ``on_over`` once more than ``limit`` bytes went by."""
+    return _Counted(source, limit, on_over)
 
-    async def counted() -> AsyncIterator[bytes]:
-        total = 0
-        async for piece in source:
-            total += len(piece)
-            if total > limit:
-                raise on_over
-            yield piece
 
-    return counted()
+class _Counted:
+    # An iterator object, not an async generator, like the body it counts: an SSE stream
+    # leaves both unfinished at [DONE], and the event loop would close each in a task.
+    __slots__ = ("_limit", "_on_over", "_source", "_total")
+
+    def __init__(self, source: AsyncIterator[bytes], limit: int, on_over: Exception) -> None:
+        self._source = source
+        self._limit = limit
+        self._on_over = on_over
+        self._total = 0
+
+    def __aiter__(self) -> _Counted:
+        return self
+
+    async def __anext__(self) -> bytes:
+        piece = await anext(self._source)
+        self._total += len(piece)
+        if self._total > self._limit:
+            raise self._on_over
+        return piece
 
 
 def elapsed_ms(since: float) -> int:

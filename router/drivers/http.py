@@ -382,10 +382,9 @@ class Response:
         if conn.complete and not conn.chunks:
             self._release()  # no body (204, Content-Length: 0): nothing left to read
 
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+    def aiter_bytes(self) -> AsyncIterator[bytes]:
         """The body as it arrives; raises :class:`HTTPError` if it is cut or stalls."""
-        while (piece := await self._next()) is not None:
-            yield piece
+        return _Body(self)
 
     async def aread(self) -> bytes:
         """The whole body."""
@@ -440,6 +439,26 @@ class Response:
         self._ended = True
         if conn is not None:
             self._client._release(self._origin, conn)
+
+
+class _Body:
+    """What :meth:`Response.aiter_bytes` returns: an iterator object, not an async generator,
+    so that one left unfinished (an SSE stream read up to ``[DONE]``) costs nothing: the
+    event loop closes each abandoned async generator in a task of its own."""
+
+    __slots__ = ("_response",)
+
+    def __init__(self, response: Response) -> None:
+        self._response = response
+
+    def __aiter__(self) -> _Body:
+        return self
+
+    async def __anext__(self) -> bytes:
+        piece = await self._response._next()
+        if piece is None:
+            raise StopAsyncIteration
+        return piece
 
 
 class HTTPClient:
