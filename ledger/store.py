@@ -348,17 +348,16 @@ class EventStore:
                 # (Told in the loop's next turns instead, at c1 they held up the next request:
                 # its p50 was 0.17 ms lower with no listeners at all, bench/ab.py.)
                 self._untold.append(batch)
-                if self._tell_timer is None:  # (armed, it stays: no timer per commit)
-                    self._tell_timer = loop.call_later(_TELL_WITHIN_S, self._on_tell_timer)
+                if self._tell_timer is None:
+                    self._tell_timer = loop.call_later(_TELL_WITHIN_S, self._tell_untold)
             if self._commit_signals:  # (iterating a WeakSet costs, even an empty one)
                 for signal in self._commit_signals:
                     signal.set()
 
-    def _on_tell_timer(self) -> None:
-        self._tell_timer = None
-        self._tell_untold()
-
     def _tell_untold(self) -> None:
+        if self._tell_timer is not None:
+            self._tell_timer.cancel()
+            self._tell_timer = None
         untold, self._untold = self._untold, []
         for batch in untold:
             committed = [e for p in batch if isinstance(p.result, list) for e in p.result]
@@ -405,9 +404,6 @@ class EventStore:
         state.wake()
         if state.task is not None:
             await state.task
-        if self._tell_timer is not None:
-            self._tell_timer.cancel()
-            self._tell_timer = None
         self._tell_untold()
         if self._pg is not None:
             await self._pg.close()
