@@ -681,11 +681,11 @@ _PG_WRITE = """
     ), inserted AS (
         INSERT INTO events (position, stream_id, version, type, schema_version, data,
                             metadata, recorded_at, payload, hash)
-        SELECT p, s, v, t, sv, j -> 'data', j -> 'metadata', :recorded_at, b, h
+        SELECT p, s, v, t, sv, d::jsonb, m::jsonb, :recorded_at, b, h
         FROM unnest(:positions::bigint[], :stream_ids::text[], :versions::int[],
                     :types::text[], :schema_versions::int[], :payloads::bytea[],
-                    :hashes::text[]) AS u(p, s, v, t, sv, b, h),
-             LATERAL (SELECT convert_from(b, 'UTF8')::jsonb AS j) AS parsed
+                    :hashes::text[], :datas::text[], :metadatas::text[])
+             AS u(p, s, v, t, sv, b, h, d, m)
         WHERE EXISTS (SELECT 1 FROM head)
         RETURNING 1
     )
@@ -936,6 +936,10 @@ def _write_parameters(
         "schema_versions": [r.schema_version for r in new],
         "payloads": [r.payload for r in new],
         "hashes": [r.hash for r in new],
+        # The queryable copies as their own JSON: parsing each whole payload into jsonb to
+        # take two parts of it cost ~33 us an event in PostgreSQL (three times the parse).
+        "datas": [orjson.dumps(r.data).decode() for r in new],
+        "metadatas": [orjson.dumps(r.metadata).decode() for r in new],
         "head": written.head,
         "head_hash": written.head_hash,
         "changed_account_ids": [a["account_id"] for a in writes.changed_accounts],

@@ -57,6 +57,22 @@ async def test_each_hash_covers_previous_hash_position_and_exact_bytes(store: Ev
     assert [bytes(row.payload) for row in stored] == [r.payload for r in recorded]
 
 
+async def test_the_data_and_metadata_columns_are_the_payloads_own(store: EventStore) -> None:
+    # They are the queryable copies of the hashed bytes, written from their own JSON.
+    recorded = await store.append(
+        "request-r1", NO_STREAM, succeeded_trail("r1"), metadata={"trace_id": "t1", "n": [1]}
+    )
+    recorded += await store.append("key-k1", NO_STREAM, [key_created("k1")])
+    async with store.engine.connect() as conn:
+        query = select(events.c.data, events.c.metadata, events.c.payload)
+        rows = (await conn.execute(query.order_by(events.c.position))).all()
+    assert len(rows) == len(recorded)
+    for row in rows:
+        body = json.loads(bytes(row.payload))
+        assert (row.data, row.metadata) == (body["data"], body["metadata"])
+    assert rows[0].metadata == {"trace_id": "t1", "n": [1]}
+
+
 async def test_money_is_recorded_as_exact_decimal_strings(store: EventStore) -> None:
     [recorded] = await store.append(
         "request-r1",
