@@ -308,6 +308,15 @@ class SSEStream:
         return self._end_reason
 
     @property
+    def idle_timeout_s(self) -> float | None:
+        """Bounds each wait for the next chunk; set between reads, it bounds the later ones."""
+        return self._idle_timeout_s
+
+    @idle_timeout_s.setter
+    def idle_timeout_s(self, value: float | None) -> None:
+        self._idle_timeout_s = value
+
+    @property
     def bytes_read(self) -> int:
         """Bytes received from the body so far."""
         return self._bytes_read

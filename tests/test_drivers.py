@@ -51,7 +51,7 @@ def _binding(
     kind: str,
     *,
     attempt: float = 5.0,
-    first: float = 5.0,
+    first: float | None = 5.0,
     idle: float = 5.0,
     traceparent: str | None = None,
     tracestate: str | None = None,
@@ -329,7 +329,17 @@ async def test_idle_stream_after_events_is_a_broken_stream(driver, kind):
     async with FakeUpstream("east", plan=[Behavior.stall(after_events=5, stall_s=2)]) as up:
         failure = await _stream_failure(driver, _binding(up, kind, first=0.2, idle=0.2))
     assert failure.outcome.transport == "broken_stream"
+    assert failure.outcome.error_message == "stream idle"  # not the close after the stall
     assert failure.events_yielded is True
+
+
+async def test_without_a_first_token_timeout_the_idle_timeout_bounds_the_first_event(driver, kind):
+    behavior = Behavior.ok(first_event_delay_ms=1000)
+    async with FakeUpstream("east", plan=[behavior]) as up:
+        failure = await _stream_failure(driver, _binding(up, kind, first=None, idle=0.2))
+    assert failure.outcome.transport == "first_token_timeout"
+    assert failure.outcome.error_message == "stream idle"
+    assert failure.events_yielded is False
 
 
 async def test_stream_without_done_after_the_final_chunk_is_a_success(driver, kind):

@@ -816,6 +816,15 @@ async def silent_after(*chunks: bytes) -> AsyncIterator[bytes]:
     await asyncio.Event().wait()
 
 
+async def test_an_idle_timeout_set_between_reads_bounds_the_later_waits() -> None:
+    stream = SSEStream(silent_after(sse_json({"n": 1})))
+    batches = stream.batches()
+    assert await anext(batches) == [{"n": 1}]
+    stream.idle_timeout_s = 0.05
+    with pytest.raises(SSEIdleTimeout):
+        await anext(batches)
+
+
 async def test_silence_longer_than_idle_timeout_raises_idle_timeout() -> None:
     stream = SSEStream(silent_after(sse_json({"n": 1})), idle_timeout_s=0.05)
     seen: list[object] = []

@@ -488,9 +488,12 @@ class SSEDriverStream(DriverStream):
             idle = max(idle, first)  # before the first event, only first_token_timeout rules
         limit = self._binding.endpoint.max_response_bytes
         body = count_bytes(self._response.aiter_bytes(), limit, _TooLarge())
-        sse = self._sse = SSEStream(body, idle_timeout_s=idle)
-        events = sse.batches()
         first_deadline = None if first is None else self._started_at + first
+        # Until the first chunk, the first-token deadline (from the attempt's start) always
+        # comes before an idle timeout of at least as long from the wait's start: one timer
+        # a wait, not two. Both end the stream as first_token_timeout then.
+        sse = self._sse = SSEStream(body, idle_timeout_s=idle if first_deadline is None else None)
+        events = sse.batches()
         translate = self._translator.translate
         yielded = False
         try:
@@ -519,6 +522,7 @@ class SSEDriverStream(DriverStream):
                     if not yielded:
                         self.time_to_first_chunk_ms = elapsed_ms(self._started_at)
                         yielded = True
+                        sse.idle_timeout_s = idle
                     yield chunks
                 if error is not None:
                     raise error
