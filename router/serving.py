@@ -16,6 +16,7 @@ streamed request, which had two such waits).
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -80,8 +81,7 @@ class CoalescingTransport:
 
 class _Protocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        self._hangups: dict[int, Callable[[], None]] = {}
-        self._watches = 0
+        self._hangups: set[Callable[[], None]] = set()
         coalescing = CoalescingTransport(transport, self.loop)
         super().connection_made(coalescing)  # type: ignore[arg-type]
 
@@ -91,17 +91,11 @@ class _Protocol(HttpToolsProtocol):
         extensions[HANGUP_EXTENSION] = {"watch": self._watch}
 
     def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:
-        self._watches += 1
-        token = self._watches
-        self._hangups[token] = callback
-
-        def unwatch() -> None:
-            self._hangups.pop(token, None)
-
-        return unwatch
+        self._hangups.add(callback)
+        return functools.partial(self._hangups.discard, callback)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        hangups, self._hangups = list(self._hangups.values()), {}
+        hangups, self._hangups = self._hangups, set()
         super().connection_lost(exc)
         for callback in hangups:
             callback()

@@ -10,8 +10,8 @@ This module owns the event-stream wire format of SPEC §5 ("Streaming") and noth
   (or, with :meth:`SSEStream.batches`, a network chunk's objects together), stops at
   ``data: [DONE]``, skips and records events that are not JSON objects, enforces the idle
   timeout and reports how the body ended (:class:`EndReason`).
-* :func:`encode_data`, :func:`encode_json` and :data:`DONE_FRAME` write the gateway's own
-  stream to its client.
+* :func:`encode_json` and :data:`DONE_FRAME` write the gateway's own stream to its client;
+  :func:`encode_data` writes any text as one event (line ends become ``data`` lines).
 
 It is pure: no HTTP client and no I/O beyond consuming the async iterator of bytes it is
 given. Whether an ``eof`` end is a complete stream (a final chunk was seen) is the driver's
@@ -283,7 +283,8 @@ class SSEStream:
 
     Iterate it once with ``async for``. Afterwards :attr:`end_reason` says how the body
     ended; it stays ``None`` if iteration raised or was abandoned.
-    ``idle_timeout_s`` bounds every wait for the next chunk, the first one included.
+    ``idle_timeout_s`` bounds every wait for the next chunk, the first one included; set
+    between reads, it bounds the later ones.
     """
 
     def __init__(
@@ -294,7 +295,7 @@ class SSEStream:
         max_frame_bytes: int = MAX_FRAME_BYTES,
     ) -> None:
         self._chunks = chunks
-        self._idle_timeout_s = idle_timeout_s
+        self.idle_timeout_s = idle_timeout_s
         self._parser = SSEParser(max_frame_bytes=max_frame_bytes)
         self._started = False
         self._end_reason: EndReason | None = None
@@ -306,15 +307,6 @@ class SSEStream:
     @property
     def end_reason(self) -> EndReason | None:
         return self._end_reason
-
-    @property
-    def idle_timeout_s(self) -> float | None:
-        """Bounds each wait for the next chunk; set between reads, it bounds the later ones."""
-        return self._idle_timeout_s
-
-    @idle_timeout_s.setter
-    def idle_timeout_s(self, value: float | None) -> None:
-        self._idle_timeout_s = value
 
     @property
     def bytes_read(self) -> int:
@@ -367,7 +359,7 @@ class SSEStream:
         self._end_reason = self._parser.close()
 
     async def _next_chunk(self, source: AsyncIterator[bytes]) -> bytes | None:
-        limit = self._idle_timeout_s
+        limit = self.idle_timeout_s
         timeout = asyncio.timeout(limit)
         try:
             async with timeout:
