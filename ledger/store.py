@@ -243,6 +243,26 @@ class EventStore:
         effects: Sequence[Effect] = (),
         requires: Mapping[str, int] | None = None,
     ) -> list[RecordedEvent]:
+        """Append ``new_events`` and wait for the commit: ``await submit(...)``."""
+        return await self.submit(
+            stream_id,
+            expected_version,
+            new_events,
+            metadata=metadata,
+            effects=effects,
+            requires=requires,
+        )
+
+    def submit(
+        self,
+        stream_id: str,
+        expected_version: int | None,
+        new_events: Sequence[Event],
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        effects: Sequence[Effect] = (),
+        requires: Mapping[str, int] | None = None,
+    ) -> asyncio.Future[list[RecordedEvent]]:
         """Append ``new_events`` to ``stream_id`` atomically.
 
         ``effects`` are the budget changes these events record (``ledger.accounting``):
@@ -259,7 +279,10 @@ class EventStore:
         stream) or ``ANY_VERSION``. Raises ``WrongExpectedVersion`` if another writer got
         there first, ``EventValidationError`` for an event the catalogue refuses (both
         before anything is written) and ``LedgerUnavailable`` if the commit failed.
-        Returns once the events are durably committed.
+
+        Returns at once (validation errors are raised here) with the future of the commit:
+        its result is the recorded events, once they are durable; the refusals above are
+        its exception. What the caller does before awaiting it overlaps the commit.
         """
         pending = self._prepare(stream_id, expected_version, new_events, metadata)
         pending.effects = tuple(effects)
@@ -277,7 +300,7 @@ class EventStore:
         state.wake()
         # A cancelled caller cancels only its wait: the append stays queued and is committed
         # all the same (an answered request must never be missing from the ledger).
-        return await pending.future
+        return pending.future
 
     def _prepare(
         self,

@@ -20,6 +20,7 @@ is recorded as a partial failure.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -37,6 +38,7 @@ from ledger.store import (
     NO_STREAM,
     EventStore,
     LedgerUnavailable,
+    RecordedEvent,
     WrongExpectedVersion,
 )
 from otel.ids import attempt_span_id, request_trace_id, upstream_traceparent
@@ -53,6 +55,7 @@ from router.drivers import (
     Driver,
     DriverResult,
     DriverStream,
+    PreparedCall,
     UpstreamFailure,
     driver_for,
 )
@@ -152,7 +155,13 @@ class _Attempt:
     route: _Route
     attempt_id: str
     started_at: float
+    call: PreparedCall | None  # built while its start committed (None: build it to send)
     stream_committed: bool = False
+
+    def upstream_call(self, run: _Run) -> PreparedCall:
+        if self.call is not None:
+            return self.call
+        return run._prepare(self.route, self.attempt_id)  # raises what building raised
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +170,18 @@ class _Unsure:
 
     version: int  # the stream's version it expected
     events: tuple[ev.Event, ...]
+    effects: tuple[Effect, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Submitted:
+    """An append on its way to the ledger, and what to restore if it is refused."""
+
+    future: asyncio.Future[list[RecordedEvent]]
+    version: int  # the stream's version it expects
+    pending: list[ev.Event]  # what was queued before it was sent
+    pending_effects: list[Effect]
+    events: tuple[ev.Event, ...]  # all it sends
     effects: tuple[Effect, ...]
 
 
@@ -350,18 +371,27 @@ class _Run:
     async def _flush(self, *more: ev.Event, step: StepRecord | None = None) -> None:
         if self._unsure is not None:
             await self._resolve_unsure()
+        submitted = self._submit(*more, step=step)
+        if submitted is not None:
+            await self._committed(submitted)
+
+    def _submit(self, *more: ev.Event, step: StepRecord | None = None) -> _Submitted | None:
+        """Send what is queued (and ``more``) to the ledger; await ``_committed`` on what
+        this returns (None: nothing to send). Work between the two overlaps the commit.
+        Call ``_resolve_unsure`` first if an earlier append's answer was lost."""
+        assert self._unsure is None
         pending, effects = self._pending, self._pending_effects
         events = [*pending, *(step.events if step else ()), *more]
         all_effects = [*effects, *(step.effects if step else ())]
         self._pending, self._pending_effects = [], []
         if not events:
-            return
+            return None
         # This run is the stream's only writer, so the next version is known before the
         # append returns; a cancelled caller's append still commits (see EventStore.append),
         # and whatever is recorded after it must follow it.
         expected, self._version = self._version, self._version + len(events)
         try:
-            await self.gw.store.append(
+            future = self.gw.store.submit(
                 self._stream_id,
                 expected,
                 events,
@@ -369,6 +399,15 @@ class _Run:
                 effects=all_effects,
                 requires=self._requires,
             )
+        except BaseException:
+            self._version = expected
+            self._pending, self._pending_effects = pending, effects
+            raise
+        return _Submitted(future, expected, pending, effects, tuple(events), tuple(all_effects))
+
+    async def _committed(self, submitted: _Submitted) -> None:
+        try:
+            await submitted.future
             self._requires = None
         except WrongExpectedVersion as refusal:
             if self._requires is None or refusal.stream_id not in self._requires:
@@ -377,12 +416,14 @@ class _Run:
             raise KeyMoved(str(refusal)) from None
         except (BudgetDenied, HoldStateError, LedgerUnavailable) as error:
             # Refused by the books, or the database is down: taken as not written, and what
-            # was queued stays queued. When the database failed, the commit may have happened
-            # all the same (its answer lost): the next append finds out first.
-            self._version = expected
-            self._pending, self._pending_effects = pending, effects
+            # was queued stays queued (before anything queued since). When the database
+            # failed, the commit may have happened all the same (its answer lost): the next
+            # append finds out first.
+            self._version = submitted.version
+            self._pending = [*submitted.pending, *self._pending]
+            self._pending_effects = [*submitted.pending_effects, *self._pending_effects]
             if isinstance(error, LedgerUnavailable):
-                self._unsure = _Unsure(expected, tuple(events), tuple(all_effects))
+                self._unsure = _Unsure(submitted.version, submitted.events, submitted.effects)
             raise
 
     async def _resolve_unsure(self) -> None:
@@ -525,7 +566,7 @@ class _Run:
 
     async def _complete(self) -> Completion:
         async def call(route: _Route, attempt: _Attempt) -> DriverResult:
-            return await route.driver.complete(self._chat_request(route), self._binding(attempt))
+            return await route.driver.complete(attempt.upstream_call(self))
 
         route, attempt, result = await self._until_answered(call)
         cost = self._cost(route.mapping, result.usage)
@@ -547,7 +588,7 @@ class _Run:
         async def open_until_content(
             route: _Route, attempt: _Attempt
         ) -> tuple[DriverStream, AsyncIterator[list[dict[str, Any]]], list[dict[str, Any]]]:
-            upstream = await route.driver.stream(self._chat_request(route), self._binding(attempt))
+            upstream = await route.driver.stream(attempt.upstream_call(self))
             try:
                 batches = upstream.batches()
                 return upstream, batches, await _first_content(batches)
@@ -721,8 +762,18 @@ class _Run:
             server_port=port,
             stream=self.call.stream,
         )
+        call = None
         try:
-            await self._flush(started, step=reservation)
+            if self._unsure is not None:
+                await self._resolve_unsure()
+            submitted = self._submit(started, step=reservation)
+            assert submitted is not None
+            # While the start commits, the upstream request is built, to be sent once the
+            # start is durable. One that cannot be built fails where the attempt runs.
+            await _let_the_appender_send()
+            with contextlib.suppress(Exception):
+                call = self._prepare(route, attempt_id)
+            await self._committed(submitted)
         except LedgerUnavailable:
             self.budget.forget(attempt_id)  # no reservation, so no upstream call
             raise
@@ -736,7 +787,7 @@ class _Run:
                 raise await self._fail(budget_exceeded(str(refusal))) from None
             return None
         self.attempt_count += 1
-        attempt = _Attempt(route, attempt_id, time.monotonic())
+        attempt = _Attempt(route, attempt_id, time.monotonic(), call)
         self.in_flight = attempt
         return attempt
 
@@ -748,8 +799,13 @@ class _Run:
             stream=self.call.stream,
         )
 
-    def _binding(self, attempt: _Attempt) -> AttemptBinding:
-        endpoint = self.gw.config.endpoint(attempt.route.choice.endpoint)
+    def _prepare(self, route: _Route, attempt_id: str) -> PreparedCall:
+        return route.driver.prepare(self._chat_request(route), self._binding(route, attempt_id))
+
+    def _binding(self, route: _Route, attempt_id: str) -> AttemptBinding:
+        """The attempt's endpoint and timeouts, as of its start (the request's deadline
+        bounds the attempt all the same: ``_until_answered``)."""
+        endpoint = self.gw.config.endpoint(route.choice.endpoint)
         assert endpoint is not None
         remaining_s = max(0.001, self.deadline - time.monotonic())
         defaults = self.defaults
@@ -758,14 +814,14 @@ class _Run:
         trace_id = request_trace_id(self.request_id, self.caller_trace_id)
         return AttemptBinding(
             endpoint=endpoint,
-            upstream_model=attempt.route.mapping.model,
-            attempt_id=attempt.attempt_id,
+            upstream_model=route.mapping.model,
+            attempt_id=attempt_id,
             timeouts=AttemptTimeouts(
                 attempt_timeout_s=min(defaults.attempt_timeout_ms / 1000, remaining_s),
                 first_token_timeout_s=min(defaults.first_token_timeout_ms / 1000, remaining_s),
                 stream_idle_timeout_s=defaults.stream_idle_timeout_ms / 1000,
             ),
-            traceparent=upstream_traceparent(trace_id, attempt_span_id(attempt.attempt_id)),
+            traceparent=upstream_traceparent(trace_id, attempt_span_id(attempt_id)),
             tracestate=self.caller_tracestate,
         )
 
@@ -831,13 +887,22 @@ class _Run:
             duration_ms=self._elapsed_ms(),
         )
         try:
-            await self._flush(completed)
+            if self._unsure is not None:
+                await self._resolve_unsure()
+            submitted = self._submit(completed)
+            assert submitted is not None
+            try:
+                # While it commits, the breakers hear of the success: the upstream answered,
+                # whatever the ledger says next.
+                await _let_the_appender_send()
+                await self._report_breakers(route, None)
+            finally:
+                await self._committed(submitted)
         except LedgerUnavailable:
             # The answer cannot be acknowledged unrecorded, so the client gets a 503; the
             # attempt and its cost are still recorded once the ledger is back.
             self.gw._keep(self._flush_patiently(self._request_failed(ledger_unavailable())))
             raise
-        await self._report_breakers(route, None)
 
     def _attempt_finished(
         self,
@@ -1063,6 +1128,13 @@ class _Run:
 
 
 # --- small pure helpers ---
+
+
+async def _let_the_appender_send() -> None:
+    """One turn of the loop, after a submit: the appender, woken by it, takes the batch and
+    sends it to the database before this task goes on, so that what the task does next
+    overlaps the commit instead of delaying it."""
+    await asyncio.sleep(0)
 
 
 async def _first_content(batches: AsyncIterator[list[dict[str, Any]]]) -> list[dict[str, Any]]:

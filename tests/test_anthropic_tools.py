@@ -435,7 +435,9 @@ async def driver() -> AsyncIterator[AnthropicDriver]:
 
 async def test_a_buffered_tool_call_comes_back_as_openai_tool_calls(driver):
     async with FakeUpstream("east", plan=[Behavior.tool_call()]) as up:
-        result = await driver.complete(_tool_request(tool_choice="required"), _binding(up))
+        result = await driver.complete(
+            driver.prepare(_tool_request(tool_choice="required"), _binding(up))
+        )
         sent = up.requests[-1].json
 
     assert sent["tools"][0]["input_schema"] == WEATHER["function"]["parameters"]
@@ -454,7 +456,7 @@ async def test_a_streamed_tool_call_comes_back_as_tool_call_deltas(driver):
     plan = [Behavior.tool_call("get_time", arguments='{"zone": "日本"}')]
     async with FakeUpstream("east", plan=plan) as up:
         request = _tool_request(stream=True, parallel_tool_calls=False)
-        async with await driver.stream(request, _binding(up)) as stream:
+        async with await driver.stream(driver.prepare(request, _binding(up))) as stream:
             chunks = [chunk async for chunk in stream]
         sent = up.requests[-1].json
 
@@ -485,7 +487,9 @@ async def test_a_tool_result_conversation_reaches_the_upstream_in_its_shape(driv
         {"role": "tool", "tool_call_id": "call_2", "content": "14:05"},
     ]
     async with FakeUpstream("east") as up:
-        result = await driver.complete(_tool_request(messages=messages), _binding(up))
+        result = await driver.complete(
+            driver.prepare(_tool_request(messages=messages), _binding(up))
+        )
         sent = up.requests[-1].json
 
     assert [m["role"] for m in sent["messages"]] == ["user", "assistant", "user"]

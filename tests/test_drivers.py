@@ -85,7 +85,7 @@ async def driver(kind: str) -> AsyncIterator[Driver]:
 
 async def _collect(driver: Driver, binding: AttemptBinding):
     chunks = []
-    async with await driver.stream(_request(stream=True), binding) as stream:
+    async with await driver.stream(driver.prepare(_request(stream=True), binding)) as stream:
         async for chunk in stream:
             chunks.append(chunk)
     text = "".join(
@@ -102,7 +102,7 @@ async def _stream_failure(driver: Driver, binding: AttemptBinding) -> UpstreamFa
 
 async def _complete_failure(driver: Driver, binding: AttemptBinding) -> UpstreamFailure:
     with pytest.raises(UpstreamFailure) as info:
-        await driver.complete(_request(), binding)
+        await driver.complete(driver.prepare(_request(), binding))
     assert SECRET not in str(info.value) and SECRET not in repr(info.value)
     return info.value
 
@@ -115,7 +115,7 @@ async def test_buffered_completion_translates_content_usage_and_ids(driver, kind
         tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
         ts = "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"
         binding = _binding(up, kind, traceparent=tp, tracestate=ts)
-        result = await driver.complete(_request(), binding)
+        result = await driver.complete(driver.prepare(_request(), binding))
         sent = up.requests[-1]
     message = result.response["choices"][0]["message"]
     assert isinstance(message["content"], str) and message["content"]
@@ -131,7 +131,7 @@ async def test_buffered_completion_translates_content_usage_and_ids(driver, kind
 
 async def test_openai_driver_sends_bearer_auth():
     async with FakeUpstream("east") as up, _openai() as driver:
-        await driver.complete(_request(), _binding(up, "openai"))
+        await driver.complete(driver.prepare(_request(), _binding(up, "openai")))
         sent = up.requests[-1]
     assert sent.headers.get("authorization") == f"Bearer {SECRET}"
     assert sent.json["model"] == "fake-model" and sent.json["max_tokens"] == 64
@@ -142,7 +142,7 @@ async def test_anthropic_driver_maps_the_request_to_the_messages_api():
         driver = AnthropicDriver()
         body = {**BODY, "stop": "END", "temperature": 0.2}
         request = ChatRequest(body=body, upstream_model="fake-model", max_tokens=32)
-        await driver.complete(request, _binding(up, "anthropic"))
+        await driver.complete(driver.prepare(request, _binding(up, "anthropic")))
         await driver.aclose()
         sent = up.requests[-1]
     assert sent.path == "/v1/messages"
@@ -156,7 +156,7 @@ async def test_anthropic_driver_maps_the_request_to_the_messages_api():
 
 async def test_stream_chunks_concatenate_to_the_buffered_reply_with_usage(driver, kind):
     async with FakeUpstream("east") as up:
-        buffered = await driver.complete(_request(), _binding(up, kind))
+        buffered = await driver.complete(driver.prepare(_request(), _binding(up, kind)))
         stream, chunks, text = await _collect(driver, _binding(up, kind))
     assert text == buffered.response["choices"][0]["message"]["content"]
     assert all(c["object"] == "chat.completion.chunk" for c in chunks)
@@ -170,7 +170,7 @@ async def test_stream_chunks_concatenate_to_the_buffered_reply_with_usage(driver
 async def test_the_driver_reuses_its_pooled_connection(driver, kind):
     async with FakeUpstream("east") as up:
         for _ in range(3):
-            await driver.complete(_request(), _binding(up, kind))
+            await driver.complete(driver.prepare(_request(), _binding(up, kind)))
         assert up.connections == 1
 
 
@@ -180,7 +180,7 @@ async def test_a_driver_sends_through_the_client_it_is_given(kind):
     )
     async with FakeUpstream("east") as up:
         for _ in range(2):
-            await driver.complete(_request(), _binding(up, kind))
+            await driver.complete(driver.prepare(_request(), _binding(up, kind)))
         await driver.aclose()
         assert up.connections == 2
 
@@ -300,7 +300,7 @@ async def _until_failure(
 ) -> tuple[list[dict[str, Any]], UpstreamFailure]:
     chunks: list[dict[str, Any]] = []
     with pytest.raises(UpstreamFailure) as info:
-        async with await driver.stream(_request(stream=True), binding) as stream:
+        async with await driver.stream(driver.prepare(_request(stream=True), binding)) as stream:
             async for chunk in stream:
                 chunks.append(chunk)
     return chunks, info.value
@@ -377,8 +377,8 @@ async def test_awkward_streams_give_the_exact_text(driver, kind, behavior):
 
 async def test_split_utf8_buffered_body_is_exact(driver, kind):
     async with FakeUpstream("east", plan=[Behavior.ok(), Behavior(Kind.SPLIT_UTF8)]) as up:
-        plain = await driver.complete(_request(), _binding(up, kind))
-        split = await driver.complete(_request(), _binding(up, kind))
+        plain = await driver.complete(driver.prepare(_request(), _binding(up, kind)))
+        split = await driver.complete(driver.prepare(_request(), _binding(up, kind)))
     content = split.response["choices"][0]["message"]["content"]
     assert content == plain.response["choices"][0]["message"]["content"]
 

@@ -12,6 +12,7 @@ from router.drivers.base import (
     Driver,
     DriverResult,
     DriverStream,
+    PreparedCall,
     UpstreamFailure,
 )
 from router.drivers.openai import OpenAIDriver
@@ -26,6 +27,7 @@ __all__ = [
     "DriverResult",
     "DriverStream",
     "OpenAIDriver",
+    "PreparedCall",
     "UpstreamFailure",
     "driver_for",
 ]

@@ -27,6 +27,7 @@ from router.drivers.base import (
     Driver,
     DriverResult,
     DriverStream,
+    PreparedCall,
     SSEDriverStream,
     StreamErrorEvent,
     StreamTranslator,
@@ -77,16 +78,18 @@ class AnthropicDriver(Driver):
             headers["x-api-key"] = endpoint.api_key.get_secret_value()
         return headers
 
-    @staticmethod
-    def _url(binding: AttemptBinding) -> str:
+    def _url(self, binding: AttemptBinding) -> str:
         # Like the Anthropic SDK, base_url is the API root (https://api.anthropic.com); a
         # base_url that already ends in /v1 is accepted too.
         base = binding.endpoint.base_url.rstrip("/")
         return base + ("/messages" if base.endswith("/v1") else "/v1/messages")
 
-    async def complete(self, request: ChatRequest, binding: AttemptBinding) -> DriverResult:
-        payload = to_messages_request(request, stream=False)
-        response = await self._open(self._url(binding), payload, binding, stream=False)
+    def _payload(self, request: ChatRequest) -> dict[str, Any]:
+        return to_messages_request(request, stream=request.stream)
+
+    async def complete(self, call: PreparedCall) -> DriverResult:
+        request, binding = call.request, call.binding
+        response = await self._open(call, stream=False)
         body = await self._read_body(response, binding)
         request_id = response.headers.get(self._request_id_header)
         if not isinstance(body, dict) or not isinstance(body.get("content"), list):
@@ -107,12 +110,11 @@ class AnthropicDriver(Driver):
             status=response.status_code,
         )
 
-    async def stream(self, request: ChatRequest, binding: AttemptBinding) -> DriverStream:
+    async def stream(self, call: PreparedCall) -> DriverStream:
         started_at = time.monotonic()
-        payload = to_messages_request(request, stream=True)
-        response = await self._open(self._url(binding), payload, binding, stream=True)
-        translator = AnthropicEvents(request.upstream_model)
-        return SSEDriverStream(self, response, binding, translator, started_at)
+        response = await self._open(call, stream=True)
+        translator = AnthropicEvents(call.request.upstream_model)
+        return SSEDriverStream(self, response, call.binding, translator, started_at)
 
 
 # --- requests ---

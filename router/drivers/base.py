@@ -28,8 +28,10 @@ from router.drivers.http import (
     Headers,
     HTTPClient,
     HTTPError,
+    PreparedRequest,
     ReadTimeout,
     Response,
+    prepare_request,
 )
 from router.sse import EndReason, SSEError, SSEIdleTimeout, SSEStream
 
@@ -41,6 +43,7 @@ __all__ = [
     "Driver",
     "DriverResult",
     "DriverStream",
+    "PreparedCall",
     "SSEDriverStream",
     "StreamErrorEvent",
     "StreamTranslator",
@@ -85,6 +88,17 @@ class AttemptBinding:
     traceparent: str | None = None
     tracestate: str | None = None  # the caller's, forwarded unchanged beside traceparent
     extra_headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedCall:
+    """One attempt's upstream request, built and ready to send (:meth:`Driver.prepare`):
+    the gateway builds it while the attempt's start is being committed, and sends it once
+    that commit is durable."""
+
+    request: ChatRequest
+    binding: AttemptBinding
+    http: PreparedRequest
 
 
 @dataclass(frozen=True)
@@ -189,13 +203,29 @@ class Driver(ABC):
     async def aclose(self) -> None:
         await self._client.aclose()
 
+    def prepare(self, request: ChatRequest, binding: AttemptBinding) -> PreparedCall:
+        """The upstream request for ``request`` (``request.stream`` says which kind), ready
+        for :meth:`complete` or :meth:`stream`. ``ValueError`` for a header that cannot be
+        written (a CR or LF in it)."""
+        headers = {**self._headers(binding), "content-type": "application/json"}
+        body = orjson.dumps(self._payload(request))
+        http = prepare_request("POST", self._url(binding), headers=headers, body=body)
+        return PreparedCall(request, binding, http)
+
     @abstractmethod
-    async def complete(self, request: ChatRequest, binding: AttemptBinding) -> DriverResult:
+    async def complete(self, call: PreparedCall) -> DriverResult:
         """A buffered completion, or :class:`UpstreamFailure`."""
 
     @abstractmethod
-    async def stream(self, request: ChatRequest, binding: AttemptBinding) -> DriverStream:
+    async def stream(self, call: PreparedCall) -> DriverStream:
         """Open a stream; a failure before the first event raises from iteration or here."""
+
+    @abstractmethod
+    def _url(self, binding: AttemptBinding) -> str: ...
+
+    @abstractmethod
+    def _payload(self, request: ChatRequest) -> dict[str, Any]:
+        """The provider's request body for ``request``."""
 
     # --- the HTTP edge, shared by the dialects ---
 
@@ -228,10 +258,12 @@ class Driver(ABC):
                 headers["tracestate"] = binding.tracestate
         return headers
 
-    async def _open(
-        self, url: str, payload: Mapping[str, Any], binding: AttemptBinding, *, stream: bool
-    ) -> Response:
+    async def _open(self, call: PreparedCall, *, stream: bool) -> Response:
         """Send the request and wait for the response headers within the attempt timeout."""
+        if call.request.stream != stream:
+            kind = "a streamed" if stream else "a buffered"
+            raise ValueError(f"{kind} call needs a request prepared with stream={stream}")
+        binding = call.binding
         timeouts = binding.timeouts
         # Every later wait for body bytes is bounded by this; a stream's idle timeout is
         # enforced on events by SSEStream, so the wire waits at least as long.
@@ -240,11 +272,8 @@ class Driver(ABC):
             read_timeout = max(read_timeout, timeouts.stream_idle_timeout_s)
         try:
             async with asyncio.timeout(timeouts.attempt_timeout_s):
-                response = await self._client.request(
-                    "POST",
-                    url,
-                    headers={**self._headers(binding), "content-type": "application/json"},
-                    body=orjson.dumps(payload),
+                response = await self._client.send(
+                    call.http,
                     connect_timeout=timeouts.attempt_timeout_s,
                     read_timeout=read_timeout,
                 )

@@ -31,9 +31,11 @@ __all__ = [
     "HTTPClient",
     "HTTPError",
     "Headers",
+    "PreparedRequest",
     "ProtocolError",
     "ReadTimeout",
     "Response",
+    "prepare_request",
 ]
 
 _HIGH_WATER: Final = 256 * 1024  # unread body bytes buffered before reading pauses
@@ -134,6 +136,27 @@ def _target(url: str) -> _Target:
         host_header = f"{host_header}:{port}"
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     return _Target((scheme, host, port), host_header, path)
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    """A request's bytes, ready to write, and where they go."""
+
+    target: _Target
+    data: bytes
+
+
+def prepare_request(
+    method: str, url: str, *, headers: Mapping[str, str] | None = None, body: bytes = b""
+) -> PreparedRequest:
+    """The bytes of one request. ``Host``, ``Content-Length`` and ``User-Agent`` (unless
+    given) are written here; a caller's ``Host``, ``Content-Length`` or
+    ``Transfer-Encoding`` is ignored. ``ValueError`` for a URL that is not http(s), for
+    HEAD (its response framing differs) and for a CR or LF in a header."""
+    if method == "HEAD":
+        raise ValueError("HEAD is not supported")
+    target = _target(url)
+    return PreparedRequest(target, _request_bytes(method, target, headers or {}, body))
 
 
 def _request_bytes(method: str, target: _Target, headers: Mapping[str, str], body: bytes) -> bytes:
@@ -497,22 +520,29 @@ class HTTPClient:
         connect_timeout: float | None = 10.0,
         read_timeout: float | None = None,
     ) -> Response:
-        """Send one request and wait for its response headers.
+        """Send one request and wait for its response headers: :meth:`send` of
+        :func:`prepare_request`. Bound the whole call with ``asyncio.timeout``."""
+        prepared = prepare_request(method, url, headers=headers, body=body)
+        return await self.send(prepared, connect_timeout=connect_timeout, read_timeout=read_timeout)
 
-        ``Host``, ``Content-Length`` and ``User-Agent`` (unless given) are written by the
-        client; a caller's ``Host``, ``Content-Length`` or ``Transfer-Encoding`` is ignored.
+    async def send(
+        self,
+        request: PreparedRequest,
+        *,
+        connect_timeout: float | None = 10.0,
+        read_timeout: float | None = None,
+    ) -> Response:
+        """Send a prepared request and wait for its response headers.
+
         ``connect_timeout`` bounds the TCP and TLS connect; ``read_timeout`` every wait for
         response bytes, the headers included. Bound the whole call with ``asyncio.timeout``.
         """
         if self._closed:
             raise RuntimeError("the HTTP client is closed")
-        if method == "HEAD":
-            raise ValueError("HEAD is not supported")  # its response framing differs
-        target = _target(url)
-        data = _request_bytes(method, target, headers or {}, body)
+        target = request.target
         conn = self._reuse(target.origin) or await self._connect(target, connect_timeout)
         try:
-            conn.send(data)
+            conn.send(request.data)
             while not conn.headers_done:
                 if conn.error is not None:
                     raise conn.error

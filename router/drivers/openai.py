@@ -14,6 +14,7 @@ from router.drivers.base import (
     Driver,
     DriverResult,
     DriverStream,
+    PreparedCall,
     SSEDriverStream,
     StreamErrorEvent,
     StreamTranslator,
@@ -32,12 +33,11 @@ class OpenAIDriver(Driver):
             return {}
         return {"Authorization": f"Bearer {endpoint.api_key.get_secret_value()}"}
 
-    @staticmethod
-    def _url(binding: AttemptBinding) -> str:
+    def _url(self, binding: AttemptBinding) -> str:
         return binding.endpoint.base_url.rstrip("/") + "/chat/completions"
 
-    @staticmethod
-    def _payload(request: ChatRequest, *, stream: bool) -> dict[str, Any]:
+    def _payload(self, request: ChatRequest) -> dict[str, Any]:
+        stream = request.stream
         payload = {**request.body, "model": request.upstream_model, "stream": stream}
         if request.max_tokens is not None:
             key = "max_completion_tokens" if "max_completion_tokens" in payload else "max_tokens"
@@ -53,10 +53,9 @@ class OpenAIDriver(Driver):
             payload.pop("stream_options", None)
         return payload
 
-    async def complete(self, request: ChatRequest, binding: AttemptBinding) -> DriverResult:
-        response = await self._open(
-            self._url(binding), self._payload(request, stream=False), binding, stream=False
-        )
+    async def complete(self, call: PreparedCall) -> DriverResult:
+        binding = call.binding
+        response = await self._open(call, stream=False)
         body = await self._read_body(response, binding)
         request_id = response.headers.get(self._request_id_header)
         choices = body.get("choices") if isinstance(body, dict) else None
@@ -78,12 +77,10 @@ class OpenAIDriver(Driver):
             status=response.status_code,
         )
 
-    async def stream(self, request: ChatRequest, binding: AttemptBinding) -> DriverStream:
+    async def stream(self, call: PreparedCall) -> DriverStream:
         started_at = time.monotonic()
-        response = await self._open(
-            self._url(binding), self._payload(request, stream=True), binding, stream=True
-        )
-        return SSEDriverStream(self, response, binding, _OpenAIChunks(), started_at)
+        response = await self._open(call, stream=True)
+        return SSEDriverStream(self, response, call.binding, _OpenAIChunks(), started_at)
 
 
 class _OpenAIChunks(StreamTranslator):

@@ -95,17 +95,22 @@ async def test_a_commit_whose_answer_was_lost_is_found_and_its_attempt_closed(da
     # the attempt finished as never started, its reservation released, the request failed.
     async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
         store = gw.served_store
-        real_append = store.append
+        real_submit = store.submit
         lost: list[str] = []
 
-        async def answer_lost(stream_id: str, *args: Any, **kwargs: Any) -> Any:
-            recorded = await real_append(stream_id, *args, **kwargs)
-            if not lost and any(e.type == "AttemptStarted" for e in recorded):
-                lost.append(stream_id)
-                raise LedgerUnavailable("the connection dropped before the commit's answer")
-            return recorded
+        def answer_lost(stream_id: str, *args: Any, **kwargs: Any) -> Any:
+            committing = real_submit(stream_id, *args, **kwargs)
 
-        store.append = answer_lost  # type: ignore[method-assign]
+            async def answer() -> Any:
+                recorded = await committing
+                if not lost and any(e.type == "AttemptStarted" for e in recorded):
+                    lost.append(stream_id)
+                    raise LedgerUnavailable("the connection dropped before the commit's answer")
+                return recorded
+
+            return asyncio.ensure_future(answer())
+
+        store.submit = answer_lost  # type: ignore[method-assign]
         async with gw.http() as http:
             response = await http.post("/v1/chat/completions", json=BODY)
         assert response.status_code == 503
