@@ -57,6 +57,7 @@ DONE_FRAME: Final = b"data: [DONE]\n\n"
 _BOM: Final = b"\xef\xbb\xbf"
 _LINE_END: Final = re.compile(rb"\r\n|\r|\n")
 _LF: Final = 0x0A
+_CR: Final = 0x0D
 _COLON: Final = 0x3A
 _SAMPLE_CHARS: Final = 80
 _MAX_SAMPLES: Final = 8
@@ -191,6 +192,9 @@ class SSEParser:
     def _consume(self, data: bytes, frames: list[SSEFrame]) -> None:
         if not data:
             return
+        if not self._line and not self._skip_lf and _CR not in data:
+            self._consume_lf_lines(data, frames)
+            return
         base, pos = self._offset, 0
         if self._skip_lf:
             # CR then LF split across chunks is one line end, not a CR line end plus a
@@ -211,6 +215,34 @@ class SSEParser:
         self._append(data[pos:])
         # A CR as the last byte always matched alone; whether an LF follows is unknown yet.
         self._skip_lf = data[-1] == 0x0D
+        self._offset = base + len(data)
+
+    def _consume_lf_lines(self, data: bytes, frames: list[SSEFrame]) -> None:
+        """``_consume`` for what providers send: whole lines ended by LF alone, no line of
+        an earlier chunk to finish. The same rules, with a ``data`` line taken in place
+        (the parse was ~36 us of a ten-event stream's CPU, one method call a line)."""
+        base, pos = self._offset, 0
+        lines = data.split(b"\n")
+        rest = lines.pop()  # after the last LF: the start of a line, or nothing
+        limit = self._max_frame_bytes
+        for raw in lines:
+            self._line_start = base + pos
+            pos += len(raw) + 1
+            if raw[:5] == b"data:":
+                size = self._frame_bytes + len(raw)
+                if size > limit:
+                    raise SSEFrameTooLarge(size, limit)
+                self._frame_bytes = size
+                self._data.append(self._decode(raw)[6 if raw[5:6] == b" " else 5 :])
+            elif not raw:
+                frame = self._dispatch()
+                if frame is not None:
+                    frames.append(frame)
+            else:
+                self._check_size(len(raw), raw)
+                self._end_line(raw, frames)
+        self._line_start = base + pos
+        self._append(rest)
         self._offset = base + len(data)
 
     def _append(self, piece: bytes) -> None:
