@@ -424,6 +424,11 @@ class EventStore:
                     pending.result = failure
             for pending in batch:
                 _resolve(pending)
+            # The callers this commit woke go first; what follows is this task's own
+            # bookkeeping, done while they wait for their next answer.
+            await asyncio.sleep(0)
+            if self._pg is not None:
+                self._pg.learn()
             state.batches += 1
             if self._listeners:
                 # Not now: the callers this commit woke answer first. Told while the next
@@ -900,11 +905,20 @@ class _PostgresAppender:
         self._conn: asyncpg.Connection | None = None
         self._locked_batches_left = 0
         self._known = _Known()
+        self._unlearned: _Learned | None = None  # what the last batch left, for learn()
         self.lost_races = 0
         self.unread_batches = 0
         self.wrong_guesses = 0
 
+    def learn(self) -> None:
+        """Take in what the last batch left (``_Known.learn``): after its callers are
+        woken, and in any case before the next batch is decided."""
+        if self._unlearned is not None:
+            self._known.learn(*self._unlearned)
+            self._unlearned = None
+
     async def commit(self, batch: list[_PendingAppend]) -> None:
+        self.learn()
         conn = self._conn
         if conn is None or conn.is_closed():
             conn = self._conn = await connect(self._dsn, appender=True)
@@ -919,6 +933,7 @@ class _PostgresAppender:
             self._locked_batches_left -= 1
             await self._commit(conn, batch, how="locked")
         except BaseException:
+            self._unlearned = None
             self._known.forget()  # the batch may have committed, its answer lost
             self._conn = None
             await close_quietly(conn)
@@ -950,7 +965,7 @@ class _PostgresAppender:
         if written is None:
             if how == "locked":
                 await conn.execute("ROLLBACK")
-            self._known.learn((position, previous), (position, previous), versions, books)
+            self._unlearned = ((position, previous), (position, previous), versions, books)
             return True
         write, names = positional(_PG_WRITE)
         parameters = _write_parameters(written, books, expected=(position, previous))
@@ -972,7 +987,7 @@ class _PostgresAppender:
             await conn.execute("COMMIT")
         elif how == "known":
             self.unread_batches += 1
-        self._known.learn((position, previous), (written.head, written.head_hash), versions, books)
+        self._unlearned = ((position, previous), (written.head, written.head_hash), versions, books)
         return True
 
     async def close(self) -> None:
@@ -982,6 +997,7 @@ class _PostgresAppender:
 
 
 _How = Literal["known", "read", "locked"]
+_Learned = tuple[tuple[int, str], tuple[int, str], dict[str, int], Books | None]
 
 
 async def _read(
