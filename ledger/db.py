@@ -8,6 +8,7 @@ both are migrated by the same Alembic scripts in ``alembic/`` at the repository 
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +198,17 @@ def migrate(url: str, revision: str = "head") -> None:
     from alembic import command
 
     command.upgrade(_alembic_config(url), revision)
+    target = make_url(url)
+    if target.get_backend_name() == "sqlite" and target.database not in (None, "", ":memory:"):
+        # WAL is a property of the file: set it here, on the one connection, rather than
+        # first by whichever of a gateway's connections opens first. The switch takes an
+        # exclusive lock, and two engines opening a fresh rollback-journal file at once
+        # had one of them told "database is locked".
+        conn = sqlite3.connect(target.database, timeout=30)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+        finally:
+            conn.close()
 
 
 def head_revision() -> str | None:
