@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
@@ -1187,8 +1188,10 @@ def _loop_time(deadline: float) -> float:
     return asyncio.get_running_loop().time() + (deadline - time.monotonic())
 
 
+@functools.lru_cache(maxsize=256)
 def _server_address(base_url: str) -> tuple[str | None, int]:
-    """OpenTelemetry's ``server.address`` and ``server.port`` for an endpoint."""
+    """OpenTelemetry's ``server.address`` and ``server.port`` for an endpoint (cached: the
+    same few URLs, parsed on every attempt's start)."""
     parts = urlsplit(base_url)
     if parts.port is not None:
         return parts.hostname, parts.port
