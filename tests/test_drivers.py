@@ -110,6 +110,16 @@ async def _complete_failure(driver: Driver, binding: AttemptBinding) -> Upstream
 # --- success ---
 
 
+async def test_a_call_is_sent_only_the_way_it_was_prepared(driver, kind):
+    async with FakeUpstream("east") as up:
+        binding = _binding(up, kind)
+        with pytest.raises(ValueError, match="stream=True"):
+            await driver.stream(driver.prepare(_request(), binding))
+        with pytest.raises(ValueError, match="stream=False"):
+            await driver.complete(driver.prepare(_request(stream=True), binding))
+        assert up.hits == 0  # refused before anything was sent
+
+
 async def test_buffered_completion_translates_content_usage_and_ids(driver, kind):
     async with FakeUpstream("east") as up:
         tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
