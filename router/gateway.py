@@ -159,11 +159,6 @@ class _Attempt:
     call: PreparedCall | None  # built while its start committed (None: build it to send)
     stream_committed: bool = False
 
-    def upstream_call(self, run: _Run) -> PreparedCall:
-        if self.call is not None:
-            return self.call
-        return run._prepare(self.route, self.attempt_id)  # raises what building raised
-
 
 @dataclass(frozen=True, slots=True)
 class _Unsure:
@@ -370,17 +365,15 @@ class _Run:
         self._pending_effects.extend(step.effects)
 
     async def _flush(self, *more: ev.Event, step: StepRecord | None = None) -> None:
-        if self._unsure is not None:
-            await self._resolve_unsure()
-        submitted = self._submit(*more, step=step)
+        submitted = await self._submit(*more, step=step)
         if submitted is not None:
             await self._committed(submitted)
 
-    def _submit(self, *more: ev.Event, step: StepRecord | None = None) -> _Submitted | None:
+    async def _submit(self, *more: ev.Event, step: StepRecord | None = None) -> _Submitted | None:
         """Send what is queued (and ``more``) to the ledger; await ``_committed`` on what
-        this returns (None: nothing to send). Work between the two overlaps the commit.
-        Call ``_resolve_unsure`` first if an earlier append's answer was lost."""
-        assert self._unsure is None
+        this returns (None: nothing to send). Work between the two overlaps the commit."""
+        if self._unsure is not None:
+            await self._resolve_unsure()  # an earlier append's answer was lost
         pending, effects = self._pending, self._pending_effects
         events = [*pending, *(step.events if step else ()), *more]
         all_effects = [*effects, *(step.effects if step else ())]
@@ -567,7 +560,7 @@ class _Run:
 
     async def _complete(self) -> Completion:
         async def call(route: _Route, attempt: _Attempt) -> DriverResult:
-            return await route.driver.complete(attempt.upstream_call(self))
+            return await route.driver.complete(self._call(attempt))
 
         route, attempt, result = await self._until_answered(call)
         cost = self._cost(route.mapping, result.usage)
@@ -589,7 +582,7 @@ class _Run:
         async def open_until_content(
             route: _Route, attempt: _Attempt
         ) -> tuple[DriverStream, AsyncIterator[list[dict[str, Any]]], list[dict[str, Any]]]:
-            upstream = await route.driver.stream(attempt.upstream_call(self))
+            upstream = await route.driver.stream(self._call(attempt))
             try:
                 batches = upstream.batches()
                 return upstream, batches, await _first_content(batches)
@@ -765,9 +758,7 @@ class _Run:
         )
         call = None
         try:
-            if self._unsure is not None:
-                await self._resolve_unsure()
-            submitted = self._submit(started, step=reservation)
+            submitted = await self._submit(started, step=reservation)
             assert submitted is not None
             # While the start commits, the upstream request is built, to be sent once the
             # start is durable. One that cannot be built fails where the attempt runs.
@@ -802,6 +793,11 @@ class _Run:
 
     def _prepare(self, route: _Route, attempt_id: str) -> PreparedCall:
         return route.driver.prepare(self._chat_request(route), self._binding(route, attempt_id))
+
+    def _call(self, attempt: _Attempt) -> PreparedCall:
+        """The attempt's upstream call: the one built while its start committed, else built
+        now (raising what building raises)."""
+        return attempt.call or self._prepare(attempt.route, attempt.attempt_id)
 
     def _binding(self, route: _Route, attempt_id: str) -> AttemptBinding:
         """The attempt's endpoint and timeouts, as of its start (the request's deadline
@@ -888,9 +884,7 @@ class _Run:
             duration_ms=self._elapsed_ms(),
         )
         try:
-            if self._unsure is not None:
-                await self._resolve_unsure()
-            submitted = self._submit(completed)
+            submitted = await self._submit(completed)
             assert submitted is not None
             try:
                 # While it commits, the breakers hear of the success: the upstream answered,
