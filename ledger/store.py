@@ -665,7 +665,7 @@ def _assign(
 #
 # A batch is first tried OPTIMISTICALLY, in two autocommit statements and no explicit
 # transaction: the read (_PG_READ, one snapshot: head, versions and books agree), then the
-# write (_PG_WRITE), whose every part is gated on moving the head from the position read
+# write (_pg_write), whose every part is gated on moving the head from the position read
 # (`UPDATE ledger_head ... WHERE position = :expected AND hash = :expected_hash`; the hash
 # too, so that a database restored under a running gateway to another history with the same
 # length is not taken for the one it knew). That UPDATE takes the head lock, or
@@ -716,72 +716,89 @@ _PG_READ = """
 """
 
 # Everything the batch writes, in one statement: the events as parallel arrays (asyncpg
-# encodes them in its binary format, in C), the books' rows as one JSON document (money as
-# exact decimal strings), the head row, and the NOTIFY that wakes tailing readers at commit.
-# (The events as one JSON document cost the same on the client and halved throughput at
-# large batches: PostgreSQL then parses every payload twice.) New and changed rows of a
-# table are disjoint sets (ledger.accounting.Books), so the data-modifying CTEs never touch
-# the same row twice. Every part waits on `head`, the guarded move of the head (see THE
-# LOCK): when it moves nothing, nothing is written (`moved` = 0).
-_PG_WRITE = """
+# encodes them in its binary format, in C; their positions follow the head read, so they
+# are numbered by the statement), each part of the books that has rows as a JSON document
+# of its own (money as exact decimal strings), the head row, and the NOTIFY that wakes
+# tailing readers at commit. (The events as one JSON document cost the same on the client
+# and halved throughput at large batches: PostgreSQL then parses every payload twice.) The
+# statement holds only the parts the batch writes (_pg_write: at most 32 shapes, each
+# prepared once; a reservation writes a hold and its accounts, a settlement resolves a
+# hold): every data-modifying CTE costs the server its setup even when it has no rows. New
+# and changed rows of a table are disjoint sets (ledger.accounting.Books), so the CTEs never
+# touch the same row twice. Every part waits on `head`, the guarded move of the head (see
+# THE LOCK): when it moves nothing, nothing is written (`moved` = 0).
+_PG_WRITE_HEAD = """
     WITH head AS (
         UPDATE ledger_head SET position = :head, hash = :head_hash
         WHERE id = 1 AND position = :expected AND hash = :expected_hash
         RETURNING 1
-    ), new_accounts AS (
+    )"""
+_PG_WRITE_BOOKS = {
+    "new_accounts": """
+    , new_accounts AS (
         INSERT INTO budget_accounts (account_id, kind, workspace, key_id, window_start,
                                      limit_usd, held_usd, settled_usd, updated_at)
         SELECT u.*, :recorded_at
-        FROM jsonb_to_recordset(:books::jsonb -> 'new_accounts') AS u(
+        FROM jsonb_to_recordset(:new_accounts::jsonb) AS u(
             account_id text, kind text, workspace text, key_id text, window_start text,
             limit_usd numeric, held_usd numeric, settled_usd numeric)
         WHERE EXISTS (SELECT 1 FROM head)
         RETURNING 1
-    ), changed_accounts AS (
+    )""",
+    "changed_accounts": """
+    , changed_accounts AS (
         UPDATE budget_accounts a
         SET limit_usd = u.limit_usd, held_usd = u.held_usd, settled_usd = u.settled_usd,
             updated_at = :recorded_at
-        FROM jsonb_to_recordset(:books::jsonb -> 'changed_accounts') AS u(
+        FROM jsonb_to_recordset(:changed_accounts::jsonb) AS u(
             account_id text, limit_usd numeric, held_usd numeric, settled_usd numeric)
         WHERE a.account_id = u.account_id
           AND a.account_id = ANY(:changed_account_ids::text[])
           AND EXISTS (SELECT 1 FROM head)
         RETURNING 1
-    ), new_holds AS (
+    )""",
+    "new_holds": """
+    , new_holds AS (
         INSERT INTO budget_holds (reservation_id, request_id, attempt_id, workspace, key_id,
                                   endpoint, model, amount_usd, accounts, state, owner,
                                   created_at)
         SELECT u.*, :recorded_at
-        FROM jsonb_to_recordset(:books::jsonb -> 'new_holds') AS u(
+        FROM jsonb_to_recordset(:new_holds::jsonb) AS u(
             reservation_id text, request_id text, attempt_id text, workspace text,
             key_id text, endpoint text, model text, amount_usd numeric, accounts text,
             state text, owner text)
         WHERE EXISTS (SELECT 1 FROM head)
         RETURNING 1
-    ), changed_holds AS (
+    )""",
+    "changed_holds": """
+    , changed_holds AS (
         UPDATE budget_holds b SET state = u.state
-        FROM jsonb_to_recordset(:books::jsonb -> 'changed_holds') AS u(
-            reservation_id text, state text)
+        FROM jsonb_to_recordset(:changed_holds::jsonb) AS u(reservation_id text, state text)
         WHERE b.reservation_id = u.reservation_id
           AND b.reservation_id = ANY(:changed_hold_ids::text[])
           AND EXISTS (SELECT 1 FROM head)
         RETURNING 1
-    ), resolutions AS (
+    )""",
+    "resolutions": """
+    , resolutions AS (
         INSERT INTO budget_resolutions (reservation_id, kind, settled_usd, released_usd,
                                         resolved_at)
         SELECT u.*, :recorded_at
-        FROM jsonb_to_recordset(:books::jsonb -> 'resolutions') AS u(
+        FROM jsonb_to_recordset(:resolutions::jsonb) AS u(
             reservation_id text, kind text, settled_usd numeric, released_usd numeric)
         WHERE EXISTS (SELECT 1 FROM head)
         RETURNING 1
-    ), inserted AS (
+    )""",
+}
+_PG_WRITE_EVENTS = """
+    , inserted AS (
         INSERT INTO events (position, stream_id, version, type, schema_version, data,
                             metadata, recorded_at, payload, hash)
-        SELECT p, s, v, t, sv, d::jsonb, m::jsonb, :recorded_at, b, h
-        FROM unnest(:positions::bigint[], :stream_ids::text[], :versions::int[],
-                    :types::text[], :schema_versions::int[], :payloads::bytea[],
-                    :hashes::text[], :datas::text[], :metadatas::text[])
-             AS u(p, s, v, t, sv, b, h, d, m)
+        SELECT :expected + n, s, v, t, sv, d::jsonb, m::jsonb, :recorded_at, b, h
+        FROM unnest(:stream_ids::text[], :versions::int[], :types::text[],
+                    :schema_versions::int[], :payloads::bytea[], :hashes::text[],
+                    :datas::text[], :metadatas::text[])
+             WITH ORDINALITY AS u(s, v, t, sv, b, h, d, m, n)
         WHERE EXISTS (SELECT 1 FROM head)
         RETURNING 1
     )
@@ -789,6 +806,14 @@ _PG_WRITE = """
                 THEN pg_notify('waybill_events', :head::text) END,
            (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM head) AS moved
 """
+
+
+@functools.lru_cache(maxsize=32)
+def _pg_write(parts: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """The write statement for a batch whose books have rows in ``parts`` (names of
+    ``_PG_WRITE_BOOKS``, in its order), with asyncpg's ``$n`` and the parameters' names."""
+    books = "".join(_PG_WRITE_BOOKS[part] for part in parts)
+    return positional(_PG_WRITE_HEAD + books + _PG_WRITE_EVENTS)
 
 
 class _Known:
@@ -967,8 +992,8 @@ class _PostgresAppender:
                 await conn.execute("ROLLBACK")
             self._unlearned = ((position, previous), (position, previous), versions, books)
             return True
-        write, names = positional(_PG_WRITE)
-        parameters = _write_parameters(written, books, expected=(position, previous))
+        parameters, parts = _write_parameters(written, books, expected=(position, previous))
+        write, names = _pg_write(parts)
         try:
             outcome = await conn.fetchrow(write, *(parameters[name] for name in names))
         except asyncpg.UniqueViolationError:
@@ -1029,14 +1054,14 @@ async def _read(
 
 def _write_parameters(
     written: _Written, books: Books | None, *, expected: tuple[int, str]
-) -> dict[str, Any]:
-    writes = book_writes(books or Books(), written.recorded_at)
+) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The write's parameters, and the parts of the books that have rows (``_pg_write``).
+    The events' positions are ``expected`` + 1, + 2, ... (``_assign``): not sent."""
     new = written.events
-    return {
+    parameters: dict[str, Any] = {
         "expected": expected[0],
         "expected_hash": expected[1],
         "recorded_at": written.recorded_at,
-        "positions": [r.position for r in new],
         "stream_ids": [r.stream_id for r in new],
         "versions": [r.version for r in new],
         "types": [r.type for r in new],
@@ -1049,20 +1074,17 @@ def _write_parameters(
         "metadatas": written.metadatas,
         "head": written.head,
         "head_hash": written.head_hash,
-        "changed_account_ids": [a["account_id"] for a in writes.changed_accounts],
-        "changed_hold_ids": [h["reservation_id"] for h in writes.changed_holds],
-        # Decimals as their exact strings; the timestamps are the statement's own.
-        "books": orjson.dumps(
-            {
-                "new_accounts": writes.new_accounts,
-                "changed_accounts": writes.changed_accounts,
-                "new_holds": writes.new_holds,
-                "changed_holds": writes.changed_holds,
-                "resolutions": writes.resolutions,
-            },
-            default=str,
-        ).decode(),
     }
+    if books is None:
+        return parameters, ()
+    writes = book_writes(books, written.recorded_at)
+    parts = tuple(part for part in _PG_WRITE_BOOKS if getattr(writes, part))
+    for part in parts:
+        # Decimals as their exact strings; the timestamps are the statement's own.
+        parameters[part] = orjson.dumps(getattr(writes, part), default=str).decode()
+    parameters["changed_account_ids"] = [a["account_id"] for a in writes.changed_accounts]
+    parameters["changed_hold_ids"] = [h["reservation_id"] for h in writes.changed_holds]
+    return parameters, parts
 
 
 def _streams_of(batch: list[_PendingAppend]) -> set[str]:
