@@ -116,11 +116,20 @@ async def connect(dsn: str, *, appender: bool = False) -> asyncpg.Connection:
     - Reads (the request path's, the read models'): every statement is planned for its own
       parameters (``force_custom_plan``).
     - The appender's: its few statements are key lookups and inserts, run thousands of times
-      a second, so they keep PostgreSQL's cached generic plans (no planning per append), with
-      sequential scans off so a cached plan always probes the keys. With scans allowed, the
-      append's read was measured at 0.17 ms on a fresh ledger and ~0.9 ms after 7,000
-      requests (c1 p50 9.4 ms; with scans off 0.08 ms and 5.3 ms)."""
-    settings = {"enable_seqscan": "off"} if appender else {"plan_cache_mode": "force_custom_plan"}
+      a second, so they always run PostgreSQL's cached generic plan (``force_generic_plan``:
+      no planning per append), with sequential scans off so that plan always probes the
+      keys. With scans allowed, the append's read was measured at 0.17 ms on a fresh ledger
+      and ~0.9 ms after 7,000 requests (c1 p50 9.4 ms; with scans off 0.08 ms and 5.3 ms).
+      Left to choose (``auto``), PostgreSQL plans each statement five times first, and keeps
+      planning one whose generic plan it estimates dearer than its custom ones (an array of
+      unknown length can do that: seen in a harness replaying the settlement's write, ~0.2
+      ms of planning in a 0.57 ms statement; in the gateway both writes went generic).
+    """
+    settings = (
+        {"enable_seqscan": "off", "plan_cache_mode": "force_generic_plan"}
+        if appender
+        else {"plan_cache_mode": "force_custom_plan"}
+    )
     return await asyncpg.connect(dsn, timeout=10, server_settings=settings)
 
 

@@ -84,6 +84,30 @@ async def test_a_request_s_appends_after_the_first_are_decided_without_reading(
     assert (await verify_chain(store)).ok
 
 
+async def test_the_appender_never_plans_its_statements_again(
+    stores: list[EventStore],
+) -> None:
+    # Planning a write can cost as much as running it: the appender's statements run on
+    # their cached generic plans from the first time, every shape of them (left to choose,
+    # PostgreSQL plans each five times first and may go on planning; ledger.reads.connect).
+    store = stores[0]
+    for n in range(12):
+        await reserved(store, n, "0.01")
+        events, settle = settled(n)
+        settle = Settle(f"res_{n}", D("0.01"))
+        await store.append(f"request-req_{n}", 1, events, effects=[settle])
+    conn = store._pg._conn if store._pg is not None else None
+    assert conn is not None
+    plans = await conn.fetch(
+        "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements "
+        "WHERE statement LIKE '%WITH head AS%'"
+    )
+    assert len(plans) >= 2  # a reservation's write and a settlement's, at least
+    for plan in plans:
+        assert plan["custom_plans"] == 0, plan["statement"]
+    assert sum(plan["generic_plans"] for plan in plans) >= 24  # each write ran on one
+
+
 async def test_a_required_stream_this_store_wrote_is_checked_without_reading(
     stores: list[EventStore],
 ) -> None:
