@@ -1058,6 +1058,7 @@ def _write_parameters(
     """The write's parameters, and the parts of the books that have rows (``_pg_write``).
     The events' positions are ``expected`` + 1, + 2, ... (``_assign``): not sent."""
     new = written.events
+    assert new[0].position == expected[0] + 1 and written.head == expected[0] + len(new)
     parameters: dict[str, Any] = {
         "expected": expected[0],
         "expected_hash": expected[1],
