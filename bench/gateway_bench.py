@@ -569,6 +569,25 @@ def _plot(cells: Sequence[Cell], path: Path, title: str) -> None:
 # --- main -------------------------------------------------------------------------------
 
 
+_MARKER = """
+import time
+t = time.perf_counter()
+s = 0
+for i in range(10_000_000):
+    s += i
+print(time.perf_counter() - t)
+"""
+
+
+def _interpreter_marker_s() -> float:
+    """Seconds a fresh interpreter takes for ten million additions at module level (the
+    loop marker of bench/README.md). The gateway's latency at c1 is mostly interpreter
+    time, and this machine's speed moves by a third between hours and between machines: a
+    run's figures are read against it."""
+    done = subprocess.run([sys.executable, "-c", _MARKER], capture_output=True, check=True)
+    return round(float(done.stdout), 3)
+
+
 def _bench(args: argparse.Namespace) -> dict[str, Any]:
     cells = [
         Cell(mode, c)
@@ -576,6 +595,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
         for c in map(int, args.concurrency.split(","))
     ]
     loadavg_before = os.getloadavg()
+    marker_before = _interpreter_marker_s()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         database_url = _fresh_database(args.backend, tmp)
@@ -606,6 +626,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "loadavg_before": [round(x, 2) for x in loadavg_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "interpreter_marker_s": [marker_before, _interpreter_marker_s()],
         "cells": [cell.as_json() for cell in cells],
         "valid": all(cell.valid for cell in cells),
         "profile": profile,
@@ -636,6 +657,8 @@ def main() -> None:
         print(f"\n{result['profile']['text']}", file=report)
     before, after = result["loadavg_before"], result["loadavg_after"]
     print(f"\nload average (1, 5, 15 min) before / after: {before} / {after}", file=report)
+    marker = " / ".join(f"{m:.3f}" for m in result["interpreter_marker_s"])
+    print(f"interpreter marker (s, 10M-step loop) before / after: {marker}", file=report)
     if args.json:
         print(json.dumps(result, indent=2))
     if not result["valid"]:
