@@ -1,7 +1,7 @@
 """A/B benchmark: two versions of the gateway under the same load, in alternating short cells.
 
     .venv/bin/python bench/ab.py --a main --b WORKTREE [--env-b NAME=VALUE ...]
-        [--rounds 8] [--seconds 3] [--concurrency 1] [--stream] [--json]
+        [--python-b PATH] [--rounds 8] [--seconds 3] [--concurrency 1] [--stream] [--json]
 
 This machine's speed drifts by tens of per cent within minutes, so two runs of
 ``bench/gateway_bench.py`` minutes apart cannot tell a 5% change from the noise. Here both
@@ -13,7 +13,9 @@ report gives each side's median and the median of the per-round B/A ratios.
 
 ``--a`` and ``--b`` name a git ref (checked out into a temporary worktree) or ``WORKTREE``
 (this checkout as it is on disk); ``--env-a`` / ``--env-b`` add environment variables to one
-side (an experiment behind a variable needs no second checkout). A benchmark, not a test.
+side (an experiment behind a variable needs no second checkout); ``--python-a`` /
+``--python-b`` run one side's gateway on another interpreter (a virtual environment's
+``python`` with the project's dependencies installed). A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -122,6 +124,8 @@ def main() -> None:
     parser.add_argument("--b", default=WORKTREE, help="git ref or WORKTREE (default)")
     parser.add_argument("--env-a", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--env-b", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--python-a", help="interpreter for A's gateway (default: this one)")
+    parser.add_argument("--python-b", help="interpreter for B's gateway (default: this one)")
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per cell")
     parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds first")
@@ -134,7 +138,10 @@ def main() -> None:
         fake, fake_url = _start_fake(tmp)
         stack.callback(fake.stop)
         sides = []
-        for name, ref, env in (("a", args.a, args.env_a), ("b", args.b, args.env_b)):
+        for name, ref, env, python in (
+            ("a", args.a, args.env_a, args.python_a),
+            ("b", args.b, args.env_b, args.python_b),
+        ):
             source = stack.enter_context(_checkout(ref, tmp, name))
             database = f"waybill_ab_{name}"
             url = fresh_postgres(database)
@@ -143,7 +150,7 @@ def main() -> None:
             work = tmp / name
             work.mkdir()
             gateway, gateway_url = _start_gateway(
-                work, url, fake_url, source=source, extra_env=_env(env)
+                work, url, fake_url, source=source, extra_env=_env(env), python=python
             )
             stack.callback(gateway.stop)
             sides.append(_Side(name, database, api_key, gateway, gateway_url))
@@ -162,6 +169,7 @@ def main() -> None:
                 flush=True,
             )
         report = {"a": args.a, "b": args.b, "env_a": args.env_a, "env_b": args.env_b}
+        report.update(python_a=args.python_a, python_b=args.python_b)
         report.update(concurrency=args.concurrency, stream=args.stream, **_report(a, b))
         for metric in ("rps", "p50_ms", "gateway_cpu_ms", "postgres_cpu_ms"):
             m = report[metric]

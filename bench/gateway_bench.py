@@ -138,9 +138,12 @@ def _start_gateway(
     *,
     source: Path | None = None,
     extra_env: dict[str, str] | None = None,
+    python: str | None = None,
 ) -> tuple[_Child, str]:
     """``waybill serve`` on ``database_url`` in front of the fake; with ``source``, the
-    code of that checkout (``bench/ab.py``) instead of this one, and ``extra_env`` added."""
+    code of that checkout (``bench/ab.py``) instead of this one, run by ``python`` (an
+    interpreter whose environment has the project's dependencies; this one by default),
+    and ``extra_env`` added."""
     upstreams = {"fake": cast(FakeUpstream, _RemoteUpstream(fake_root))}
     config = tmp / "waybill.yaml"
     config.write_text(config_text(upstreams, [Route("fake")], generation="bench-1"))
@@ -150,9 +153,11 @@ def _start_gateway(
     env.update(extra_env or {})
     waybill = Path(sys.executable).with_name("waybill")
     command = [str(waybill) if waybill.exists() else shutil.which("waybill") or "waybill"]
-    if source is not None:  # its packages first on the path, for the follower child too
-        env["PYTHONPATH"] = str(source)
-        command = [sys.executable, "-c", "import sys; from router.cli import main; main()"]
+    if source is not None or python is not None:
+        # Its packages first on the path, for the follower child too.
+        env["PYTHONPATH"] = str(source or BENCH.parent)
+        entry = "import sys; from router.cli import main; main()"
+        command = [python or sys.executable, "-c", entry]
     port = closed_port()
     serve = ["serve", "--config", str(config), "--database-url", database_url]
     serve += ["--port", str(port), "--no-migrate"]
