@@ -54,17 +54,18 @@ async def reserved(store: EventStore, n: int, amount: str) -> None:
     await store.append(f"request-req_{n}", NO_STREAM, events, effects=[effect])
 
 
-def settled(n: int) -> tuple[list[ev.Event], Settle]:
+def settled(n: int, reserved: str = "0.30", spent: str = "0.10") -> tuple[list[ev.Event], Settle]:
+    """Settle ``res_<n>`` (``reserved``) at ``spent``: the event and its effect."""
     event = ev.BudgetSettled(
         request_id=f"req_{n}",
         attempt_id=f"att_{n}",
         reservation_id=f"res_{n}",
-        reserved_usd=D("0.30"),
-        settled_usd=D("0.10"),
-        released_usd=D("0.20"),
+        reserved_usd=D(reserved),
+        settled_usd=D(spent),
+        released_usd=D(reserved) - D(spent),
         usage=ev.Usage(input_tokens=12, output_tokens=30),
     )
-    return [event], Settle(f"res_{n}", D("0.10"))
+    return [event], Settle(f"res_{n}", D(spent))
 
 
 async def test_a_request_s_appends_after_the_first_are_decided_without_reading(
@@ -93,8 +94,7 @@ async def test_the_appender_never_plans_its_statements_again(
     store = stores[0]
     for n in range(12):
         await reserved(store, n, "0.01")
-        events, settle = settled(n)
-        settle = Settle(f"res_{n}", D("0.01"))
+        events, settle = settled(n, "0.01", "0.01")
         await store.append(f"request-req_{n}", 1, events, effects=[settle])
     conn = store._pg._conn if store._pg is not None else None
     assert conn is not None
