@@ -586,9 +586,9 @@ print(time.perf_counter() - t)
 
 def _interpreter_marker_s() -> float:
     """Seconds a fresh interpreter takes for ten million additions at module level (the
-    loop marker of bench/README.md). The gateway's latency at c1 is mostly interpreter
-    time, and this machine's speed moves by a third between hours and between machines: a
-    run's figures are read against it."""
+    loop marker of bench/README.md). This machine's speed moves by a third between hours
+    and between machines, and the c1 latencies with it: a run's figures are read against
+    it."""
     done = subprocess.run([sys.executable, "-c", _MARKER], capture_output=True, check=True)
     return round(float(done.stdout), 3)
 
