@@ -80,7 +80,11 @@ class ChatCall:
     prompt_bytes: int
     message_count: int
     estimated_input_tokens: int
-    body_sha256: str
+
+    def body_sha256(self) -> str:
+        """The body's hash, sorted-key JSON: what an ``Idempotency-Key`` is bound to. Only
+        such requests need it, so it is computed when asked, not for every request."""
+        return hashlib.sha256(orjson.dumps(self.body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
     def requirements(self, workspace: Workspace, headers: HeaderNarrowing) -> Requirements:
         """Requirements for routing: the body's needs plus the headers' narrowing."""
@@ -150,7 +154,6 @@ def parse_body(raw: bytes) -> ChatCall:
         prompt_bytes=len(prompt),
         message_count=len(messages),
         estimated_input_tokens=estimate,
-        body_sha256=hashlib.sha256(orjson.dumps(body, option=orjson.OPT_SORT_KEYS)).hexdigest(),
     )
 
 
