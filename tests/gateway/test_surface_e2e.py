@@ -170,6 +170,27 @@ async def test_idempotency_key_replays_the_recorded_answer_without_a_second_call
         assert gw.upstreams["east"].hits == 1
 
 
+async def test_idempotency_key_binds_the_body_not_its_key_order(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        headers = {"Idempotency-Key": "order-43", "Content-Type": "application/json"}
+        body = {"model": "chat", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}
+        reordered = {"messages": [{"content": "hi", "role": "user"}], "max_tokens": 20}
+        reordered["model"] = "chat"
+        assert orjson.dumps(body) != orjson.dumps(reordered)
+        first = await http.post("/v1/chat/completions", content=orjson.dumps(body), headers=headers)
+        second = await http.post(
+            "/v1/chat/completions", content=orjson.dumps(reordered), headers=headers
+        )
+        assert first.status_code == second.status_code == 200
+        assert second.headers["idempotent-replayed"] == "true"
+        assert gw.upstreams["east"].hits == 1
+        other = {**body, "max_tokens": 21}
+        third = await http.post(
+            "/v1/chat/completions", content=orjson.dumps(other), headers=headers
+        )
+        assert_error_shape(third, 409, "idempotency_conflict")
+
+
 async def test_idempotency_key_in_flight_is_a_409(database_url):
     async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
         gw.upstreams["east"].set_plan([Behavior.ok(latency_ms=800)])
