@@ -98,6 +98,20 @@ class _Child:
             if self.cpu_s() - before <= 0.02 * quiet_s + 1 / _CLK_TCK:
                 return
 
+    def wait_ready(self, url: str, what: str, within_s: float = 30.0) -> None:
+        """Until ``url`` answers 200; stop the process and exit, with its log, if it ends or
+        ``within_s`` passes first."""
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline and self.popen.poll() is None:
+            try:
+                with urllib.request.urlopen(url, timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except OSError:  # not listening yet (URLError is an OSError)
+                time.sleep(0.1)
+        self.stop()
+        raise SystemExit(f"{what} did not become ready: {self.log.read_text()[-2000:]}")
+
     def stop(self) -> None:
         if self.popen.poll() is None:
             self.popen.terminate()
@@ -163,18 +177,8 @@ def _start_gateway(
     serve += ["--port", str(port), "--no-migrate"]
     gateway = _Child([*command, *serve], tmp / "gateway.log", env, pipe=False, cwd=source)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if gateway.popen.poll() is not None:
-            break
-        try:
-            with urllib.request.urlopen(f"{url}/readyz", timeout=2) as answer:
-                if answer.status == 200:
-                    return gateway, url
-        except OSError:
-            time.sleep(0.1)
-    gateway.stop()
-    raise SystemExit(f"gateway did not become ready: {gateway.log.read_text()[-2000:]}")
+    gateway.wait_ready(f"{url}/readyz", "gateway")
+    return gateway, url
 
 
 def _post(url: str) -> None:

@@ -33,9 +33,6 @@ import secrets
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -106,19 +103,9 @@ def _start_peer(litellm: str, tmp: Path, fake_url: str) -> tuple[_Child, str, st
     command = [litellm, "--config", str(config), "--host", "127.0.0.1", "--port", str(port)]
     peer = _Child(command, tmp / "litellm.log", env, pipe=False, cwd=tmp)
     root = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120  # it imports a great deal before it listens
-    while time.monotonic() < deadline:
-        if peer.popen.poll() is not None:
-            break
-        try:
-            with urllib.request.urlopen(f"{root}/health/liveliness", timeout=2) as answer:
-                if answer.status == 200:
-                    return peer, f"{root}/v1", master_key
-        except (OSError, urllib.error.URLError):
-            pass
-        time.sleep(0.5)
-    peer.stop()
-    raise SystemExit(f"the peer did not start: {peer.log.read_text()[-2000:]}")
+    # It imports a great deal before it listens.
+    peer.wait_ready(f"{root}/health/liveliness", "the peer", within_s=120)
+    return peer, f"{root}/v1", master_key
 
 
 def _through_peer(
@@ -142,7 +129,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
     marker_before = _interpreter_marker_s()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        database_url = _fresh_database("postgres", tmp)
+        database_url = _fresh_database(args.backend, tmp)
         api_key = asyncio.run(_create_key(database_url))
         fake, fake_url = _start_fake(tmp)
         children = [fake]
@@ -151,7 +138,6 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
             children.append(gateway)
             peer, peer_url, peer_key = _start_peer(args.litellm, tmp, fake_url)
             children.append(peer)
-            args.backend = "postgres"
             run = _Run(args, database_url, api_key, fake, fake_url, gateway, gateway_url)
             for cell in cells:
                 run.direct(cell.cell)
@@ -215,6 +201,7 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--modes", default="buffered,streaming")
     parser.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
+    parser.set_defaults(backend="postgres")  # _Run reads it: the ledger on PostgreSQL
     args = parser.parse_args()
     if not Path(args.litellm).is_file():
         parser.error(f"--litellm {args.litellm}: no such file (see this script's docstring)")

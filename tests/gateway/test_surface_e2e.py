@@ -174,8 +174,11 @@ async def test_idempotency_key_binds_the_body_not_its_key_order(database_url):
     async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
         headers = {"Idempotency-Key": "order-43", "Content-Type": "application/json"}
         body = {"model": "chat", "max_tokens": 20, "messages": [{"role": "user", "content": "hi"}]}
-        reordered = {"messages": [{"content": "hi", "role": "user"}], "max_tokens": 20}
-        reordered["model"] = "chat"
+        reordered = {
+            "messages": [{"content": "hi", "role": "user"}],
+            "max_tokens": 20,
+            "model": "chat",
+        }
         assert orjson.dumps(body) != orjson.dumps(reordered)
         first = await http.post("/v1/chat/completions", content=orjson.dumps(body), headers=headers)
         second = await http.post(
