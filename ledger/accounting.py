@@ -4,17 +4,30 @@ Money moves in two phases, TigerBeetle style. Before an attempt its worst-case c
 *reserved*: a hold counted against every account it touches (the request's, the key's and
 the workspace's, each in its window). After the attempt the hold is resolved exactly once:
 
-- usage known  → **settled** at the actual cost (never more than the hold), the rest released;
+- usage known  → **settled** at the actual cost, the rest released;
 - not started  → **released** entirely;
 - usage unknown → the hold becomes an **unknown-usage settlement**: still counted, until a
   reconciliation or an operator settles it (``settle_unknown``).
 
-The invariant, for every account at every instant: ``held + settled <= limit``. A
-reservation that would break it is refused (:class:`BudgetDenied`). :class:`Books` applies
-these rules to balances and holds held in memory; ``ledger.books`` loads and saves them in
-the very transaction that appends the matching events, under the ledger's head-row lock,
-so every replica sees every other's reservations (and PostgreSQL also enforces the
-invariant with a CHECK constraint).
+A settlement is never capped: when the actual cost exceeds the hold, the whole cost is
+settled and the excess is an **overrun**, counted on every account of the hold and recorded
+as its own event (``BudgetOverrun``). The invariant, for every account at every instant:
+
+    held + (settled - overrun) <= limit
+
+— reservations never exceed the limit, and whatever was settled beyond them is exactly the
+recorded overruns. A reservation must fit in ``limit - held - settled`` (overruns included),
+so an account whose spend went over its limit admits no new reservation until its window
+turns or its limit is raised. A reservation that does not fit is refused
+(:class:`BudgetDenied`). :class:`Books` applies these rules to balances and holds held in
+memory; ``ledger.books`` loads and saves them in the very transaction that appends the
+matching events, under the ledger's head-row lock, so every replica sees every other's
+reservations (and PostgreSQL also enforces the invariant with a CHECK constraint).
+
+Each effect is the meaning of exactly one budget event (:func:`effect_of`): the request
+path derives the effects it appends from the events it appends, and :func:`fold_books`
+derives the balances from the recorded events, so the live tables can be checked against
+the ledger and rebuilt from it.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ from datetime import datetime
 from decimal import ROUND_CEILING, Decimal
 from typing import Final, Literal, TypeAlias, TypeVar
 
+from ledger import events as ev
 from ledger.events import Usage
 
 _R = TypeVar("_R")
@@ -39,6 +53,7 @@ __all__ = [
     "Books",
     "BudgetDenied",
     "Effect",
+    "FoldProblem",
     "Hold",
     "HoldStateError",
     "HoldUnknown",
@@ -49,10 +64,14 @@ __all__ = [
     "SettleUnknown",
     "Window",
     "account_specs",
+    "effect_of",
+    "fold_books",
+    "overrun_event",
     "quantize",
     "reservation_id",
     "reservation_of_settlement",
     "settlement_id",
+    "settlement_refusal",
     "usage_cost",
     "window_start",
 ]
@@ -189,11 +208,13 @@ class Balance:
     window_start: str | None
     limit_usd: Decimal
     held_usd: Decimal = _ZERO
-    settled_usd: Decimal = _ZERO
+    settled_usd: Decimal = _ZERO  # every settlement in full, overruns included
+    overrun_usd: Decimal = _ZERO  # the part of settled_usd beyond the holds it settled
 
     @property
     def available_usd(self) -> Decimal:
-        return self.limit_usd - self.held_usd - self.settled_usd
+        """What a new reservation may take: nothing while spend is over the limit."""
+        return max(_ZERO, self.limit_usd - self.held_usd - self.settled_usd)
 
     @staticmethod
     def opened(spec: AccountSpec) -> Balance:
@@ -231,6 +252,7 @@ class Resolution:
     kind: Literal["settled", "released", "unknown_settled"]
     settled_usd: Decimal
     released_usd: Decimal
+    overrun_usd: Decimal = _ZERO
 
 
 # --- effects: what an append asks the books to do, atomically with its events ---
@@ -244,7 +266,8 @@ class Reserve:
 
 @dataclass(frozen=True, slots=True)
 class Settle:
-    """Usage known: post the actual cost (at most the hold), release the rest."""
+    """Usage known: post the actual cost, release what is left of the hold (an excess
+    over the hold is an overrun)."""
 
     reservation_id: str
     cost_usd: Decimal
@@ -266,7 +289,8 @@ class HoldUnknown:
 
 @dataclass(frozen=True, slots=True)
 class SettleUnknown:
-    """An unknown-usage settlement settled (by reconciliation or an operator)."""
+    """An unknown-usage settlement settled (by reconciliation or an operator), at the
+    amount given (an excess over the hold is an overrun)."""
 
     reservation_id: str
     cost_usd: Decimal
@@ -307,6 +331,10 @@ class Books:
 
     accounts: dict[str, Balance] = field(default_factory=dict)
     holds: dict[str, Hold] = field(default_factory=dict)
+    # False only when recorded events are folded: a reservation the ledger holds was
+    # accepted when it was made, against the limit of that time; it is a fact to apply,
+    # not a request to judge again.
+    enforce_limits: bool = True
     new_accounts: set[str] = field(default_factory=set)
     changed_accounts: set[str] = field(default_factory=set)
     new_holds: set[str] = field(default_factory=set)
@@ -392,7 +420,7 @@ class Books:
             # The limit the config gives now decides; the stored one follows it, but never
             # below what is already committed (that would be a balance over its limit).
             committed = account.held_usd + account.settled_usd
-            if committed + hold.amount_usd > spec.limit_usd:
+            if self.enforce_limits and committed + hold.amount_usd > spec.limit_usd:
                 raise BudgetDenied(
                     spec.account_id,
                     spec.kind,
@@ -417,17 +445,19 @@ class Books:
         hold = self._hold(reservation_id, expected)
         if cost < 0:
             raise ValueError("a cost cannot be negative")
-        # Never post more than was held: the hold was the worst case the budget allowed.
-        settled = min(cost, hold.amount_usd)
+        # The whole cost is posted: a cost the hold did not cover is still owed. What
+        # exceeds the hold is an overrun, counted apart so the invariant stays checkable.
+        overrun = max(_ZERO, cost - hold.amount_usd)
         for account_id in hold.accounts:
             account = self.accounts[account_id]
             account.held_usd -= hold.amount_usd
-            account.settled_usd += settled
+            account.settled_usd += cost
+            account.overrun_usd += overrun
             self.changed_accounts.add(account_id)
         hold.state = "resolved"
         self._touch_hold(reservation_id)
         self.resolutions.append(
-            Resolution(reservation_id, kind, settled, hold.amount_usd - settled)
+            Resolution(reservation_id, kind, cost, max(_ZERO, hold.amount_usd - cost), overrun)
         )
 
     def _hold(self, reservation_id: str, expected: HoldState) -> Hold:
@@ -449,3 +479,159 @@ def _restore(records: dict[str, _R], saved: dict[str, _R | None]) -> None:
             records.pop(key, None)
         else:
             records[key] = before
+
+
+# --- settlements: how much, and what an excess records ---
+
+OVERRUN_REFUSAL_FACTOR: Final = Decimal(1000)
+"""A settlement above this many times its hold is taken for a mistake unless forced."""
+
+SETTLEMENT_CEILING: Final = Decimal(10) ** 15
+"""No single settlement goes above this, forced or not: it is no bill, only a typo."""
+
+
+def settlement_refusal(held: Decimal, cost: Decimal, *, force: bool = False) -> str | None:
+    """Why settling a hold of ``held`` at ``cost`` is refused, or None. Amounts above the
+    hold are settled (as overruns); only the absurd ones need ``force``."""
+    if not cost.is_finite() or cost < 0:
+        return "the settled amount must be a non-negative decimal"
+    if cost > SETTLEMENT_CEILING:
+        return f"{cost} USD is beyond any plausible bill (at most {SETTLEMENT_CEILING})"
+    if not force and cost > held * OVERRUN_REFUSAL_FACTOR:
+        return (
+            f"{format(cost, 'f')} USD is more than {OVERRUN_REFUSAL_FACTOR}x the hold of "
+            f"{format(held, 'f')} USD; settle it with force if it is really owed"
+        )
+    return None
+
+
+def overrun_event(
+    *,
+    request_id: str,
+    attempt_id: str,
+    reservation_id: str,
+    accounts: Sequence[str],
+    held: Decimal,
+    actual: Decimal,
+    cause: Literal["usage_above_reservation", "operator_settlement", "reconciliation"],
+) -> ev.BudgetOverrun | None:
+    """The ``BudgetOverrun`` a settlement of ``actual`` against a hold of ``held`` records
+    with it (the same excess :class:`Books` counts), or None if the hold covered it."""
+    if actual <= held:
+        return None
+    return ev.BudgetOverrun(
+        request_id=request_id,
+        attempt_id=attempt_id,
+        reservation_id=reservation_id,
+        accounts=tuple(accounts),
+        held_usd=held,
+        actual_usd=actual,
+        excess_usd=actual - held,
+        cause=cause,
+    )
+
+
+# --- events and effects: one meaning, used when appending and when re-deriving ---
+
+UNKNOWN_OWNER: Final = "unknown"
+"""The owner of a hold whose event did not record one (taken for a dead gateway's)."""
+
+
+def effect_of(event: ev.Event) -> Effect | None:
+    """The book effect a budget event records; None for every other event. Every effect
+    the ledger applies is appended with the event it is the meaning of."""
+    match event:
+        case ev.BudgetReserved():
+            return Reserve(_hold_of(event), _specs_of(event))
+        case ev.BudgetSettled():
+            return Settle(event.reservation_id, event.settled_usd)
+        case ev.BudgetReleased():
+            return Release(event.reservation_id)
+        case ev.UnknownUsageOpened():
+            return HoldUnknown(event.reservation_id)
+        case ev.UnknownUsageSettled():
+            return SettleUnknown(event.reservation_id, event.settled_usd)
+    return None
+
+
+def _hold_of(event: ev.BudgetReserved) -> Hold:
+    return Hold(
+        reservation_id=event.reservation_id,
+        request_id=event.request_id,
+        attempt_id=event.attempt_id,
+        workspace=event.workspace or "",
+        key_id=event.key_id or "",
+        endpoint=event.endpoint,
+        model=event.model,
+        amount_usd=event.amount_usd,
+        accounts=(),
+        owner=event.owner or UNKNOWN_OWNER,
+    )
+
+
+def _specs_of(event: ev.BudgetReserved) -> tuple[AccountSpec, ...]:
+    return tuple(
+        AccountSpec(
+            account_id=ref.account_id,
+            kind=ref.kind,
+            workspace=event.workspace or "",
+            key_id=None if ref.kind == "workspace" else event.key_id,
+            window_start=ref.window_start,
+            limit_usd=ref.limit_usd,
+        )
+        for ref in event.accounts
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FoldProblem:
+    """A recorded budget event that the books could not apply as recorded."""
+
+    position: int
+    event_type: str
+    detail: str
+
+
+def fold_books(recorded: Iterable[tuple[int, ev.Event]]) -> tuple[Books, list[FoldProblem]]:
+    """The books the recorded budget events add up to, folded in position order, and
+    every event that did not fit (an overrun event that disagrees with its settlement
+    included). Limits are not judged again (see ``Books.enforce_limits``)."""
+    books = Books(enforce_limits=False)
+    problems: list[FoldProblem] = []
+    recorded_overruns: dict[str, tuple[int, Decimal]] = {}
+    settled_at: dict[str, int] = {}
+    for position, event in recorded:
+        if isinstance(event, ev.BudgetOverrun):
+            _, before = recorded_overruns.get(event.reservation_id, (position, _ZERO))
+            recorded_overruns[event.reservation_id] = (position, before + event.excess_usd)
+            continue
+        effect = effect_of(event)
+        if effect is None:
+            continue
+        try:
+            books.apply([effect])
+        except (HoldStateError, ValueError) as error:
+            problems.append(FoldProblem(position, type(event).type, str(error)))
+        if isinstance(effect, Settle | SettleUnknown):
+            settled_at[effect.reservation_id] = position
+    resolved = {r.reservation_id: r.overrun_usd for r in books.resolutions}
+    for reservation, (position, excess) in recorded_overruns.items():
+        if resolved.get(reservation) != excess:
+            problems.append(
+                FoldProblem(
+                    position,
+                    ev.BudgetOverrun.type,
+                    f"overrun of {excess} recorded for {reservation}, whose settlement "
+                    f"exceeded its hold by {resolved.get(reservation, _ZERO)}",
+                )
+            )
+    for reservation, excess in resolved.items():
+        if excess > 0 and reservation not in recorded_overruns:
+            problems.append(
+                FoldProblem(
+                    settled_at[reservation],
+                    ev.BudgetOverrun.type,
+                    f"{reservation} was settled {excess} above its hold with no overrun recorded",
+                )
+            )
+    return books, problems

@@ -76,6 +76,7 @@ def balance_of(row: Any) -> Balance:
         limit_usd=money_of(row.limit_usd),
         held_usd=money_of(row.held_usd),
         settled_usd=money_of(row.settled_usd),
+        overrun_usd=money_of(row.overrun_usd),
     )
 
 
@@ -84,7 +85,8 @@ class BookWrites:
     """The rows one batch's books write, statement by statement (all lists may be empty)."""
 
     new_accounts: list[dict[str, Any]]
-    changed_accounts: list[dict[str, Any]]  # account_id, limit_usd, held_usd, settled_usd
+    # account_id, limit_usd, held_usd, settled_usd, overrun_usd
+    changed_accounts: list[dict[str, Any]]
     new_holds: list[dict[str, Any]]
     changed_holds: list[dict[str, Any]]  # reservation_id, state
     resolutions: list[dict[str, Any]]
@@ -104,6 +106,7 @@ def book_writes(books: Books, now: datetime) -> BookWrites:
                 "limit_usd": a.limit_usd,
                 "held_usd": a.held_usd,
                 "settled_usd": a.settled_usd,
+                "overrun_usd": a.overrun_usd,
                 "updated_at": now,
             }
             for a in (accounts[i] for i in sorted(books.new_accounts))
@@ -114,6 +117,7 @@ def book_writes(books: Books, now: datetime) -> BookWrites:
                 "limit_usd": a.limit_usd,
                 "held_usd": a.held_usd,
                 "settled_usd": a.settled_usd,
+                "overrun_usd": a.overrun_usd,
                 "updated_at": now,
             }
             for a in (accounts[i] for i in sorted(books.changed_accounts - books.new_accounts))
@@ -145,6 +149,7 @@ def book_writes(books: Books, now: datetime) -> BookWrites:
                 "kind": r.kind,
                 "settled_usd": r.settled_usd,
                 "released_usd": r.released_usd,
+                "overrun_usd": r.overrun_usd,
                 "resolved_at": now,
             }
             for r in books.resolutions
@@ -184,6 +189,7 @@ async def save_books(conn: AsyncConnection, books: Books) -> None:
                 limit_usd=bindparam("b_limit_usd"),
                 held_usd=bindparam("b_held_usd"),
                 settled_usd=bindparam("b_settled_usd"),
+                overrun_usd=bindparam("b_overrun_usd"),
                 updated_at=bindparam("b_updated_at"),
             ),
             [{f"b_{k}": v for k, v in row.items()} for row in writes.changed_accounts],

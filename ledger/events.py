@@ -37,6 +37,7 @@ __all__ = [
     "AttemptFinished",
     "AttemptStarted",
     "BreakerTransitioned",
+    "BudgetOverrun",
     "BudgetReleased",
     "BudgetReservationDenied",
     "BudgetReserved",
@@ -248,6 +249,7 @@ class BudgetReserved(Event):
     workspace: Id | None = None  # who the spend belongs to, for the spend views
     key_id: Id | None = None
     model_group: str | None = None
+    owner: str | None = None  # the gateway instance that took the hold (crash recovery)
 
 
 class BudgetReservationDenied(Event):
@@ -332,6 +334,24 @@ class BudgetSettled(Event):
     settled_usd: Money
     released_usd: Money
     usage: Usage
+
+
+class BudgetOverrun(Event):
+    """A hold resolved above its amount: the whole actual cost was settled (never capped),
+    and the excess over the reservation is this fact. Appended with the settlement it
+    follows, it is the only way spend can go beyond what was reserved: for every account,
+    ``settled - overrun`` stays within what its holds reserved, so within its limit."""
+
+    type: ClassVar[str] = "BudgetOverrun"
+
+    request_id: Id
+    attempt_id: Id
+    reservation_id: Id
+    accounts: tuple[Id, ...]  # every account the hold was charged to (none: no budget applied)
+    held_usd: Money  # the reservation's amount
+    actual_usd: Money  # what was settled
+    excess_usd: Money  # actual - held, > 0
+    cause: Literal["usage_above_reservation", "operator_settlement", "reconciliation"]
 
 
 class BudgetReleased(Event):
@@ -442,6 +462,7 @@ class ReconciliationImported(Event):
     amount_mismatches: tuple[ReconciliationLine, ...] = ()
     unmatched_provider_lines: tuple[ReconciliationLine, ...] = ()
     unmatched_attempts: tuple[ReconciliationLine, ...] = ()
+    overruns: tuple[ReconciliationLine, ...] = ()  # settled above the hold (BudgetOverrun)
     imported_by: Id
 
 
@@ -490,6 +511,7 @@ CATALOGUE: Mapping[str, type[Event]] = {
         FailoverDecided,
         BudgetSettled,
         BudgetReleased,
+        BudgetOverrun,
         UnknownUsageOpened,
         UnknownUsageSettled,
         RequestCompleted,

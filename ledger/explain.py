@@ -56,6 +56,7 @@ _BUDGET_TYPES: Final = frozenset(
         ev.BudgetReleased.type,
         ev.UnknownUsageOpened.type,
         ev.UnknownUsageSettled.type,
+        ev.BudgetOverrun.type,
     }
 )
 
@@ -76,6 +77,7 @@ class _Money:
     settled: Decimal = _ZERO
     released: Decimal = _ZERO
     held_unknown: Decimal = _ZERO
+    overrun: Decimal = _ZERO  # settled beyond the reservation
     outcome: str | None = None  # held | settled | released | held_unknown | unknown_settled
 
 
@@ -180,6 +182,8 @@ def _fold(trail: _Trail, recorded: RecordedEvent, event: ev.Event) -> None:
             m.settled += event.settled_usd
             m.released += event.released_usd
             m.outcome = "unknown_settled"
+        case ev.BudgetOverrun():
+            money.setdefault(event.attempt_id, _Money()).overrun += event.excess_usd
         case ev.RequestCompleted() | ev.RequestFailed():
             trail.end = event
             trail.ended_at = recorded.recorded_at
@@ -231,13 +235,16 @@ def _final_endpoint(trail: _Trail) -> str | None:
 
 def _totals(trail: _Trail) -> dict[str, str | None]:
     if not trail.budgeted:
-        return dict.fromkeys(("reserved_usd", "settled_usd", "released_usd", "held_unknown_usd"))
+        return dict.fromkeys(
+            ("reserved_usd", "settled_usd", "released_usd", "held_unknown_usd", "overrun_usd")
+        )
     ms = trail.money.values()
     return {
         "reserved_usd": money_str(sum((m.reserved or _ZERO for m in ms), _ZERO)),
         "settled_usd": money_str(sum((m.settled for m in ms), _ZERO)),
         "released_usd": money_str(sum((m.released for m in ms), _ZERO)),
         "held_unknown_usd": money_str(sum((m.held_unknown for m in ms), _ZERO)),
+        "overrun_usd": money_str(sum((m.overrun for m in ms), _ZERO)),
     }
 
 
@@ -298,6 +305,7 @@ def _attempt_json(trail: _Trail, attempt: _Attempt) -> dict[str, Any]:
         "settled_usd": money_str(m.settled) if m else None,
         "released_usd": money_str(m.released) if m else None,
         "held_unknown_usd": money_str(m.held_unknown) if m else None,
+        "overrun_usd": money_str(m.overrun) if m else None,
         "reservation": m.outcome if m else None,
         "failover": None
         if d is None
@@ -441,6 +449,9 @@ def _money_clause(trail: _Trail) -> list[str]:
             text += f", ${money_str(held)} held as unknown usage"
         if open_:
             text += f", ${money_str(open_)} still reserved"
+        overrun = sum((m.overrun for m in ms), _ZERO)
+        if overrun:
+            text += f", ${money_str(overrun)} of it beyond what was reserved (overrun)"
         clauses.append(text)
     else:
         end = trail.end
@@ -588,6 +599,13 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
                 f"${money_str(event.settled_usd)} settled, ${money_str(event.released_usd)} "
                 f"released{why}"
             )
+        case ev.BudgetOverrun():
+            return (
+                f"overrun: {trail.number(event.attempt_id)} settled "
+                f"${money_str(event.actual_usd)} against a reservation of "
+                f"${money_str(event.held_usd)}, ${money_str(event.excess_usd)} beyond it "
+                f"({event.cause}); counted on {', '.join(event.accounts) or 'no budget account'}"
+            )
         case ev.RequestCompleted():
             cost = f", cost ${money_str(event.cost_usd)}" if event.cost_usd is not None else ""
             return (
@@ -664,5 +682,16 @@ def _budget_check(recorded: RecordedEvent, event: ev.Event) -> dict[str, Any]:
                 released_usd=money_str(event.released_usd),
                 source=event.source,
                 actor=event.actor,
+            )
+        case ev.BudgetOverrun():
+            check.update(
+                check="overrun",
+                attempt_id=event.attempt_id,
+                reservation_id=event.reservation_id,
+                held_usd=money_str(event.held_usd),
+                actual_usd=money_str(event.actual_usd),
+                excess_usd=money_str(event.excess_usd),
+                accounts=list(event.accounts),
+                cause=event.cause,
             )
     return check

@@ -11,7 +11,10 @@ its response id — and lands in exactly one list of the report:
   provider that bills an attempt the ledger released as not started lands here too;
 - ``settled_unknown``: the attempt's hold was an open unknown-usage settlement; the line
   settles it (``UnknownUsageSettled``, source ``reconciliation``), posting the provider's
-  cost (at most the hold) and releasing the rest;
+  cost and releasing what is left of the hold. A cost above the hold is settled all the
+  same, as an overrun (``BudgetOverrun``): that line goes to ``amount_mismatches`` (the
+  hold and the cost) and is listed in ``overruns`` too. A cost over 1,000x its hold
+  refuses the whole import before anything is settled, unless it is forced;
 - ``unmatched_provider_lines``: no attempt in the caller's scope (another workspace's
   attempt is never revealed: it reads exactly like no attempt), an attempt still in flight,
   or a second line for an attempt already billed;
@@ -40,6 +43,7 @@ from sqlalchemy import Select, and_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ledger import events as ev
+from ledger.accounting import settlement_refusal
 from ledger.projection import ProjectionRunner
 from ledger.schema import events, spend_attempts, unknown_settlements
 from ledger.settlements import SettlementError, settle_unknown
@@ -76,7 +80,7 @@ Progress = Callable[[int, int], None]
 """Called with (lines looked up and settled so far, total)."""
 
 Category: TypeAlias = Literal[
-    "matched", "settled_unknown", "amount_mismatches", "unmatched_provider_lines"
+    "matched", "settled_unknown", "amount_mismatches", "unmatched_provider_lines", "overruns"
 ]
 Outcome: TypeAlias = tuple[Category, ev.ReconciliationLine]
 
@@ -145,12 +149,13 @@ class Classification:
     settled_unknown: list[ev.ReconciliationLine] = field(default_factory=list)
     amount_mismatches: list[ev.ReconciliationLine] = field(default_factory=list)
     unmatched_provider_lines: list[ev.ReconciliationLine] = field(default_factory=list)
+    overruns: list[ev.ReconciliationLine] = field(default_factory=list)
     to_settle: list[Settlement] = field(default_factory=list)
     matched_reservations: set[str] = field(default_factory=set)
 
-    def add(self, outcome: Outcome) -> None:
-        category, entry = outcome
-        getattr(self, category).append(entry)
+    def add(self, outcome: Outcome | list[Outcome]) -> None:
+        for category, entry in outcome if isinstance(outcome, list) else [outcome]:
+            getattr(self, category).append(entry)
 
 
 # --- matching and judging: pure ---
@@ -215,15 +220,33 @@ def _compare(line: ProviderLine, attempt: AttemptRecord, ledger_usd: Decimal, no
 
 
 def _settled_detail(via: str, held: Decimal, settled: Decimal) -> str:
+    if settled > held:
+        return (
+            f"by {via}; unknown usage settled at the provider's {money_str(settled)}, "
+            f"{money_str(settled - held)} above the {money_str(held)} held: overrun recorded"
+        )
     return (
         f"by {via}; unknown usage settled at {money_str(settled)} of {money_str(held)} held, "
         f"{money_str(held - settled)} released"
     )
 
 
+def _settled_outcomes(
+    line: ProviderLine, attempt: AttemptRecord, via: str, settled: Decimal
+) -> list[Outcome]:
+    """Where a line that settled an unknown hold at ``settled`` is reported: above the
+    hold, as a mismatch (the hold and the provider's cost) and an overrun."""
+    held = attempt.reserved_usd
+    detail = _settled_detail(via, held, settled)
+    if settled <= held:
+        return [("settled_unknown", _entry(line, attempt, detail, settled))]
+    entry = _entry(line, attempt, detail, held)
+    return [("amount_mismatches", entry), ("overruns", entry)]
+
+
 def judge(
     line: ProviderLine, attempt: AttemptRecord, via: str, reconciliation: str
-) -> Outcome | Settlement:
+) -> Outcome | list[Outcome] | Settlement:
     """Where one matched line belongs, or the settlement it makes."""
     note = f"by {via}"
     if line.model != attempt.model:
@@ -236,8 +259,7 @@ def judge(
         case "unknown" if attempt.settlement_id is not None:
             return Settlement(line, attempt, via)
         case "unknown_settled" if attempt.settled_by == reconciliation:
-            detail = _settled_detail(via, attempt.reserved_usd, attempt.settled_usd)
-            return "settled_unknown", _entry(line, attempt, detail, attempt.settled_usd)
+            return _settled_outcomes(line, attempt, via, attempt.settled_usd)
         case "unknown_settled":
             return _compare(
                 line, attempt, attempt.settled_usd, f"{note}; unknown usage settled before"
@@ -310,9 +332,12 @@ async def import_reconciliation(
     scope: ReconcileScope = ReconcileScope(),
     export_format: ExportFormat | None = None,
     progress: Progress | None = None,
+    force: bool = False,
 ) -> ev.ReconciliationImported:
     """Reconcile an export and record the report; the recorded one if it was imported
-    before. Raises :class:`ExportError` (nothing recorded) for a file that cannot be read."""
+    before. Raises :class:`ExportError` (nothing recorded, nothing settled) for a file that
+    cannot be read, or that would settle a hold at more than 1,000x its amount unless
+    ``force``."""
     # Reading a large export is CPU work: off the event loop, which serves requests.
     lines = await asyncio.to_thread(parse_export, data, export_format)
     file_sha256 = hashlib.sha256(data).hexdigest()
@@ -334,9 +359,15 @@ async def import_reconciliation(
 
     candidates = await _candidates(store.engine, lines, scope, advance)
     plan = classify(lines, candidates, rec_id)
+    for settlement in plan.to_settle:
+        refusal = settlement_refusal(
+            settlement.attempt.reserved_usd, settlement.line.cost_usd, force=force
+        )
+        if refusal is not None:
+            raise ExportError(refusal, line=settlement.line.line, field="cost_usd")
     total += len(plan.to_settle)
     for settlement in plan.to_settle:
-        plan.add(await _settle(store, settlement, rec_id, actor))
+        plan.add(await _settle(store, settlement, rec_id, actor, force))
         advance(1)
     first = min(line.timestamp for line in lines)
     last = max(line.timestamp for line in lines)
@@ -353,6 +384,7 @@ async def import_reconciliation(
         amount_mismatches=_in_file_order(plan.amount_mismatches),
         unmatched_provider_lines=_in_file_order(plan.unmatched_provider_lines),
         unmatched_attempts=tuple(unmatched_attempts(in_window, plan.matched_reservations)),
+        overruns=_in_file_order(plan.overruns),
         imported_by=actor,
     )
     try:
@@ -406,6 +438,7 @@ def report_json(event: ev.ReconciliationImported) -> dict[str, Any]:
         "amount_mismatches": entries(event.amount_mismatches),
         "unmatched_provider_lines": entries(event.unmatched_provider_lines),
         "unmatched_attempts": entries(event.unmatched_attempts),
+        "overruns": entries(event.overruns),
     }
 
 
@@ -413,11 +446,13 @@ def _in_file_order(entries: list[ev.ReconciliationLine]) -> tuple[ev.Reconciliat
     return tuple(sorted(entries, key=lambda e: e.line or 0))
 
 
-async def _settle(store: EventStore, settlement: Settlement, rec_id: str, actor: str) -> Outcome:
+async def _settle(
+    store: EventStore, settlement: Settlement, rec_id: str, actor: str, force: bool
+) -> Outcome | list[Outcome]:
     line, attempt = settlement.line, settlement.attempt
     assert attempt.settlement_id is not None
     try:
-        event = await settle_unknown(
+        event, _ = await settle_unknown(
             store,
             attempt.settlement_id,
             line.cost_usd,
@@ -425,6 +460,7 @@ async def _settle(store: EventStore, settlement: Settlement, rec_id: str, actor:
             source="reconciliation",
             reconciliation_id=rec_id,
             usage=line.usage,
+            force=force,
         )
     except SettlementError:
         # Settled since we looked: by an operator, or by a racing import of this very file.
@@ -442,8 +478,7 @@ async def _settle(store: EventStore, settlement: Settlement, rec_id: str, actor:
         outcome = judge(line, now, settlement.via, rec_id)
         assert not isinstance(outcome, Settlement)
         return outcome
-    detail = _settled_detail(settlement.via, event.held_usd, event.settled_usd)
-    return "settled_unknown", _entry(line, attempt, detail, event.settled_usd)
+    return _settled_outcomes(line, attempt, settlement.via, event.settled_usd)
 
 
 _COLUMNS: Final = (

@@ -145,6 +145,7 @@ spend_attempts = Table(
     Column("reserved_usd", MoneyColumn, nullable=False),
     Column("settled_usd", MoneyColumn, nullable=False),
     Column("held_unknown_usd", MoneyColumn, nullable=False),
+    Column("overrun_usd", MoneyColumn, nullable=False),  # settled beyond the reservation
     Column("reserved_at", DateTime(timezone=True), nullable=False),
     # From the attempt's AttemptFinished: what a provider's usage export can be matched on.
     Column("upstream_request_id", String(200)),
@@ -219,10 +220,12 @@ budget_accounts = Table(
     Column("window_start", String(10)),  # ISO date of the window's first day; None: total
     Column("limit_usd", MoneyColumn, nullable=False),
     Column("held_usd", MoneyColumn, nullable=False),
-    Column("settled_usd", MoneyColumn, nullable=False),
+    Column("settled_usd", MoneyColumn, nullable=False),  # overruns included
+    Column("overrun_usd", MoneyColumn, nullable=False),  # settled beyond the holds
     Column("updated_at", DateTime(timezone=True), nullable=False),
-    # On PostgreSQL the migration adds CHECK (held + settled <= limit): the invariant is the
-    # database's own. It is not declared here because SQLite keeps money as text.
+    # On PostgreSQL the migrations add CHECK (held + settled - overrun <= limit): the
+    # invariant is the database's own. It is not declared here because SQLite keeps money
+    # as text.
 )
 
 budget_holds = Table(
@@ -258,6 +261,7 @@ budget_resolutions = Table(
     Column("kind", String(20), nullable=False),  # settled | released | unknown_settled
     Column("settled_usd", MoneyColumn, nullable=False),
     Column("released_usd", MoneyColumn, nullable=False),
+    Column("overrun_usd", MoneyColumn, nullable=False),
     Column("resolved_at", DateTime(timezone=True), nullable=False),
     CheckConstraint(
         "kind IN ('settled', 'released', 'unknown_settled')", name="ck_budget_resolutions_kind"

@@ -5,18 +5,29 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+import orjson
 from sqlalchemy import select
 
 from ledger import events as ev
-from ledger.accounting import HoldStateError, SettleUnknown, reservation_of_settlement
+from ledger.accounting import (
+    HoldStateError,
+    SettleUnknown,
+    overrun_event,
+    reservation_of_settlement,
+    settlement_refusal,
+)
 from ledger.schema import budget_holds
 from ledger.store import ANY_VERSION, EventStore
 
-__all__ = ["SettlementError", "settle_unknown"]
+__all__ = ["SettlementError", "SettlementRefused", "settle_unknown"]
 
 
 class SettlementError(LookupError):
     """No open unknown-usage settlement by that id."""
+
+
+class SettlementRefused(ValueError):
+    """An amount the books refuse to settle (absurd without ``force``, or no amount)."""
 
 
 def _reservation_id(settlement_id: str) -> str:
@@ -36,10 +47,11 @@ async def settle_unknown(
     reason: str | None = None,
     reconciliation_id: str | None = None,
     usage: ev.Usage | None = None,
-) -> ev.UnknownUsageSettled:
-    """Settle an open unknown-usage settlement at ``cost_usd`` (at most what was held)."""
-    if not cost_usd.is_finite() or cost_usd < 0:
-        raise SettlementError("the settled amount must be a non-negative decimal")
+    force: bool = False,
+) -> tuple[ev.UnknownUsageSettled, ev.BudgetOverrun | None]:
+    """Settle an open unknown-usage settlement at ``cost_usd``, the amount given: above
+    the hold it is an overrun, recorded with it; far above it (``settlement_refusal``) it
+    is refused unless ``force``. Returns the settlement and its overrun, if any."""
     reservation_id = _reservation_id(settlement_id)
     async with store.engine.connect() as conn:
         hold = (
@@ -49,28 +61,40 @@ async def settle_unknown(
         ).first()
     if hold is None or hold.state != "unknown":
         raise SettlementError(f"no open unknown-usage settlement {settlement_id}")
-    settled = min(cost_usd, hold.amount_usd)
-    event = ev.UnknownUsageSettled(
+    refusal = settlement_refusal(hold.amount_usd, cost_usd, force=force)
+    if refusal is not None:
+        raise SettlementRefused(refusal)
+    from_reconciliation = source == "reconciliation"
+    settled = ev.UnknownUsageSettled(
         settlement_id=settlement_id,
         request_id=hold.request_id,
         attempt_id=hold.attempt_id,
         reservation_id=reservation_id,
         held_usd=hold.amount_usd,
-        settled_usd=settled,
-        released_usd=hold.amount_usd - settled,
-        source="reconciliation" if source == "reconciliation" else "operator",
+        settled_usd=cost_usd,
+        released_usd=max(Decimal(0), hold.amount_usd - cost_usd),
+        source="reconciliation" if from_reconciliation else "operator",
         actor=actor,
         reason=reason,
         reconciliation_id=reconciliation_id,
         usage=usage,
     )
+    overrun = overrun_event(
+        request_id=hold.request_id,
+        attempt_id=hold.attempt_id,
+        reservation_id=reservation_id,
+        accounts=orjson.loads(hold.accounts),
+        held=hold.amount_usd,
+        actual=cost_usd,
+        cause="reconciliation" if from_reconciliation else "operator_settlement",
+    )
     try:
         await store.append(
             f"request-{hold.request_id}",
             ANY_VERSION,
-            [event],
+            [settled] if overrun is None else [settled, overrun],
             effects=[SettleUnknown(reservation_id, cost_usd)],
         )
     except HoldStateError:  # settled by someone else since we looked
         raise SettlementError(f"no open unknown-usage settlement {settlement_id}") from None
-    return event
+    return settled, overrun

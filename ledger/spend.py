@@ -58,8 +58,9 @@ async def spend_report(
     until: date | None = None,
     scope: SpendScope = SpendScope(),
 ) -> list[dict[str, Any]]:
-    """Spend rows: the ``group_by`` keys, ``settled_usd``, ``held_unknown_usd``,
-    ``requests`` and ``attempts``; ``since``/``until`` are inclusive UTC days."""
+    """Spend rows: the ``group_by`` keys, ``settled_usd`` (overruns included),
+    ``held_unknown_usd``, ``overrun_usd`` (settled beyond the reservations), ``requests``
+    and ``attempts``; ``since``/``until`` are inclusive UTC days."""
     unknown = [k for k in group_by if k not in GROUP_KEYS]
     if unknown:
         raise ValueError(f"cannot group by {', '.join(unknown)}")
@@ -82,11 +83,13 @@ async def spend_report(
                 entry = totals[group] = {
                     "settled": Decimal(0),
                     "held": Decimal(0),
+                    "overrun": Decimal(0),
                     "requests": set(),
                     "attempts": 0,
                 }
             entry["settled"] += row.settled_usd
             entry["held"] += row.held_unknown_usd
+            entry["overrun"] += row.overrun_usd
             entry["requests"].add(row.request_id)
             entry["attempts"] += 1
     return [
@@ -94,6 +97,7 @@ async def spend_report(
             **dict(zip(group_by, group, strict=True)),
             "settled_usd": money_str(entry["settled"]),
             "held_unknown_usd": money_str(entry["held"]),
+            "overrun_usd": money_str(entry["overrun"]),
             "requests": len(entry["requests"]),
             "attempts": entry["attempts"],
         }
@@ -104,7 +108,14 @@ async def spend_report(
 def spend_csv(rows: Sequence[dict[str, Any]], group_by: Sequence[str]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    columns = [*group_by, "settled_usd", "held_unknown_usd", "requests", "attempts"]
+    columns = [
+        *group_by,
+        "settled_usd",
+        "held_unknown_usd",
+        "overrun_usd",
+        "requests",
+        "attempts",
+    ]
     writer.writerow(columns)
     for row in rows:
         writer.writerow([row[c] for c in columns])
@@ -134,7 +145,9 @@ async def budget_balances(
             "limit_usd": money_str(r.limit_usd),
             "held_usd": money_str(r.held_usd),
             "settled_usd": money_str(r.settled_usd),
-            "available_usd": money_str(r.limit_usd - r.held_usd - r.settled_usd),
+            "overrun_usd": money_str(r.overrun_usd),
+            # Spend over the limit (an overrun) leaves nothing for a new reservation.
+            "available_usd": money_str(max(Decimal(0), r.limit_usd - r.held_usd - r.settled_usd)),
         }
         for r in rows
     ]

@@ -709,7 +709,8 @@ _PG_READ = """
                   'account_id', a.account_id, 'kind', a.kind, 'workspace', a.workspace,
                   'key_id', a.key_id, 'window_start', a.window_start,
                   'limit_usd', a.limit_usd::text, 'held_usd', a.held_usd::text,
-                  'settled_usd', a.settled_usd::text)), '[]')
+                  'settled_usd', a.settled_usd::text,
+                  'overrun_usd', a.overrun_usd::text)), '[]')
        FROM budget_accounts a WHERE a.account_id = ANY(:accounts::text[] || ARRAY(
            SELECT jsonb_array_elements_text(h.accounts::jsonb) FROM budget_holds h
            WHERE h.reservation_id = ANY(:holds::text[])))) AS accounts
@@ -737,11 +738,12 @@ _PG_WRITE_BOOKS = {
     "new_accounts": """
     , new_accounts AS (
         INSERT INTO budget_accounts (account_id, kind, workspace, key_id, window_start,
-                                     limit_usd, held_usd, settled_usd, updated_at)
+                                     limit_usd, held_usd, settled_usd, overrun_usd,
+                                     updated_at)
         SELECT u.*, :recorded_at
         FROM jsonb_to_recordset(:new_accounts::jsonb) AS u(
             account_id text, kind text, workspace text, key_id text, window_start text,
-            limit_usd numeric, held_usd numeric, settled_usd numeric)
+            limit_usd numeric, held_usd numeric, settled_usd numeric, overrun_usd numeric)
         WHERE EXISTS (SELECT 1 FROM head)
         RETURNING 1
     )""",
@@ -749,9 +751,10 @@ _PG_WRITE_BOOKS = {
     , changed_accounts AS (
         UPDATE budget_accounts a
         SET limit_usd = u.limit_usd, held_usd = u.held_usd, settled_usd = u.settled_usd,
-            updated_at = :recorded_at
+            overrun_usd = u.overrun_usd, updated_at = :recorded_at
         FROM jsonb_to_recordset(:changed_accounts::jsonb) AS u(
-            account_id text, limit_usd numeric, held_usd numeric, settled_usd numeric)
+            account_id text, limit_usd numeric, held_usd numeric, settled_usd numeric,
+            overrun_usd numeric)
         WHERE a.account_id = u.account_id
           AND a.account_id = ANY(:changed_account_ids::text[])
           AND EXISTS (SELECT 1 FROM head)
@@ -782,10 +785,11 @@ _PG_WRITE_BOOKS = {
     "resolutions": """
     , resolutions AS (
         INSERT INTO budget_resolutions (reservation_id, kind, settled_usd, released_usd,
-                                        resolved_at)
+                                        overrun_usd, resolved_at)
         SELECT u.*, :recorded_at
         FROM jsonb_to_recordset(:resolutions::jsonb) AS u(
-            reservation_id text, kind text, settled_usd numeric, released_usd numeric)
+            reservation_id text, kind text, settled_usd numeric, released_usd numeric,
+            overrun_usd numeric)
         WHERE EXISTS (SELECT 1 FROM head)
         RETURNING 1
     )""",

@@ -19,12 +19,10 @@ from ledger.accounting import (
     BudgetDenied,
     Effect,
     Hold,
-    HoldUnknown,
-    Release,
-    Reserve,
-    Settle,
     Window,
     account_specs,
+    effect_of,
+    overrun_event,
     reservation_id,
     settlement_id,
 )
@@ -41,6 +39,12 @@ class StepRecord:
 
     events: tuple[ev.Event, ...]
     effects: tuple[Effect, ...]
+
+    @staticmethod
+    def of(*events: ev.Event | None) -> StepRecord:
+        """The events (None: left out) with the effects they are the meaning of."""
+        kept = tuple(e for e in events if e is not None)
+        return StepRecord(kept, tuple(e for e in map(effect_of, kept) if e is not None))
 
 
 class RequestBudget:
@@ -140,8 +144,9 @@ class RequestBudget:
             workspace=self.workspace,
             key_id=self.key_id,
             model_group=self.model_group,
+            owner=self.owner,
         )
-        return StepRecord((event,), (Reserve(hold, self.specs),))
+        return StepRecord.of(event)
 
     def denied(self, refusal: BudgetDenied, endpoint: str, model: str) -> ev.Event:
         return ev.BudgetReservationDenied(
@@ -156,18 +161,27 @@ class RequestBudget:
         )
 
     def settle(self, attempt_id: str, cost: Decimal, usage: ev.Usage) -> StepRecord:
+        """Usage known: the whole cost is settled; beyond the hold it is an overrun."""
         hold = self._holds.pop(attempt_id)
-        settled = min(cost, hold.amount_usd)
-        event = ev.BudgetSettled(
+        settled = ev.BudgetSettled(
             request_id=self.request_id,
             attempt_id=attempt_id,
             reservation_id=hold.reservation_id,
             reserved_usd=hold.amount_usd,
-            settled_usd=settled,
-            released_usd=hold.amount_usd - settled,
+            settled_usd=cost,
+            released_usd=max(Decimal(0), hold.amount_usd - cost),
             usage=usage,
         )
-        return StepRecord((event,), (Settle(hold.reservation_id, cost),))
+        overrun = overrun_event(
+            request_id=self.request_id,
+            attempt_id=attempt_id,
+            reservation_id=hold.reservation_id,
+            accounts=[spec.account_id for spec in self.specs],
+            held=hold.amount_usd,
+            actual=cost,
+            cause="usage_above_reservation",
+        )
+        return StepRecord.of(settled, overrun)
 
     def release(self, attempt_id: str, reason: str) -> StepRecord:
         hold = self._holds.pop(attempt_id)
@@ -178,7 +192,7 @@ class RequestBudget:
             released_usd=hold.amount_usd,
             reason=reason,
         )
-        return StepRecord((event,), (Release(hold.reservation_id),))
+        return StepRecord.of(event)
 
     def hold_unknown(self, attempt_id: str, cause: str) -> StepRecord:
         """Usage unknown: the whole hold stays counted until it is settled (SPEC §6)."""
@@ -195,7 +209,7 @@ class RequestBudget:
             held_usd=hold.amount_usd,
             cause=cause,
         )
-        return StepRecord((event,), (HoldUnknown(hold.reservation_id),))
+        return StepRecord.of(event)
 
     def has_hold(self, attempt_id: str) -> bool:
         return attempt_id in self._holds

@@ -135,53 +135,118 @@ def migrate_command(database_url: DatabaseUrl = None) -> None:
 def verify_command(
     database_url: DatabaseUrl = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    books: Annotated[
+        bool,
+        typer.Option(
+            "--books",
+            help="Also fold the budget events and compare them with the live balances, "
+            "holds and resolutions, naming each that differs.",
+        ),
+    ] = False,
 ) -> None:
     """Verify the ledger's hash chain; exits non-zero naming the first bad event."""
+    from ledger.book_audit import BooksReport, check_books
 
-    async def work(store: EventStore) -> Any:
+    async def work(store: EventStore) -> tuple[Any, BooksReport | None]:
         with progress_bar() as progress:
             task = progress.add_task("verifying", total=None)
-            return await verify_chain(store, _progress_callback(progress, task))
+            result = await verify_chain(store, _progress_callback(progress, task))
+            report = None
+            if books:
+                task = progress.add_task("checking the books", total=None)
+                report = await check_books(store, _progress_callback(progress, task))
+        return result, report
 
-    result = _with_store(database_url, work)
+    result, report = _with_store(database_url, work)
+    ok = result.ok and (report is None or report.ok)
     if as_json:
-        print(json.dumps(result.as_json()))
-    elif result.ok:
+        answer = result.as_json()
+        if report is not None:
+            answer["books"] = report.as_json()
+            answer["ok"] = ok
+        print(json.dumps(answer))
+        raise typer.Exit(0 if ok else 1)
+    if result.ok:
         out.print(f"ledger OK: {result.checked} events, head at position {result.head_position}")
     else:
         out.print(
             f"ledger BROKEN at position {result.first_bad_position}: {result.problem} "
             f"({result.checked} events verified before it)"
         )
-    raise typer.Exit(0 if result.ok else 1)
+    if report is not None:
+        _print_books(report)
+    raise typer.Exit(0 if ok else 1)
+
+
+def _print_books(report: Any) -> None:
+    if report.ok:
+        out.print(
+            f"books OK: {report.accounts} accounts and {report.holds} holds are what "
+            f"{report.events} budget events add up to",
+            highlight=False,
+        )
+        return
+    out.print(
+        f"books DIFFER from the ledger in {len(report.discrepancies)} place(s) "
+        "(`waybill replay --projection books` rebuilds them from the events):",
+        highlight=False,
+    )
+    for found in report.discrepancies:
+        out.print(f"  {found.kind} {found.id}: {found.detail}", highlight=False, markup=False)
 
 
 @app.command("replay")
 def replay_command(
     database_url: DatabaseUrl = None,
     projection: Annotated[
-        str | None, typer.Option("--projection", help="Only this projection (default: all).")
+        str | None,
+        typer.Option(
+            "--projection",
+            help="Only this projection, or `books` for the budget balances, holds and "
+            "resolutions (default: all of them).",
+        ),
     ] = None,
 ) -> None:
-    """Rebuild projections from event 0."""
+    """Rebuild projections and the books from event 0."""
+    from ledger.book_audit import rebuild_books
 
     async def work(store: EventStore) -> dict[str, int]:
         runner = ProjectionRunner(store, all_projections())
-        names = [projection] if projection else list(runner.projections)
+        names = [projection] if projection else [*runner.projections, BOOKS]
         try:
-            chosen = [runner.get(name) for name in names]
+            chosen = [runner.get(name) for name in names if name != BOOKS]
         except KeyError as error:
-            raise CliError(str(error.args[0])) from None
-        # One pass over the ledger rebuilds them all: each page is read and decoded once.
+            raise CliError(f"{error.args[0]} (or {BOOKS})") from None
+        applied: dict[str, int] = {}
         with progress_bar() as progress:
-            label = ", ".join(t.name for t in chosen)
-            task = progress.add_task(f"replaying {label}", total=None)
-            count = await runner.replay(*chosen, progress=_progress_callback(progress, task))
-        return {target.name: count for target in chosen}
+            if chosen:
+                # One pass over the ledger rebuilds them all: each page is read and decoded
+                # once.
+                label = ", ".join(t.name for t in chosen)
+                task = progress.add_task(f"replaying {label}", total=None)
+                count = await runner.replay(*chosen, progress=_progress_callback(progress, task))
+                applied.update((target.name, count) for target in chosen)
+            if BOOKS in names:
+                # Under the ledger head's lock: appends wait until the books are rewritten.
+                task = progress.add_task("rebuilding the books", total=None)
+                report = await rebuild_books(store, _progress_callback(progress, task))
+                applied[BOOKS] = report.events
+                for found in report.discrepancies:
+                    err.print(
+                        f"  was wrong: {found.kind} {found.id}: {found.detail}",
+                        highlight=False,
+                        markup=False,
+                    )
+        return applied
 
     applied = _with_store(database_url, work)
     for name, count in applied.items():
         out.print(f"{name}: rebuilt from {count} events")
+
+
+BOOKS = "books"
+"""``replay --projection books``: the budget tables, kept by the append path, not a
+projection, but rebuilt from the events all the same."""
 
 
 @app.command("projections")
@@ -556,12 +621,17 @@ def settle_command(
     settlement_id: Annotated[str, typer.Argument(help="An unknown-usage settlement (unk_...).")],
     settled_usd: Annotated[str, typer.Option("--usd", help="What the attempt really cost.")],
     reason: Annotated[str, typer.Option("--reason", help="Why: recorded with the event.")],
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Settle an amount over 1,000x the hold all the same."),
+    ] = False,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Settle an unknown-usage settlement by hand (an operator's decision, on the ledger)."""
+    """Settle an unknown-usage settlement by hand (an operator's decision, on the ledger).
+    The amount given is settled; above the hold, the excess is recorded as an overrun."""
     from decimal import Decimal, InvalidOperation
 
-    from ledger.settlements import SettlementError, settle_unknown
+    from ledger.settlements import SettlementError, SettlementRefused, settle_unknown
 
     try:
         amount = Decimal(settled_usd)
@@ -575,15 +645,19 @@ def settle_command(
     async def work(store: EventStore) -> Any:
         try:
             return await settle_unknown(
-                store, settlement_id, amount, actor="cli", reason=reason.strip()
+                store, settlement_id, amount, actor="cli", reason=reason.strip(), force=force
             )
-        except SettlementError as error:
+        except (SettlementError, SettlementRefused) as error:
             raise CliError(str(error)) from None
 
-    event = _with_store(database_url, work)
+    event, overrun = _with_store(database_url, work)
+    outcome = (
+        f"{event.released_usd} released"
+        if overrun is None
+        else f"overrun {overrun.excess_usd} USD recorded"
+    )
     out.print(
-        f"settled {settlement_id}: {event.settled_usd} USD of {event.held_usd} held, "
-        f"{event.released_usd} released",
+        f"settled {settlement_id}: {event.settled_usd} USD of {event.held_usd} held, {outcome}",
         highlight=False,
     )
 
@@ -594,6 +668,7 @@ _REPORT_LISTS = (
     "amount_mismatches",
     "unmatched_provider_lines",
     "unmatched_attempts",
+    "overruns",
 )
 _ENTRY_COLUMNS = (
     "line",
@@ -613,6 +688,10 @@ def reconcile_command(
     ] = None,
     database_url: DatabaseUrl = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Settle lines over 1,000x their hold all the same."),
+    ] = False,
 ) -> None:
     """Import a provider usage export: match it to attempts, settle unknown usage, report."""
     from pathlib import Path
@@ -643,6 +722,7 @@ def reconcile_command(
                     scope=ReconcileScope(provider=provider),
                     export_format=export_format,
                     progress=_progress_callback(progress, task),
+                    force=force,
                 )
         except ExportError as error:
             raise CliError(f"{export_file}: {error}") from None

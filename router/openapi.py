@@ -279,19 +279,29 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         ["ok", "checked"], ok={"type": "boolean"}, checked={"type": "integer"}
     ),
     "SpendRow": _object(
-        ["settled_usd", "held_unknown_usd", "requests", "attempts"],
+        ["settled_usd", "held_unknown_usd", "overrun_usd", "requests", "attempts"],
         settled_usd=_MONEY,
         held_unknown_usd=_MONEY,
+        overrun_usd=_MONEY,
         requests={"type": "integer"},
         attempts={"type": "integer"},
     ),
     "BudgetBalance": _object(
-        ["account_id", "kind", "limit_usd", "held_usd", "settled_usd", "available_usd"],
+        [
+            "account_id",
+            "kind",
+            "limit_usd",
+            "held_usd",
+            "settled_usd",
+            "overrun_usd",
+            "available_usd",
+        ],
         account_id=_STRING,
         kind=_STRING,
         limit_usd=_MONEY,
         held_usd=_MONEY,
         settled_usd=_MONEY,
+        overrun_usd=_MONEY,
         available_usd=_MONEY,
     ),
     "UnknownSettlement": _object(
@@ -324,6 +334,7 @@ _SCHEMAS: Final[dict[str, Schema]] = {
             "amount_mismatches",
             "unmatched_provider_lines",
             "unmatched_attempts",
+            "overruns",
         ],
         id=_STRING,
         matched={"type": "array", "items": _ITEMS},
@@ -331,6 +342,7 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         amount_mismatches={"type": "array", "items": _ITEMS},
         unmatched_provider_lines={"type": "array", "items": _ITEMS},
         unmatched_attempts={"type": "array", "items": _ITEMS},
+        overruns={"type": "array", "items": _ITEMS},
     ),
     "Status": _object(["status"], status=_STRING),
 }
@@ -620,6 +632,10 @@ SETTLE_UNKNOWN: Final[Schema] = {
                     ["settled_usd", "reason"],
                     settled_usd={**_MONEY, "pattern": MONEY_PATTERN},
                     reason={"type": "string", "pattern": _kept()},
+                    force={
+                        "type": "boolean",
+                        "description": "Settle an amount over 1,000x the hold all the same.",
+                    },
                 )
             }
         },
@@ -628,7 +644,14 @@ SETTLE_UNKNOWN: Final[Schema] = {
 }
 IMPORT_RECONCILIATION: Final[Schema] = {
     "summary": "Reconcile a provider usage export (admin and finance keys)",
-    "parameters": [_query("provider", _STRING, "Reconcile only this endpoint's attempts.")],
+    "parameters": [
+        _query("provider", _STRING, "Reconcile only this endpoint's attempts."),
+        _query(
+            "force",
+            {"type": "string", "enum": ["true", "false"]},
+            "Settle lines over 1,000x their hold all the same.",
+        ),
+    ],
     "requestBody": {
         "required": True,
         "description": "Provider usage lines: CSV with a header row, or JSONL.",

@@ -47,6 +47,14 @@ _FORMATS: Final[dict[str, ExportFormat]] = {
 }
 
 
+def _force(value: str | None) -> bool:
+    if value in (None, "false"):
+        return False
+    if value == "true":
+        return True
+    raise invalid_request("force must be true or false", param="force")
+
+
 def reconcile_router(authenticate: Authenticate) -> APIRouter:
     router = APIRouter()
 
@@ -54,6 +62,7 @@ def reconcile_router(authenticate: Authenticate) -> APIRouter:
     async def import_export(request: Request) -> Response:
         caller = _reconciler(await authenticate(request))
         provider = request.query_params.get("provider") or None
+        force = _force(request.query_params.get("force"))
         data = await _read_export(request)
         try:
             report = await import_reconciliation(
@@ -62,6 +71,7 @@ def reconcile_router(authenticate: Authenticate) -> APIRouter:
                 actor=caller.key_id,
                 scope=ReconcileScope(workspace=read_scope(caller).workspace, provider=provider),
                 export_format=_format(request.headers.get("content-type")),
+                force=force,
             )
         except ExportError as error:
             raise invalid_request(str(error), param=error.field) from None

@@ -14,7 +14,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from ledger.settlements import SettlementError, settle_unknown
+from ledger.settlements import SettlementError, SettlementRefused, settle_unknown
 from ledger.spend import (
     GROUP_KEYS,
     SpendScope,
@@ -24,7 +24,7 @@ from ledger.spend import (
     unknown_settlements_page,
 )
 from ledger.store import EventStore
-from ledger.types import MONEY_LIMIT, parse_money
+from ledger.types import MONEY_LIMIT, money_str, parse_money
 from router import openapi as api_doc
 from router.access import read_scope
 from router.errors import GatewayError, invalid_request, permission_denied
@@ -106,17 +106,23 @@ def spend_router(authenticate: Authenticate) -> APIRouter:
         )
         if not page.data:
             raise GatewayError(404, "settlement_not_found", f"no settlement {settlement_id!r}")
+        amount, reason, force = body
         try:
-            event = await settle_unknown(
+            event, overrun = await settle_unknown(
                 _store(request),
                 settlement_id,
-                body[0],
+                amount,
                 actor=caller.key_id,
-                reason=body[1],
+                reason=reason,
+                force=force,
             )
+        except SettlementRefused as error:
+            raise invalid_request(str(error), param="settled_usd") from None
         except SettlementError as error:
             raise GatewayError(409, "settlement_conflict", str(error)) from None
-        return Response(orjson.dumps(event.model_dump(mode="json")), media_type=_JSON)
+        answer = event.model_dump(mode="json")
+        answer["overrun_usd"] = money_str(overrun.excess_usd if overrun else Decimal(0))
+        return Response(orjson.dumps(answer), media_type=_JSON)
 
     return router
 
@@ -124,7 +130,7 @@ def spend_router(authenticate: Authenticate) -> APIRouter:
 _JSON = "application/json"
 
 
-def _settle_body(raw: bytes) -> tuple[Decimal, str]:
+def _settle_body(raw: bytes) -> tuple[Decimal, str, bool]:
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -139,7 +145,10 @@ def _settle_body(raw: bytes) -> tuple[Decimal, str]:
         )
     if not isinstance(reason, str) or not reason.strip():
         raise invalid_request("reason must say why (a non-empty string)", param="reason")
-    return value, reason.strip()
+    force = body.get("force", False)
+    if not isinstance(force, bool):
+        raise invalid_request("force must be true or false", param="force")
+    return value, reason.strip(), force
 
 
 def _store(request: Request) -> EventStore:

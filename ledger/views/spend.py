@@ -46,6 +46,7 @@ def fold_attempt(row: Row | None, recorded: RecordedEvent) -> Row | None:
             "reserved_usd": event.amount_usd,
             "settled_usd": _ZERO,
             "held_unknown_usd": _ZERO,
+            "overrun_usd": _ZERO,
             "reserved_at": recorded.recorded_at,
             "upstream_request_id": None,
             "response_id": None,
@@ -77,6 +78,8 @@ def fold_attempt(row: Row | None, recorded: RecordedEvent) -> Row | None:
             row.update(
                 state="unknown_settled", held_unknown_usd=_ZERO, settled_usd=event.settled_usd
             )
+        case ev.BudgetOverrun():
+            row.update(overrun_usd=event.excess_usd)
     return row
 
 
@@ -135,6 +138,7 @@ class SpendProjection(Projection):
             ev.BudgetReleased.type,
             ev.UnknownUsageOpened.type,
             ev.UnknownUsageSettled.type,
+            ev.BudgetOverrun.type,
         }
     )
 

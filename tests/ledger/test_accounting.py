@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 
@@ -20,9 +21,11 @@ from ledger.accounting import (
     HoldUnknown,
     Release,
     Reserve,
+    Resolution,
     Settle,
     SettleUnknown,
     account_specs,
+    settlement_refusal,
     usage_cost,
     window_start,
 )
@@ -127,10 +130,49 @@ def test_a_hold_is_resolved_exactly_once() -> None:
         books.apply([SettleUnknown("res_1", D(0))])
 
 
-def test_settling_never_posts_more_than_the_hold() -> None:
+def test_usage_above_the_hold_is_settled_in_full_and_the_excess_is_an_overrun() -> None:
     books = Books()
     books.apply([hold(1, "0.30"), Settle("res_1", D("0.90"))])
-    assert books.accounts[SPEC.account_id].settled_usd == D("0.30")
+    account = books.accounts[SPEC.account_id]
+    assert (account.held_usd, account.settled_usd, account.overrun_usd) == (
+        D(0),
+        D("0.90"),
+        D("0.60"),
+    )
+    assert books.resolutions == [Resolution("res_1", "settled", D("0.90"), D(0), D("0.60"))]
+
+
+def test_an_unknown_settlement_above_the_hold_is_an_overrun_too() -> None:
+    books = Books()
+    books.apply([hold(1, "0.30"), HoldUnknown("res_1"), SettleUnknown("res_1", D("0.50"))])
+    account = books.accounts[SPEC.account_id]
+    assert (account.settled_usd, account.overrun_usd) == (D("0.50"), D("0.20"))
+    assert books.resolutions[0].kind == "unknown_settled"
+
+
+def test_an_account_in_overrun_admits_nothing_until_its_limit_is_raised() -> None:
+    books = Books()
+    books.apply([hold(1, "0.90"), Settle("res_1", D("1.50"))])  # 1.50 spent of a 1.00 limit
+    assert books.accounts[SPEC.account_id].available_usd == 0
+    with pytest.raises(BudgetDenied) as denied:
+        books.apply([hold(2, "0.000001")])
+    assert denied.value.available_usd == 0
+    raised = replace(SPEC, limit_usd=D("2.00"))
+    books.apply([hold(3, "0.50", (raised,))])  # 1.50 + 0.50 fits the raised limit
+    with pytest.raises(BudgetDenied):
+        books.apply([hold(4, "0.000001", (raised,))])
+
+
+def test_settlement_refusal_takes_only_absurd_amounts_for_mistakes() -> None:
+    assert settlement_refusal(D("0.001"), D("0.5")) is None  # 500x: an overrun, not absurd
+    assert settlement_refusal(D("0.001"), D("1.000")) is None  # exactly 1,000x
+    refusal = settlement_refusal(D("0.001"), D("1.001"))
+    assert refusal is not None and "1000x" in refusal
+    assert settlement_refusal(D("0.001"), D("1.001"), force=True) is None
+    assert settlement_refusal(D(0), D("0.000001")) is not None  # nothing was held
+    assert settlement_refusal(D(1), D(10) ** 16, force=True) is not None  # no bill is that
+    assert settlement_refusal(D(1), D(-1), force=True) is not None
+    assert settlement_refusal(D(1), D("NaN"), force=True) is not None
 
 
 step = st.tuples(
@@ -162,16 +204,25 @@ def test_settled_plus_held_never_exceeds_the_limit(script) -> None:
         with contextlib.suppress(BudgetDenied, HoldStateError):
             books.apply([effect])
         for account in books.accounts.values():
-            assert account.held_usd >= 0 and account.settled_usd >= 0
-            assert account.held_usd + account.settled_usd <= account.limit_usd
+            assert account.held_usd >= 0 and 0 <= account.overrun_usd <= account.settled_usd
+            # Reservations never exceed the limit; beyond it is exactly the overruns.
+            assert account.held_usd + account.settled_usd - account.overrun_usd <= (
+                account.limit_usd
+            )
         held = sum((h.amount_usd for h in books.holds.values() if h.state != "resolved"), D(0))
         if books.accounts:
-            assert books.accounts[SPEC.account_id].held_usd == held
+            account = books.accounts[SPEC.account_id]
+            assert account.held_usd == held
+            assert account.settled_usd == sum((r.settled_usd for r in books.resolutions), D(0))
+            assert account.overrun_usd == sum((r.overrun_usd for r in books.resolutions), D(0))
 
 
 def _state(books: Books) -> tuple[object, ...]:
     return (
-        {k: (a.limit_usd, a.held_usd, a.settled_usd) for k, a in books.accounts.items()},
+        {
+            k: (a.limit_usd, a.held_usd, a.settled_usd, a.overrun_usd)
+            for k, a in books.accounts.items()
+        },
         {k: (h.amount_usd, h.state, h.accounts) for k, h in books.holds.items()},
         set(books.new_accounts),
         set(books.changed_accounts),
