@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import orjson
@@ -177,8 +177,10 @@ async def load_books(conn: AsyncConnection, effects: Iterable[Effect]) -> Books:
     return books
 
 
-async def save_books(conn: AsyncConnection, books: Books) -> None:
-    writes = book_writes(books, datetime.now(UTC))
+async def save_books(conn: AsyncConnection, books: Books, recorded_at: datetime) -> None:
+    """Write what ``books`` changed, stamped with the recorded time of the events that
+    changed it (as the PostgreSQL path does, and as a rebuild from the events does)."""
+    writes = book_writes(books, recorded_at)
     if writes.new_accounts:
         await conn.execute(insert(budget_accounts), writes.new_accounts)
     if writes.changed_accounts:

@@ -477,7 +477,7 @@ class EventStore:
             if written is None:
                 return
             if books is not None:
-                await save_books(conn, books)
+                await save_books(conn, books, written.recorded_at)
             await conn.execute(insert(events), [_row(r) for r in written.events])
             await conn.execute(
                 update(ledger_head)

@@ -181,7 +181,7 @@ def make_reply(
         base,
         pieces=tuple(words),
         finish="length" if capped else "stop",
-        completion_tokens=tokens,
+        completion_tokens=tokens + behavior.overbill_output_tokens,
     )
 
 

@@ -90,6 +90,9 @@ class Behavior:
     - min_bytes: large_body; the response body is at least this long.
     - tool_name, tool_arguments: tool_call; the function called (default: the first tool
       of the request) and its JSON arguments.
+    - overbill_output_tokens: ok and its streams; the usage reports this many output tokens
+      more than were sent, whatever the request's bound: a provider whose bill exceeds
+      anything the gateway could have reserved.
     """
 
     kind: Kind = Kind.OK
@@ -108,6 +111,7 @@ class Behavior:
     min_bytes: int = 0
     tool_name: str | None = None
     tool_arguments: str = '{"city": "Paris"}'
+    overbill_output_tokens: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", Kind(self.kind))
@@ -124,6 +128,8 @@ class Behavior:
                 raise ValueError(f"{opt}: must be >= 0")
         if self.min_bytes < 0:
             raise ValueError("min_bytes: must be >= 0")
+        if self.overbill_output_tokens < 0:
+            raise ValueError("overbill_output_tokens: must be >= 0")
 
     # JSON
 

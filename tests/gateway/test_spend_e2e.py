@@ -206,7 +206,7 @@ def test_spend_and_settle_cli(tmp_path: Any, sqlite_url: str) -> None:
     )
     assert (
         as_csv.stdout.splitlines()[0]
-        == "day,endpoint,settled_usd,held_unknown_usd,requests,attempts"
+        == "day,endpoint,settled_usd,held_unknown_usd,overrun_usd,requests,attempts"
     )
     engine = sa.create_engine(sqlite_url)
     with engine.connect() as conn:
