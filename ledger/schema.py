@@ -190,6 +190,9 @@ idempotency_records = Table(
     "idempotency_records",
     metadata,
     Column("workspace", String(200), primary_key=True),
+    # Scoped to the API key (SPEC §9): another key's use of the same Idempotency-Key is an
+    # independent request. The key id is no secret; the Idempotency-Key is kept as SHA-256.
+    Column("key_id", String(200), primary_key=True),
     Column("key_sha256", String(64), primary_key=True),
     Column("body_sha256", String(64), nullable=False),
     Column("request_id", String(200), nullable=False),

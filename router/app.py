@@ -389,7 +389,12 @@ async def _chat_completions(request: Request) -> Response:
     if headers.idempotency_key is not None:
         lease_s = config.defaults.deadline_ms / 1000 + 30
         claimed = await state.idempotency.claim(
-            caller.workspace.id, headers.idempotency_key, call.body_sha256(), request_id, lease_s
+            caller.workspace.id,
+            caller.key_id,
+            headers.idempotency_key,
+            call.body_sha256(),
+            request_id,
+            lease_s,
         )
         if isinstance(claimed, RecordedAnswer):
             return _replay(claimed)

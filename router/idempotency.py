@@ -1,6 +1,11 @@
 """Idempotency-Key (SPEC §3): a retry with the same key and body gets the recorded answer
 without a second upstream call; 409 while the first is in flight or for another body.
 
+A record belongs to one API key (SPEC §9: keyed by workspace, API key and Idempotency-Key):
+another API key sending the same Idempotency-Key makes an independent request, never a
+replay of an answer it may not read (``GET /v1/requests/{id}`` is 404 to it) nor a 409 that
+tells it someone else used that Idempotency-Key.
+
 Records live in the database so that replicas sharing it agree. A key is claimed with one
 insert (the primary key is the arbiter between racing replicas); a claim carries a lease so
 that a process dying mid-request does not wedge its key forever; expired records are taken
@@ -43,6 +48,7 @@ class Claim:
     """This request owns the key: record its answer with :meth:`IdempotencyStore.finish`."""
 
     workspace: str
+    key_id: str
     key_sha256: str
     request_id: str
 
@@ -53,9 +59,16 @@ class IdempotencyStore:
         self._retention = timedelta(seconds=retention_s)
 
     async def claim(
-        self, workspace: str, key: str, body_sha256: str, request_id: str, lease_s: float
+        self,
+        workspace: str,
+        key_id: str,
+        key: str,
+        body_sha256: str,
+        request_id: str,
+        lease_s: float,
     ) -> Claim | RecordedAnswer:
-        """Claim ``key`` for this request, or the recorded answer; 409 GatewayError otherwise."""
+        """Claim Idempotency-Key ``key`` of API key ``key_id`` for this request, or the answer
+        recorded for that API key; 409 GatewayError otherwise."""
         digest = hashlib.sha256(key.encode()).hexdigest()
         now = datetime.now(UTC)
         lease_until = now + timedelta(seconds=lease_s)
@@ -73,12 +86,18 @@ class IdempotencyStore:
         try:
             async with self._engine.begin() as conn:
                 await conn.execute(
-                    _TABLE.insert().values(workspace=workspace, key_sha256=digest, **fresh)
+                    _TABLE.insert().values(
+                        workspace=workspace, key_id=key_id, key_sha256=digest, **fresh
+                    )
                 )
-            return Claim(workspace, digest, request_id)
+            return Claim(workspace, key_id, digest, request_id)
         except IntegrityError:
             pass  # someone holds or held this key: look at what they left
-        where = and_(_TABLE.c.workspace == workspace, _TABLE.c.key_sha256 == digest)
+        where = and_(
+            _TABLE.c.workspace == workspace,
+            _TABLE.c.key_id == key_id,
+            _TABLE.c.key_sha256 == digest,
+        )
         async with self._engine.begin() as conn:
             row = (await conn.execute(select(_TABLE).where(where))).first()
             if row is None:  # deleted meanwhile (an abandoned claim): the caller may retry
@@ -111,7 +130,7 @@ class IdempotencyStore:
                 raise idempotency_conflict(
                     "the first request with this key is still in flight", in_flight=True
                 )
-        return Claim(workspace, digest, request_id)
+        return Claim(workspace, key_id, digest, request_id)
 
     async def finish(self, claim: Claim, answer: RecordedAnswer) -> None:
         async with self._engine.begin() as conn:
@@ -136,6 +155,7 @@ class IdempotencyStore:
     def _owned(claim: Claim):  # type: ignore[no-untyped-def]
         return and_(
             _TABLE.c.workspace == claim.workspace,
+            _TABLE.c.key_id == claim.key_id,
             _TABLE.c.key_sha256 == claim.key_sha256,
             _TABLE.c.request_id == claim.request_id,
         )

@@ -453,8 +453,9 @@ _CHAT_HEADERS: Final = [
     _header(
         "Idempotency-Key",
         {"type": "string", "maxLength": 255, "pattern": _kept()},
-        "A retry with the same key and body returns the recorded answer; 409 while the "
-        "first is in flight or when reused with another body.",
+        "Scoped to the API key: a retry by the same API key with the same Idempotency-Key "
+        "and body returns the recorded answer; 409 while the first is in flight or when "
+        "reused with another body. Another API key's use of it is an independent request.",
     ),
     _header(
         "X-Waybill-Max-Cost-Usd",

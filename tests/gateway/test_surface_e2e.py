@@ -226,6 +226,74 @@ async def test_streamed_answer_is_replayed_for_the_same_idempotency_key(database
         assert gw.upstreams["east"].hits == 1
 
 
+def _as(secret: str, idempotency_key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}", "Idempotency-Key": idempotency_key}
+
+
+async def test_another_key_sending_the_same_idempotency_key_makes_an_independent_request(
+    database_url,
+):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        other = await apikeys.create_key(gw.store, "acme", "client")
+        first = await http.post("/v1/chat/completions", json=BODY, headers=_as(gw.secret, "k"))
+        theirs = await http.post("/v1/chat/completions", json=BODY, headers=_as(other.secret, "k"))
+        assert first.status_code == theirs.status_code == 200, theirs.text
+        assert "idempotent-replayed" not in theirs.headers
+        assert theirs.headers["x-request-id"] != first.headers["x-request-id"]
+        assert gw.upstreams["east"].hits == 2
+        # Its answer is its own request, which it may read (the explanation reads the ledger).
+        explained = await http.get(
+            f"/v1/requests/{theirs.headers['x-request-id']}/explain",
+            headers={"Authorization": f"Bearer {other.secret}"},
+        )
+        assert explained.status_code == 200, explained.text
+        # Each key's retry still gets its own recorded answer, without another call.
+        for secret, answer in ((gw.secret, first), (other.secret, theirs)):
+            again = await http.post("/v1/chat/completions", json=BODY, headers=_as(secret, "k"))
+            assert again.headers["idempotent-replayed"] == "true"
+            assert again.headers["x-request-id"] == answer.headers["x-request-id"]
+            assert again.json() == answer.json()
+        assert gw.upstreams["east"].hits == 2
+
+
+async def test_another_key_sending_the_same_idempotency_key_with_another_body_is_no_conflict(
+    database_url,
+):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        other = await apikeys.create_key(gw.store, "acme", "client")
+        another_body = {**BODY, "messages": [{"role": "user", "content": "something else"}]}
+        first = await http.post("/v1/chat/completions", json=BODY, headers=_as(gw.secret, "k"))
+        theirs = await http.post(
+            "/v1/chat/completions", json=another_body, headers=_as(other.secret, "k")
+        )
+        assert first.status_code == theirs.status_code == 200, theirs.text
+        assert "idempotent-replayed" not in theirs.headers
+        assert gw.upstreams["east"].hits == 2
+        # The first key's own reuse with another body is still a conflict.
+        mine = await http.post(
+            "/v1/chat/completions", json=another_body, headers=_as(gw.secret, "k")
+        )
+        assert_error_shape(mine, 409, "idempotency_conflict")
+        assert gw.upstreams["east"].hits == 2
+
+
+async def test_another_key_is_not_told_an_idempotency_key_is_in_flight(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        other = await apikeys.create_key(gw.store, "acme", "client")
+        gw.upstreams["east"].set_plan([Behavior.ok(latency_ms=800)])
+        first = asyncio.create_task(
+            http.post("/v1/chat/completions", json=BODY, headers=_as(gw.secret, "slow"))
+        )
+        await gw.upstreams["east"].wait_for_async(lambda up: up.hits == 1)
+        theirs = await http.post(
+            "/v1/chat/completions", json=BODY, headers=_as(other.secret, "slow")
+        )
+        assert theirs.status_code == 200, theirs.text
+        assert not first.done()  # answered while the first key's request was in flight
+        assert (await first).status_code == 200
+        assert gw.upstreams["east"].hits == 2
+
+
 async def test_capacity_error_is_503_and_never_touches_an_upstream(database_url):
     async with (
         running_gateway(database_url, ["east"], [Route("east")], max_in_flight=1) as gw,
