@@ -13,7 +13,7 @@ Downgrading drops the records of an Idempotency-Key that more than one key used 
 key cannot hold both, and keeping either would give one key another's answer).
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 Create Date: 2026-12-01
 """
 
@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0008"
-down_revision = "0006"
+down_revision = "0007"
 branch_labels = None
 depends_on = None
 
