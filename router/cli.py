@@ -604,12 +604,15 @@ def spend_command(
     elif output == "csv":
         print(spend_csv(rows, keys), end="")
     else:
-        table = Table(*keys, "settled_usd", "held_unknown_usd", "requests", "attempts")
+        table = Table(
+            *keys, "settled_usd", "held_unknown_usd", "overrun_usd", "requests", "attempts"
+        )
         for row in rows:
             table.add_row(
                 *(str(row[k]) for k in keys),
                 row["settled_usd"],
                 row["held_unknown_usd"],
+                row["overrun_usd"],
                 str(row["requests"]),
                 str(row["attempts"]),
             )

@@ -16,6 +16,7 @@ from ledger.db import sync_url
 from ledger.schema import budget_accounts, budget_holds, budget_resolutions
 from router.fake_upstream import Behavior
 from tests.gateway.harness import Route, running_gateway
+from tests.helpers import eventually
 from tests.ledger.test_cli import waybill
 
 D = Decimal
@@ -55,6 +56,12 @@ async def _traffic(database_url: str) -> None:
         settlement = "unk_" + unknown[0]["reservation_id"].removeprefix("res_")
         async with gw.http() as http:
             http.headers["Authorization"] = f"Bearer {admin.secret}"
+
+            async def listed() -> bool:  # the settlements view follows the ledger
+                rows = (await http.get("/v1/settlements/unknown?state=open")).json()["data"]
+                return any(r["settlement_id"] == settlement for r in rows)
+
+            await eventually(listed)
             settled = await http.post(
                 f"/v1/settlements/unknown/{settlement}",
                 json={"settled_usd": "0.001", "reason": "invoice"},

@@ -24,15 +24,22 @@ from tests.ledger.test_cli import waybill
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 
 
-async def _load(port: int, secret: str, seconds: float, answered: list[str]) -> None:
+async def _load(
+    port: int,
+    secret: str,
+    seconds: float,
+    answered: list[str],
+    stop: asyncio.Event,
+    first: asyncio.Event,
+) -> None:
     async def worker() -> None:
         async with httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{port}",
             headers={"Authorization": f"Bearer {secret}"},
             timeout=5,
         ) as http:
-            stop = time.monotonic() + seconds
-            while time.monotonic() < stop:
+            until = time.monotonic() + seconds
+            while time.monotonic() < until and not stop.is_set():
                 try:
                     stream = random.random() < 0.3
                     response = await http.post(
@@ -44,6 +51,7 @@ async def _load(port: int, secret: str, seconds: float, answered: list[str]) -> 
                     continue
                 if response.status_code == 200 and (not stream or b"[DONE]" in response.content):
                     answered.append(response.headers["x-request-id"])
+                    first.set()
 
     await asyncio.gather(*(worker() for _ in range(8)))
 
@@ -71,9 +79,17 @@ def test_kill_9_under_load_loses_nothing(postgres_url: str, tmp_path: Path) -> N
             async def run(
                 process: subprocess.Popen[bytes] = process, delay: float = killer_delay
             ) -> None:
-                load = asyncio.create_task(_load(port, secret, delay + 0.5, answered))
+                stop = asyncio.Event()
+                first = asyncio.Event()
+                load = asyncio.create_task(_load(port, secret, 30, answered, stop, first))
+                # The kill comes mid-load: after the first answer of this round (on a busy
+                # machine the first requests may take a while), then a random delay.
+                async with asyncio.timeout(20):
+                    await first.wait()
                 await asyncio.sleep(delay)
                 process.send_signal(signal.SIGKILL)
+                await asyncio.sleep(0.5)
+                stop.set()
                 await load
 
             asyncio.run(run())
