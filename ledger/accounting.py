@@ -37,7 +37,7 @@ import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from decimal import ROUND_CEILING, Decimal
+from decimal import ROUND_CEILING, Context, Decimal
 from typing import Final, Literal, TypeAlias, TypeVar
 
 from ledger import events as ev
@@ -77,6 +77,7 @@ __all__ = [
 ]
 
 MONEY_QUANTUM: Final = Decimal("0.000000000001")
+_MONEY_CONTEXT: Final = Context(prec=60)
 _PER_MTOK: Final = Decimal(1_000_000)
 _ZERO: Final = Decimal(0)
 
@@ -104,7 +105,9 @@ def reservation_of_settlement(settlement: str) -> str | None:
 
 def quantize(amount: Decimal) -> Decimal:
     """Round up to the ledger's money precision: a charge is never understated."""
-    return amount.quantize(MONEY_QUANTUM, rounding=ROUND_CEILING)
+    # Enough digits for any amount the books can hold (NUMERIC(38, 12)); the default
+    # context's 28 would refuse large amounts with their 12 decimals.
+    return amount.quantize(MONEY_QUANTUM, rounding=ROUND_CEILING, context=_MONEY_CONTEXT)
 
 
 def usage_cost(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import asyncpg
 import orjson
@@ -74,14 +74,34 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 and a retry may succeed."""
 
 
+_UNAVAILABLE_SQLSTATE_CLASSES: Final = frozenset(
+    {
+        "08",  # connection exception
+        "28",  # invalid authorization (a role or password changed under the gateway)
+        "3D",  # no such database (dropped, or not created yet)
+        "40",  # transaction rollback: serialization failure, deadlock
+        "53",  # insufficient resources: disk, memory, connections
+        "55",  # object not in prerequisite state: a database not accepting connections,
+        #        a lock not available
+        "57",  # operator intervention: shutdown, cancelled statement, cannot connect now
+        "58",  # system error: I/O
+    }
+)
+
+
 def is_unavailable(error: BaseException) -> bool:
     """Whether ``error`` means the database could not do the work now (answered 503
     ``ledger_unavailable``, retryable). Anything else a database raises (a constraint
     violated, a statement refused, a value out of range) is a bug in Waybill, and retrying
-    would fail the same way: it is answered 500 and logged."""
+    would fail the same way: it is answered 500 and logged. PostgreSQL's errors are judged
+    by their SQLSTATE class, whichever driver raised them."""
     if isinstance(error, sa_exc.DBAPIError) and error.connection_invalidated:
         return True
-    return isinstance(error, UNAVAILABLE)
+    if isinstance(error, UNAVAILABLE):
+        return True
+    original = error.orig if isinstance(error, sa_exc.DBAPIError) else error
+    sqlstate = getattr(original, "sqlstate", None)
+    return isinstance(sqlstate, str) and sqlstate[:2] in _UNAVAILABLE_SQLSTATE_CLASSES
 
 
 def resolve_database_url(url: str | None) -> str:

@@ -28,7 +28,7 @@ from sqlalchemy import Table, delete, select, text, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ledger.db import dialect_insert
+from ledger.db import dialect_insert, is_unavailable
 from ledger.schema import events, ledger_head, projection_checkpoints
 from ledger.store import EventStore, RecordedEvent, decode_payload
 from ledger.tail import Wakeup
@@ -306,14 +306,32 @@ class ProjectionRunner:
         catch-up folds the commits of many requests instead of a few events each (the read
         models then trail by about that much; the request path never waits for them)."""
         wakeup = wakeup or Wakeup(self.store, poll_interval_s=self.poll_interval_s)
+        backoff = 0.0  # while the database is unavailable: seconds until the next try
         async with wakeup:
             while not stop.is_set():
                 try:
                     await self.catch_up()
-                except Exception:
-                    # A read model must not take the gateway down; it retries on the next
-                    # wake-up and its lag shows that it is behind.
-                    _log.exception("projection runner failed; retrying")
+                    if backoff:
+                        _log.warning("projection runner: the database is back; caught up")
+                    backoff = 0.0
+                except Exception as error:
+                    # A read model must not take the gateway down; it retries, and its lag
+                    # shows that it is behind. An unavailable database is one line per
+                    # back-off step, not a traceback per poll.
+                    if not is_unavailable(error):
+                        _log.exception("projection runner failed; retrying")
+                    else:
+                        backoff = min(max(backoff * 2, self.poll_interval_s, 0.5), 30.0)
+                        _log.warning(
+                            "projection runner: the database is unavailable (%s); "
+                            "retrying in %.1f s",
+                            _first_line(error),
+                            backoff,
+                        )
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(backoff):
+                                await stop.wait()
+                        continue
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self.poll_interval_s):
                         await wakeup.wait(stop)
@@ -429,3 +447,8 @@ async def fold_into(
     values = [row for i in sorted(touched) if (row := rows[i]) is not None]
     if values:
         await writer.upsert(table, key, values)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__

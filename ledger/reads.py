@@ -29,7 +29,7 @@ import asyncpg
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ledger.db import READ_ONLY, UNAVAILABLE, LedgerUnavailable, asyncpg_dsn
+from ledger.db import READ_ONLY, LedgerUnavailable, asyncpg_dsn, is_unavailable
 
 __all__ = ["HotReads", "close_quietly", "connect", "positional"]
 
@@ -75,7 +75,9 @@ class HotReads:
         async with self.connection() as conn:
             try:
                 records = await conn.fetch(sql, *(params[name] for name in names))
-            except UNAVAILABLE as error:
+            except Exception as error:
+                if not is_unavailable(error):
+                    raise
                 raise LedgerUnavailable(f"the ledger database failed: {error}") from None
         return [_Row(record) for record in records]
 
@@ -86,7 +88,9 @@ class HotReads:
         async with self._turns:
             try:
                 conn = self._idle.pop() if self._idle else await connect(self._dsn)
-            except UNAVAILABLE as error:
+            except Exception as error:
+                if not is_unavailable(error):
+                    raise
                 raise LedgerUnavailable(f"the ledger database is unreachable: {error}") from None
             try:
                 yield conn

@@ -22,7 +22,9 @@ from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, Final, Literal
 
+from ledger.accounting import quantize
 from ledger.events import Usage
+from ledger.types import MONEY_LIMIT
 
 __all__ = ["ExportError", "ExportFormat", "ProviderLine", "parse_export", "sniff_format"]
 
@@ -133,6 +135,8 @@ def _jsonl_records(text: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
             record = json.loads(raw, parse_float=Decimal, parse_constant=_no_constant)
         except ValueError as error:
             raise ExportError(f"not valid JSON: {error}", line=number) from None
+        except RecursionError:
+            raise ExportError("JSON nested too deeply for a usage line", line=number) from None
         if not isinstance(record, dict):
             raise ExportError("each line must be a JSON object", line=number)
         yield number, record
@@ -228,7 +232,10 @@ def _money(record: Mapping[str, Any], field: str, line: int) -> Decimal:
         raise ExportError(f"not a decimal amount: {value!r}", line=line, field=field)
     if amount < 0:
         raise ExportError(f"must be >= 0, not {value}", line=line, field=field)
-    return amount
+    if amount >= MONEY_LIMIT:
+        raise ExportError(f"must be below {MONEY_LIMIT} USD, not {value}", line=line, field=field)
+    # Beyond the ledger's precision a cost is rounded up, as every cost is: never understated.
+    return quantize(amount)
 
 
 def _timestamp(record: Mapping[str, Any], field: str, line: int) -> datetime:

@@ -166,3 +166,47 @@ async def test_a_database_refusal_that_is_not_an_outage_is_a_500_not_a_retryable
         assert response.headers["x-should-retry"] == "false"
         assert "events" not in response.text.lower()  # the database's words stay in the log
         assert gw.upstreams["east"].hits == 1  # only the first request was sent upstream
+
+
+@pytest.mark.postgres
+async def test_a_database_refusing_connections_is_503_everywhere_then_recovers(
+    postgres_url: str,
+) -> None:
+    # ALTER DATABASE ... ALLOW_CONNECTIONS false: the server answers, but refuses the
+    # database (SQLSTATE 55000, not a connection error): the ledger is unavailable all the
+    # same, on the chat route, the models route and the query API alike.
+    from tests.conftest import _admin
+
+    name = make_url(postgres_url).database
+
+    def allow(allowed: bool) -> None:
+        with _admin() as admin:
+            admin.execute(f"ALTER DATABASE {name} ALLOW_CONNECTIONS {str(allowed).lower()}")
+            if not allowed:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                    (name,),
+                )
+
+    async with running_gateway(postgres_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        served = await http.post("/v1/chat/completions", json=BODY)
+        assert served.status_code == 200
+        await asyncio.to_thread(allow, False)
+        try:
+            for method, path in (
+                ("POST", "/v1/chat/completions"),
+                ("GET", "/v1/models"),
+                ("GET", f"/v1/requests/{served.headers['x-request-id']}"),
+                ("GET", "/v1/requests?limit=5"),
+            ):
+                answer = await http.request(method, path, json=BODY if method == "POST" else None)
+                assert answer.status_code == 503, (path, answer.text)
+                assert answer.json()["error"]["code"] == "ledger_unavailable", path
+            assert gw.upstreams["east"].hits == 1
+        finally:
+            await asyncio.to_thread(allow, True)
+
+        async def serving() -> bool:
+            return (await http.post("/v1/chat/completions", json=BODY)).status_code == 200
+
+        await eventually(serving, within_s=20, interval=0.2)
