@@ -1,12 +1,22 @@
 """Crash recovery (SPEC §7): holds whose gateway died mid-attempt become unknown-usage
 settlements, never silently released, and their requests get the end the client saw.
 
-Every gateway process registers itself in ``gateway_instances`` and heartbeats. A hold
-still ``held`` whose owner stopped, or stopped heartbeating, belongs to an attempt that was
-started and never finished: the upstream may have done (and billed) the work, so the hold
-stays counted as unknown usage until a reconciliation or an operator settles it. Any live
-gateway may do this for any dead one; the books accept the change only once.
+A gateway has an instance id that survives its restarts (``waybill serve --instance-id``;
+by default its host name, the address it binds and its port). Each run of it is a new
+incarnation, registered in ``gateway_instances`` as ``<instance id>/<incarnation>``, which
+is also the ``owner`` of every hold it takes; it heartbeats while it runs.
 
+A hold still ``held`` belongs to an attempt that was started and never finished: the
+upstream may have done (and billed) the work, so the hold stays counted as unknown usage
+until a reconciliation or an operator settles it. Two rules find the dead owners:
+
+- at start-up, before it serves, a gateway takes the holds of its own instance id's earlier
+  incarnations, whatever their heartbeat: it is their successor, so they are dead (two live
+  processes must never share an instance id);
+- any live gateway takes the holds of an owner that stopped, or that has not heartbeated
+  for six beats.
+
+The books accept a hold's change only once, so gateways racing for the same hold are safe.
 What recovery records for a request is :func:`recovery_events`, from the request's own
 stream: a stream the ledger shows committed to the client (``StreamCommitted``) ends as a
 partial failure with the 200 the client saw; a request that got nothing as a 500
@@ -16,6 +26,7 @@ partial failure with the 200 the client saw; a request that got nothing as a 500
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
@@ -31,8 +42,12 @@ from ledger.store import EventStore, WrongExpectedVersion
 
 __all__ = [
     "GATEWAY_LOST",
+    "MAX_INSTANCE_ID",
+    "check_instance_id",
     "heartbeat",
+    "incarnation_owner",
     "recover_abandoned_holds",
+    "recover_earlier_incarnations",
     "recovery_events",
     "register_instance",
     "stop_instance",
@@ -43,38 +58,85 @@ _log = logging.getLogger("waybill.recovery")
 GATEWAY_LOST: Final = "gateway_lost"
 """The error code of a request whose gateway died before it ended."""
 
-# --- the registry of gateways ---
+MAX_INSTANCE_ID: Final = 64
+"""Room for ``/<incarnation>`` in the 100 characters of an owner."""
+
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@\[\]-]*")
 
 
-async def register_instance(engine: AsyncEngine, instance_id: str) -> None:
+def check_instance_id(instance_id: str) -> str:
+    """``instance_id`` if it can name a gateway instance, else ValueError saying why.
+
+    No ``/``: it separates the instance id from the incarnation in an owner, and a prefix
+    of owners must name exactly one instance."""
+    if not 1 <= len(instance_id) <= MAX_INSTANCE_ID:
+        raise ValueError(f"an instance id is 1 to {MAX_INSTANCE_ID} characters long")
+    if not _INSTANCE_ID.fullmatch(instance_id):
+        raise ValueError(
+            f"instance id {instance_id!r}: letters, digits and . _ : @ [ ] - only, "
+            "starting with a letter or a digit"
+        )
+    return instance_id
+
+
+def incarnation_owner(instance_id: str, incarnation: str) -> str:
+    """The owner of the holds an incarnation takes, and its row in ``gateway_instances``."""
+    return f"{check_instance_id(instance_id)}/{incarnation}"
+
+
+# --- the registry of incarnations ---
+
+
+async def register_instance(engine: AsyncEngine, owner: str) -> None:
     now = datetime.now(UTC)
     async with engine.begin() as conn:
         await conn.execute(
             insert(gateway_instances).values(
-                instance_id=instance_id, started_at=now, heartbeat_at=now, stopped_at=None
+                instance_id=owner, started_at=now, heartbeat_at=now, stopped_at=None
             )
         )
 
 
-async def heartbeat(engine: AsyncEngine, instance_id: str) -> None:
+async def heartbeat(engine: AsyncEngine, owner: str) -> None:
     async with engine.begin() as conn:
         await conn.execute(
             update(gateway_instances)
-            .where(gateway_instances.c.instance_id == instance_id)
+            .where(gateway_instances.c.instance_id == owner)
             .values(heartbeat_at=datetime.now(UTC))
         )
 
 
-async def stop_instance(engine: AsyncEngine, instance_id: str) -> None:
+async def stop_instance(engine: AsyncEngine, owner: str) -> None:
     async with engine.begin() as conn:
         await conn.execute(
             update(gateway_instances)
-            .where(gateway_instances.c.instance_id == instance_id)
+            .where(gateway_instances.c.instance_id == owner)
             .values(stopped_at=datetime.now(UTC))
         )
 
 
-# --- recovering ---
+# --- the two rules ---
+
+
+async def recover_earlier_incarnations(store: EventStore, instance_id: str, owner: str) -> int:
+    """At start-up: the held holds of ``instance_id``'s incarnations other than ``owner``
+    (this one) become unknown-usage settlements, whatever their heartbeat; how many.
+    Those incarnations are marked stopped: this one is their successor."""
+    earlier = and_(
+        gateway_instances.c.instance_id.startswith(f"{instance_id}/", autoescape=True),
+        gateway_instances.c.instance_id != owner,
+        gateway_instances.c.stopped_at.is_(None),
+    )
+    async with store.engine.begin() as conn:
+        await conn.execute(
+            update(gateway_instances).where(earlier).values(stopped_at=datetime.now(UTC))
+        )
+    held = and_(
+        budget_holds.c.state == "held",
+        budget_holds.c.owner.startswith(f"{instance_id}/", autoescape=True),
+        budget_holds.c.owner != owner,
+    )
+    return await _recover(store, held)
 
 
 async def recover_abandoned_holds(store: EventStore, *, stale_after_s: float) -> int:

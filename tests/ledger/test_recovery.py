@@ -1,25 +1,30 @@
-"""Crash recovery: what it records for an abandoned hold (pure), and whose holds it takes
-(on SQLite and PostgreSQL): a stopped gateway's at once, a live one's only after six
-missed heartbeats."""
+"""Crash recovery: what it records for an abandoned hold (pure), and whose holds each rule
+takes (on SQLite and PostgreSQL): a gateway's own earlier incarnations at once, anyone
+else's only after six missed heartbeats."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import pytest
 import sqlalchemy as sa
 
 from ledger import events as ev
 from ledger.accounting import AccountSpec, Hold, Reserve
 from ledger.recovery import (
+    check_instance_id,
     heartbeat,
+    incarnation_owner,
     recover_abandoned_holds,
+    recover_earlier_incarnations,
     recovery_events,
     register_instance,
     stop_instance,
 )
 from ledger.schema import budget_holds, gateway_instances
 from ledger.store import NO_STREAM, EventStore
+from ledger.verify import verify_chain
 from tests.ledger.factories import received
 
 D = Decimal
@@ -185,7 +190,18 @@ def test_a_request_that_has_ended_gets_no_second_end() -> None:
     assert [e.type for e in recovery_events(hold, trail)] == ["UnknownUsageOpened"]
 
 
-# --- whose holds it takes (both backends) ---
+def test_an_instance_id_never_holds_a_slash_and_fits_an_owner() -> None:
+    assert check_instance_id("web-1@127.0.0.1:8080") == "web-1@127.0.0.1:8080"
+    assert check_instance_id("gw@[::1]:8080") == "gw@[::1]:8080"
+    for bad in ("", "a/b", "x" * 65, "-leading", "sp ace", "per%cent"):
+        with pytest.raises(ValueError):
+            check_instance_id(bad)
+    owner = incarnation_owner("x" * 64, "inc_" + "0" * 28)
+    assert len(owner) <= budget_holds.c.owner.type.length  # type: ignore[attr-defined]
+    assert len(owner) <= gateway_instances.c.instance_id.type.length  # type: ignore[attr-defined]
+
+
+# --- whose holds each rule takes (both backends) ---
 
 
 async def _in_flight(store: EventStore, request_id: str, owner: str) -> Hold:
@@ -203,6 +219,43 @@ async def _states(store: EventStore) -> dict[str, str]:
     async with store.engine.connect() as conn:
         rows = await conn.execute(sa.select(budget_holds.c.request_id, budget_holds.c.state))
         return {row.request_id: row.state for row in rows}
+
+
+async def test_a_restart_takes_its_own_earlier_runs_holds_at_once_and_no_one_elses(
+    store: EventStore,
+) -> None:
+    # Every owner has just heartbeated: only the instance id says who is dead. "gwxa" would
+    # match "gw_a" as a LIKE pattern; it is another instance all the same.
+    for owner in ("gw_a/inc_1", "gwxa/inc_1", "gw_a:8080/inc_1", "gw_a/inc_2"):
+        await register_instance(store.engine, owner)
+        await _in_flight(store, f"req_{owner}", owner)
+    recovered = await recover_earlier_incarnations(store, "gw_a", "gw_a/inc_2")
+    assert recovered == 1
+    assert await _states(store) == {
+        "req_gw_a/inc_1": "unknown",
+        "req_gwxa/inc_1": "held",
+        "req_gw_a:8080/inc_1": "held",
+        "req_gw_a/inc_2": "held",  # this run's own
+    }
+    trail = await store.read_stream("request-req_gw_a/inc_1")
+    assert [r.type for r in trail[-3:]] == [
+        "AttemptFinished",
+        "UnknownUsageOpened",
+        "RequestFailed",
+    ]
+    assert trail[-1].metadata["owner"] == "gw_a/inc_1"
+    async with store.engine.connect() as conn:
+        stopped = {
+            row.instance_id
+            for row in await conn.execute(
+                sa.select(gateway_instances.c.instance_id).where(
+                    gateway_instances.c.stopped_at.is_not(None)
+                )
+            )
+        }
+    assert stopped == {"gw_a/inc_1"}  # its successor is running now
+    assert await recover_earlier_incarnations(store, "gw_a", "gw_a/inc_2") == 0  # once
+    assert (await verify_chain(store)).ok
 
 
 async def test_another_instances_holds_wait_for_six_missed_heartbeats(store: EventStore) -> None:
