@@ -61,6 +61,7 @@ __all__ = [
     "Requirements",
     "RouteChoice",
     "RouteEvaluated",
+    "StreamCommitted",
     "UnknownEventType",
     "UnknownUsageOpened",
     "UnknownUsageSettled",
@@ -281,6 +282,22 @@ class AttemptStarted(Event):
     server_address: str | None = None
     server_port: int | None = None
     stream: bool = False
+
+
+class StreamCommitted(Event):
+    """A stream was committed to the client: appended, and durable, after its attempt's
+    first content arrived and before the client's first byte (SPEC §5). From here on the
+    endpoint is fixed and an end other than success is a partial failure; crash recovery
+    reads it to record what the client saw. If the commit's answer is lost, the client
+    gets a 503 instead, and the request's ``RequestFailed`` (``stream_started`` false) says
+    so."""
+
+    type: ClassVar[str] = "StreamCommitted"
+
+    request_id: Id
+    attempt_id: Id
+    endpoint: Id
+    time_to_first_chunk_ms: NonNegInt | None = None
 
 
 class AttemptFinished(Event):
@@ -507,6 +524,7 @@ CATALOGUE: Mapping[str, type[Event]] = {
         BudgetReserved,
         BudgetReservationDenied,
         AttemptStarted,
+        StreamCommitted,
         AttemptFinished,
         FailoverDecided,
         BudgetSettled,

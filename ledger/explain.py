@@ -336,12 +336,20 @@ def _decision(d: ev.FailoverDecided | None) -> str:
     return f" ({d.action}: {d.reason})"
 
 
+def _failure_name(finished: ev.AttemptFinished) -> str:
+    """A failed attempt's failure class, else its error code (``gateway_lost``: crash
+    recovery ended it), else plain "failure"."""
+    if finished.failure_class is not None:
+        return finished.failure_class.value
+    return finished.error_code or "failure"
+
+
 def _failure(attempt: _Attempt) -> str:
     s, f = attempt.started, attempt.finished
     where = f"tier {s.tier}'s {attempt.name}"
     if f is None:
         return f"{where} (in flight)"
-    cls = f.failure_class.value if f.failure_class else "failure"
+    cls = _failure_name(f)
     verb = f"answered {f.http_status} {cls}" if f.http_status else f"failed with {cls}"
     return f"{where} {verb} {_EVIDENCE_PHRASE[f.evidence]}{_decision(attempt.decided)}"
 
@@ -370,8 +378,7 @@ def _outcome(trail: _Trail) -> str:
     if isinstance(end, ev.RequestFailed) and committed is not None:
         f = committed.finished
         broke = (
-            f"{f.failure_class.value if f.failure_class else 'failure'} "
-            f"{_EVIDENCE_PHRASE[f.evidence]}"
+            f"{_failure_name(f)} {_EVIDENCE_PHRASE[f.evidence]}"
             if f is not None
             else "no attempt outcome recorded"
         )
@@ -548,6 +555,16 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
                 f"attempt {event.attempt_number} ({event.cause}) started on "
                 f"{event.endpoint}/{event.model}, tier {event.tier}"
             )
+        case ev.StreamCommitted():
+            first = (
+                f", {event.time_to_first_chunk_ms} ms to its first chunk"
+                if event.time_to_first_chunk_ms is not None
+                else ""
+            )
+            return (
+                f"{trail.number(event.attempt_id)} committed its stream to the client on "
+                f"{event.endpoint}{first}: no failover from here"
+            )
         case ev.AttemptFinished():
             where = trail.number(event.attempt_id)
             if event.status == "succeeded":
@@ -558,7 +575,7 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
                 )
                 return f"{where} succeeded: {event.http_status} in {event.duration_ms} ms{usage}"
             status = f"{event.http_status} " if event.http_status else ""
-            cls = event.failure_class.value if event.failure_class else "failure"
+            cls = _failure_name(event)
             return (
                 f"{where} failed: {status}{cls}, evidence {event.evidence.value}, "
                 f"{event.duration_ms} ms"

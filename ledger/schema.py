@@ -271,7 +271,9 @@ budget_resolutions = Table(
     ),
 )
 
-# Live gateway processes; a hold whose owner stopped heartbeating was abandoned by a crash.
+# One row per run (incarnation) of a gateway: ``instance_id`` is ``<instance id>/<incarnation
+# id>``, the owner of the holds it takes (ledger.recovery). A hold whose owner stopped
+# heartbeating, or whose instance started again, was abandoned by a crash.
 gateway_instances = Table(
     "gateway_instances",
     metadata,

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+import re
 import signal
 import threading
 from collections.abc import (
@@ -40,7 +41,16 @@ from ledger.apikeys import ApiKey, KeyCache, find_key
 from ledger.db import create_engine, current_revision, head_revision, is_unavailable
 from ledger.follow import SETTLE_S, follow_in_child
 from ledger.projection import ProjectionRunner
-from ledger.recovery import heartbeat, recover_abandoned_holds, register_instance, stop_instance
+from ledger.recovery import (
+    MAX_INSTANCE_ID,
+    check_instance_id,
+    heartbeat,
+    incarnation_owner,
+    recover_abandoned_holds,
+    recover_earlier_incarnations,
+    register_instance,
+    stop_instance,
+)
 from ledger.store import ANY_VERSION, EventStore, LedgerUnavailable
 from ledger.types import money_str
 from ledger.views import all_projections
@@ -67,7 +77,7 @@ from router.reconcile_api import reconcile_router
 from router.serving import HANGUP_EXTENSION, Hangup
 from router.spend_api import spend_router
 
-__all__ = ["AppSettings", "authenticate", "create_app"]
+__all__ = ["AppSettings", "authenticate", "create_app", "default_instance_id"]
 
 log = logging.getLogger("waybill.app")
 
@@ -92,6 +102,24 @@ class AppSettings:
     heartbeat_s: float = 5.0  # a gateway silent for 6 heartbeats is presumed dead
     config_path: str | None = None  # where a reload (SIGHUP, or the admin API) reads from
     follower_process: bool = False  # on PostgreSQL: read models in a child (ledger.follow)
+    # Who this gateway is across restarts (ledger.recovery): at start-up it recovers the
+    # holds its own earlier incarnations left. None: a new id, so it has no earlier ones.
+    instance_id: str | None = None
+
+
+def default_instance_id(host_name: str, bind_host: str, port: int) -> str:
+    """``waybill serve``'s instance id when none is given: ``<host name>@<address>:<port>``,
+    a socket address only one process on a machine can listen on at a time. One that an
+    instance id cannot hold (too long, odd characters) is cut down to what it can, with a
+    hash of the whole to keep it unique."""
+    address = f"[{bind_host}]" if ":" in bind_host else bind_host  # IPv6, as in a URL
+    wanted = f"{host_name}@{address}:{port}"
+    try:
+        return check_instance_id(wanted)
+    except ValueError:
+        digest = hashlib.sha256(wanted.encode()).hexdigest()[:8]
+        kept = re.sub(r"[^A-Za-z0-9._:@\[\]-]+", "-", wanted).lstrip("._:@[]-")
+        return f"{kept[: MAX_INSTANCE_ID - 9]}-{digest}" if kept else digest
 
 
 class _Edge:
@@ -227,8 +255,15 @@ def create_app(settings: AppSettings) -> FastAPI:
         engine = create_engine(settings.database_url)
         store = EventStore(engine)
         breakers = breaker_board(config.defaults.breaker, config.generation, settings.redis_url)
-        gateway = Gateway(config, store, breakers)
-        await register_instance(engine, gateway.instance_id)
+        owner = incarnation_owner(settings.instance_id or new_id("gw"), new_id("inc"))
+        gateway = Gateway(config, store, breakers, instance_id=owner)
+        await register_instance(engine, owner)
+        if settings.instance_id is not None:
+            # Before serving: an earlier run of this instance is dead (we replaced it), so
+            # its holds need not wait for six missed heartbeats.
+            recovered = await recover_earlier_incarnations(store, settings.instance_id, owner)
+            if recovered:
+                log.warning("recovered %d holds of earlier runs of this instance", recovered)
         app.state.settings = settings
         app.state.retiring = set()
         app.state.store = store
@@ -249,9 +284,7 @@ def create_app(settings: AppSettings) -> FastAPI:
         app.state.telemetry = telemetry
         telemetry_task = asyncio.create_task(telemetry.run(stop))
         # Holds left by gateways that died mid-attempt become unknown-usage settlements.
-        keeping = asyncio.create_task(
-            _keep_alive(store, gateway.instance_id, settings.heartbeat_s, stop)
-        )
+        keeping = asyncio.create_task(_keep_alive(store, owner, settings.heartbeat_s, stop))
         hangup = _on_hangup(app)
         try:
             await _activate_config(store, config)
@@ -266,7 +299,7 @@ def create_app(settings: AppSettings) -> FastAPI:
             telemetry.shutdown()
             await asyncio.gather(*app.state.retiring, return_exceptions=True)
             await app.state.gateway.aclose()
-            await stop_instance(engine, gateway.instance_id)
+            await stop_instance(engine, owner)
             await store.close()
             await engine.dispose()
 
@@ -683,12 +716,12 @@ async def _recorded(
 
 
 async def _keep_alive(
-    store: EventStore, instance_id: str, interval_s: float, stop: asyncio.Event
+    store: EventStore, owner: str, interval_s: float, stop: asyncio.Event
 ) -> None:
     """Heartbeat, and recover the holds of gateways that stopped heartbeating."""
     while not stop.is_set():
         try:
-            await heartbeat(store.engine, instance_id)
+            await heartbeat(store.engine, owner)
             await recover_abandoned_holds(store, stale_after_s=interval_s * 6)
         except Exception:  # the next beat retries; recovery must never stop the gateway
             log.exception("heartbeat or hold recovery failed")

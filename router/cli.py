@@ -413,6 +413,15 @@ def serve_command(
     max_in_flight: Annotated[
         int, typer.Option("--max-in-flight", help="In-flight requests per workspace.", min=1)
     ] = 512,
+    instance_id: Annotated[
+        str | None,
+        typer.Option(
+            "--instance-id",
+            envvar="WAYBILL_INSTANCE_ID",
+            help="Who this gateway is across restarts; never two live processes at once. "
+            "Default: <host name>@<host>:<port>.",
+        ),
+    ] = None,
 ) -> None:
     """Run the gateway (migrates the database first unless --no-migrate)."""
     import os
@@ -423,6 +432,7 @@ def serve_command(
     with _friendly_errors():
         config = _load_config(config_file)
         heartbeat_s = _heartbeat_s()
+        instance = _instance_id(instance_id, host, port)
         if not no_migrate:
             migrate(url)
     settings = AppSettings(
@@ -433,8 +443,23 @@ def serve_command(
         heartbeat_s=heartbeat_s,
         config_path=config_file,
         follower_process=True,
+        instance_id=instance,
     )
     _serve(settings, host, port)
+
+
+def _instance_id(given: str | None, host: str, port: int) -> str:
+    import socket
+
+    from ledger.recovery import check_instance_id
+    from router.app import default_instance_id
+
+    if given is None:
+        return default_instance_id(socket.gethostname(), host, port)
+    try:
+        return check_instance_id(given)
+    except ValueError as error:
+        raise CliError(f"--instance-id: {error}") from None
 
 
 def _heartbeat_s() -> float:

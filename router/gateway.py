@@ -12,9 +12,10 @@ attempt — before the upstream call (``RequestReceived``, ``RouteEvaluated``,
 called for an attempt the ledger does not know, and an answered request is never missing.
 
 Streams (SPEC §5): response headers and any role-only preamble are held until the first
-chunk with content; until then a failure can still fail over unseen. Once a chunk has been
-sent the endpoint is fixed; a later failure ends the stream with an SSE ``error`` event and
-is recorded as a partial failure.
+chunk with content; until then a failure can still fail over unseen. Then ``StreamCommitted``
+is appended, and only once it is durable does the client get its first byte. From there the
+endpoint is fixed; a later failure ends the stream with an SSE ``error`` event and is
+recorded as a partial failure (by crash recovery, if the gateway died).
 """
 
 from __future__ import annotations
@@ -591,6 +592,25 @@ class _Run:
                 raise
 
         route, attempt, (upstream, batches, held) = await self._until_answered(open_until_content)
+        try:
+            # The ledger learns that the stream is the client's before the client's first
+            # byte (its headers go out once this returns): a gateway that dies from here on
+            # leaves a partial failure, and crash recovery can tell (ledger.recovery).
+            await self._flush(
+                ev.StreamCommitted(
+                    request_id=self.request_id,
+                    attempt_id=attempt.attempt_id,
+                    endpoint=route.choice.endpoint,
+                    time_to_first_chunk_ms=upstream.time_to_first_chunk_ms,
+                )
+            )
+        except LedgerUnavailable:
+            await upstream.aclose()
+            self._not_committed(attempt, upstream)
+            raise
+        except BaseException:
+            await upstream.aclose()
+            raise
         attempt.stream_committed = True
         return StreamingCompletion(
             self.request_id,
@@ -598,6 +618,25 @@ class _Run:
             self.attempt_count,
             self._stream_body(attempt, upstream, batches, held),
         )
+
+    def _not_committed(self, attempt: _Attempt, upstream: DriverStream) -> None:
+        """The stream's commit could not be recorded (the ledger is unavailable): the client
+        gets the 503, nothing of the stream. The upstream did start, so the attempt's hold
+        stays counted as unknown usage; the end is recorded once the ledger is back."""
+        self.in_flight, self.ended = None, True
+        self._pending.append(
+            ev.AttemptFinished(
+                request_id=self.request_id,
+                attempt_id=attempt.attempt_id,
+                status="failed",
+                evidence=ev.Evidence.STARTED,
+                error_code="ledger_unavailable",
+                duration_ms=round((time.monotonic() - attempt.started_at) * 1000),
+                time_to_first_chunk_ms=upstream.time_to_first_chunk_ms,
+            )
+        )
+        self._record(self.budget.hold_unknown(attempt.attempt_id, "ledger_unavailable"))
+        self.gw._keep(self._flush_patiently(self._request_failed(ledger_unavailable())))
 
     async def _stream_body(
         self,

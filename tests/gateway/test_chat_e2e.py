@@ -27,6 +27,8 @@ TRAIL_OK = [
     "BudgetSettled",
     "RequestCompleted",
 ]
+# A stream's trail: the ledger holds that it was committed to the client before its first byte.
+STREAM_TRAIL_OK = [*TRAIL_OK[:4], "StreamCommitted", *TRAIL_OK[4:]]
 
 
 def first(events: list[RecordedEvent], event_type: str) -> dict[str, Any]:
@@ -131,8 +133,13 @@ async def test_stream_with_include_usage_ends_with_the_usage_chunk(database_url)
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
         request_id = stream.response.headers["x-request-id"]
         assert stream.response.headers["x-waybill-endpoint"] == "east"
-        assert await gw.types(request_id) == TRAIL_OK
-        finished = first(await gw.events(request_id), "AttemptFinished")
+        events = await gw.events(request_id)
+        assert [e.type for e in events] == STREAM_TRAIL_OK
+        committed = first(events, "StreamCommitted")
+        finished = first(events, "AttemptFinished")
+        assert committed["attempt_id"] == finished["attempt_id"]
+        assert committed["endpoint"] == "east"
+        assert committed["time_to_first_chunk_ms"] == finished["time_to_first_chunk_ms"]
         assert finished["stream_committed"] is True
         assert finished["usage"]["output_tokens"] > 0
 
