@@ -235,7 +235,8 @@ def _money(record: Mapping[str, Any], field: str, line: int) -> Decimal:
     if amount >= MONEY_LIMIT:
         raise ExportError(f"must be below {MONEY_LIMIT} USD, not {value}", line=line, field=field)
     # Beyond the ledger's precision a cost is rounded up, as every cost is: never understated.
-    return quantize(amount)
+    rounded = quantize(amount)
+    return amount if rounded == amount else rounded
 
 
 def _timestamp(record: Mapping[str, Any], field: str, line: int) -> datetime:

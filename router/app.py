@@ -35,6 +35,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from ledger import events as ev
 from ledger.apikeys import ApiKey, KeyCache, find_key
@@ -235,6 +236,10 @@ def _failure_response(request: Request, error: Exception) -> Response:
     else a bare 500 (logged, never shown): a constraint violated is a bug, not an outage."""
     if isinstance(error, GatewayError):
         return _error_response(error, _request_id(request))
+    if isinstance(error, ClientDisconnect):
+        # The client left before its body arrived: nobody reads the answer, nothing to log.
+        gone = GatewayError(499, "client_canceled", "the client closed the connection")
+        return _error_response(gone, _request_id(request))
     if is_unavailable(error):
         log.error("ledger unavailable serving %s: %s", request.url.path, type(error).__name__)
         return _error_response(ledger_unavailable(), _request_id(request))

@@ -7,10 +7,16 @@ each write is a ``send`` that also wakes the reader, and the pair was most of th
 the gateway's CPU that uvicorn's ``send`` took at c16 (``bench/README.md``). A stream's
 chunks written in one turn are joined the same way.
 
-And one addition: the ``waybill.hangup`` extension in each request's scope
+Two additions: the ``waybill.hangup`` extension in each request's scope
 (:data:`HANGUP_EXTENSION`), which calls back when the client's connection is lost, so that
 the app needs no task of its own waiting on ``receive`` to notice (about 2% of the CPU of a
-streamed request, which had two such waits).
+streamed request, which had two such waits); and the answers the protocol gives itself
+before any app runs, in the app's one error shape: a request head over
+:data:`MAX_HEAD_BYTES` is ``431``, a request the HTTP parser refuses (NUL or CR in a header,
+conflicting ``Content-Length`` and ``Transfer-Encoding``, ...) is ``400``, both
+``invalid_request`` and the connection closed. A head is bounded while it arrives: bytes
+fed to the parser while the head is still incomplete are counted, so an endless header costs
+at most the bound and one read, never its own length.
 """
 
 from __future__ import annotations
@@ -20,9 +26,22 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["HANGUP_EXTENSION", "UVICORN_OPTIONS", "CoalescingTransport", "Hangup"]
+from router.errors import GatewayError, invalid_request
+from router.ids import new_id
+
+__all__ = [
+    "HANGUP_EXTENSION",
+    "MAX_HEAD_BYTES",
+    "UVICORN_OPTIONS",
+    "CoalescingTransport",
+    "Hangup",
+]
+
+MAX_HEAD_BYTES = 64 * 1024
+"""The request line and headers together; beyond it: 431."""
 
 HANGUP_EXTENSION = "waybill.hangup"
 """``scope["extensions"][HANGUP_EXTENSION]["watch"]`` is a :data:`Hangup`."""
@@ -79,16 +98,72 @@ class CoalescingTransport:
         return getattr(self._transport, name)
 
 
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback to stop parsing a head over the bound."""
+
+
 class _Protocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._hangups: set[Callable[[], None]] = set()
+        self._in_head = True  # the parser is between messages or inside a head
+        self._head_fed = 0  # bytes fed while the head was incomplete
+        self._head_size = 0  # the current head's URL and header bytes, as parsed
+        self._head_too_large = False
+        self._completed = False  # a message completed in the read being parsed
         coalescing = CoalescingTransport(transport, self.loop)
         super().connection_made(coalescing)  # type: ignore[arg-type]
 
+    def data_received(self, data: bytes) -> None:
+        if self._in_head and self._head_fed > MAX_HEAD_BYTES:
+            # Everything fed so far left the head incomplete: it is over the bound.
+            self._head_too_large = True
+            self.send_400_response("")
+            return
+        self._completed = False
+        super().data_received(data)
+        # Counted only when this read was all head: one that ended a message may hold the
+        # next head's start too, uncounted (at most one read, so the bound still holds).
+        if self._in_head and not self._completed:
+            self._head_fed += len(data)
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._head_size = 0
         extensions = self.scope.setdefault("extensions", {})
         extensions[HANGUP_EXTENSION] = {"watch": self._watch}
+
+    def on_url(self, url: bytes) -> None:
+        self._count(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def _count(self, size: int) -> None:
+        self._head_size += size
+        if self._head_size > MAX_HEAD_BYTES:
+            self._head_too_large = True
+            raise _HeadTooLarge  # the parser stops; data_received answers
+
+    def on_headers_complete(self) -> None:
+        self._in_head, self._head_fed = False, 0
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head, self._head_fed, self._completed = True, 0, True
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot parse, in the gateway's error shape."""
+        if self._head_too_large:
+            error = invalid_request(
+                f"the request line and headers exceed {MAX_HEAD_BYTES} bytes", status=431
+            )
+        else:
+            error = invalid_request("malformed HTTP request (refused by the HTTP parser)")
+        self.transport.write(_error_bytes(error))
+        self.transport.close()
 
     def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:
         self._hangups.add(callback)
@@ -99,6 +174,23 @@ class _Protocol(HttpToolsProtocol):
         super().connection_lost(exc)
         for callback in hangups:
             callback()
+
+
+_REASONS = {400: b"Bad Request", 431: b"Request Header Fields Too Large"}
+
+
+def _error_bytes(error: GatewayError) -> bytes:
+    request_id = new_id("req")
+    body = orjson.dumps(error.body(request_id))
+    head = [
+        b"HTTP/1.1 %d %s" % (error.status, _REASONS.get(error.status, b"Error")),
+        b"content-type: application/json",
+        b"content-length: %d" % len(body),
+        b"x-request-id: " + request_id.encode(),
+        *(f"{name}: {value}".encode() for name, value in error.headers().items()),
+        b"connection: close",
+    ]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
 UVICORN_OPTIONS: dict[str, Any] = {

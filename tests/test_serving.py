@@ -94,3 +94,83 @@ async def test_the_served_app_answers_through_it(database_url: str) -> None:
     assert {a.status_code for a in answers} == {200}
     assert all(a.content == b'{"status":"ok"}' and "server" not in a.headers for a in answers)
     assert asked_to_upgrade.status_code == 200  # no WebSocket routes: plain HTTP
+
+
+async def _raw(url: str, chunks: list[bytes]) -> tuple[bytes, int]:
+    """Send ``chunks`` on one connection, stopping when the server closes it: the answer
+    (empty if the close reset the connection first) and how many chunks went out."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    sent = 0
+    try:
+        for chunk in chunks:
+            writer.write(chunk)
+            await writer.drain()
+            sent += 1
+        return await asyncio.wait_for(reader.read(), 30), sent
+    except ConnectionError:
+        try:
+            return await asyncio.wait_for(reader.read(), 30), sent
+        except ConnectionError:
+            return b"", sent
+    finally:
+        writer.close()
+
+
+def _json_error(answer: bytes) -> tuple[int, dict[str, Any]]:
+    import orjson
+
+    head, _, body = answer.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    assert b"content-type: application/json" in head.lower()
+    assert b"x-request-id: req_" in head
+    return status, orjson.loads(body)["error"]
+
+
+async def test_the_protocol_answers_bad_heads_in_the_error_shape(sqlite_url: str) -> None:
+    async with running_gateway(sqlite_url, ["east"], [Route("east")]) as gw:
+        request = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"
+        huge, _ = await _raw(gw.url, [request + b"X-Big: " + b"a" * 70_000 + b"\r\n\r\n"])
+        status, error = _json_error(huge)
+        assert (status, error["code"]) == (431, "invalid_request")
+        # An endless header: refused after the bound, never read to its end (the answer
+        # may be lost to the reset of a connection closed with bytes unread).
+        endless = [request + b"X-Endless: "] + [b"b" * 16_384] * 4096  # 64 MiB offered
+        answer, sent = await _raw(gw.url, endless)
+        assert sent < 1024  # socket buffers take a few MiB; the server read no more
+        assert not answer or _json_error(answer)[0] == 431
+        for bad in (
+            request + b"X-Nul: a\x00b\r\n\r\n",
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        ):
+            status, error = _json_error((await _raw(gw.url, [bad]))[0])
+            assert (status, error["code"]) == (400, "invalid_request")
+        async with gw.http() as http:  # the bound is on the head, not on a body
+            big_body = {"model": "chat", "messages": [{"role": "user", "content": "x" * 100_000}]}
+            assert (await http.post("/v1/chat/completions", json=big_body)).status_code == 200
+            many = {f"x-h{i}": "v" * 100 for i in range(300)}  # ~32 KiB of headers: fine
+            assert (await http.get("/healthz", headers=many)).status_code == 200
+
+
+async def test_a_client_leaving_mid_body_is_no_error_in_the_logs(
+    sqlite_url: str, caplog: Any
+) -> None:
+    import logging
+
+    async with running_gateway(sqlite_url, ["east"], [Route("east")]) as gw:
+        caplog.set_level(logging.WARNING)
+        for path in ("/v1/chat/completions", "/v1/reconciliations"):
+            head = (
+                f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {gw.secret}\r\n"
+                "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+            ).encode()
+            _, writer = await asyncio.open_connection(*gw.url.removeprefix("http://").split(":"))
+            writer.write(head + b'{"model": "ch')
+            await writer.drain()
+            writer.close()
+            await writer.wait_closed()
+        async with gw.http() as http:  # the gateway carries on, and has had time to notice
+            assert (await http.get("/v1/models")).status_code == 200
+        assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+        assert "ClientDisconnect" not in caplog.text

@@ -27,7 +27,9 @@ BODY: dict[str, Any] = {
     "messages": [{"role": "user", "content": "hi"}],
     "max_tokens": 100,
 }
-LIMIT = Decimal("0.0050")  # about 20 worst cases of 0.00024
+# About 4 worst cases of 0.00024 at once, and about 45 requests' actual cost: some of the 60
+# requests of the load are refused (402) even if a busy machine serves them one at a time.
+LIMIT = Decimal("0.0010")
 
 
 @pytest.mark.slow
