@@ -14,7 +14,8 @@ from alembic.script import ScriptDirectory
 import ledger
 from ledger.db import ALEMBIC_DIR, _alembic_config
 
-_PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+_ROOT = Path(__file__).resolve().parents[2]
+_PYPROJECT = _ROOT / "pyproject.toml"
 
 
 def _files(folder: Path) -> set[Path]:
@@ -41,3 +42,8 @@ def test_every_revision_file_is_one_revision_of_one_line_of_history() -> None:
     revision_files = sorted((ALEMBIC_DIR / "versions").glob("*.py"))
     assert len(list(scripts.walk_revisions())) == len(revision_files)
     assert len(scripts.get_heads()) == 1
+
+
+def test_no_revision_lives_outside_the_package() -> None:
+    # A revision left in the old top-level alembic/ folder would be neither shipped nor run.
+    assert not list((_ROOT / "alembic").rglob("*.py"))
