@@ -2,7 +2,8 @@
 
 PostgreSQL (``postgresql+psycopg://``) is the production store; SQLite is the embedded
 default. Both are reached through SQLAlchemy's async engine (psycopg 3 and aiosqlite), and
-both are migrated by the same Alembic scripts in ``alembic/`` at the repository root.
+both are migrated by the same Alembic scripts in ``ledger/migrations/``, which ship inside the
+package so an installed wheel migrates exactly as a checkout does.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ __all__ = [
 DEFAULT_DATABASE_URL = "sqlite:///waybill.db"
 READ_ONLY = "waybill_read_only"
 """Execution option for a connection that only reads: on SQLite it need not take the write lock."""
-ALEMBIC_DIR = Path(__file__).resolve().parent.parent / "alembic"
+ALEMBIC_DIR = Path(__file__).resolve().parent / "migrations"
 
 
 class DatabaseUrlError(ValueError):

@@ -1,8 +1,8 @@
 """The ledger's tables, as SQLAlchemy Core metadata.
 
-Alembic migrations (``alembic/versions``) are the only way these tables change; this module
-describes the current shape for queries and must agree with the latest migration (a test
-compares them).
+Alembic migrations (``ledger/migrations/versions``) are the only way these tables change;
+this module describes the current shape for queries and must agree with the latest
+migration (a test compares them).
 """
 
 from __future__ import annotations

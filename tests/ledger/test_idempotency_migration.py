@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
+from alembic import command
 from alembic.script import ScriptDirectory
 
-from alembic import command
 from ledger.db import _alembic_config, migrate, sync_url
 from ledger.schema import events
 

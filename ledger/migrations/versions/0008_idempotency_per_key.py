@@ -20,7 +20,6 @@ Create Date: 2026-12-01
 from __future__ import annotations
 
 import sqlalchemy as sa
-
 from alembic import op
 
 revision = "0008"

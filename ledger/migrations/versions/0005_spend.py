@@ -8,8 +8,8 @@ Create Date: 2026-11-30
 from __future__ import annotations
 
 import sqlalchemy as sa
-
 from alembic import op
+
 from ledger.types import MoneyColumn
 
 revision = "0005"

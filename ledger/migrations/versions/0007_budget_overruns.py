@@ -14,8 +14,8 @@ Create Date: 2026-12-01
 from __future__ import annotations
 
 import sqlalchemy as sa
-
 from alembic import op
+
 from ledger.types import MoneyColumn
 
 revision = "0007"

@@ -8,7 +8,6 @@ Create Date: 2026-11-30
 from __future__ import annotations
 
 import sqlalchemy as sa
-
 from alembic import op
 
 revision = "0003"
