@@ -34,7 +34,9 @@ __all__ = [
     "is_postgres",
     "is_unavailable",
     "migrate",
+    "redacted_url",
     "resolve_database_url",
+    "sqlite_path",
     "sync_url",
 ]
 
@@ -120,6 +122,19 @@ def _parse(url: str) -> URL:
             f"unsupported database {parsed.get_backend_name()!r}: use postgresql or sqlite"
         )
     return parsed
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file a SQLite URL names; None for PostgreSQL and in-memory SQLite."""
+    parsed = _parse(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def redacted_url(url: str) -> str:
+    """The URL as it may be shown: any password masked."""
+    return _parse(url).render_as_string(hide_password=True)
 
 
 def is_postgres(url: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import contextmanager
@@ -30,7 +31,16 @@ from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
 from ledger import apikeys
-from ledger.db import DatabaseUrlError, create_engine, migrate, resolve_database_url
+from ledger.db import (
+    DatabaseUrlError,
+    create_engine,
+    current_revision,
+    head_revision,
+    migrate,
+    redacted_url,
+    resolve_database_url,
+    sqlite_path,
+)
 from ledger.process import tune_gc
 from ledger.projection import ProjectionRunner
 from ledger.store import EventStore
@@ -55,8 +65,9 @@ otel_app = typer.Typer(
 )
 app.add_typer(otel_app, name="otel")
 
-err = Console(stderr=True)
-out = Console()
+# Piped, a console is as wide as its widest line: tables never cut ids or amounts.
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 10_000)
+out = Console(width=None if sys.stdout.isatty() else 10_000)
 
 DatabaseUrl = Annotated[
     str | None,
@@ -86,17 +97,43 @@ def _friendly_errors() -> Any:
 
 
 def _with_store(database_url: str | None, work: Callable[[EventStore], Awaitable[T]]) -> T:
+    """Run ``work`` on the ledger at ``database_url``, which must be one: a command that
+    reads or appends never creates a database, nor runs on one that was never migrated."""
+    url = resolve_database_url(database_url)
+
     async def run() -> T:
-        engine = create_engine(resolve_database_url(database_url))
+        engine = create_engine(url)
         store = EventStore(engine)
         try:
+            await _require_ledger(engine, url)
             return await work(store)
         finally:
             await store.close()
             await engine.dispose()
 
     with _friendly_errors():
+        _require_sqlite_file(url)
         return _run(run())
+
+
+def _require_sqlite_file(url: str) -> None:
+    path = sqlite_path(url)
+    if path is not None and not path.exists():
+        raise CliError(
+            f"no ledger at {path}: run `waybill migrate` to create one here, or give "
+            "--database-url (or WAYBILL_DATABASE_URL)"
+        )
+
+
+async def _require_ledger(engine: Any, url: str) -> None:
+    revision, head = await current_revision(engine), head_revision()
+    if revision is None:
+        raise CliError(f"{redacted_url(url)} holds no Waybill ledger: run `waybill migrate`")
+    if revision != head:
+        raise CliError(
+            f"the ledger at {redacted_url(url)} is at schema revision {revision}, this "
+            f"waybill needs {head}: run `waybill migrate`"
+        )
 
 
 def _run(coroutine: Coroutine[Any, Any, T]) -> T:
@@ -308,10 +345,27 @@ def keys_create(
     budget_window: Annotated[
         str, typer.Option("--budget-window", help="day | month | total")
     ] = "day",
+    config_file: ConfigFile = None,
 ) -> None:
-    """Create an API key; prints its secret once."""
+    """Create an API key; prints its secret once. With a config (--config or
+    WAYBILL_CONFIG), a workspace the config does not know is refused."""
     from decimal import Decimal, InvalidOperation
 
+    if config_file:
+        with _friendly_errors():
+            known = [w.id for w in _load_config(config_file).workspaces]
+            if workspace not in known:
+                raise CliError(
+                    f"workspace {workspace!r} is not in {config_file} (it has: "
+                    f"{', '.join(known) or 'none'}); its keys would be refused"
+                )
+    else:
+        err.print(
+            f"[yellow]warning:[/yellow] no config given: workspace {escape(workspace)!r} is "
+            "not checked (a workspace the gateway's config lacks has its keys refused; "
+            "pass --config to check)",
+            highlight=False,
+        )
     if not apikeys.is_role(role):
         err.print(f"[red]error:[/red] --role must be one of {', '.join(apikeys.ROLES)}")
         raise typer.Exit(2)
@@ -433,8 +487,12 @@ def serve_command(
         config = _load_config(config_file)
         heartbeat_s = _heartbeat_s()
         instance = _instance_id(instance_id, host, port)
-        if not no_migrate:
+        if no_migrate:
+            _require_sqlite_file(url)
+            _run(_check_ledger(url))
+        else:
             migrate(url)
+        listening = _listening_socket(host, port)
     settings = AppSettings(
         config=config,
         database_url=url,
@@ -445,7 +503,7 @@ def serve_command(
         follower_process=True,
         instance_id=instance,
     )
-    _serve(settings, host, port)
+    _serve(settings, host, port, listening)
 
 
 def _instance_id(given: str | None, host: str, port: int) -> str:
@@ -477,7 +535,36 @@ def _heartbeat_s() -> float:
     return value
 
 
-def _serve(settings: Any, host: str, port: int) -> None:
+async def _check_ledger(url: str) -> None:
+    engine = create_engine(url)
+    try:
+        await _require_ledger(engine, url)
+    finally:
+        await engine.dispose()
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before anything says it is serving: a port in use is one
+    line and a non-zero exit, not a banner followed by a failure."""
+    where = f"{host}:{port}"
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as error:
+        raise CliError(f"cannot listen on {where}: {error.strerror}") from None
+    listening = socket.socket(family, kind, proto)
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind(address)
+    except OSError as error:
+        listening.close()
+        raise CliError(f"cannot listen on {where}: {error.strerror or error}") from None
+    listening.set_inheritable(True)
+    return listening
+
+
+def _serve(settings: Any, host: str, port: int, listening: socket.socket) -> None:
     import uvicorn
 
     from router.app import create_app
@@ -489,7 +576,8 @@ def _serve(settings: Any, host: str, port: int) -> None:
     )
     served = create_app(settings)
     gc.freeze()  # the server's modules, imported just now, join those frozen at start-up
-    uvicorn.run(served, host=host, port=port, **UVICORN_OPTIONS)
+    server = uvicorn.Server(uvicorn.Config(served, host=host, port=port, **UVICORN_OPTIONS))
+    server.run(sockets=[listening])
 
 
 @app.command("demo")
@@ -507,7 +595,15 @@ def demo_command(
     url = resolve_database_url(database_url)
     with _friendly_errors():
         migrate(url)
-        run_demo(url, port, check=check, out=out, err=err, serve=_serve)
+        listening = _listening_socket("127.0.0.1", port)
+        run_demo(
+            url,
+            listening,
+            check=check,
+            out=out,
+            err=err,
+            serve=lambda settings, host, port: _serve(settings, host, port, listening),
+        )
 
 
 def _instant(value: str | None, option: str) -> Any:

@@ -8,6 +8,11 @@ workspace; a ready ``curl`` and ``openai`` SDK example is printed; then the gate
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import os
+import shutil
+import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -90,31 +95,38 @@ def _create_key(database_url: str) -> apikeys.NewKey:
 
 
 def _examples(base: str, secret: str) -> str:
+    # Flush left, so that each block pastes into a shell as printed; the Python example runs
+    # with an interpreter that has the openai package, this one's if it does.
+    python = sys.executable if importlib.util.find_spec("openai") else "python3"
+    needs = "" if python == sys.executable else "  (needs: pip install openai)"
+    # `waybill` as this shell can run it: by name when it is on PATH, else by its path.
+    beside = os.path.join(os.path.dirname(sys.executable), "waybill")
+    waybill = "waybill" if shutil.which("waybill") == beside else beside
     return f"""
 Try it (in another terminal):
 
-  curl -s {base}/v1/chat/completions \\
-    -H "Authorization: Bearer {secret}" -H "Content-Type: application/json" \\
-    -d '{{"model": "{_MODEL_GROUP}", "messages": [{{"role": "user", "content": "Hello"}}]}}' -i
+curl -s {base}/v1/chat/completions \\
+  -H "Authorization: Bearer {secret}" -H "Content-Type: application/json" \\
+  -d '{{"model": "{_MODEL_GROUP}", "messages": [{{"role": "user", "content": "Hello"}}]}}' -i
 
-  python - <<'PY'
-  from openai import OpenAI
-  client = OpenAI(base_url="{base}/v1", api_key="{secret}")
-  reply = client.chat.completions.create(
-      model="{_MODEL_GROUP}", messages=[{{"role": "user", "content": "Hello"}}])
-  print(reply.choices[0].message.content)
-  for chunk in client.chat.completions.create(model="{_MODEL_GROUP}", stream=True,
-          messages=[{{"role": "user", "content": "Hello"}}]):
-      print(chunk.choices[0].delta.content or "", end="") if chunk.choices else None
-  PY
+{python} - <<'PY'{needs}
+from openai import OpenAI
+client = OpenAI(base_url="{base}/v1", api_key="{secret}")
+reply = client.chat.completions.create(
+    model="{_MODEL_GROUP}", messages=[{{"role": "user", "content": "Hello"}}])
+print(reply.choices[0].message.content)
+for chunk in client.chat.completions.create(model="{_MODEL_GROUP}", stream=True,
+        messages=[{{"role": "user", "content": "Hello"}}]):
+    print(chunk.choices[0].delta.content or "", end="") if chunk.choices else None
+PY
 
-Then: `waybill verify` walks the hash chain of everything recorded.
+Then: `{waybill} verify` walks the hash chain of everything recorded.
 """
 
 
 def run_demo(
     database_url: str,
-    port: int,
+    listening: socket.socket,
     *,
     check: bool,
     out: Console,
@@ -126,6 +138,7 @@ def run_demo(
             config=demo_config(primary.base_url, fallback.base_url), database_url=database_url
         )
         key = _create_key(database_url)
+        port = listening.getsockname()[1]
         base = f"http://127.0.0.1:{port}"
         out.print(f"demo providers on {primary.base_url} (tier 0) and {fallback.base_url} (tier 1)")
         out.print(
@@ -134,22 +147,23 @@ def run_demo(
         )
         out.print(_examples(base, key.secret), highlight=False, markup=False, soft_wrap=True)
         if check:
-            _check(settings, port, key.secret, out)
+            _check(settings, listening, key.secret, out)
             return
         serve(settings, "127.0.0.1", port)
 
 
-def _check(settings: AppSettings, port: int, secret: str, out: Console) -> None:
+def _check(settings: AppSettings, listening: socket.socket, secret: str, out: Console) -> None:
     """Serve in a thread, send one buffered and one streamed request, stop."""
     import uvicorn
 
     from router.app import create_app
     from router.serving import UVICORN_OPTIONS
 
+    port = listening.getsockname()[1]
     server = uvicorn.Server(
         uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, **UVICORN_OPTIONS)
     )
-    thread = threading.Thread(target=server.run, daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
     thread.start()
     try:
         deadline = time.monotonic() + 20

@@ -109,6 +109,7 @@ _TYPE_BY_STATUS: Final[Mapping[int, str]] = {
     413: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     499: "client_error",
     502: "upstream_error",
     503: "service_unavailable",

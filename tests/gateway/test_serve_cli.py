@@ -210,3 +210,107 @@ def test_a_follower_whose_gateway_was_killed_stops_by_itself(
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
         _wait_for(lambda: not _alive(follower), within_s=10)
+
+
+KEYS = {"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k"}
+
+
+def test_a_read_command_where_there_is_no_ledger_creates_none(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    missing = tmp_path / "nothing-here.db"
+    for command in (("verify",), ("spend",), ("explain", "req_x"), ("keys", "revoke", "k_x")):
+        result = waybill(*command, database_url=f"sqlite:///{missing}")
+        assert result.returncode == 1, (command, result.stdout)
+        assert "no ledger at" in result.stderr and "waybill migrate" in result.stderr
+        assert "Traceback" not in result.stderr
+    assert not missing.exists()
+    # The default, ./waybill.db, in a folder without one: not created either.
+    from tests.ledger.test_cli import WAYBILL
+
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("WAYBILL_")}
+    bare = subprocess.run(
+        [*WAYBILL, "verify"],
+        cwd=tmp_path,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bare.returncode == 1 and "no ledger at waybill.db" in bare.stderr
+    assert not (tmp_path / "waybill.db").exists()
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    unmigrated = waybill("verify", database_url=f"sqlite:///{empty}")
+    assert unmigrated.returncode == 1 and "holds no Waybill ledger" in unmigrated.stderr
+
+
+def test_serve_no_migrate_on_an_unmigrated_database_says_so_before_serving(
+    tmp_path: Path,
+) -> None:
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    result = waybill(
+        "serve",
+        "--no-migrate",
+        "--config",
+        "docs/config.example.yaml",
+        "--port",
+        str(closed_port()),
+        database_url=f"sqlite:///{empty}",
+        env=KEYS,
+    )
+    assert result.returncode == 1
+    assert "waybill migrate" in result.stderr and "serving" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_a_port_in_use_is_one_line_before_any_banner(tmp_path: Path) -> None:
+    import socket
+
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        served = waybill(
+            "serve",
+            "--config",
+            "docs/config.example.yaml",
+            "--port",
+            port,
+            database_url=url,
+            env=KEYS,
+        )
+        demo = waybill("demo", "--port", port, database_url=url)
+    for result in (served, demo):
+        assert result.returncode == 1
+        assert f"cannot listen on 127.0.0.1:{port}" in result.stderr
+        assert "serving" not in result.stderr and "Traceback" not in result.stderr
+    assert "curl" not in demo.stdout and "demo client key" not in demo.stdout
+
+
+def test_the_demos_examples_paste_and_run_as_printed(tmp_path: Path) -> None:
+    import subprocess
+
+    url = f"sqlite:///{tmp_path / 'demo.db'}"
+    result = waybill("demo", "--check", "--port", str(closed_port()), database_url=url)
+    assert result.returncode == 0, result.stderr
+    printed = result.stdout
+    start = printed.index("<<'PY'")
+    command_line = printed[printed.rindex("\n", 0, start) + 1 : printed.index("\n", start)]
+    script = printed[printed.index("\n", start) + 1 : printed.index("\nPY\n", start)]
+    assert not script.startswith(" ")  # flush left: pastes into a shell as printed
+    compile(script, "<demo example>", "exec")  # valid Python as printed
+    assert command_line.split()[0].endswith(("python", "python3", "python3.11"))
+    assert "curl -s http" in printed and not printed.split("curl -s")[0].endswith(" ")
+    verify = printed[printed.index("Then: `") + 7 :].split("`")[0]
+    ran = subprocess.run(
+        verify.split(),
+        env={"WAYBILL_DATABASE_URL": url},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ran.returncode == 0 and "ledger OK" in ran.stdout
