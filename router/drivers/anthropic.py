@@ -71,6 +71,7 @@ _ERROR_TYPE_STATUS: Final = {
 
 class AnthropicDriver(Driver):
     _request_id_header = "request-id"
+    requires_max_tokens = True
 
     def _auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
         headers = {"anthropic-version": endpoint.anthropic_version or DEFAULT_ANTHROPIC_VERSION}
