@@ -133,6 +133,30 @@ async def test_every_choice_is_reserved_and_settled_at_what_the_provider_bills(
         assert D(explanation["candidates"][0]["worst_case_usd"]) == D(reserved["amount_usd"])
 
 
+async def test_a_stream_of_several_choices_is_settled_for_all_of_them(sqlite_url: str) -> None:
+    async with running_gateway(sqlite_url, ["east"], [Route("east")]) as gw:
+        stream = await gw.client().chat.completions.create(
+            model="chat",
+            messages=[{"role": "user", "content": "hi"}],
+            n=2,
+            max_tokens=30,
+            stream=True,
+        )
+        texts = {0: "", 1: ""}
+        async for chunk in stream:
+            for choice in chunk.choices:
+                texts[choice.index] += choice.delta.content or ""
+        assert texts[0] and texts[1] != texts[0]
+        request_id = stream.response.headers["x-request-id"]
+        await gw.wait_for_types(request_id, "RequestCompleted")
+        events = await gw.events(request_id)
+        reserved = next(e.data for e in events if e.type == "BudgetReserved")
+        settled = next(e.data for e in events if e.type == "BudgetSettled")
+        assert settled["usage"]["output_tokens"] == 6 + 7
+        body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "n": 2}
+        assert D(reserved["amount_usd"]) == worst_case(gw, {**body, "max_tokens": 30})
+
+
 async def test_an_image_is_never_sent_where_its_price_is_unknown(sqlite_url: str) -> None:
     # East has no image price: excluded unpriced_input. West prices one image at the fake
     # provider's token count and serves the request; audio, priced nowhere, is refused.
