@@ -12,9 +12,9 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import orjson
 
@@ -118,12 +118,12 @@ class ChatCall:
             max_output_tokens=self.max_tokens,
             choices=self.billed.choices,
             prediction_tokens=self.billed.prediction_tokens,
-            image_inputs=self.billed.parts.image,
-            audio_inputs=self.billed.parts.audio,
-            file_inputs=self.billed.parts.file,
+            image_inputs=self.billed.image_inputs,
+            audio_inputs=self.billed.audio_inputs,
+            file_inputs=self.billed.file_inputs,
             audio_output=self.billed.audio_output,
             web_search=self.billed.web_search,
-            unknown_inputs=self.billed.parts.unknown,
+            unknown_inputs=self.billed.unknown_inputs,
             stream=self.stream,
             allow_failover=headers.allow_failover,
             max_cost_usd=headers.max_cost_usd,
@@ -131,35 +131,29 @@ class ChatCall:
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Parts:
-    """The content parts of a request that are not text, by kind."""
+    """The content parts of a request that are not text, counted by kind as they are read."""
 
     image: int = 0
     audio: int = 0
     file: int = 0
-    unknown: tuple[str, ...] = ()  # types the gateway does not know, sorted, once each
+    unknown: set[str] = field(default_factory=set)  # types the gateway does not know
     nbytes: int = 0  # their JSON, not part of the text estimate
 
-    def __add__(self, other: _Parts) -> _Parts:
-        return _Parts(
-            self.image + other.image,
-            self.audio + other.audio,
-            self.file + other.file,
-            tuple(sorted({*self.unknown, *other.unknown})),
-            self.nbytes + other.nbytes,
-        )
 
+class _Billed(NamedTuple):
+    """What the request may be billed for beyond its text and output bound. (A tuple: read
+    once per request, where a frozen dataclass would cost microseconds to build.)"""
 
-@dataclass(frozen=True, slots=True)
-class _Billed:
-    """What the request may be billed for beyond its text and output bound."""
-
-    parts: _Parts
     choices: int
     prediction_tokens: int
+    image_inputs: int
+    audio_inputs: int
+    file_inputs: int
     audio_output: bool
     web_search: bool
+    unknown_inputs: tuple[str, ...]
 
 
 def parse_body(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> ChatCall:
@@ -183,7 +177,7 @@ def parse_body(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> ChatCall:
         raise invalid_request("'messages' must be a non-empty array", param="messages")
     parts = _Parts()
     for index, message in enumerate(messages):
-        parts += _check_message(message, index)
+        _check_message(message, index, parts)
     stream = _optional(body, "stream", bool, False)
     max_tokens = _max_tokens(body)
     billed = _billed(body, parts, limits)
@@ -218,40 +212,38 @@ def parse_body(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> ChatCall:
     )
 
 
-def _check_message(message: object, index: int) -> _Parts:
+def _check_message(message: object, index: int, parts: _Parts) -> None:
     where = f"messages[{index}]"
     if not isinstance(message, dict):
         raise invalid_request(f"'{where}' must be an object", param=where)
     role = message.get("role")
     if not isinstance(role, str) or not role:
         raise invalid_request(f"'{where}.role' must be a non-empty string", param=where)
-    # An assistant turn may refer to its earlier spoken answer (`audio: {"id": ...}`): the
-    # provider reads that audio back as input.
-    spoken = _Parts(audio=1) if message.get("audio") is not None else _Parts()
+    if message.get("audio") is not None:
+        # An assistant turn that refers to its earlier spoken answer (`audio: {"id": ...}`):
+        # the provider reads that audio back as input.
+        parts.audio += 1
     content = message.get("content")
     if content is None or isinstance(content, str):
-        return spoken
+        return
     if not isinstance(content, list):
         raise invalid_request(f"'{where}.content' must be a string or an array", param=where)
-    image = audio = file = nbytes = 0
-    unknown: set[str] = set()
     for part in content:
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise invalid_request(f"'{where}.content' parts must be typed objects", param=where)
         kind = part["type"]
         if kind in _TEXT_PARTS:
             continue
-        nbytes += len(orjson.dumps(part))
+        parts.nbytes += len(orjson.dumps(part))
         match _PART_KINDS.get(kind):
             case "image":
-                image += 1
+                parts.image += 1
             case "audio":
-                audio += 1
+                parts.audio += 1
             case "file":
-                file += 1
+                parts.file += 1
             case _:
-                unknown.add(kind)
-    return spoken + _Parts(image, audio, file, tuple(sorted(unknown)), nbytes)
+                parts.unknown.add(kind)
 
 
 def _billed(body: Mapping[str, Any], parts: _Parts, limits: Limits) -> _Billed:
@@ -259,14 +251,17 @@ def _billed(body: Mapping[str, Any], parts: _Parts, limits: Limits) -> _Billed:
     modalities = body.get("modalities")
     prediction = body.get("prediction")
     return _Billed(
-        parts=parts,
         choices=_choices(body.get("n"), limits.max_n),
         # A token covers at least one byte, so the prediction's JSON bounds its tokens.
         prediction_tokens=len(orjson.dumps(prediction)) if prediction is not None else 0,
+        image_inputs=parts.image,
+        audio_inputs=parts.audio,
+        file_inputs=parts.file,
         audio_output=body.get("audio") is not None
         or modalities == "audio"
         or (isinstance(modalities, list) and "audio" in modalities),
         web_search=body.get("web_search_options") is not None,
+        unknown_inputs=tuple(sorted(parts.unknown)) if parts.unknown else (),
     )
 
 

@@ -59,6 +59,19 @@ _EXACT: Final = decimal.Context(
 _PER_MTOK_EXPONENT: Final = -6
 
 
+def _beyond_text(r: Requirements) -> bool:
+    """Whether the request may be billed for anything but text tokens (most are not: this
+    keeps their worst case as cheap to compute as the arithmetic it needs)."""
+    return bool(
+        r.image_inputs
+        or r.audio_inputs
+        or r.file_inputs
+        or r.audio_output
+        or r.web_search
+        or r.unknown_inputs
+    )
+
+
 def unpriced(mapping: Mapping, requirements: Requirements, driver: Driver = "openai") -> str | None:
     """The billable dimensions of the request that ``mapping`` has no price for,
     comma-joined (e.g. ``"image_input,web_search"``); None if every one is priced.
@@ -66,7 +79,7 @@ def unpriced(mapping: Mapping, requirements: Requirements, driver: Driver = "ope
     A content part of a type the gateway does not know (``content_part:video_url``) can
     have no price: whatever it costs upstream is unknown.
     """
-    if not _PASSES_BODY_THROUGH[driver]:
+    if not _PASSES_BODY_THROUGH[driver] or not _beyond_text(requirements):
         return None
     r, price = requirements, mapping.price
     needed = (
@@ -102,7 +115,7 @@ def input_tokens(mapping: Mapping, requirements: Requirements, driver: Driver = 
     """The most input tokens the request may be billed on ``mapping``: its text, and each
     content part the driver sends at its kind's bound. Raises ValueError if unpriced."""
     tokens = requirements.estimated_input_tokens
-    if _PASSES_BODY_THROUGH[driver]:
+    if _PASSES_BODY_THROUGH[driver] and _beyond_text(requirements):
         tokens += sum(count * part.tokens for count, part in _parts(mapping, requirements))
     return tokens
 
@@ -124,25 +137,27 @@ def worst_case_cost(
     Raises ValueError for a request with a dimension the mapping has no price for
     (:func:`unpriced` says which).
     """
-    missing = unpriced(mapping, requirements, driver)
-    if missing is not None:
-        raise ValueError(f"no price for {missing}")
     price, r = mapping.price, requirements
     passes = _PASSES_BODY_THROUGH[driver]
+    extras = passes and _beyond_text(r)
+    if extras:
+        missing = unpriced(mapping, r, driver)
+        if missing is not None:
+            raise ValueError(f"no price for {missing}")
     input_price = max(price.input_per_mtok, price.cached_input_per_mtok)
     micro = _EXACT.multiply(Decimal(r.estimated_input_tokens), input_price)
-    if passes:
+    if extras:
         for count, part in _parts(mapping, r):
             part_price = input_price if part.per_mtok is None else max(part.per_mtok, input_price)
             micro = _EXACT.add(micro, _EXACT.multiply(Decimal(count * part.tokens), part_price))
     choices = r.choices if passes else 1
     per_choice = output_tokens(mapping, r) + (r.prediction_tokens if passes else 0)
     output_price = price.output_per_mtok
-    if passes and r.audio_output and price.audio_output is not None:
+    if extras and r.audio_output and price.audio_output is not None:
         output_price = max(output_price, price.audio_output.per_mtok)
     micro = _EXACT.add(micro, _EXACT.multiply(Decimal(choices * per_choice), output_price))
     cost = micro.scaleb(_PER_MTOK_EXPONENT, _EXACT)
-    if passes and r.web_search and price.web_search is not None:
+    if extras and r.web_search and price.web_search is not None:
         search = _EXACT.multiply(Decimal(choices), price.web_search.per_choice_usd)
         cost = _EXACT.add(cost, search)
     return cost
