@@ -6,17 +6,21 @@ elsewhere or refused, never guessed at."""
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
+import pytest
 
+from ledger import apikeys
 from ledger.accounting import usage_cost
 from ledger.events import Usage
 from router.chat import HeaderNarrowing, parse_body
 from router.config import Limits
 from router.fake_upstream import PART_TOKENS
 from router.worst_case import worst_case_cost
-from tests.gateway.harness import Gateway, Route, running_gateway
+from tests.gateway.harness import ANTHROPIC_ENV, Gateway, Route, config_text, running_gateway
 
 D = Decimal
 KEY_BUDGET = "    key_budget: {limit_usd: 0.05, window: day}"
@@ -220,3 +224,38 @@ async def test_an_anthropic_upstream_is_sent_the_output_bound_that_was_reserved(
         reserved = next(e.data for e in events if e.type == "BudgetReserved")
         assert D(reserved["amount_usd"]) == worst_case(gw, body)
         assert D(reserved["amount_usd"]) < D(1000 * 2 * 2) / 10**6  # one choice, not four
+
+
+async def test_a_reload_moves_limits_max_n_for_new_requests_and_the_served_schema(
+    sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in ANTHROPIC_ENV.items():  # a reload reads ${env:...} as serve does
+        monkeypatch.setenv(name, value)
+    config_file = tmp_path / "waybill.yaml"
+    routes = [Route("east")]
+    body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "n": 10}
+    async with (
+        running_gateway(sqlite_url, ["east"], routes, config_file=config_file) as gw,
+        gw.http() as http,
+    ):
+
+        async def n_maximum() -> int:
+            schema = (await http.get("/openapi.json")).json()
+            n: dict[str, Any] = schema["components"]["schemas"]["ChatCompletionRequest"][
+                "properties"
+            ]["n"]
+            return int(next(s["maximum"] for s in n["anyOf"] if "maximum" in s))
+
+        assert (await http.post("/v1/chat/completions", json=body)).status_code == 400
+        assert await n_maximum() == 8
+        new = config_text(gw.upstreams, routes, limits="{max_n: 16}", generation="test-2")
+        config_file.write_text(new)
+        admin = await apikeys.create_key(gw.store, "acme", "admin")
+        async with httpx.AsyncClient(
+            base_url=gw.url, headers={"Authorization": f"Bearer {admin.secret}"}
+        ) as admin_http:
+            assert (await admin_http.post("/v1/admin/config/reload")).status_code == 200
+        served = await http.post("/v1/chat/completions", json=body)
+        assert served.status_code == 200, served.text
+        assert len(served.json()["choices"]) == 10
+        assert await n_maximum() == 16
