@@ -87,6 +87,7 @@ class ReasonCode(StrEnum):
     ALREADY_TRIED = "already_tried"
     OVER_BUDGET = "over_budget"
     SCOPE_EMPTY = "scope_empty"
+    UNPRICED_INPUT = "unpriced_input"  # a billable input or output the mapping has no price for
 
 
 class FailureClass(StrEnum):
@@ -160,8 +161,17 @@ class Requirements(_Record):
     capabilities: tuple[str, ...] = ()
     regions: tuple[str, ...] | None = None  # None: the workspace's regions apply unnarrowed
     data_class: Literal["public", "internal", "restricted"] = "internal"
-    estimated_input_tokens: NonNegInt = 0
+    estimated_input_tokens: NonNegInt = 0  # text: the prompt's bytes bound its tokens
     max_output_tokens: NonNegInt | None = None
+    # What else the request may be billed for (the worst case, router/worst_case.py):
+    choices: Annotated[int, Field(ge=1)] = 1  # `n`: every choice's output is billed
+    prediction_tokens: NonNegInt = 0  # a predicted output's bytes: rejected ones bill as output
+    image_inputs: NonNegInt = 0  # content parts of each kind
+    audio_inputs: NonNegInt = 0
+    file_inputs: NonNegInt = 0
+    audio_output: bool = False  # `modalities` with "audio", or an `audio` parameter
+    web_search: bool = False  # `web_search_options`
+    unknown_inputs: tuple[str, ...] = ()  # content part types no price can cover
     stream: bool = False
     allow_failover: bool = True
     max_cost_usd: Money | None = None

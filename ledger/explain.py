@@ -497,6 +497,34 @@ def _summary(trail: _Trail) -> str:
 # --- the decision path and the budget checks -------------------------------------------------
 
 
+def _billable(r: ev.Requirements) -> str:
+    """What the request may be billed for: the facts its worst case is made of."""
+    output = "the mapping's max" if r.max_output_tokens is None else f"{r.max_output_tokens}"
+    each = " each" if r.choices > 1 else ""
+    facts = [f"up to {r.estimated_input_tokens} input tokens of text"]
+    facts += [
+        f"{count} {kind} part{'s' if count > 1 else ''}"
+        for count, kind in (
+            (r.image_inputs, "image"),
+            (r.audio_inputs, "audio"),
+            (r.file_inputs, "file"),
+        )
+        if count
+    ]
+    facts.append(
+        f"{r.choices} choice{'s' if r.choices > 1 else ''} of up to {output} output tokens{each}"
+    )
+    if r.prediction_tokens:
+        facts.append(f"a prediction of up to {r.prediction_tokens} tokens per choice")
+    if r.audio_output:
+        facts.append("audio output")
+    if r.web_search:
+        facts.append("web search")
+    if r.unknown_inputs:
+        facts.append(f"content parts no price covers ({', '.join(r.unknown_inputs)})")
+    return ", ".join(facts)
+
+
 def _step(trail: _Trail, recorded: RecordedEvent, event: ev.Event) -> dict[str, Any]:
     return {
         "position": recorded.position,
@@ -516,6 +544,7 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
                 f"workspace {event.workspace}: needs {needs}; data class {r.data_class}"
                 + (f"; regions {', '.join(r.regions)}" if r.regions is not None else "")
                 + ("" if r.allow_failover else "; failover forbidden by the caller")
+                + f"; billable: {_billable(r)}"
                 + f"; config generation {event.config_generation}"
             )
         case ev.RouteEvaluated():

@@ -70,18 +70,22 @@ def _wrapped(line: str, indent: int) -> str:
 def _candidate_lines(candidates: Sequence[Mapping[str, Any]]) -> list[str]:
     if not candidates:
         return ["  (no route evaluation recorded)"]
-    rows = [("eval", "endpoint/model", "tier", "weight", "eligible", "reason", "chosen")]
+    rows = [
+        ("eval", "endpoint/model", "tier", "weight", "worst case", "eligible", "reason", "chosen")
+    ]
     for c in candidates:
         reason = c["reason_code"] or ""
         if c["detail"]:
             reason += f" ({c['detail']})"
         chosen = f"yes, position {c['selection_position']}" if c["chosen"] else ""
+        worst = c.get("worst_case_usd")
         rows.append(
             (
                 str(c["evaluation"]),
                 f"{c['endpoint']}/{c['model']}",
                 str(c["tier"]),
                 str(c["weight"]),
+                "-" if worst is None else f"${worst}",
                 "yes" if c["eligible"] else "no",
                 reason,
                 chosen,

@@ -23,6 +23,7 @@ __all__ = [
     "GEN_AI_CLIENT_TOKEN_USAGE",
     "GEN_AI_OPERATION_NAME",
     "GEN_AI_PROVIDER_NAME",
+    "GEN_AI_REQUEST_CHOICE_COUNT",
     "GEN_AI_REQUEST_MAX_TOKENS",
     "GEN_AI_REQUEST_MODEL",
     "GEN_AI_REQUEST_STREAM",
@@ -101,6 +102,7 @@ GEN_AI_OPERATION_NAME: Final = "gen_ai.operation.name"
 GEN_AI_PROVIDER_NAME: Final = "gen_ai.provider.name"
 GEN_AI_REQUEST_MODEL: Final = "gen_ai.request.model"
 GEN_AI_REQUEST_MAX_TOKENS: Final = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_CHOICE_COUNT: Final = "gen_ai.request.choice.count"  # when not 1
 GEN_AI_REQUEST_STREAM: Final = "gen_ai.request.stream"
 GEN_AI_RESPONSE_MODEL: Final = "gen_ai.response.model"
 GEN_AI_RESPONSE_ID: Final = "gen_ai.response.id"

@@ -252,6 +252,8 @@ def _request_attributes(
     }
     if requirements.max_output_tokens is not None:
         attributes[sc.GEN_AI_REQUEST_MAX_TOKENS] = requirements.max_output_tokens
+    if requirements.choices != 1:
+        attributes[sc.GEN_AI_REQUEST_CHOICE_COUNT] = requirements.choices
     last = attempts[-1] if attempts else None
     if last is not None:
         attributes[sc.GEN_AI_PROVIDER_NAME] = _provider(last.event.driver)

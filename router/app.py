@@ -316,7 +316,8 @@ def create_app(settings: AppSettings) -> FastAPI:
         openapi_url="/openapi.json",
         dependencies=[Depends(_refuse_nul)],
     )
-    api_doc.install_openapi(app)
+    # The schema states the serving config's limits (a reload may change them).
+    api_doc.install_openapi(app, lambda: _serving_config(app, settings).limits)
 
     @app.exception_handler(GatewayError)
     async def _gateway_error(request: Request, error: GatewayError) -> Response:
@@ -410,7 +411,7 @@ async def _chat_completions(request: Request) -> Response:
     caller = _caller(key, config)
     reread = functools.partial(_reread, keys, secret, config)
     try:
-        call = parse_body(await _read_body(request))
+        call = parse_body(await _read_body(request), config.limits)
         headers = read_headers(request.headers)
         if call.model_group not in caller.workspace.models or not config.model_group(
             call.model_group
@@ -733,6 +734,12 @@ async def _keep_alive(
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(interval_s):
                 await stop.wait()
+
+
+def _serving_config(app: FastAPI, settings: AppSettings) -> Config:
+    """The config new requests follow: the gateway's, once it runs; else the settings'."""
+    gateway: Gateway | None = getattr(app.state, "gateway", None)
+    return settings.config if gateway is None else gateway.config
 
 
 async def reload_config(app: FastAPI) -> tuple[str, str]:

@@ -12,18 +12,19 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import orjson
 
 from ledger.events import Requirements
 from ledger.types import MONEY_LIMIT, parse_money
-from router.config import DataClass, Workspace, data_class_rank
+from router.config import DataClass, Limits, Workspace, data_class_rank
 from router.errors import GatewayError, invalid_request
 
 __all__ = [
+    "DEFAULT_LIMITS",
     "MAX_BODY_BYTES",
     "MAX_JSON_INTEGER",
     "ChatCall",
@@ -33,14 +34,28 @@ __all__ = [
 ]
 
 MAX_BODY_BYTES: Final = 4 * 1024 * 1024
+DEFAULT_LIMITS: Final = Limits()
 _DATA_CLASSES: Final = ("public", "internal", "restricted")
 # Worst-case input (SPEC §4): a token covers at least one byte of text, so the byte count of
-# the messages (JSON syntax included, which outweighs the chat template's few tokens per
-# message) and tool definitions bounds the input tokens from above. Reservations are thus
-# pessimistic for input; the difference is released at settlement.
+# the messages' text (JSON syntax included, which outweighs the chat template's few tokens
+# per message) and of the other fields the model reads as text (tool and function
+# definitions, a response format's schema) bounds the input tokens from above. Reservations
+# are thus pessimistic for input; the difference is released at settlement.
 _BYTES_PER_TOKEN: Final = 1
 _TOKENS_PER_MESSAGE: Final = 8
-_IMAGE_TOKENS: Final = 3000
+_PROMPT_FIELDS: Final = ("tools", "functions", "response_format")
+# Content parts by what bounds their cost. Text parts are text; an image, an audio clip or a
+# file is billed for what it holds, not for its bytes here (base64 data), so each is counted
+# and priced by the mapping (router/worst_case.py). A type not named here is recorded as
+# such: no mapping can price it.
+_TEXT_PARTS: Final = frozenset({"text", "refusal", "input_text"})
+_PART_KINDS: Final = {
+    "image_url": "image",
+    "input_image": "image",
+    "input_audio": "audio",
+    "file": "file",
+    "input_file": "file",
+}
 # I-JSON (RFC 7493): the largest integer every JSON parser reads exactly (orjson reads larger
 # ones as floats, and cannot write integers beyond 64 bits into an event at all). Token counts
 # and deadlines beyond it are refused rather than guessed at.
@@ -80,6 +95,7 @@ class ChatCall:
     prompt_bytes: int
     message_count: int
     estimated_input_tokens: int
+    billed: _Billed
 
     def body_sha256(self) -> str:
         """The body's hash, sorted-key JSON: what an ``Idempotency-Key`` is bound to. Only
@@ -100,6 +116,14 @@ class ChatCall:
             data_class=data_class,
             estimated_input_tokens=self.estimated_input_tokens,
             max_output_tokens=self.max_tokens,
+            choices=self.billed.choices,
+            prediction_tokens=self.billed.prediction_tokens,
+            image_inputs=self.billed.image_inputs,
+            audio_inputs=self.billed.audio_inputs,
+            file_inputs=self.billed.file_inputs,
+            audio_output=self.billed.audio_output,
+            web_search=self.billed.web_search,
+            unknown_inputs=self.billed.unknown_inputs,
             stream=self.stream,
             allow_failover=headers.allow_failover,
             max_cost_usd=headers.max_cost_usd,
@@ -107,8 +131,36 @@ class ChatCall:
         )
 
 
-def parse_body(raw: bytes) -> ChatCall:
-    """Check a ``/v1/chat/completions`` body; a 400 names the first offending field."""
+@dataclass(slots=True)
+class _Parts:
+    """The content parts of a request that are not text, counted by kind as they are read."""
+
+    image: int = 0
+    audio: int = 0
+    file: int = 0
+    unknown: set[str] = field(default_factory=set)  # types the gateway does not know
+    nbytes: int = 0  # their JSON, not part of the text estimate
+
+
+class _Billed(NamedTuple):
+    """What the request may be billed for beyond its text and output bound. (A tuple: read
+    once per request, where a frozen dataclass would cost microseconds to build.)"""
+
+    choices: int
+    prediction_tokens: int
+    image_inputs: int
+    audio_inputs: int
+    file_inputs: int
+    audio_output: bool
+    web_search: bool
+    unknown_inputs: tuple[str, ...]
+
+
+def parse_body(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> ChatCall:
+    """Check a ``/v1/chat/completions`` body; a 400 names the first offending field.
+
+    ``limits`` are the config's bounds on what a request may ask for (``limits.max_n``).
+    """
     if len(raw) > MAX_BODY_BYTES:
         raise invalid_request(f"request body over {MAX_BODY_BYTES} bytes", status=413)
     try:
@@ -123,11 +175,12 @@ def parse_body(raw: bytes) -> ChatCall:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise invalid_request("'messages' must be a non-empty array", param="messages")
-    images = 0
+    parts = _Parts()
     for index, message in enumerate(messages):
-        images += _check_message(message, index)
+        _check_message(message, index, parts)
     stream = _optional(body, "stream", bool, False)
     max_tokens = _max_tokens(body)
+    billed = _billed(body, parts, limits)
     include_usage = False
     options = body.get("stream_options")
     if options is not None:
@@ -135,14 +188,15 @@ def parse_body(raw: bytes) -> ChatCall:
             raise invalid_request("'stream_options' must be an object", param="stream_options")
         include_usage = _optional(options, "include_usage", bool, False, "stream_options.")
     prompt = orjson.dumps(messages, option=orjson.OPT_SORT_KEYS)
-    capabilities = _inferred_capabilities(body, stream=stream, images=images)
-    tools = body.get("tools")
-    tool_bytes = len(orjson.dumps(tools)) if tools else 0
-    estimate = (
-        math.ceil((len(prompt) + tool_bytes) / _BYTES_PER_TOKEN)
-        + _TOKENS_PER_MESSAGE * len(messages)
-        + _IMAGE_TOKENS * images
-    )
+    capabilities = _inferred_capabilities(body, stream=stream, images=parts.image)
+    # Each non-text part's JSON appears in `prompt` byte for byte (sorting keys changes no
+    # length), so taking it out leaves exactly the text's.
+    text_bytes = len(prompt) - parts.nbytes
+    for name in _PROMPT_FIELDS:
+        value = body.get(name)
+        if value:
+            text_bytes += len(orjson.dumps(value))
+    estimate = math.ceil(text_bytes / _BYTES_PER_TOKEN) + _TOKENS_PER_MESSAGE * len(messages)
     return ChatCall(
         body=body,
         model_group=model,
@@ -154,28 +208,73 @@ def parse_body(raw: bytes) -> ChatCall:
         prompt_bytes=len(prompt),
         message_count=len(messages),
         estimated_input_tokens=estimate,
+        billed=billed,
     )
 
 
-def _check_message(message: object, index: int) -> int:
+def _check_message(message: object, index: int, parts: _Parts) -> None:
     where = f"messages[{index}]"
     if not isinstance(message, dict):
         raise invalid_request(f"'{where}' must be an object", param=where)
     role = message.get("role")
     if not isinstance(role, str) or not role:
         raise invalid_request(f"'{where}.role' must be a non-empty string", param=where)
+    if message.get("audio") is not None:
+        # An assistant turn that refers to its earlier spoken answer (`audio: {"id": ...}`):
+        # the provider reads that audio back as input.
+        parts.audio += 1
     content = message.get("content")
     if content is None or isinstance(content, str):
-        return 0
+        return
     if not isinstance(content, list):
         raise invalid_request(f"'{where}.content' must be a string or an array", param=where)
-    images = 0
     for part in content:
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise invalid_request(f"'{where}.content' parts must be typed objects", param=where)
-        if part["type"] in ("image_url", "input_image"):
-            images += 1
-    return images
+        kind = part["type"]
+        if kind in _TEXT_PARTS:
+            continue
+        parts.nbytes += len(orjson.dumps(part))
+        match _PART_KINDS.get(kind):
+            case "image":
+                parts.image += 1
+            case "audio":
+                parts.audio += 1
+            case "file":
+                parts.file += 1
+            case _:
+                parts.unknown.add(kind)
+
+
+def _billed(body: Mapping[str, Any], parts: _Parts, limits: Limits) -> _Billed:
+    """The request's billable dimensions beyond text; ``n`` above ``limits.max_n`` is a 400."""
+    modalities = body.get("modalities")
+    prediction = body.get("prediction")
+    return _Billed(
+        choices=_choices(body.get("n"), limits.max_n),
+        # A token covers at least one byte, so the prediction's JSON bounds its tokens.
+        prediction_tokens=len(orjson.dumps(prediction)) if prediction is not None else 0,
+        image_inputs=parts.image,
+        audio_inputs=parts.audio,
+        file_inputs=parts.file,
+        audio_output=body.get("audio") is not None
+        or modalities == "audio"
+        or (isinstance(modalities, list) and "audio" in modalities),
+        web_search=body.get("web_search_options") is not None,
+        unknown_inputs=tuple(sorted(parts.unknown)) if parts.unknown else (),
+    )
+
+
+def _choices(value: object, max_n: int) -> int:
+    if value is None:
+        return 1
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON has numbers, not ints: 2.0 is the integer 2
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= max_n:
+        raise invalid_request(
+            f"'n' must be an integer from 1 to {max_n} (this gateway's limits.max_n)", param="n"
+        )
+    return value
 
 
 def _optional(
@@ -192,6 +291,14 @@ def _optional(
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    """The output bound. Both names at once is refused, as OpenAI refuses it: which one an
+    upstream would honour is not ours to guess, and the bound is what the budget reserves."""
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        raise invalid_request(
+            "'max_tokens' and 'max_completion_tokens' may not both be set; "
+            "'max_completion_tokens' bounds every output token, reasoning included",
+            param="max_tokens",
+        )
     found: int | None = None
     for name in ("max_completion_tokens", "max_tokens"):
         value = body.get(name)
@@ -207,7 +314,7 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
             raise invalid_request(
                 f"'{name}' must be an integer from 1 to {MAX_JSON_INTEGER}", param=name
             )
-        found = value if found is None else min(found, value)
+        found = value
     return found
 
 

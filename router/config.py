@@ -52,11 +52,15 @@ __all__ = [
     "Driver",
     "Endpoint",
     "Hedge",
+    "Limits",
     "Mapping",
     "ModelGroup",
+    "OutputPrice",
+    "PartPrice",
     "Price",
     "RetryRule",
     "RetrySameEndpoint",
+    "SearchPrice",
     "Workspace",
     "data_class_rank",
     "load_config",
@@ -307,12 +311,39 @@ class Endpoint(_Frozen):
         return f"{host}:{parts.port}" if parts.port else host
 
 
+class PartPrice(_Frozen):
+    """A content part's worst case: the most input tokens one part of its kind may be billed
+    as, at ``per_mtok`` (default: the mapping's input price)."""
+
+    tokens: _NonNegativeInt
+    per_mtok: _Money | None = None
+
+
+class OutputPrice(_Frozen):
+    """The price of output tokens of another kind (audio): the output bound is priced at it."""
+
+    per_mtok: _Money
+
+
+class SearchPrice(_Frozen):
+    """The most a web search may add to one choice: call fees and search content alike."""
+
+    per_choice_usd: _Money
+
+
 class Price(_Frozen):
-    """US dollars per million tokens."""
+    """US dollars per million tokens, and the worst case of each billable dimension beyond
+    text (router/worst_case.py). A dimension left out has no price: a request that may be
+    billed for it excludes the mapping (reason code ``unpriced_input``)."""
 
     input_per_mtok: _Money
     output_per_mtok: _Money
     cached_input_per_mtok: _Money
+    image_input: PartPrice | None = None  # image_url / input_image parts
+    audio_input: PartPrice | None = None  # input_audio parts, an assistant's earlier audio
+    file_input: PartPrice | None = None  # file parts
+    audio_output: OutputPrice | None = None  # modalities with "audio", or an audio parameter
+    web_search: SearchPrice | None = None  # web_search_options
 
     @model_validator(mode="before")
     @classmethod
@@ -363,12 +394,20 @@ class Workspace(_Frozen):
     key_budget: Budget | None = None  # the default for each of its keys
 
 
+class Limits(_Frozen):
+    """Bounds on what one request may ask for, whatever its budget; beyond one: 400."""
+
+    # `n` multiplies the output billed; OpenAI takes up to 128. A request above: 400 (param n).
+    max_n: _PositiveInt = 8
+
+
 class Config(_Frozen):
     """The whole config. Build it with `load_config` or `parse_config`: they also check
     cross-references and duplicate ids, which need the raw document and its paths."""
 
     generation: StrictStr
     defaults: Defaults = Defaults()
+    limits: Limits = Limits()
     endpoints: Annotated[tuple[Endpoint, ...], _NonEmpty]
     models: Annotated[tuple[ModelGroup, ...], _NonEmpty]
     workspaces: Annotated[tuple[Workspace, ...], _NonEmpty]
@@ -412,6 +451,7 @@ class Config(_Frozen):
         return {
             "generation": self.generation,
             "defaults": self.defaults.model_dump(mode="json"),
+            "limits": self.limits.model_dump(mode="json"),
             "endpoints": [
                 {
                     "id": e.id,
@@ -457,8 +497,23 @@ def _mapping_summary(m: Mapping) -> dict[str, Any]:
         "capabilities": sorted(m.capabilities),
         "context_window": m.context_window,
         "max_output_tokens": m.max_output_tokens,
-        "price": {name: str(value) for name, value in m.price},
+        "price": _price_summary(m.price),
     }
+
+
+def _price_summary(price: Price) -> dict[str, Any]:
+    # Money as decimal strings; a dimension without a price is left out.
+    summary: dict[str, Any] = {}
+    for name, value in price:
+        if isinstance(value, Decimal):
+            summary[name] = str(value)
+        elif value is not None:
+            summary[name] = {k: _plain(v) for k, v in value if v is not None}
+    return summary
+
+
+def _plain(value: object) -> object:
+    return str(value) if isinstance(value, Decimal) else value
 
 
 def _budget_summary(budget: Budget | None) -> dict[str, str] | None:

@@ -823,10 +823,14 @@ class _Run:
         return attempt
 
     def _chat_request(self, route: _Route) -> ChatRequest:
+        max_tokens = self.call.max_tokens
+        if max_tokens is None and route.driver.requires_max_tokens:
+            # The bound the worst case reserved for, not a driver's default.
+            max_tokens = route.mapping.max_output_tokens
         return ChatRequest(
             body=self.call.body,
             upstream_model=route.mapping.model,
-            max_tokens=self.call.max_tokens,
+            max_tokens=max_tokens,
             stream=self.call.stream,
         )
 

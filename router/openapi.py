@@ -11,16 +11,18 @@ scheme) and drops what FastAPI guesses for typed parameters the handlers never v
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
+from ledger.events import ReasonCode
 from ledger.queries import REQUEST_STATUSES
 from ledger.spend import GROUP_KEYS
 from ledger.types import MONEY_PATTERN
 from router.chat import MAX_JSON_INTEGER
+from router.config import Limits
 
 __all__ = [
     "ADMIN_RELOAD",
@@ -167,10 +169,24 @@ _SCHEMAS: Final[dict[str, Schema]] = {
     "ChatCompletionRequest": {
         "description": (
             "An OpenAI chat completion request. Fields the gateway does not read pass through "
-            "to an OpenAI-compatible upstream unchanged."
+            "to an OpenAI-compatible upstream unchanged. Before each attempt the gateway "
+            "reserves the request's worst case on the chosen mapping: its text input, each "
+            "image, audio or file part at the mapping's bound, and n times the output bound "
+            "(plus a prediction's size); audio output and web_search_options at the "
+            "mapping's prices. A mapping without a price for something the request may be "
+            "billed for is excluded (reason code unpriced_input: 422 no_eligible_route if "
+            "none is left)."
         ),
         "type": "object",
         "required": ["model", "messages"],
+        # OpenAI refuses both bounds at once, and so does the gateway: 400, param max_tokens.
+        "not": {
+            "required": ["max_tokens", "max_completion_tokens"],
+            "properties": {
+                "max_tokens": {"type": "integer"},
+                "max_completion_tokens": {"type": "integer"},
+            },
+        },
         "properties": {
             "model": {
                 "type": "string",
@@ -187,7 +203,11 @@ _SCHEMAS: Final[dict[str, Schema]] = {
                 }
             ),
             "max_tokens": _nullable(_TOKENS),
-            "max_completion_tokens": _nullable(_TOKENS),
+            "max_completion_tokens": _nullable(
+                {**_TOKENS, "description": "Bounds every output token, reasoning included."}
+            ),
+            # Its maximum is the serving config's limits.max_n (install_openapi).
+            "n": _nullable({"type": "integer", "minimum": 1}),
             "tools": _nullable(
                 {
                     "type": "array",
@@ -271,7 +291,20 @@ _SCHEMAS: Final[dict[str, Schema]] = {
     "Explanation": _object(
         ["summary", "candidates", "attempts", "decision_path"],
         summary=_STRING,
-        candidates={"type": "array", "items": _ITEMS},
+        candidates={
+            "type": "array",
+            "items": _object(
+                ["reason_code"],
+                reason_code=_nullable(
+                    {
+                        "type": "string",
+                        "enum": [code.value for code in ReasonCode],
+                        "description": "Why the mapping was excluded (SPEC §4); null: eligible.",
+                    }
+                ),
+                worst_case_usd=_nullable(_MONEY),
+            ),
+        },
         attempts={"type": "array", "items": _ITEMS},
         decision_path={"type": "array"},
     ),
@@ -677,10 +710,34 @@ _DESCRIPTION: Final = (
 )
 
 
-def install_openapi(app: FastAPI) -> None:
-    """Serve the described schema (built once, on first request) as the app's OpenAPI."""
+def _n(max_n: int) -> Schema:
+    return _nullable(
+        {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": max_n,
+            "description": "Choices to generate, each billed its own output tokens. At most "
+            "the config's limits.max_n: more is refused (400 invalid_request, param n).",
+        }
+    )
+
+
+def _schemas(limits: Limits) -> dict[str, Schema]:
+    request = _SCHEMAS["ChatCompletionRequest"]
+    properties = {**request["properties"], "n": _n(limits.max_n)}
+    return {**_SCHEMAS, "ChatCompletionRequest": {**request, "properties": properties}}
+
+
+def install_openapi(app: FastAPI, limits: Callable[[], Limits] = Limits) -> None:
+    """Serve the described schema as the app's OpenAPI: built on first request, and again
+    when ``limits`` (the serving config's, which a reload may change) are not the same."""
+    built_for: list[Limits] = []
 
     def build() -> dict[str, Any]:
+        current = limits()
+        if built_for != [current]:
+            app.openapi_schema = None
+            built_for[:] = [current]
         if app.openapi_schema is None:
             document = get_openapi(
                 title=app.title, version=app.version, description=_DESCRIPTION, routes=app.routes
@@ -695,7 +752,7 @@ def install_openapi(app: FastAPI) -> None:
                     responses = operation["responses"]
                     if "HTTPValidationError" in str(responses.get("422", "")):
                         del responses["422"]
-            components.setdefault("schemas", {}).update(_SCHEMAS)
+            components.setdefault("schemas", {}).update(_schemas(current))
             components["securitySchemes"] = {
                 "api_key": {
                     "type": "http",

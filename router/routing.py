@@ -14,7 +14,6 @@ mutable state is the round-robin's, kept in the :class:`WeightedRoundRobin` the 
 from __future__ import annotations
 
 import dataclasses
-import decimal
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from router.config import (
     Workspace,
     data_class_rank,
 )
+from router.worst_case import input_tokens, output_tokens, unpriced, worst_case_cost
 
 __all__ = [
     "CHECK_ORDER",
@@ -102,33 +102,6 @@ class RouteContext:
     excluded_models: frozenset[str] = frozenset()  # upstream models never tried again
 
 
-# --- worst-case cost ---------------------------------------------------------------------
-
-# Enough digits for any token count times any price, and a trap so that an inexact result
-# raises instead of silently rounding money.
-_EXACT: Final = decimal.Context(
-    prec=100, traps=[decimal.Inexact, decimal.InvalidOperation, decimal.Overflow]
-)
-_PER_MTOK_EXPONENT: Final = -6
-
-
-def _max_output_tokens(mapping: Mapping, requirements: Requirements) -> int:
-    # The request's own limit is what could be billed, even above the mapping's.
-    if requirements.max_output_tokens is not None:
-        return requirements.max_output_tokens
-    return mapping.max_output_tokens
-
-
-def worst_case_cost(mapping: Mapping, requirements: Requirements) -> Decimal:
-    """SPEC §4: estimated input tokens × input price + max output tokens × output price."""
-    price = mapping.price
-    input_cost = _EXACT.multiply(Decimal(requirements.estimated_input_tokens), price.input_per_mtok)
-    output_cost = _EXACT.multiply(
-        Decimal(_max_output_tokens(mapping, requirements)), price.output_per_mtok
-    )
-    return _EXACT.add(input_cost, output_cost).scaleb(_PER_MTOK_EXPONENT, _EXACT)
-
-
 # --- eligibility ---------------------------------------------------------------------------
 
 
@@ -142,7 +115,8 @@ class _Subject:
     requirements: Requirements
     scope: Scope
     context: RouteContext
-    worst_case_usd: Decimal
+    unpriced: str | None  # the dimensions the mapping has no price for
+    worst_case_usd: Decimal | None  # None while something is unpriced
     breaker_open: BreakerOpen
     over_budget: OverBudget | None
 
@@ -187,10 +161,16 @@ def _context_too_small(s: _Subject) -> str | None:
     floor = context.larger_context_than
     if floor is not None and mapping.context_window <= floor:
         return f"context_window {mapping.context_window} <= failed {floor}"
-    needed = s.requirements.estimated_input_tokens + _max_output_tokens(mapping, s.requirements)
+    needed = input_tokens(mapping, s.requirements, s.endpoint.driver) + output_tokens(
+        mapping, s.requirements
+    )
     if needed > mapping.context_window:
         return f"context_window {mapping.context_window} < needed {needed}"
     return None
+
+
+def _unpriced_input(s: _Subject) -> str | None:
+    return s.unpriced
 
 
 def _breaker_open(s: _Subject) -> str | None:
@@ -198,13 +178,17 @@ def _breaker_open(s: _Subject) -> str | None:
 
 
 def _over_budget(s: _Subject) -> str | None:
-    return None if s.over_budget is None else s.over_budget(s.worst_case_usd)
+    if s.over_budget is None or s.worst_case_usd is None:
+        return None  # a mapping without a worst case was excluded as unpriced_input before
+    return s.over_budget(s.worst_case_usd)
 
 
 # The eligibility checks of SPEC §4, in the order they are applied; the FIRST one that fails
 # is the reason recorded on the candidate. The config's static facts come first, then the
-# request's history, its policy scope and its needs; live state (breakers, budgets) last, so
-# their callbacks are asked only about mappings that could otherwise carry the attempt.
+# request's history, its policy scope and its needs (a mapping must price every billable
+# dimension of the request before its input can be counted against its context window); live
+# state (breakers, budgets) last, so their callbacks are asked only about mappings that could
+# otherwise carry the attempt.
 _Check: TypeAlias = Callable[[_Subject], "str | None"]
 _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.ENDPOINT_DISABLED, _endpoint_disabled),
@@ -214,6 +198,7 @@ _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.REGION_NOT_ALLOWED, _region_not_allowed),
     (ReasonCode.DATA_CLASS_NOT_ALLOWED, _data_class_not_allowed),
     (ReasonCode.MISSING_CAPABILITY, _missing_capability),
+    (ReasonCode.UNPRICED_INPUT, _unpriced_input),
     (ReasonCode.CONTEXT_TOO_SMALL, _context_too_small),
     (ReasonCode.BREAKER_OPEN, _breaker_open),
     (ReasonCode.OVER_BUDGET, _over_budget),
@@ -249,6 +234,7 @@ def evaluate(
                 f"model group {group.name!r} mapping {index} names endpoint "
                 f"{mapping.endpoint!r}, unknown to config generation {config.generation!r}"
             )
+        missing = unpriced(mapping, requirements, endpoint.driver)
         subject = _Subject(
             endpoint=endpoint,
             mapping=mapping,
@@ -256,7 +242,10 @@ def evaluate(
             requirements=requirements,
             scope=scope,
             context=context,
-            worst_case_usd=worst_case_cost(mapping, requirements),
+            unpriced=missing,
+            worst_case_usd=None
+            if missing is not None
+            else worst_case_cost(mapping, requirements, endpoint.driver),
             breaker_open=breaker_open,
             over_budget=over_budget,
         )

@@ -346,6 +346,46 @@ ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         lambda d: d.update(generation=[1]),
         "generation: must be an integer or a non-empty string",
     ),
+    (
+        "zero_max_n",
+        lambda d: d.update(limits={"max_n": 0}),
+        "limits.max_n: must be > 0",
+    ),
+    (
+        "unknown_limit",
+        lambda d: d.update(limits={"max_choices": 4}),
+        "limits.max_choices: unknown key",
+    ),
+    (
+        "image_input_without_tokens",
+        lambda d: _mapping(d)["price"].update(image_input={"per_mtok": 1}),
+        "models[0].mappings[0].price.image_input.tokens: required",
+    ),
+    (
+        "negative_audio_input_tokens",
+        lambda d: _mapping(d)["price"].update(audio_input={"tokens": -5}),
+        "models[0].mappings[0].price.audio_input.tokens: must be >= 0",
+    ),
+    (
+        "file_input_price_not_a_number",
+        lambda d: _mapping(d)["price"].update(file_input={"tokens": 10, "per_mtok": "dear"}),
+        "models[0].mappings[0].price.file_input.per_mtok: must be a number",
+    ),
+    (
+        "audio_output_without_price",
+        lambda d: _mapping(d)["price"].update(audio_output={}),
+        "models[0].mappings[0].price.audio_output.per_mtok: required",
+    ),
+    (
+        "web_search_negative",
+        lambda d: _mapping(d)["price"].update(web_search={"per_choice_usd": -1}),
+        "models[0].mappings[0].price.web_search.per_choice_usd: must be >= 0",
+    ),
+    (
+        "unknown_priced_dimension",
+        lambda d: _mapping(d)["price"].update(video_input={"tokens": 1}),
+        "models[0].mappings[0].price.video_input: unknown key",
+    ),
 ]
 
 
@@ -583,6 +623,35 @@ def test_money_accepts_quoted_decimal_strings() -> None:
     budget = _parse(data).workspaces[0].budget
     assert budget is not None
     assert budget.limit_usd == Decimal("12.345")
+
+
+def test_limits_default_to_eight_choices_and_take_the_configs() -> None:
+    assert _parse(_base()).limits.max_n == 8
+    assert _parse(_mutated(lambda d: d.update(limits={"max_n": 128}))).limits.max_n == 128
+
+
+def test_priced_dimensions_are_exact_and_absent_unless_given() -> None:
+    def priced(d: dict[str, Any]) -> None:
+        _mapping(d)["price"].update(
+            image_input={"tokens": 1105},
+            audio_input={"tokens": 20000, "per_mtok": "40"},
+            audio_output={"per_mtok": 80},
+            web_search={"per_choice_usd": "0.025"},
+        )
+
+    config = _parse(_mutated(priced))
+    price = config.models[0].mappings[0].price
+    assert price.image_input is not None and price.image_input.tokens == 1105
+    assert price.image_input.per_mtok is None  # the input price applies
+    assert price.audio_input is not None and price.audio_input.per_mtok == Decimal("40")
+    assert price.web_search is not None and price.web_search.per_choice_usd == Decimal("0.025")
+    assert price.file_input is None
+    summary = config.redacted_summary()["models"][0]["mappings"][0]["price"]
+    assert summary["image_input"] == {"tokens": 1105}
+    assert summary["audio_input"] == {"tokens": 20000, "per_mtok": "40"}
+    assert summary["web_search"] == {"per_choice_usd": "0.025"}
+    assert "file_input" not in summary
+    assert _parse(_base()).models[0].mappings[1].price.image_input is None
 
 
 def test_cached_input_price_defaults_to_the_input_price() -> None:

@@ -18,7 +18,9 @@ from router.drivers import (
     OpenAIDriver,
     UpstreamFailure,
 )
+from router.drivers.anthropic import to_chat_completion
 from router.drivers.http import HTTPClient
+from router.drivers.openai import openai_usage
 from router.fake_upstream import Behavior, FakeUpstream
 from router.fake_upstream.behavior import Kind
 
@@ -175,6 +177,57 @@ async def test_stream_chunks_concatenate_to_the_buffered_reply_with_usage(driver
     assert stream.response_id and stream.upstream_request_id
     assert stream.time_to_first_chunk_ms is not None
     assert stream.invalid_events == 0
+
+
+async def test_usage_counts_reasoning_as_output_and_cache_reads_as_input(driver, kind):
+    # The fake reports as its dialect does: OpenAI's reasoning inside completion_tokens and
+    # cached input inside prompt_tokens, Anthropic's cache reads beside its input_tokens.
+    plan = [Behavior.ok(reasoning_tokens=20, cached_tokens=3)] * 2
+    async with FakeUpstream("east") as up:
+        up.set_plan(plan)
+        buffered = await driver.complete(driver.prepare(_request(), _binding(up, kind)))
+        stream, _, _ = await _collect(driver, _binding(up, kind))
+    for usage in (buffered.usage, stream.usage):
+        assert usage is not None
+        assert (usage.input_tokens, usage.cached_input_tokens) == (5, 3)
+        assert usage.output_tokens == 20 + 6
+
+
+@pytest.mark.parametrize(
+    ("raw", "output"),
+    [
+        ({"completion_tokens": 30, "completion_tokens_details": {"reasoning_tokens": 20}}, 30),
+        # A compatible server that counts reasoning beside the completion: added.
+        ({"completion_tokens": 10, "completion_tokens_details": {"reasoning_tokens": 20}}, 30),
+        ({"completion_tokens": 10, "total_tokens": 45}, 40),
+        ({"completion_tokens": 10, "total_tokens": 15}, 10),
+    ],
+)
+def test_openai_usage_never_understates_the_output(raw, output):
+    usage = openai_usage({"prompt_tokens": 5, **raw})
+    assert usage is not None
+    assert (usage.input_tokens, usage.output_tokens) == (5, output)
+
+
+def test_openai_usage_with_a_negative_or_missing_count_is_unknown():
+    assert openai_usage({"prompt_tokens": -1, "completion_tokens": 3}) is None
+    assert openai_usage({"prompt_tokens": 1}) is None
+
+
+def test_anthropic_usage_counts_cache_reads_and_writes_as_input():
+    body = {
+        "id": "msg_1",
+        "content": [{"type": "text", "text": "hi"}],
+        "stop_reason": "end_turn",
+        "usage": {
+            "input_tokens": 3,
+            "cache_read_input_tokens": 100,
+            "cache_creation_input_tokens": 7,
+            "output_tokens": 4,
+        },
+    }
+    usage = to_chat_completion(body, "claude")["usage"]
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (110, 4)
 
 
 async def test_the_driver_reuses_its_pooled_connection(driver, kind):

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from router.fake_upstream import Behavior, FakeUpstream, Kind
+from router.fake_upstream import PART_TOKENS, Behavior, FakeUpstream, Kind
 
 REPLY = "Hello from east: héllo 日本 🚀"
 MESSAGES = [{"role": "user", "content": "x" * 40}]  # 40 chars -> 40 // 4 + 1 = 11 tokens
@@ -162,6 +162,83 @@ def test_n_chunks_sets_the_number_of_content_events(up, client):
     assert sum(1 for c in chunks if c.choices and c.choices[0].delta.content) == 9
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == 9
+
+
+# Billing as OpenAI bills
+
+
+def test_every_choice_of_n_is_its_own_answer_and_the_usage_sums_them(client):
+    completion = client.chat.completions.create(**CHAT, n=3)
+
+    assert [c.index for c in completion.choices] == [0, 1, 2]
+    assert completion.choices[0].message.content == REPLY
+    assert completion.choices[2].message.content == REPLY + " Hello from"
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == 6 + 7 + 8
+    assert completion.usage.prompt_tokens == 11  # the input is billed once
+
+
+def test_a_stream_of_n_choices_carries_each_ones_content_and_finish(client):
+    chunks = list(client.chat.completions.create(**STREAM, n=2, max_completion_tokens=7))
+
+    texts = {0: "", 1: ""}
+    finishes = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finishes[choice.index] = choice.finish_reason
+    assert texts == {0: REPLY, 1: REPLY + " Hello"}
+    assert finishes == {0: "stop", 1: "stop"}
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 6 + 7
+
+
+def test_reasoning_tokens_are_inside_the_completion_tokens_and_the_limit(up, client):
+    up.set_plan([Behavior.ok(reasoning_tokens=100), Behavior.ok(reasoning_tokens=100)])
+    free = client.chat.completions.create(**CHAT)
+    assert free.usage is not None and free.usage.completion_tokens_details is not None
+    details = free.usage.completion_tokens_details
+    assert (free.usage.completion_tokens, details.reasoning_tokens) == (106, 100)
+
+    capped = client.chat.completions.create(**CHAT, max_completion_tokens=102)
+    assert capped.choices[0].message.content == "Hello from"
+    assert capped.choices[0].finish_reason == "length"
+    assert capped.usage is not None
+    assert capped.usage.completion_tokens == 102
+
+
+def test_cached_tokens_are_reported_inside_the_prompt_tokens(up, client):
+    up.set_plan([Behavior.ok(cached_tokens=8), Behavior.ok(cached_tokens=500)])
+    some = client.chat.completions.create(**CHAT)
+    every = client.chat.completions.create(**CHAT)
+
+    for completion, cached in ((some, 8), (every, 11)):
+        assert completion.usage is not None and completion.usage.prompt_tokens_details is not None
+        assert completion.usage.prompt_tokens == 11
+        assert completion.usage.prompt_tokens_details.cached_tokens == cached
+
+
+def test_anthropic_reports_cache_reads_beside_its_input_tokens(up, http):
+    up.set_plan([Behavior.ok(cached_tokens=8)])
+    body = http.post("/v1/messages", json=ANTHROPIC).json()
+
+    assert body["usage"] == {"input_tokens": 3, "cache_read_input_tokens": 8, "output_tokens": 6}
+
+
+def test_images_audio_and_files_cost_their_part_tokens_whatever_their_size(client):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + "A" * 9000}}
+    audio = {"type": "input_audio", "input_audio": {"data": "UklG", "format": "wav"}}
+    file = {"type": "file", "file": {"file_id": "file-1"}}
+    content = [{"type": "text", "text": "x" * 40}, image, image, audio, file]
+    completion = client.chat.completions.create(
+        model="gpt-test", messages=[{"role": "user", "content": content}]
+    )
+
+    assert completion.usage is not None and completion.usage.prompt_tokens_details is not None
+    parts = 2 * PART_TOKENS["image_url"] + PART_TOKENS["input_audio"] + PART_TOKENS["file"]
+    assert completion.usage.prompt_tokens == 11 + parts
+    assert completion.usage.prompt_tokens_details.audio_tokens == PART_TOKENS["input_audio"]
 
 
 def test_models_endpoint_lists_the_configured_models():

@@ -332,6 +332,42 @@ def test_context_too_small_counts_the_requests_max_tokens():
     assert candidate.detail == "context_window 8192 < needed 9000"
 
 
+def test_unpriced_input_names_the_dimension_and_leaves_no_worst_case():
+    # east/large can see images but has no image price; west is an Anthropic endpoint,
+    # whose driver sends no image, so its worst case is the text's.
+    requirements = Requirements(
+        capabilities=("text", "vision"), estimated_input_tokens=100, image_inputs=2
+    )
+    small, large, claude = _evaluate(requirements)[:3]
+    assert (small.reason_code, large.reason_code) == (R.MISSING_CAPABILITY, R.UNPRICED_INPUT)
+    assert (large.detail, large.worst_case_usd) == ("image_input", None)
+    assert claude.eligible
+    assert claude.worst_case_usd == worst_case_cost(
+        _group().mappings[2], requirements.model_copy(update={"image_inputs": 0})
+    )
+
+
+def test_the_context_check_counts_each_priced_part_at_its_bound():
+    data = yaml.safe_load(CONFIG)
+    data["models"][0]["mappings"][1]["price"]["image_input"] = {"tokens": 62000}
+    config = parse_config(yaml.safe_dump(data), environ=ENV)
+    group = config.model_group("chat")
+    assert group is not None
+    one, two = (
+        Requirements(capabilities=("vision",), estimated_input_tokens=1000, image_inputs=n)
+        for n in (1, 2)
+    )
+    fits, too_big = (
+        evaluate(config, _workspace(), group, r, RouteContext(), breaker_open=_admit)[1]
+        for r in (one, two)
+    )
+    assert fits.eligible  # 1000 + 62000 + 4096 <= 128000
+    assert (too_big.reason_code, too_big.detail) == (
+        R.CONTEXT_TOO_SMALL,
+        "context_window 128000 < needed 129096",
+    )
+
+
 def test_after_context_too_small_only_larger_windows_and_never_the_same_model():
     context = RouteContext(larger_context_than=128000, excluded_models=frozenset({"small"}))
     candidates = _evaluate(context=context)
@@ -402,6 +438,7 @@ SPEC_ORDER = (
     R.REGION_NOT_ALLOWED,
     R.DATA_CLASS_NOT_ALLOWED,
     R.MISSING_CAPABILITY,
+    R.UNPRICED_INPUT,
     R.CONTEXT_TOO_SMALL,
     R.BREAKER_OPEN,
     R.OVER_BUDGET,
@@ -466,6 +503,7 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
         regions=("nowhere",) if R.SCOPE_EMPTY in failing else None,
         data_class="restricted" if R.DATA_CLASS_NOT_ALLOWED in failing else "internal",
         capabilities=("text", "vision") if R.MISSING_CAPABILITY in failing else ("text",),
+        image_inputs=1 if R.UNPRICED_INPUT in failing else 0,  # the mapping prices no image
         estimated_input_tokens=901 if R.CONTEXT_TOO_SMALL in failing else 900,
     )
     tried = frozenset({"ep"}) if R.ALREADY_TRIED in failing else frozenset()

@@ -71,6 +71,7 @@ _ERROR_TYPE_STATUS: Final = {
 
 class AnthropicDriver(Driver):
     _request_id_header = "request-id"
+    requires_max_tokens = True
 
     def _auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
         headers = {"anthropic-version": endpoint.anthropic_version or DEFAULT_ANTHROPIC_VERSION}
@@ -382,19 +383,26 @@ def _finish(stop_reason: object) -> str | None:
     return _FINISH.get(str(stop_reason), "stop")
 
 
-def _usage(raw: object, *, input_tokens: int | None = None) -> Usage | None:
+def _usage(raw: object) -> Usage | None:
+    """Anthropic's ``usage`` as a :class:`Usage`. Its ``input_tokens`` are only the input
+    after the last cache breakpoint: tokens read from the cache and written to it are counted
+    beside them, and are input all the same (thinking tokens are inside ``output_tokens``)."""
     if not isinstance(raw, dict):
         return None
-    prompt = raw.get("input_tokens", input_tokens)
-    completion = raw.get("output_tokens")
-    if not isinstance(prompt, int) or not isinstance(completion, int):
+    prompt, completion = _count(raw.get("input_tokens")), _count(raw.get("output_tokens"))
+    if prompt is None or completion is None:
         return None
-    cached = raw.get("cache_read_input_tokens")
+    cached = _count(raw.get("cache_read_input_tokens")) or 0
+    written = _count(raw.get("cache_creation_input_tokens")) or 0
     return Usage(
-        input_tokens=prompt,
+        input_tokens=prompt + cached + written,
         output_tokens=completion,
-        cached_input_tokens=cached if isinstance(cached, int) else 0,
+        cached_input_tokens=cached,
     )
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _openai_usage(usage: Usage) -> dict[str, Any]:
@@ -412,8 +420,7 @@ class AnthropicEvents(StreamTranslator):
     def __init__(self, model: str) -> None:
         self._model = model
         self._created = int(time.time())
-        self._input_tokens: int | None = None
-        self._cached_tokens = 0
+        self._start_usage: dict[str, Any] = {}  # message_start's; message_delta adds to it
         # Anthropic numbers every content block (text and tool_use alike); OpenAI numbers
         # only the tool calls, in order. Block index -> tool call index.
         self._tool_indexes: dict[object, int] = {}
@@ -436,11 +443,8 @@ class AnthropicEvents(StreamTranslator):
             message = event.get("message") or {}
             self.response_id = optional_str(message.get("id"))
             self._model = str(message.get("model") or self._model)
-            usage = message.get("usage") or {}
-            if isinstance(usage.get("input_tokens"), int):
-                self._input_tokens = usage["input_tokens"]
-            if isinstance(usage.get("cache_read_input_tokens"), int):
-                self._cached_tokens = usage["cache_read_input_tokens"]
+            usage = message.get("usage")
+            self._start_usage = usage if isinstance(usage, dict) else {}
             return [self._chunk({"role": "assistant", "content": ""})]
         if kind == "content_block_start":
             block = event.get("content_block") or {}
@@ -486,9 +490,8 @@ class AnthropicEvents(StreamTranslator):
         delta = event.get("delta") or {}
         finish = _finish(delta.get("stop_reason"))
         raw = event.get("usage")
-        usage = _usage(raw, input_tokens=self._input_tokens)
-        if usage is not None and self._cached_tokens and not usage.cached_input_tokens:
-            usage = usage.model_copy(update={"cached_input_tokens": self._cached_tokens})
+        # The delta's counts are cumulative and win; the input counts may come only at the start.
+        usage = _usage({**self._start_usage, **raw}) if isinstance(raw, dict) else None
         if usage is not None:
             self.usage = usage
         chunks = []

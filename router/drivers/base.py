@@ -196,6 +196,9 @@ class Driver(ABC):
     """One provider API. Holds one pooled :class:`HTTPClient`; close it with :meth:`aclose`."""
 
     _request_id_header: ClassVar[str]
+    # The provider's API takes no request without an output bound (Anthropic's max_tokens):
+    # the core then sends the one it reserved for (router/worst_case.py).
+    requires_max_tokens: ClassVar[bool] = False
 
     def __init__(self, client: HTTPClient | None = None) -> None:
         self._client = client or HTTPClient(max_idle_per_origin=32, idle_expiry_s=30.0)

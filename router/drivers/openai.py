@@ -109,16 +109,35 @@ class _OpenAIChunks(StreamTranslator):
 
 
 def openai_usage(raw: object) -> Usage | None:
-    """An OpenAI ``usage`` object as a :class:`Usage`; None when absent or unreadable."""
+    """An OpenAI ``usage`` object as a :class:`Usage`; None when absent or unreadable.
+
+    OpenAI counts every billed token in ``prompt_tokens`` and ``completion_tokens``: cached,
+    image and audio input inside the first (``prompt_tokens_details``), reasoning, audio and
+    rejected prediction output inside the second (``completion_tokens_details``). A
+    compatible server that reports reasoning beside the completion instead (more reasoning
+    tokens than completion tokens, or a ``total_tokens`` above the two counts) has its
+    reasoning added as output: billed output is never understated.
+    """
     if not isinstance(raw, dict):
         return None
-    prompt, completion = raw.get("prompt_tokens"), raw.get("completion_tokens")
-    if not isinstance(prompt, int) or not isinstance(completion, int):
+    prompt, completion = _count(raw.get("prompt_tokens")), _count(raw.get("completion_tokens"))
+    if prompt is None or completion is None:
         return None
-    details = raw.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    return Usage(
-        input_tokens=prompt,
-        output_tokens=completion,
-        cached_input_tokens=cached if isinstance(cached, int) else 0,
-    )
+    output = completion
+    reasoning = _count(_detail(raw, "completion_tokens_details", "reasoning_tokens"))
+    if reasoning is not None and reasoning > completion:
+        output = completion + reasoning
+    total = _count(raw.get("total_tokens"))
+    if total is not None and total > prompt + output:
+        output = total - prompt
+    cached = _count(_detail(raw, "prompt_tokens_details", "cached_tokens"))
+    return Usage(input_tokens=prompt, output_tokens=output, cached_input_tokens=cached or 0)
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _detail(raw: dict[str, Any], details: str, name: str) -> object:
+    found = raw.get(details)
+    return found.get(name) if isinstance(found, dict) else None

@@ -38,12 +38,20 @@ class _Anthropic(Dialect):
         )
         return Prompt(
             model=str(body.get("model") or "fake-model"),
-            prompt_tokens=prompt_tokens(body),
+            prompt_tokens=prompt_tokens(body)[0],
             max_tokens=int_or_none(body.get("max_tokens")),
             tool_names=names,
             stream=body.get("stream") is True,
             include_usage=True,
         )
+
+    @staticmethod
+    def _input_usage(reply: Reply) -> dict[str, int]:
+        # Anthropic's input_tokens leave out what was read from the cache, counted beside.
+        usage = {"input_tokens": reply.prompt_tokens - reply.cached_tokens}
+        if reply.cached_tokens:
+            usage["cache_read_input_tokens"] = reply.cached_tokens
+        return usage
 
     @staticmethod
     def _stop_reason(reply: Reply) -> str:
@@ -66,10 +74,7 @@ class _Anthropic(Dialect):
             "content": [block],
             "stop_reason": self._stop_reason(reply),
             "stop_sequence": None,
-            "usage": {
-                "input_tokens": reply.prompt_tokens,
-                "output_tokens": reply.completion_tokens,
-            },
+            "usage": {**self._input_usage(reply), "output_tokens": reply.completion_tokens},
         }
 
     def stream(self, reply: Reply, prompt: Prompt) -> StreamScript:
@@ -84,7 +89,7 @@ class _Anthropic(Dialect):
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": reply.prompt_tokens, "output_tokens": 1},
+            "usage": {**self._input_usage(reply), "output_tokens": 1},
         }
         if reply.tool_name is None:
             block: dict[str, Any] = {"type": "text", "text": ""}

@@ -1,5 +1,9 @@
 """The OpenAI chat completions dialect: bodies, chunk streams and error JSON as OpenAI sends
-them (`{"error": {"message", "type", "param", "code"}}`, `x-request-id`)."""
+them (`{"error": {"message", "type", "param", "code"}}`, `x-request-id`).
+
+Billed as OpenAI bills: `n` choices, each with its own completion tokens, the usage their
+sum; reasoning tokens inside the completion tokens; cached and audio input inside the
+prompt tokens (`prompt_tokens_details`), as are images and files."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import time
 from typing import Any
 
 from router.fake_upstream._reply import (
+    Choice,
     Dialect,
     ErrorResponse,
     Prompt,
@@ -38,13 +43,16 @@ class _OpenAI(Dialect):
         )
         options = body.get("stream_options")
         limit = int_or_none(body.get("max_completion_tokens"))
+        tokens, audio = prompt_tokens(body)
         return Prompt(
             model=str(body.get("model") or "fake-model"),
-            prompt_tokens=prompt_tokens(body),
+            prompt_tokens=tokens,
             max_tokens=limit if limit is not None else int_or_none(body.get("max_tokens")),
             tool_names=names,
             stream=body.get("stream") is True,
             include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+            choices=max(1, int_or_none(body.get("n")) or 1),
+            audio_tokens=audio,
         )
 
     @staticmethod
@@ -53,24 +61,23 @@ class _OpenAI(Dialect):
             "prompt_tokens": reply.prompt_tokens,
             "completion_tokens": reply.completion_tokens,
             "total_tokens": reply.prompt_tokens + reply.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": 0},
+            "prompt_tokens_details": {
+                "cached_tokens": reply.cached_tokens,
+                "audio_tokens": reply.audio_tokens,
+            },
+            "completion_tokens_details": {
+                "reasoning_tokens": reply.reasoning_tokens,
+                "audio_tokens": 0,
+                "accepted_prediction_tokens": 0,
+                "rejected_prediction_tokens": 0,
+            },
         }
 
     @staticmethod
-    def _finish(reply: Reply) -> str:
-        return "tool_calls" if reply.finish == "tool" else reply.finish
+    def _finish(choice: Choice) -> str:
+        return "tool_calls" if choice.finish == "tool" else choice.finish
 
     def body(self, reply: Reply) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": reply.text, "refusal": None}
-        if reply.tool_name is not None:
-            message["content"] = None
-            message["tool_calls"] = [
-                {
-                    "id": reply.tool_call_id,
-                    "type": "function",
-                    "function": {"name": reply.tool_name, "arguments": reply.text},
-                }
-            ]
         return {
             "id": reply.message_id,
             "object": "chat.completion",
@@ -79,19 +86,32 @@ class _OpenAI(Dialect):
             "system_fingerprint": "fp_fake",
             "choices": [
                 {
-                    "index": 0,
-                    "message": message,
+                    "index": index,
+                    "message": self._message(reply, choice),
                     "logprobs": None,
-                    "finish_reason": self._finish(reply),
+                    "finish_reason": self._finish(choice),
                 }
+                for index, choice in enumerate(reply.choices)
             ],
             "usage": self._usage(reply),
         }
 
+    @staticmethod
+    def _message(reply: Reply, choice: Choice) -> dict[str, Any]:
+        if reply.tool_name is None:
+            return {"role": "assistant", "content": choice.text, "refusal": None}
+        call = {
+            "id": reply.tool_call_id,
+            "type": "function",
+            "function": {"name": reply.tool_name, "arguments": choice.text},
+        }
+        return {"role": "assistant", "content": None, "refusal": None, "tool_calls": [call]}
+
     def stream(self, reply: Reply, prompt: Prompt) -> StreamScript:
+        """Each choice's role chunk, their pieces taken in turns, then each one's finish."""
         created = int(time.time())
 
-        def chunk(delta: dict[str, Any], finish: str | None = None) -> SseEvent:
+        def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> SseEvent:
             payload: dict[str, Any] = {
                 "id": reply.message_id,
                 "object": "chat.completion.chunk",
@@ -99,16 +119,22 @@ class _OpenAI(Dialect):
                 "model": reply.model,
                 "system_fingerprint": "fp_fake",
                 "choices": [
-                    {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                    {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
                 ],
             }
             if prompt.include_usage:
                 payload["usage"] = None
             return SseEvent(dumps(payload))
 
+        choices = list(enumerate(reply.choices))
         if reply.tool_name is None:
-            events = [chunk({"role": "assistant", "content": ""})]
-            events += [chunk({"content": piece}) for piece in reply.pieces]
+            events = [chunk(i, {"role": "assistant", "content": ""}) for i, _ in choices]
+            events += [
+                chunk(i, {"content": choice.pieces[step]})
+                for step in range(max(len(c.pieces) for c in reply.choices))
+                for i, choice in choices
+                if step < len(choice.pieces)
+            ]
         else:
             start = {
                 "index": 0,
@@ -116,13 +142,15 @@ class _OpenAI(Dialect):
                 "type": "function",
                 "function": {"name": reply.tool_name, "arguments": ""},
             }
-            events = [chunk({"role": "assistant", "content": None, "tool_calls": [start]})]
+            role = {"role": "assistant", "content": None, "tool_calls": [start]}
+            events = [chunk(i, role) for i, _ in choices]
             events += [
-                chunk({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
+                chunk(i, {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
                 for piece in reply.pieces
+                for i, _ in choices
             ]
         finish_index = len(events)
-        events.append(chunk({}, self._finish(reply)))
+        events += [chunk(i, {}, self._finish(choice)) for i, choice in choices]
         if prompt.include_usage:
             usage = {
                 "id": reply.message_id,

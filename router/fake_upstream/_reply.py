@@ -16,6 +16,8 @@ from typing import Any, Literal
 from router.fake_upstream.behavior import Behavior, Kind, LineEnding
 
 __all__ = [
+    "PART_TOKENS",
+    "Choice",
     "Dialect",
     "ErrorResponse",
     "Prompt",
@@ -33,6 +35,15 @@ __all__ = [
 ]
 
 DEFAULT_CHUNKS = 6
+# What one non-text content part costs in prompt tokens, by type, however large: OpenAI's
+# and Anthropic's names. (An image of 1024x1024 at high detail is 765 tokens on gpt-4o.)
+PART_TOKENS: dict[str, int] = {
+    "image_url": 765,
+    "image": 765,
+    "input_audio": 400,
+    "file": 1500,
+    "document": 1500,
+}
 _FILLER = "héllo 日本 🚀 " * 64  # ~1.3 KiB of multibyte text per large_body piece
 _EOL = {"lf": "\n", "crlf": "\r\n", "cr": "\r"}
 
@@ -69,11 +80,27 @@ class Prompt:
     """What the fake reads from a request body, whatever the dialect."""
 
     model: str
-    prompt_tokens: int
-    max_tokens: int | None
+    prompt_tokens: int  # text, and each content part at its PART_TOKENS
+    max_tokens: int | None  # per choice, reasoning included
     tool_names: tuple[str, ...]
     stream: bool
     include_usage: bool
+    choices: int = 1  # OpenAI's `n`
+    audio_tokens: int = 0  # of prompt_tokens, from input_audio parts
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One choice of a reply; every choice is billed its own output tokens."""
+
+    pieces: tuple[str, ...]  # text pieces, or tool-argument pieces for a tool call
+    finish: Literal["stop", "length", "tool"]
+    completion_tokens: int  # reasoning included, as OpenAI counts them
+    reasoning_tokens: int = 0
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
 
 
 @dataclass(frozen=True)
@@ -81,16 +108,34 @@ class Reply:
     request_id: str
     message_id: str
     model: str
-    pieces: tuple[str, ...]  # text pieces, or tool-argument pieces for a tool call
-    finish: Literal["stop", "length", "tool"]
+    choices: tuple[Choice, ...]
     prompt_tokens: int
-    completion_tokens: int
     tool_name: str | None
     tool_call_id: str
+    cached_tokens: int = 0  # of prompt_tokens, served from the cache
+    audio_tokens: int = 0  # of prompt_tokens
+
+    # The first choice: the only one of a dialect without `n` (Anthropic).
+    @property
+    def pieces(self) -> tuple[str, ...]:
+        return self.choices[0].pieces
+
+    @property
+    def finish(self) -> Literal["stop", "length", "tool"]:
+        return self.choices[0].finish
 
     @property
     def text(self) -> str:
-        return "".join(self.pieces)
+        return self.choices[0].text
+
+    # The usage: the sum over the choices, as OpenAI bills `n`.
+    @property
+    def completion_tokens(self) -> int:
+        return sum(choice.completion_tokens for choice in self.choices)
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return sum(choice.reasoning_tokens for choice in self.choices)
 
 
 @dataclass(frozen=True)
@@ -108,12 +153,22 @@ def _text_chars(content: Any) -> int:
     return 0
 
 
-def prompt_tokens(body: dict[str, Any]) -> int:
+def _parts(content: Any) -> list[str]:
+    if not isinstance(content, list):
+        return []
+    return [str(part.get("type")) for part in content if isinstance(part, dict)]
+
+
+def prompt_tokens(body: dict[str, Any]) -> tuple[int, int]:
+    """(prompt tokens, of which audio): a token per 4 characters of text, plus each
+    non-text content part at its PART_TOKENS."""
     messages = body.get("messages")
+    messages = [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else []
     chars = _text_chars(body.get("system"))
-    if isinstance(messages, list):
-        chars += sum(_text_chars(m.get("content")) for m in messages if isinstance(m, dict))
-    return chars // 4 + 1
+    chars += sum(_text_chars(m.get("content")) for m in messages)
+    parts = [kind for m in messages for kind in _parts(m.get("content"))]
+    audio = PART_TOKENS["input_audio"] * parts.count("input_audio")
+    return chars // 4 + 1 + sum(PART_TOKENS.get(kind, 0) for kind in parts), audio
 
 
 def int_or_none(value: Any) -> int | None:
@@ -142,46 +197,54 @@ def make_reply(
 ) -> Reply:
     """The deterministic answer: words naming the upstream, never more tokens than asked.
 
+    Each of the request's ``n`` choices is its own answer: choice ``i`` wants ``i`` pieces
+    more than the first. A choice reasons first (``behavior.reasoning_tokens``), and its
+    reasoning counts against the request's limit like any output token: what is left of the
+    limit bounds the visible answer (none left: an empty answer, finish ``length``).
     large_body keeps its size whatever the limit (it exists to overflow the gateway's
     max_response_bytes) but still reports no more output tokens than the request allowed.
     """
-    limit = prompt.max_tokens
     base = Reply(
         request_id=request_id,
         message_id=message_id,
         model=prompt.model,
-        pieces=(),
-        finish="stop",
+        choices=(),
         prompt_tokens=prompt.prompt_tokens,
-        completion_tokens=0,
         tool_name=None,
         tool_call_id=f"call_{request_id.removeprefix('req_')}",
+        cached_tokens=min(behavior.cached_tokens, prompt.prompt_tokens),
+        audio_tokens=prompt.audio_tokens,
     )
     if behavior.kind is Kind.TOOL_CALL:
         name = behavior.tool_name or (prompt.tool_names[0] if prompt.tool_names else "get_weather")
-        pieces = _split_arguments(behavior.tool_arguments)
-        return replace(
-            base,
-            pieces=tuple(pieces),
-            finish="tool",
-            completion_tokens=len(pieces) + 1,
-            tool_name=name,
-        )
+        pieces = tuple(_split_arguments(behavior.tool_arguments))
+        call = Choice(pieces, "tool", completion_tokens=len(pieces) + 1)
+        return replace(base, choices=(call,) * max(1, prompt.choices), tool_name=name)
+    choices = [_choice(upstream, prompt, behavior, i) for i in range(max(1, prompt.choices))]
+    return replace(base, choices=tuple(choices))
+
+
+def _choice(upstream: str, prompt: Prompt, behavior: Behavior, index: int) -> Choice:
+    limit = prompt.max_tokens
+    reasoning = behavior.reasoning_tokens
+    if limit is not None:
+        reasoning = min(reasoning, max(limit, 0))
+        limit = max(limit, 0) - reasoning
     if behavior.kind is Kind.LARGE_BODY:
         count = max(1, math.ceil(behavior.min_bytes / len(_FILLER.encode())))
         words = [_FILLER] * count
-        tokens = count if limit is None else min(count, max(limit, 0))
+        tokens = count if limit is None else min(count, limit)
         capped = tokens < count
     else:
-        wanted = DEFAULT_CHUNKS if behavior.n_chunks is None else behavior.n_chunks
-        tokens = wanted if limit is None else min(wanted, max(limit, 0))
+        wanted = (DEFAULT_CHUNKS if behavior.n_chunks is None else behavior.n_chunks) + index
+        tokens = wanted if limit is None else min(wanted, limit)
         words = _words(upstream, tokens)
         capped = tokens < wanted
-    return replace(
-        base,
+    return Choice(
         pieces=tuple(words),
         finish="length" if capped else "stop",
-        completion_tokens=tokens + behavior.overbill_output_tokens,
+        completion_tokens=reasoning + tokens + behavior.overbill_output_tokens,
+        reasoning_tokens=reasoning,
     )
 
 

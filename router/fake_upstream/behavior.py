@@ -90,6 +90,12 @@ class Behavior:
     - min_bytes: large_body; the response body is at least this long.
     - tool_name, tool_arguments: tool_call; the function called (default: the first tool
       of the request) and its JSON arguments.
+    - reasoning_tokens: replies; each choice reasons this many tokens before it answers,
+      within the request's output limit, reported inside the completion tokens
+      (`completion_tokens_details.reasoning_tokens`), as OpenAI bills them.
+    - cached_tokens: replies; this many prompt tokens (at most all) are reported as served
+      from the cache (`prompt_tokens_details.cached_tokens`; Anthropic's
+      `cache_read_input_tokens`, beside its `input_tokens`).
     - overbill_output_tokens: ok and its streams; the usage reports this many output tokens
       more than were sent, whatever the request's bound: a provider whose bill exceeds
       anything the gateway could have reserved.
@@ -111,6 +117,8 @@ class Behavior:
     min_bytes: int = 0
     tool_name: str | None = None
     tool_arguments: str = '{"city": "Paris"}'
+    reasoning_tokens: int = 0
+    cached_tokens: int = 0
     overbill_output_tokens: int = 0
 
     def __post_init__(self) -> None:
@@ -126,10 +134,9 @@ class Behavior:
             value = getattr(self, opt)
             if value is not None and value < 0:
                 raise ValueError(f"{opt}: must be >= 0")
-        if self.min_bytes < 0:
-            raise ValueError("min_bytes: must be >= 0")
-        if self.overbill_output_tokens < 0:
-            raise ValueError("overbill_output_tokens: must be >= 0")
+        for count in ("min_bytes", "reasoning_tokens", "cached_tokens", "overbill_output_tokens"):
+            if getattr(self, count) < 0:
+                raise ValueError(f"{count}: must be >= 0")
 
     # JSON
 
@@ -174,6 +181,8 @@ class Behavior:
         chunk_delay_ms: float = 0.0,
         n_chunks: int | None = None,
         first_event_delay_ms: float = 0.0,
+        reasoning_tokens: int = 0,
+        cached_tokens: int = 0,
     ) -> Behavior:
         return cls(
             Kind.OK,
@@ -181,6 +190,8 @@ class Behavior:
             chunk_delay_ms=chunk_delay_ms,
             n_chunks=n_chunks,
             first_event_delay_ms=first_event_delay_ms,
+            reasoning_tokens=reasoning_tokens,
+            cached_tokens=cached_tokens,
         )
 
     @classmethod

@@ -48,6 +48,7 @@ class Route:
     capabilities: Sequence[str] = ("text", "stream", "tools", "json_schema", "vision")
     context_window: int = 128000
     max_output_tokens: int = 4096
+    price: str = "{input_per_mtok: 1.0, output_per_mtok: 2.0}"
 
 
 @dataclass
@@ -99,6 +100,7 @@ def config_text(
     workspace_extra: str = "",
     endpoint_extra: dict[str, str] | None = None,
     dead_endpoints: Sequence[str] = (),
+    limits: str = "",
 ) -> str:
     drivers = drivers or {}
     endpoint_extra = endpoint_extra or {}
@@ -132,13 +134,14 @@ def config_text(
         capabilities: [{", ".join(route.capabilities)}]
         context_window: {route.context_window}
         max_output_tokens: {route.max_output_tokens}
-        price: {{input_per_mtok: 1.0, output_per_mtok: 2.0}}
+        price: {route.price}
 """
         )
     settings = {**BASE_DEFAULTS, **(defaults or {})}
     defaults_yaml = "".join(f"  {key}: {value}\n" for key, value in settings.items())
+    limits_yaml = f"limits: {limits}\n" if limits else ""
     return f"""generation: {generation}
-defaults:
+{limits_yaml}defaults:
 {defaults_yaml}
 endpoints:
 {"".join(endpoints)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 from opentelemetry.sdk.resources import Resource
@@ -84,6 +85,7 @@ def test_request_span_attributes_and_no_old_or_secret_names():
     assert r[sc.GEN_AI_PROVIDER_NAME] == "anthropic"
     assert r[sc.GEN_AI_REQUEST_STREAM] is False
     assert r[sc.GEN_AI_REQUEST_MAX_TOKENS] == 64
+    assert sc.GEN_AI_REQUEST_CHOICE_COUNT not in r  # one choice: the attribute is left out
     assert (r[sc.GEN_AI_USAGE_INPUT_TOKENS], r[sc.GEN_AI_USAGE_OUTPUT_TOKENS]) == (12, 30)
     assert r[sc.WAYBILL_STATUS] == "succeeded" and r[sc.WAYBILL_ENDPOINT] == "west"
     assert r[sc.WAYBILL_ATTEMPTS] == 2
@@ -95,6 +97,16 @@ def test_request_span_attributes_and_no_old_or_secret_names():
         keys = set(span.attributes) | {k for e in span.events for k in e.attributes}
         assert "gen_ai.system" not in keys
         assert not [k for k in keys if "prompt" in k or "secret" in k]
+
+
+def test_a_request_for_several_choices_names_their_count():
+    trail = failover_trail("r1")
+    received = trail[0]
+    assert received.type == "RequestReceived"
+    data = {**received.data, "requirements": {**received.data["requirements"], "choices": 3}}
+    trail[0] = dataclasses.replace(received, data=data)
+    request, *_ = request_spans(trail)
+    assert request.attributes[sc.GEN_AI_REQUEST_CHOICE_COUNT] == 3
 
 
 def test_routing_decisions_are_span_events_at_their_own_time():

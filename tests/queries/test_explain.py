@@ -191,6 +191,35 @@ def test_a_budget_that_covers_nothing_is_explained_before_any_attempt() -> None:
     assert x["attempts"] == [] and x["budget_checks"][0]["check"] == "denied"
 
 
+def test_what_the_worst_case_is_made_of_and_an_unpriced_mapping_are_explained() -> None:
+    requirements = ev.Requirements(
+        capabilities=("text", "vision"),
+        estimated_input_tokens=40,
+        max_output_tokens=50,
+        choices=3,
+        image_inputs=2,
+        web_search=True,
+    )
+    unpriced = candidate("east", eligible=False, reason_code="unpriced_input", detail="image_input")
+    priced = candidate("west", index=1, worst_case_usd=Decimal("0.0123"))
+    trail = [
+        received("r1").model_copy(update={"requirements": requirements}),
+        ev.RouteEvaluated(
+            request_id="r1", sequence=1, candidates=(unpriced, priced), chosen=choice(priced)
+        ),
+    ]
+    x = explain(recorded(trail))
+    assert x["requirements"]["choices"] == 3 and x["requirements"]["image_inputs"] == 2
+    assert x["decision_path"][0]["text"].endswith(
+        "billable: up to 40 input tokens of text, 2 image parts, 3 choices of up to 50 "
+        "output tokens each, web search; config generation g1"
+    )
+    assert "east/m: unpriced_input image_input" in x["decision_path"][1]["text"]
+    text = render_text(x)
+    assert "worst case" in text and "$0.0123" in text
+    assert "unpriced_input (image_input)" in text
+
+
 def test_the_weighted_round_robin_loser_and_a_standby_tier_are_named() -> None:
     a = candidate("east", weight=3, index=0)
     b = candidate("north", weight=1, index=1)
