@@ -2,10 +2,21 @@
 
 `FakeUpstream` serves OpenAI `POST /v1/chat/completions`, `GET /v1/models` and Anthropic
 `POST /v1/messages` on 127.0.0.1, answering each inference request with the next `Behavior`
-of its plan. Standalone: `python -m router.fake_upstream --port 8900`.
+of its plan. Standalone: `python -m router.fake_upstream --port 8900`. `FakeProxy` is an HTTP
+CONNECT proxy beside it, with faults of its own (a refused, dropped or silent tunnel).
 """
 
 from router.fake_upstream.behavior import Behavior, Kind, LineEnding
+from router.fake_upstream.proxy import FakeProxy, ProxyMode, RecordedConnect
 from router.fake_upstream.server import FakeUpstream, RecordedRequest
 
-__all__ = ["Behavior", "FakeUpstream", "Kind", "LineEnding", "RecordedRequest"]
+__all__ = [
+    "Behavior",
+    "FakeProxy",
+    "FakeUpstream",
+    "Kind",
+    "LineEnding",
+    "ProxyMode",
+    "RecordedConnect",
+    "RecordedRequest",
+]
