@@ -31,6 +31,7 @@ from router.drivers.http import (
     PreparedRequest,
     ReadTimeout,
     Response,
+    TunnelFailed,
     prepare_request,
 )
 from router.sse import EndReason, SSEError, SSEIdleTimeout, SSEStream
@@ -271,14 +272,18 @@ class Driver(ABC):
         if stream and timeouts.stream_idle_timeout_s is not None:
             read_timeout = max(read_timeout, timeouts.stream_idle_timeout_s)
         try:
-            async with asyncio.timeout(timeouts.attempt_timeout_s):
-                response = await self._client.send(
-                    call.http,
-                    connect_timeout=timeouts.attempt_timeout_s,
-                    read_timeout=read_timeout,
-                )
+            # Not an asyncio.timeout around the call: running out while connecting (or
+            # opening a proxy's tunnel) must read as a connect error, nothing written.
+            response = await self._client.send(
+                call.http,
+                connect_timeout=timeouts.attempt_timeout_s,
+                read_timeout=read_timeout,
+                headers_timeout=timeouts.attempt_timeout_s,
+            )
         except (TimeoutError, ReadTimeout) as exc:
             raise self._transport_failure(binding, "timeout_before_headers") from exc
+        except TunnelFailed as exc:  # the proxy's answer, never the upstream's
+            raise self._transport_failure(binding, "connect_error", message=exc.detail) from exc
         except ConnectFailed as exc:  # the request was never written
             raise self._transport_failure(binding, "connect_error") from exc
         except HTTPError as exc:  # written, then reset or answered with garbage
