@@ -10,6 +10,7 @@ retry or a failover (SPEC §5: "only the core decides failover; a driver only cl
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from abc import ABC, abstractmethod
@@ -23,12 +24,14 @@ import orjson
 from ledger.events import Usage
 from router.classify import Classification, Transport, UpstreamOutcome, classify
 from router.config import Endpoint
+from router.config import Proxy as ProxySetting
 from router.drivers.http import (
     ConnectFailed,
     Headers,
     HTTPClient,
     HTTPError,
     PreparedRequest,
+    Proxy,
     ReadTimeout,
     Response,
     TunnelFailed,
@@ -210,7 +213,8 @@ class Driver(ABC):
         written (a CR or LF in it)."""
         headers = {**self._headers(binding), "content-type": "application/json"}
         body = orjson.dumps(self._payload(request))
-        http = prepare_request("POST", self._url(binding), headers=headers, body=body)
+        proxy = _proxy(binding.endpoint.proxy)
+        http = prepare_request("POST", self._url(binding), headers=headers, body=body, proxy=proxy)
         return PreparedCall(request, binding, http)
 
     @abstractmethod
@@ -380,6 +384,18 @@ class Driver(ABC):
 
 
 # --- helpers shared by the dialects ---
+
+
+@functools.lru_cache(maxsize=64)
+def _proxy(setting: ProxySetting | None) -> Proxy | None:
+    # Cached: an endpoint's proxy is one object per config generation; one Proxy (and one
+    # base64 of its credentials) per setting keeps its pool key a cheap, stable value.
+    if setting is None:
+        return None
+    if setting.username is None:
+        return Proxy(setting.host, setting.port)
+    password = "" if setting.password is None else setting.password.get_secret_value()
+    return Proxy.basic(setting.host, setting.port, setting.username.get_secret_value(), password)
 
 
 def _secret(endpoint: Endpoint) -> str | None:
