@@ -1,5 +1,5 @@
 """Drivers through an egress proxy: the endpoint's way out (the environment, its ``proxy:``
-key) is followed, and every failure keeps the evidence SPEC §5 gives it."""
+key) is followed, and every failure keeps the evidence its failure class has."""
 
 from __future__ import annotations
 
