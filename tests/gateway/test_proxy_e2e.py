@@ -20,6 +20,7 @@ import pytest
 from router.fake_upstream import FakeProxy, FakeUpstream
 from tests.gateway.harness import Route, closed_port, running_gateway
 from tests.gateway.processes import new_key, serve_process
+from tests.ledger.test_cli import waybill
 
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 PASSWORD = "pr0xy-pa55-DO-NOT-LEAK"
@@ -143,6 +144,20 @@ async def test_serve_follows_http_proxy_and_no_proxy_from_its_environment(
         finally:
             process.terminate()
             await asyncio.to_thread(_wait, process)
+
+
+def test_the_demo_is_all_on_this_machine_whatever_http_proxy_says(tmp_path: Path) -> None:
+    nowhere = f"http://127.0.0.1:{closed_port()}"
+    result = waybill(
+        "demo",
+        "--check",
+        "--port",
+        str(closed_port()),
+        database_url=f"sqlite:///{tmp_path / 'demo.db'}",
+        env={"HTTP_PROXY": nowhere, "http_proxy": nowhere},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "buffered: 200 via demo-primary" in result.stdout
 
 
 def _wait(process: subprocess.Popen[bytes]) -> None:
