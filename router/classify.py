@@ -30,7 +30,8 @@ __all__ = [
 ]
 
 Transport: TypeAlias = Literal[
-    "connect_error",  # nothing was sent: DNS, refused, connect timeout, pool exhausted
+    "connect_error",  # nothing was sent: DNS, refused, connect timeout, pool exhausted, or a
+    # proxy that would not open its tunnel (whatever status it answered: it is not the upstream's)
     "sent_then_reset",  # the request (maybe partly) left, then the connection broke
     "timeout_before_headers",  # the request left; no response headers within the attempt
     "first_token_timeout",  # stream: headers came, no first event in time

@@ -38,6 +38,8 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from router import egress
+
 __all__ = [
     "DATA_CLASSES",
     "FAILURE_CLASSES",
@@ -58,6 +60,7 @@ __all__ = [
     "OutputPrice",
     "PartPrice",
     "Price",
+    "Proxy",
     "RetryRule",
     "RetrySameEndpoint",
     "SearchPrice",
@@ -98,6 +101,10 @@ KNOWN_CAPABILITIES: frozenset[str] = frozenset({"text", "stream", "tools", "json
 _Sized = TypeVar("_Sized", bound=cabc.Sized)
 
 _ENV_REF = re.compile(r"\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}")
+# A proxy URL's userinfo: `${env:USER}:${env:PASSWORD}`, or one reference holding `user:password`.
+_CREDENTIAL_REFS = re.compile(
+    r"\$\{env:(?P<user>[A-Za-z_][A-Za-z0-9_]*)\}(?::\$\{env:(?P<password>[A-Za-z_][A-Za-z0-9_]*)\})?"
+)
 _CAPABILITY = re.compile(r"[a-z][a-z0-9_.-]*")
 
 
@@ -261,6 +268,26 @@ class Defaults(_Frozen):
 # --- endpoints, model groups, workspaces ---------------------------------------------------
 
 
+class Proxy(_Frozen):
+    """The HTTP proxy an endpoint's connections are tunnelled through (CONNECT)."""
+
+    host: StrictStr
+    port: StrictInt
+    username: SecretStr | None = None
+    password: SecretStr | None = None
+    source: Literal["config", "environment"]  # the endpoint's `proxy:`, or HTTPS_PROXY & co.
+
+    @property
+    def address(self) -> str:
+        """Host and port only: what may be recorded and shown."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+# The default of an endpoint's `proxy`: whatever the standard environment variables say.
+_PROXY_FROM_ENVIRONMENT = "environment"
+
+
 class Endpoint(_Frozen):
     id: _Name
     driver: Driver
@@ -273,6 +300,9 @@ class Endpoint(_Frozen):
     enabled: StrictBool = True
     max_response_bytes: _PositiveInt = 8 * 1024 * 1024
     anthropic_version: StrictStr | None = None  # the driver's default when omitted
+    # Resolved at load: `environment` (the default) follows HTTPS_PROXY / HTTP_PROXY and
+    # NO_PROXY for base_url; a URL names the proxy; `none` is always direct. None: direct.
+    proxy: Proxy | None = Field(default=_PROXY_FROM_ENVIRONMENT, validate_default=True)
 
     @field_validator("api_key", mode="before")
     @classmethod
@@ -303,12 +333,87 @@ class Endpoint(_Frozen):
             raise _error("must not embed credentials; use api_key")
         return value
 
+    @field_validator("proxy", mode="before")
+    @classmethod
+    def _resolve_proxy(cls, value: object, info: ValidationInfo) -> object:
+        if isinstance(value, Proxy):
+            return value
+        if value == "none":
+            return None
+        environ = _environ(info)
+        if value == _PROXY_FROM_ENVIRONMENT:
+            base_url = info.data.get("base_url")
+            if not isinstance(base_url, str):
+                return None  # base_url's own error is reported
+            return _environment_proxy(base_url, environ)
+        if not isinstance(value, str):
+            raise _error(
+                "must be a proxy URL such as http://proxy.example:3128, none or environment"
+            )
+        return _configured_proxy(value, environ)
+
     @property
     def base_url_host(self) -> str:
         """Host and port only: what may be recorded and shown."""
         parts = urlsplit(self.base_url)
         host = parts.hostname or ""
         return f"{host}:{parts.port}" if parts.port else host
+
+
+def _configured_proxy(url: str, environ: cabc.Mapping[str, str]) -> Proxy:
+    # Messages never echo the URL: its userinfo may be a pasted secret.
+    bare, userinfo = egress.split_userinfo(url)
+    credentials = None if userinfo is None else _CREDENTIAL_REFS.fullmatch(userinfo)
+    if userinfo is not None and credentials is None:
+        raise _error("credentials must be ${env:NAME} references, never literal")
+    try:
+        host, port = egress.split_proxy_url(
+            _ENV_REF.sub(lambda m: _resolve_env(m.group(1), environ), bare)
+        )
+    except ValueError as exc:
+        raise _error(str(exc)) from None
+    username = password = None
+    if credentials is not None:
+        username = _resolve_env(credentials["user"], environ)
+        if credentials["password"] is not None:
+            password = _resolve_env(credentials["password"], environ)
+        else:  # one reference: `user:password` (or a user alone)
+            username, _, password = username.partition(":")
+    return _proxy(host, port, username, password, "config")
+
+
+def _environment_proxy(base_url: str, environ: cabc.Mapping[str, str]) -> Proxy | None:
+    found = egress.environment_proxy(base_url, environ)
+    if found is None:
+        return None
+    name, url = found
+    bare, userinfo = egress.split_userinfo(url)
+    try:
+        host, port = egress.split_proxy_url(bare)
+    except ValueError as exc:
+        raise _error(
+            f"{name} (from the environment) {exc}; set `proxy:` on this endpoint to override it"
+        ) from None
+    username = password = None
+    if userinfo is not None:
+        username, password = egress.percent_decoded_credentials(userinfo)
+    return _proxy(host, port, username, password, "environment")
+
+
+def _proxy(
+    host: str,
+    port: int,
+    username: str | None,
+    password: str | None,
+    source: Literal["config", "environment"],
+) -> Proxy:
+    return Proxy(
+        host=host,
+        port=port,
+        username=None if username is None else SecretStr(username),
+        password=None if password is None else SecretStr(password),
+        source=source,
+    )
 
 
 class PartPrice(_Frozen):
@@ -463,6 +568,7 @@ class Config(_Frozen):
                     "enabled": e.enabled,
                     "max_response_bytes": e.max_response_bytes,
                     "has_api_key": e.api_key is not None,
+                    "proxy": _proxy_summary(e.proxy),
                 }
                 for e in self.endpoints
             ],
@@ -498,6 +604,16 @@ def _mapping_summary(m: Mapping) -> dict[str, Any]:
         "context_window": m.context_window,
         "max_output_tokens": m.max_output_tokens,
         "price": _price_summary(m.price),
+    }
+
+
+def _proxy_summary(proxy: Proxy | None) -> dict[str, Any] | None:
+    if proxy is None:
+        return None
+    return {
+        "address": proxy.address,
+        "source": proxy.source,
+        "has_credentials": proxy.username is not None,
     }
 
 

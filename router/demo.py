@@ -47,11 +47,13 @@ endpoints:
     base_url: {primary_url}
     region: local
     data_classes: [public, internal]
+    proxy: none  # a fake provider on this machine, whatever HTTP_PROXY says
   - id: demo-fallback
     driver: openai
     base_url: {fallback_url}
     region: local
     data_classes: [public, internal]
+    proxy: none  # a fake provider on this machine, whatever HTTP_PROXY says
 models:
   - name: {_MODEL_GROUP}
     mappings:
@@ -177,19 +179,21 @@ def _check(settings: AppSettings, listening: socket.socket, secret: str, out: Co
             "model": _MODEL_GROUP,
             "messages": [{"role": "user", "content": "Hello"}],
         }
-        reply = httpx.post(f"{base}/chat/completions", json=body, headers=headers, timeout=20)
-        reply.raise_for_status()
-        answer = reply.json()["choices"][0]["message"]["content"]
-        out.print(
-            f"buffered: {reply.status_code} via {reply.headers['x-waybill-endpoint']}, "
-            f"cost ${reply.headers.get('x-waybill-cost-usd')}: {answer!r}",
-            highlight=False,
-        )
-        with httpx.stream(
-            "POST", f"{base}/chat/completions", json={**body, "stream": True}, headers=headers
-        ) as streamed:
-            streamed.raise_for_status()
-            frames = sum(1 for line in streamed.iter_lines() if line.startswith("data: "))
+        # The gateway is on this machine: never through an HTTP_PROXY the shell may set.
+        with httpx.Client(headers=headers, timeout=20, trust_env=False) as client:
+            reply = client.post(f"{base}/chat/completions", json=body)
+            reply.raise_for_status()
+            answer = reply.json()["choices"][0]["message"]["content"]
+            out.print(
+                f"buffered: {reply.status_code} via {reply.headers['x-waybill-endpoint']}, "
+                f"cost ${reply.headers.get('x-waybill-cost-usd')}: {answer!r}",
+                highlight=False,
+            )
+            with client.stream(
+                "POST", f"{base}/chat/completions", json={**body, "stream": True}
+            ) as streamed:
+                streamed.raise_for_status()
+                frames = sum(1 for line in streamed.iter_lines() if line.startswith("data: "))
         out.print(f"streamed: {streamed.status_code}, {frames} SSE events", highlight=False)
     finally:
         server.should_exit = True

@@ -10,6 +10,7 @@ retry or a failover (SPEC §5: "only the core decides failover; a driver only cl
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from abc import ABC, abstractmethod
@@ -23,14 +24,17 @@ import orjson
 from ledger.events import Usage
 from router.classify import Classification, Transport, UpstreamOutcome, classify
 from router.config import Endpoint
+from router.config import Proxy as ProxySetting
 from router.drivers.http import (
     ConnectFailed,
     Headers,
     HTTPClient,
     HTTPError,
     PreparedRequest,
+    Proxy,
     ReadTimeout,
     Response,
+    TunnelFailed,
     prepare_request,
 )
 from router.sse import EndReason, SSEError, SSEIdleTimeout, SSEStream
@@ -212,7 +216,8 @@ class Driver(ABC):
         written (a CR or LF in it)."""
         headers = {**self._headers(binding), "content-type": "application/json"}
         body = orjson.dumps(self._payload(request))
-        http = prepare_request("POST", self._url(binding), headers=headers, body=body)
+        proxy = _proxy(binding.endpoint.proxy)
+        http = prepare_request("POST", self._url(binding), headers=headers, body=body, proxy=proxy)
         return PreparedCall(request, binding, http)
 
     @abstractmethod
@@ -274,14 +279,18 @@ class Driver(ABC):
         if stream and timeouts.stream_idle_timeout_s is not None:
             read_timeout = max(read_timeout, timeouts.stream_idle_timeout_s)
         try:
-            async with asyncio.timeout(timeouts.attempt_timeout_s):
-                response = await self._client.send(
-                    call.http,
-                    connect_timeout=timeouts.attempt_timeout_s,
-                    read_timeout=read_timeout,
-                )
+            # Not an asyncio.timeout around the call: running out while connecting (or
+            # opening a proxy's tunnel) must read as a connect error, nothing written.
+            response = await self._client.send(
+                call.http,
+                connect_timeout=timeouts.attempt_timeout_s,
+                read_timeout=read_timeout,
+                headers_timeout=timeouts.attempt_timeout_s,
+            )
         except (TimeoutError, ReadTimeout) as exc:
             raise self._transport_failure(binding, "timeout_before_headers") from exc
+        except TunnelFailed as exc:  # the proxy's answer, never the upstream's
+            raise self._transport_failure(binding, "connect_error", message=exc.detail) from exc
         except ConnectFailed as exc:  # the request was never written
             raise self._transport_failure(binding, "connect_error") from exc
         except HTTPError as exc:  # written, then reset or answered with garbage
@@ -378,6 +387,18 @@ class Driver(ABC):
 
 
 # --- helpers shared by the dialects ---
+
+
+@functools.lru_cache(maxsize=64)
+def _proxy(setting: ProxySetting | None) -> Proxy | None:
+    # Cached: an endpoint's proxy is one object per config generation; one Proxy (and one
+    # base64 of its credentials) per setting keeps its pool key a cheap, stable value.
+    if setting is None:
+        return None
+    if setting.username is None:
+        return Proxy(setting.host, setting.port)
+    password = "" if setting.password is None else setting.password.get_secret_value()
+    return Proxy.basic(setting.host, setting.port, setting.username.get_secret_value(), password)
 
 
 def _secret(endpoint: Endpoint) -> str | None:

@@ -4,11 +4,23 @@
 `POST /v1/messages` on 127.0.0.1, answering each inference request with the next `Behavior`
 of its plan. It bills as the providers do: every choice of `n`, reasoning inside the output,
 cached input reported, each image, audio clip or file at its `PART_TOKENS`. Standalone:
-`python -m router.fake_upstream --port 8900`.
+`python -m router.fake_upstream --port 8900`. `FakeProxy` is an HTTP CONNECT proxy beside
+it, with faults of its own (a refused, dropped or silent tunnel).
 """
 
 from router.fake_upstream._reply import PART_TOKENS
 from router.fake_upstream.behavior import Behavior, Kind, LineEnding
+from router.fake_upstream.proxy import FakeProxy, ProxyMode, RecordedConnect
 from router.fake_upstream.server import FakeUpstream, RecordedRequest
 
-__all__ = ["PART_TOKENS", "Behavior", "FakeUpstream", "Kind", "LineEnding", "RecordedRequest"]
+__all__ = [
+    "PART_TOKENS",
+    "Behavior",
+    "FakeProxy",
+    "FakeUpstream",
+    "Kind",
+    "LineEnding",
+    "ProxyMode",
+    "RecordedConnect",
+    "RecordedRequest",
+]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import ssl
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -83,9 +84,11 @@ class FakeUpstream:
         host: str = "127.0.0.1",
         port: int = 0,
         models: Sequence[str] = ("fake-model",),
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.name = name
         self.host = host
+        self._tls = tls  # a server context: serve https instead of http
         self._requested_port = port
         self._models = tuple(models)
         # One re-entrant lock guards all state shared with the test thread; predicates
@@ -118,7 +121,8 @@ class FakeUpstream:
     @property
     def root_url(self) -> str:
         """Scheme, host and port: the base URL for the Anthropic SDK."""
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self._tls is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -270,7 +274,11 @@ class FakeUpstream:
 
     async def astart(self) -> Self:
         self._server = await asyncio.start_server(
-            self._serve_connection, self.host, self._requested_port, reuse_address=True
+            self._serve_connection,
+            self.host,
+            self._requested_port,
+            reuse_address=True,
+            ssl=self._tls,
         )
         self._port = self._server.sockets[0].getsockname()[1]
         return self

@@ -204,14 +204,16 @@ async def running_gateway(
     max_in_flight: int = 512,
     config_file: Path | None = None,
     plain_uvicorn: bool = False,
+    environ: dict[str, str] | None = None,
     **config_options: Any,
 ) -> AsyncIterator[Gateway]:
+    """``environ``: more of the environment the config is read in (``${env:...}``, proxies)."""
     async with AsyncExitStack() as stack:
         upstreams = {
             name: await stack.enter_async_context(FakeUpstream(name)) for name in upstream_names
         }
         text = config_text(upstreams, routes, **config_options)
-        config = parse_config(text, environ=ANTHROPIC_ENV)
+        config = parse_config(text, environ={**ANTHROPIC_ENV, **(environ or {})})
         if config_file is not None:  # served from a file, so that it can be reloaded
             await asyncio.to_thread(config_file.write_text, text)
         engine = create_engine(database_url)
