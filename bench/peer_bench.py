@@ -5,13 +5,11 @@ LiteLLM's proxy, in one run.
     .venv/bin/python bench/peer_bench.py --litellm /tmp/peer-venv/bin/litellm \\
         [--seconds 5] [--concurrency 1,16] [--modes buffered,streaming] [--json]
 
-Issue 8 sets its targets "on this 2-core machine" and gives, for scale, what a popular Python
-gateway serves on it (about 50 buffered and 27 streamed req/s at concurrency 16). The
-machines these sessions run on differ by a factor of two in speed, so an absolute figure
-alone cannot say whether a target was missed by the code or by the host. Measured in the
-same run against the same fake provider with the same load generator, the peer is the
-yardstick the issue itself names: Waybill's req/s over the peer's, and the peer's own req/s
-placing this machine against the issue's.
+Machines differ by a factor of two in speed, so an absolute figure alone cannot say whether
+a target was missed by the code or by the host. Measured in the same run against the same
+fake provider with the same load generator, a peer gateway is the yardstick: Waybill's
+req/s over the peer's, and the peer's own req/s placing the machine (for scale, LiteLLM's
+proxy serves about 50 buffered and 27 streamed req/s at concurrency 16 on a 2-core machine).
 
 The peer runs as a plain ``litellm --config`` would (one worker, its default logging), with a
 master key (it refuses to start without one) and its bundled model-cost map (no network),

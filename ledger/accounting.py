@@ -1,4 +1,4 @@
-"""The accounting rules (SPEC §4 cost, §6 budgets), in exact decimal arithmetic, free of I/O.
+"""The accounting rules (contract §4 cost, §6 budgets), in exact decimal arithmetic, free of I/O.
 
 Money moves in two phases, TigerBeetle style. Before an attempt its worst-case cost is
 *reserved*: a hold counted against every account it touches (the request's, the key's and
@@ -87,7 +87,7 @@ HoldState: TypeAlias = Literal["held", "unknown", "resolved"]
 
 
 # Ids follow from the attempt's: one attempt, one reservation, at most one unknown-usage
-# settlement. A repeated step therefore finds the same hold (SPEC §6: idempotent steps).
+# settlement. A repeated step therefore finds the same hold (contract §6: idempotent steps).
 def reservation_id(attempt_id: str) -> str:
     return "res_" + attempt_id.removeprefix("att_")
 
@@ -161,7 +161,7 @@ def account_specs(
     key_budget: tuple[Decimal, Window] | None,
     workspace_budget: tuple[Decimal, Window] | None,
 ) -> tuple[AccountSpec, ...]:
-    """The accounts one request's attempts are reserved against (SPEC §6)."""
+    """The accounts one request's attempts are reserved against (contract §6)."""
     specs: list[AccountSpec] = []
     if request_limit is not None:
         specs.append(

@@ -2,7 +2,7 @@
 
 Each event type is a frozen pydantic model with a past-tense name, a schema version and
 exactly the fields it carries; anything else is refused before it can reach the store.
-The catalogue follows SPEC §7. Rules that hold for every type:
+The catalogue follows contract §7. Rules that hold for every type:
 
 - no prompt or completion text and no secret, ever: prompts appear as a hash and sizes;
 - money is an exact ``Decimal`` (serialized as a plain decimal string, never a float);
@@ -71,11 +71,11 @@ __all__ = [
 ]
 
 
-# --- vocabularies (SPEC §4 and §5): defined once, used by router, ledger and API alike ---
+# --- vocabularies (contract §4 and §5): defined once, used by router, ledger and API alike ---
 
 
 class ReasonCode(StrEnum):
-    """Why a mapping was excluded from a route evaluation (SPEC §4)."""
+    """Why a mapping was excluded from a route evaluation (contract §4)."""
 
     ENDPOINT_DISABLED = "endpoint_disabled"
     MODEL_KIND_MISMATCH = "model_kind_mismatch"
@@ -91,7 +91,7 @@ class ReasonCode(StrEnum):
 
 
 class FailureClass(StrEnum):
-    """How an attempt failed (SPEC §5)."""
+    """How an attempt failed (contract §5)."""
 
     RATE_LIMITED = "rate_limited"
     QUOTA_EXHAUSTED = "quota_exhausted"
@@ -296,7 +296,7 @@ class AttemptStarted(Event):
 
 class StreamCommitted(Event):
     """A stream was committed to the client: appended, and durable, after its attempt's
-    first content arrived and before the client's first byte (SPEC §5). From here on the
+    first content arrived and before the client's first byte (contract §5). From here on the
     endpoint is fixed and an end other than success is a partial failure; crash recovery
     reads it to record what the client saw. If the commit's answer is lost, the client
     gets a 503 instead, and the request's ``RequestFailed`` (``stream_started`` false) says
@@ -447,7 +447,7 @@ class RequestFailed(Event):
     message: str
     attempts: NonNegInt
     endpoint: str | None = None  # the endpoint a broken stream was committed to
-    stream_started: bool = False  # True: a partial failure (SPEC §3 status partial_failure)
+    stream_started: bool = False  # True: a partial failure (contract §3 status partial_failure)
     duration_ms: NonNegInt
 
 
@@ -502,7 +502,7 @@ class KeyCreated(Event):
     secret_sha256: Sha256Hex  # the secret itself is never recorded
     created_by: str | None = None
     label: str | None = None
-    # This key's own budget, overriding its workspace's key_budget (SPEC §6).
+    # This key's own budget, overriding its workspace's key_budget (contract §6).
     budget_limit_usd: Money | None = None
     budget_window: Literal["day", "month", "total"] | None = None
 

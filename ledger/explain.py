@@ -1,4 +1,4 @@
-"""Why did this request go there? The explanation of SPEC §3, built from a request's events.
+"""Why did this request go there? The explanation of contract §3, built from a request's events.
 
 Pure: :func:`explain` takes the recorded events of one request (its ``request-<id>``
 stream) and returns plain JSON values; :func:`render_text` (:mod:`ledger.explain_text`,
@@ -407,7 +407,7 @@ def _outcome(trail: _Trail) -> str:
 
 
 def _not_chosen(trail: _Trail) -> list[str]:
-    """Why each mapping that never carried an attempt did not (SPEC §4 reason codes)."""
+    """Why each mapping that never carried an attempt did not (contract §4 reason codes)."""
     chosen_indexes = {e.chosen.mapping_index for e in trail.evaluations if e.chosen}
     seen: dict[int, list[tuple[ev.RouteEvaluated, ev.Candidate]]] = {}
     for evaluation in trail.evaluations:

@@ -1,4 +1,4 @@
-"""Ledger queries (SPEC §3): a request's events, its view, and the search over request views.
+"""Ledger queries (contract §3): a request's events, its view, and the search over request views.
 
 The read side's SQL, and nothing of HTTP: callers pass plain values (a :class:`RequestSearch`
 already narrowed to what the caller may see, a limit, a keyset position) and get plain
@@ -90,7 +90,7 @@ def _utc(moment: datetime) -> datetime:
 
 
 def request_view_json(row: Mapping[str, Any]) -> dict[str, Any]:
-    """A request view in the query API's stable shape (SPEC §3); money as decimal strings."""
+    """A request view in the query API's stable shape (contract §3); money as decimal strings."""
     view = {name: row[name] for name in _VIEW_FIELDS}
     for name in _MONEY_FIELDS:
         view[name] = money_str(row[name])

@@ -1,4 +1,4 @@
-"""Reconciliation (SPEC §3, §6): a provider's usage export held against the ledger.
+"""Reconciliation (contract §3, §6): a provider's usage export held against the ledger.
 
 Each line of the export (``ledger.usage_export``) is matched to an attempt of the spend read
 model — by ``attempt_id`` (the id Waybill sends upstream as ``X-Waybill-Attempt-Id``), else
@@ -411,7 +411,7 @@ async def find_reconciliation(
 
 
 def report_json(event: ev.ReconciliationImported) -> dict[str, Any]:
-    """The report in the API's shape (SPEC §3); money as decimal strings."""
+    """The report in the API's shape (contract §3); money as decimal strings."""
 
     def entries(items: tuple[ev.ReconciliationLine, ...]) -> list[dict[str, Any]]:
         return [

@@ -1,4 +1,4 @@
-"""Crash recovery (SPEC §7): holds whose gateway died mid-attempt become unknown-usage
+"""Crash recovery (contract §7): holds whose gateway died mid-attempt become unknown-usage
 settlements, never silently released, and their requests get the end the client saw.
 
 A gateway has an instance id that survives its restarts (``waybill serve --instance-id``;

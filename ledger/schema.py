@@ -190,7 +190,7 @@ idempotency_records = Table(
     "idempotency_records",
     metadata,
     Column("workspace", String(200), primary_key=True),
-    # Scoped to the API key (SPEC §9): another key's use of the same Idempotency-Key is an
+    # Scoped to the API key (contract §9): another key's use of the same Idempotency-Key is an
     # independent request. The key id is no secret; the Idempotency-Key is kept as SHA-256.
     Column("key_id", String(200), primary_key=True),
     Column("key_sha256", String(64), primary_key=True),
@@ -210,7 +210,7 @@ idempotency_records = Table(
 Index("ix_idempotency_records_expires", idempotency_records.c.expires_at)
 
 
-# --- the books (SPEC §6): live balances, changed only in the transaction that appends the
+# --- the books (contract §6): live balances, changed only in the transaction that appends the
 # budget events they follow (see ledger.accounting and ledger.books) ---
 
 budget_accounts = Table(

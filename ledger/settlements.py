@@ -1,4 +1,4 @@
-"""Settling unknown usage (SPEC §6): an operator's or a reconciliation's word on what an
+"""Settling unknown usage (contract §6): an operator's or a reconciliation's word on what an
 attempt of unknown usage really cost. The hold is resolved exactly once."""
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ __all__ = [
     "unknown_settlements_page",
 ]
 
-# Report key -> column. "model" is the model group a client asked for (SPEC §3);
+# Report key -> column. "model" is the model group a client asked for (contract §3);
 # "upstream_model" the provider's model the attempt was bound to.
 GROUP_KEYS: Final = {
     "workspace": "workspace",
@@ -168,7 +168,7 @@ async def unknown_settlements_page(
     after: tuple[datetime, str] | None = None,
     settlement_id: str | None = None,
 ) -> SettlementPage:
-    """Unknown-usage settlements, oldest first, in SPEC §3's shape."""
+    """Unknown-usage settlements, oldest first, in contract §3's shape."""
     table = unknown_settlements
     query = select(table).order_by(table.c.opened_at, table.c.settlement_id).limit(limit + 1)
     if state is not None:

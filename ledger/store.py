@@ -108,7 +108,7 @@ class RecordedEvent:
         return typed
 
     def as_json(self) -> dict[str, Any]:
-        """The event in the query API's stable shape (SPEC §3)."""
+        """The event in the query API's stable shape (contract §3)."""
         return {
             "position": self.position,
             "stream_id": self.stream_id,

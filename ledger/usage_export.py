@@ -1,4 +1,4 @@
-"""Provider usage exports (SPEC §3 "reconciliation line"): CSV with a header row, or JSONL.
+"""Provider usage exports (contract §3 "reconciliation line"): CSV with a header row, or JSONL.
 
 One line per upstream call the provider billed: ``attempt_id`` (the id Waybill sent as
 ``X-Waybill-Attempt-Id``) and/or ``provider_request_id``, then ``model``, ``input_tokens``,

@@ -1,4 +1,4 @@
-"""Traces and metrics, derived from ledger events (SPEC §8).
+"""Traces and metrics, derived from ledger events (contract §8).
 
 ``semconv`` names everything, ``ids`` derives trace and span ids, ``spans`` folds a request's
 events into spans (pure), ``export`` sends them over OTLP (live, checkpointed, and for past

@@ -1,4 +1,4 @@
-"""Metrics derived from ledger events (SPEC §8), for OTLP and for ``GET /metrics``.
+"""Metrics derived from ledger events (contract §8), for OTLP and for ``GET /metrics``.
 
 :class:`LedgerMetrics` owns the instruments and records each followed event into them; one
 OpenTelemetry ``MeterProvider`` feeds two readers: a Prometheus reader on a registry of this

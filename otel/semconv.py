@@ -1,4 +1,4 @@
-"""Every name Waybill's traces and metrics use, in one place (SPEC §8).
+"""Every name Waybill's traces and metrics use, in one place (contract §8).
 
 The ``gen_ai.*`` names follow the OpenTelemetry GenAI semantic conventions as released in
 v1.41.1. They are experimental upstream, so they live here as constants: a rename in a

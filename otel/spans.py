@@ -2,7 +2,7 @@
 
 One request gives one ``SERVER`` span ``chat {model group}`` (child of the caller's span
 when the request came with a ``traceparent``) and one ``CLIENT`` child span per upstream
-attempt, ``chat {upstream model}`` (SPEC §8). Route evaluations, excluded candidates,
+attempt, ``chat {upstream model}`` (contract §8). Route evaluations, excluded candidates,
 failover decisions and budget denials are span events on the request span, each at the
 instant the ledger recorded it.
 

@@ -1,4 +1,4 @@
-"""Who may read what (SPEC §3 roles), as pure functions of the authenticated caller.
+"""Who may read what (contract §3 roles), as pure functions of the authenticated caller.
 
 - ``client``: only the requests made with its own key;
 - ``auditor`` and ``finance``: everything in their workspace;

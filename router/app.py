@@ -1,4 +1,4 @@
-"""The HTTP edge (SPEC §3): authentication, the OpenAI-compatible inference routes, health.
+"""The HTTP edge (contract §3): authentication, the OpenAI-compatible inference routes, health.
 
 Thin by design: read the request, call :class:`router.gateway.Gateway`, write the answer.
 Every error a client can see is a :class:`router.errors.GatewayError` rendered as the
@@ -165,7 +165,7 @@ class _Edge:
 
 
 class _Capacity:
-    """Bounded in-flight requests per workspace in this process (SPEC §3 capacity_error)."""
+    """Bounded in-flight requests per workspace in this process (contract §3 capacity_error)."""
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
@@ -284,7 +284,7 @@ def create_app(settings: AppSettings) -> FastAPI:
         else:
             runner = ProjectionRunner(store, all_projections())
             following = asyncio.create_task(runner.run(stop, settle_s=SETTLE_S))
-        # So do traces and metrics (SPEC §8), in the background, never on the request path.
+        # So do traces and metrics (contract §8), in the background, never on the request path.
         telemetry = Telemetry.from_env(store)
         app.state.telemetry = telemetry
         telemetry_task = asyncio.create_task(telemetry.run(stop))

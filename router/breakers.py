@@ -1,4 +1,4 @@
-"""Circuit breakers (SPEC §5): per endpoint and per mapping, in-process or shared through Redis.
+"""Circuit breakers (contract §5): per endpoint and per mapping, in-process or shared through Redis.
 
 Each breaker key moves through one state machine:
 
@@ -509,7 +509,7 @@ class RedisBreakers(BreakerBoard):
 def breaker_board(
     settings: Breaker, generation: str, redis_url: str | None, **kw: Any
 ) -> BreakerBoard:
-    """The board SPEC §5 asks for: shared through Redis when a URL is set, else in-process.
+    """The board contract §5 asks for: shared through Redis when a URL is set, else in-process.
 
     ``kw`` goes to the chosen class (``probe_lease_ms``; ``prefix`` for Redis, ``clock`` for
     in-process).

@@ -1,4 +1,4 @@
-"""One request's budget (SPEC §6): the accounts it is charged to, the over-budget check of
+"""One request's budget (contract §6): the accounts it is charged to, the over-budget check of
 route evaluation, and the events + book effects of each step of an attempt's hold.
 
 The rules live in :mod:`ledger.accounting`; this module only names, for the request path,
@@ -195,7 +195,7 @@ class RequestBudget:
         return StepRecord.of(event)
 
     def hold_unknown(self, attempt_id: str, cause: str) -> StepRecord:
-        """Usage unknown: the whole hold stays counted until it is settled (SPEC §6)."""
+        """Usage unknown: the whole hold stays counted until it is settled (contract §6)."""
         hold = self._holds.pop(attempt_id)
         event = ev.UnknownUsageOpened(
             settlement_id=settlement_id(attempt_id),

@@ -1,5 +1,5 @@
 """A client's chat request, read once at the edge: the body checked, the headers read, the
-requirements inferred (SPEC §3 request headers, §4 "infer requirements").
+requirements inferred (contract §3 request headers, §4 "infer requirements").
 
 Everything here is pure: bytes and header values in, a frozen :class:`ChatCall` or a
 :class:`router.errors.GatewayError` (400 ``invalid_request``) out. The body is kept as the
@@ -36,7 +36,7 @@ __all__ = [
 MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_LIMITS: Final = Limits()
 _DATA_CLASSES: Final = ("public", "internal", "restricted")
-# Worst-case input (SPEC §4): a token covers at least one byte of text, so the byte count of
+# Worst-case input (contract §4): a token covers at least one byte of text, so the byte count of
 # the messages' text (JSON syntax included, which outweighs the chat template's few tokens
 # per message) and of the other fields the model reads as text (tool and function
 # definitions, a response format's schema) bounds the input tokens from above. Reservations
@@ -68,7 +68,7 @@ _TRACESTATE_MAX_MEMBERS: Final = 32
 
 @dataclass(frozen=True, slots=True)
 class HeaderNarrowing:
-    """What the optional SPEC §3 headers asked for; each may only narrow the policy."""
+    """What the optional contract §3 headers asked for; each may only narrow the policy."""
 
     idempotency_key: str | None = None
     max_cost_usd: Decimal | None = None
@@ -345,7 +345,7 @@ def _inferred_capabilities(
 
 
 def read_headers(headers: Mapping[str, str]) -> HeaderNarrowing:
-    """The optional SPEC §3 request headers; a bad value is a 400 naming the header."""
+    """The optional contract §3 request headers; a bad value is a 400 naming the header."""
     return HeaderNarrowing(
         idempotency_key=_idempotency_key(headers.get("idempotency-key")),
         max_cost_usd=_max_cost(headers.get("x-waybill-max-cost-usd")),

@@ -1,6 +1,6 @@
 """The failure classifier: one table-driven, pure function from an upstream outcome to a class.
 
-The table :data:`RULES` is SPEC §5's failure-class table written as data, row for row and in
+The table :data:`RULES` is contract §5's failure-class table written as data, row for row and in
 the order that decides between overlapping rows (a quota 429 before a plain 429, a policy
 403 before a credentials 403). :func:`classify` takes plain facts a driver observed
 (:class:`UpstreamOutcome`) and returns what they mean (:class:`Classification`). It decides
@@ -50,7 +50,7 @@ MayFailOver: TypeAlias = Literal[
 ]
 
 MAX_RETRY_AFTER_MS: Final = 5 * 60 * 1000
-"""SPEC §5: a Retry-After sets the breaker's cool-down, capped at 5 minutes."""
+"""contract §5: a Retry-After sets the breaker's cool-down, capped at 5 minutes."""
 
 _NOT_STARTED_HEADER_VALUE: Final = "not-started"
 
@@ -179,7 +179,7 @@ _TRUSTED: Final = "trusted_not_started_else_unknown"
 
 @dataclass(frozen=True)
 class Rule:
-    """One row of SPEC §5's table; ``matches`` is its first column, the upstream outcome."""
+    """One row of contract §5's table; ``matches`` is its first column, the upstream outcome."""
 
     matches: Callable[[UpstreamOutcome], bool]
     failure_class: FailureClass

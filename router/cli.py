@@ -1,4 +1,4 @@
-"""The ``waybill`` command line (SPEC §1).
+"""The ``waybill`` command line (contract §1).
 
 Each command is a thin edge: parse options, call the ledger or the gateway, print. Errors a
 user can cause (a bad URL, an unreachable database, an unknown key) end with a one-line
@@ -438,7 +438,7 @@ def check_config_command(
 
 ConfigFile = Annotated[
     str | None,
-    typer.Option("--config", envvar="WAYBILL_CONFIG", help="The YAML config file (SPEC §2)."),
+    typer.Option("--config", envvar="WAYBILL_CONFIG", help="The YAML config file (contract §2)."),
 ]
 
 

@@ -1,11 +1,11 @@
-"""The gateway's config (SPEC §2): one YAML file parsed once into frozen, validated objects.
+"""The gateway's config (contract §2): one YAML file parsed once into frozen, validated objects.
 
 Everything is checked at start-up, and every problem is reported at once as a `ConfigError`
 whose lines read `models[0].mappings[1].weight: must be > 0`. Nothing downstream reads raw
 dicts: routing, drivers and the ledger see only the typed objects defined here.
 
 Secrets enter only as `${env:NAME}` references, resolved at load time into `SecretStr`, so
-no repr, dump, log line or ledger event can carry them (SPEC §2, §7). Money is `Decimal`.
+no repr, dump, log line or ledger event can carry them (contract §2, §7). Money is `Decimal`.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ BudgetWindow = Literal["day", "month", "total"]
 # Ordered least to most sensitive: a request may raise its workspace's class, never lower it.
 DATA_CLASSES: tuple[DataClass, ...] = ("public", "internal", "restricted")
 
-# The failure classes of SPEC §5; `retry_same_endpoint` keys must be one of these.
+# The failure classes of contract §5; `retry_same_endpoint` keys must be one of these.
 FAILURE_CLASSES: tuple[str, ...] = (
     "rate_limited",
     "quota_exhausted",
@@ -95,7 +95,7 @@ FAILURE_CLASSES: tuple[str, ...] = (
 )
 
 # Capabilities inferred from a request body. Other lowercase tokens are accepted too, because
-# clients may require extra ones through `X-Waybill-Capabilities` (SPEC §3).
+# clients may require extra ones through `X-Waybill-Capabilities` (contract §3).
 KNOWN_CAPABILITIES: frozenset[str] = frozenset({"text", "stream", "tools", "json_schema", "vision"})
 
 _Sized = TypeVar("_Sized", bound=cabc.Sized)
@@ -196,7 +196,7 @@ class _Frozen(BaseModel):
 
 
 class RetryRule(_Frozen):
-    """How often one failure class may retry the same endpoint (SPEC §4)."""
+    """How often one failure class may retry the same endpoint (contract §4)."""
 
     max: _NonNegativeInt = 0
     backoff_ms: tuple[_NonNegativeInt, _NonNegativeInt] = (100, 500)  # jittered between the two
@@ -211,7 +211,7 @@ class RetryRule(_Frozen):
 
 
 class RetrySameEndpoint(_Frozen):
-    """One rule per failure class of SPEC §5; a class left out is never retried in place."""
+    """One rule per failure class of contract §5; a class left out is never retried in place."""
 
     rate_limited: RetryRule = RetryRule(max=1)
     quota_exhausted: RetryRule = RetryRule()

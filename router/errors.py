@@ -1,4 +1,4 @@
-"""The gateway's errors, mapped to SPEC §3's error table in this one place.
+"""The gateway's errors, mapped to contract §3's error table in this one place.
 
 Everything a client can be told goes through :class:`GatewayError`: an HTTP status, a code
 from the contract, a message without secrets or prompt text, and the attempt chain. The app
@@ -52,7 +52,7 @@ class GatewayError(Exception):
     """An answer the gateway gives instead of a completion.
 
     ``should_retry`` False (the default) sends ``x-should-retry: false``: the gateway is the
-    one retry owner and has already retried or judged the error terminal (SPEC §3).
+    one retry owner and has already retried or judged the error terminal (contract §3).
     """
 
     def __init__(
@@ -133,7 +133,7 @@ def model_not_found(model: str) -> GatewayError:
 
 def request_not_found(request_id: str) -> GatewayError:
     # The same answer whether the request does not exist or belongs to someone the caller
-    # may not read: its existence is not disclosed (SPEC §3: 404, never 403).
+    # may not read: its existence is not disclosed (contract §3: 404, never 403).
     return GatewayError(404, "request_not_found", f"no request {request_id!r}")
 
 
@@ -185,7 +185,7 @@ def upstream_unavailable(message: str, *, retry_after_s: int | None = None) -> G
     return GatewayError(503, "upstream_unavailable", message, retry_after_s=retry_after_s)
 
 
-# SPEC §3: terminal upstream outcomes are named for their cause, never masked as "all busy".
+# contract §3: terminal upstream outcomes are named for their cause, never masked as "all busy".
 _BY_FAILURE_CLASS: Final[Mapping[FailureClass, tuple[int, str]]] = {
     FailureClass.RATE_LIMITED: (429, "upstream_rate_limited"),
     FailureClass.QUOTA_EXHAUSTED: (502, "upstream_quota_exhausted"),

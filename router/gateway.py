@@ -2,7 +2,7 @@
 
 :class:`Gateway` owns what lives as long as a config generation: the config, one driver
 per endpoint, the breaker board, the weighted round-robin state. Each request is one
-:class:`_Run`, which walks SPEC §4's path using the pure decisions of
+:class:`_Run`, which walks contract §4's path using the pure decisions of
 :mod:`router.routing` and records each fact in the request's stream (``request-<id>``).
 
 Durability: the events of a request are appended in two group-committed batches per
@@ -11,7 +11,7 @@ attempt — before the upstream call (``RequestReceived``, ``RouteEvaluated``,
 (``AttemptFinished``, ``RequestCompleted``/``RequestFailed``) — so an upstream is never
 called for an attempt the ledger does not know, and an answered request is never missing.
 
-Streams (SPEC §5): response headers and any role-only preamble are held until the first
+Streams (contract §5): response headers and any role-only preamble are held until the first
 chunk with content; until then a failure can still fail over unseen. Then ``StreamCommitted``
 is appended, and only once it is durable does the client get its first byte. From there the
 endpoint is fixed; a later failure ends the stream with an SSE ``error`` event and is
@@ -286,7 +286,7 @@ class Gateway:
 
 
 class _Run:
-    """One request's walk through SPEC §4's path."""
+    """One request's walk through contract §4's path."""
 
     def __init__(
         self,
@@ -541,7 +541,7 @@ class _Run:
     async def _until_answered(
         self, attempt_once: Callable[[_Route, _Attempt], Awaitable[_T]]
     ) -> tuple[_Route, _Attempt, _T]:
-        """SPEC §4's loop: route, start an attempt, run it within the deadline; on a failure
+        """contract §4's loop: route, start an attempt, run it within the deadline; on a failure
         decide, then retry the route, fail over, or stop (``_failed`` raises the final
         error). Returns the attempt that answered and what it returned."""
         route: _Route | None = None
@@ -698,7 +698,7 @@ class _Run:
     # --- steps of the path ---
 
     async def _next_route(self) -> _Route:
-        """Evaluate every mapping, choose one and bind the attempt to it (SPEC §4)."""
+        """Evaluate every mapping, choose one and bind the attempt to it (contract §4)."""
         config = self.gw.config
         keys = [BreakerKey.endpoint(m.endpoint) for m in self.group.mappings] + [
             BreakerKey.mapping(m.endpoint, m.model) for m in self.group.mappings
@@ -849,7 +849,7 @@ class _Run:
         assert endpoint is not None
         remaining_s = max(0.001, self.deadline - time.monotonic())
         defaults = self.defaults
-        # SPEC §8: the upstream joins the request's trace (the caller's, if it sent one) as a
+        # contract §8: the upstream joins the request's trace (the caller's, if it sent one) as a
         # child of this attempt's span, whose id otel/ derives from the attempt id.
         trace_id = request_trace_id(self.request_id, self.caller_trace_id)
         return AttemptBinding(
@@ -1015,7 +1015,7 @@ class _Run:
 
     def _hold_outcome(self, attempt: _Attempt, classification: Classification) -> StepRecord:
         """A failed attempt's hold: released if the upstream never started, otherwise kept
-        as an unknown-usage settlement (SPEC §6) — a failover must fit in what is left."""
+        as an unknown-usage settlement (contract §6) — a failover must fit in what is left."""
         if classification.evidence is ev.Evidence.NOT_STARTED:
             return self.budget.release(attempt.attempt_id, "not_started")
         cause = "broken_stream" if attempt.stream_committed else classification.failure_class
@@ -1176,7 +1176,7 @@ async def _let_the_appender_send() -> None:
 
 
 async def _first_content(batches: AsyncIterator[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Pull chunks until one carries content (SPEC §5); return all pulled so far."""
+    """Pull chunks until one carries content (contract §5); return all pulled so far."""
     held: list[dict[str, Any]] = []
     async for batch in batches:
         held += batch

@@ -1,7 +1,7 @@
-"""Idempotency-Key (SPEC §3): a retry with the same key and body gets the recorded answer
+"""Idempotency-Key (contract §3): a retry with the same key and body gets the recorded answer
 without a second upstream call; 409 while the first is in flight or for another body.
 
-A record belongs to one API key (SPEC §9: keyed by workspace, API key and Idempotency-Key):
+A record belongs to one API key (contract §9: keyed by workspace, API key and Idempotency-Key):
 another API key sending the same Idempotency-Key makes an independent request, never a
 replay of an answer it may not read (``GET /v1/requests/{id}`` is 404 to it) nor a 409 that
 tells it someone else used that Idempotency-Key.

@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 description of the HTTP API (SPEC §3), served at ``GET /openapi.json``.
+"""The OpenAPI 3.1 description of the HTTP API (contract §3), served at ``GET /openapi.json``.
 
 The handlers read raw requests on purpose (one JSON parse, errors in the contract's shape),
 so FastAPI cannot infer what they accept or answer. Each route declares it here instead,
@@ -50,7 +50,7 @@ Schema = dict[str, Any]
 
 _REF: Final = "#/components/schemas/"
 
-# Every ``error.code`` a client can meet: SPEC §3's table, then the codes of the query,
+# Every ``error.code`` a client can meet: contract §3's table, then the codes of the query,
 # finance and admin routes and of the gateway's own state.
 ERROR_CODES: Final = (
     "invalid_request",
@@ -109,13 +109,13 @@ def _page(item: Schema) -> Schema:
 
 
 def _object(required: Iterable[str], **properties: Schema) -> Schema:
-    """An object with these fields at least (more are welcome: SPEC §3)."""
+    """An object with these fields at least (more are welcome: contract §3)."""
     return {"type": "object", "required": list(required), "properties": properties}
 
 
 _SCHEMAS: Final[dict[str, Schema]] = {
     "Error": {
-        "description": "The one controlled error body (SPEC §3): OpenAI-shaped, never a trace.",
+        "description": "The one controlled error body (contract §3): OpenAI-shaped, never a trace.",
         "type": "object",
         "required": ["error"],
         "properties": {
@@ -299,7 +299,7 @@ _SCHEMAS: Final[dict[str, Schema]] = {
                     {
                         "type": "string",
                         "enum": [code.value for code in ReasonCode],
-                        "description": "Why the mapping was excluded (SPEC §4); null: eligible.",
+                        "description": "Why the mapping was excluded (contract §4), or null.",
                     }
                 ),
                 worst_case_usd=_nullable(_MONEY),

@@ -1,4 +1,4 @@
-"""The ledger query API (SPEC §3 "Ledger queries"): request views, explanations, raw events,
+"""The ledger query API (contract §3 "Ledger queries"): request views, explanations, raw events,
 search, and the hash-chain check.
 
 A thin edge: authenticate, parse and bound the query values (a bad one is a 400

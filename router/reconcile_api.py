@@ -1,4 +1,4 @@
-"""Reconciliation over HTTP (SPEC §3): ``POST /v1/reconciliations`` imports a provider
+"""Reconciliation over HTTP (contract §3): ``POST /v1/reconciliations`` imports a provider
 usage export (CSV or JSONL body) and answers the report; ``GET /v1/reconciliations/{id}``
 reads a recorded one.
 

@@ -1,4 +1,4 @@
-"""The routing core (SPEC §4, §5): evaluate → select → decide, free of I/O.
+"""The routing core (contract §4, §5): evaluate → select → decide, free of I/O.
 
 For one request this module says which mappings of a model group may carry the next attempt
 and why each other one may not (:func:`evaluate`), which eligible mapping is next
@@ -88,7 +88,7 @@ def effective_scope(workspace: Workspace, requirements: Requirements) -> Scope:
     if requirements.regions is not None:
         regions = regions & frozenset(requirements.regions)
     # The app raises the class to the workspace's already; taking the higher one again here
-    # keeps SPEC §2's "a request may raise its workspace's class, never lower it" local.
+    # keeps contract §2's "a request may raise its workspace's class, never lower it" local.
     data_class = max(workspace.data_class, requirements.data_class, key=data_class_rank)
     return Scope(regions=regions, data_class=data_class, empty=None if regions else "regions")
 
@@ -183,7 +183,7 @@ def _over_budget(s: _Subject) -> str | None:
     return s.over_budget(s.worst_case_usd)
 
 
-# The eligibility checks of SPEC §4, in the order they are applied; the FIRST one that fails
+# The eligibility checks of contract §4, in the order they are applied; the FIRST one that fails
 # is the reason recorded on the candidate. The config's static facts come first, then the
 # request's history, its policy scope and its needs (a mapping must price every billable
 # dimension of the request before its input can be counted against its context window); live
@@ -334,7 +334,7 @@ def select(
     eligible = [c for c in candidates if c.eligible]
     if not eligible:
         return None
-    # SPEC §4: a lower tier is never chosen while a higher-priority one has a candidate.
+    # contract §4: a lower tier is never chosen while a higher-priority one has a candidate.
     tier = min(c.tier for c in eligible)
     chosen, position = rr.choose(
         (workspace_id, group.name, group.kind, tier), [c for c in eligible if c.tier == tier]
@@ -415,7 +415,7 @@ def _stop(reason: str) -> Decision:
 
 
 def decide(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> Decision:
-    """What follows a failed attempt (SPEC §4 "Retry and failover are different acts", §5).
+    """What follows a failed attempt (contract §4 "Retry and failover are different acts", §5).
 
     Whether a candidate is left to fail over to is the next evaluation's question.
     """
@@ -444,7 +444,7 @@ def decide(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> D
 
 
 def _class_stops(c: Classification, defaults: Defaults) -> str | None:
-    """None if SPEC §5's "may fail over" column lets the request go on, else why not."""
+    """None if contract §5's "may fail over" column lets the request go on, else why not."""
     match c.may_fail_over:
         case "yes" | "larger_context_only":
             return None

@@ -1,4 +1,4 @@
-"""Finance queries (SPEC §3): ``GET /v1/spend`` and ``GET /v1/settlements/unknown``.
+"""Finance queries (contract §3): ``GET /v1/spend`` and ``GET /v1/settlements/unknown``.
 
 Scoped like every read (:mod:`router.access`): admins see every workspace, finance and
 auditors their workspace, a client its own key's spend. Money is a decimal string.

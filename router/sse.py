@@ -1,6 +1,6 @@
 """Byte-level Server-Sent-Events reader and writer for streamed completions.
 
-This module owns the event-stream wire format of SPEC §5 ("Streaming") and nothing else:
+This module owns the event-stream wire format of contract §5 ("Streaming") and nothing else:
 
 * :class:`SSEParser` turns network chunks into :class:`SSEFrame` values by the WHATWG
   event-stream rules: LF, CRLF and CR line ends, multi-line ``data``, comments, ``event``,
@@ -49,7 +49,7 @@ __all__ = [
 JSONObject: TypeAlias = dict[str, Any]
 
 MAX_FRAME_BYTES: Final = 32 * 1024
-"""SPEC §5: frames over 32 KiB are rejected (counted as the bytes of their field lines)."""
+"""contract §5: frames over 32 KiB are rejected (counted as the bytes of their field lines)."""
 
 DONE_FRAME: Final = b"data: [DONE]\n\n"
 """The OpenAI end-of-stream sentinel, as the gateway writes it to its client."""
@@ -162,7 +162,7 @@ class SSEParser:
         """Signal EOF; report whether the stream ended on a frame boundary.
 
         A partial line or a frame without its terminating blank line is discarded, never
-        dispatched (SPEC §5). Comment lines alone do not make a frame.
+        dispatched (contract §5). Comment lines alone do not make a frame.
         """
         self._check_usable()
         self._closed = True
@@ -301,7 +301,7 @@ class SSEParser:
 
 @dataclass(frozen=True, slots=True)
 class InvalidEvent:
-    """An event skipped because its data is not a JSON object (SPEC §5)."""
+    """An event skipped because its data is not a JSON object (contract §5)."""
 
     frame_index: int
     """Position of the frame among all frames dispatched on the stream, from 0."""

@@ -1,4 +1,4 @@
-"""The worst-case cost of an attempt (SPEC §4, §6): the most a provider may bill for one
+"""The worst-case cost of an attempt (contract §4, §6): the most a provider may bill for one
 request on one mapping, and the billable dimensions a mapping has no price for.
 
 Pure: a mapping, its endpoint's driver and the request's requirements in, exact decimals out.

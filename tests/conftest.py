@@ -1,6 +1,6 @@
 """Shared fixtures: a fresh, migrated database per test on SQLite and on PostgreSQL.
 
-PostgreSQL is the real server (SPEC: no mocks of the database). Each test gets its own
+PostgreSQL is the real server (no mocks of the database). Each test gets its own
 database cloned from a template migrated once per session, so tests are isolated and fast.
 ``WAYBILL_TEST_POSTGRES_URL`` names the server (an admin URL; default: local trust auth).
 """

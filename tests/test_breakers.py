@@ -1,4 +1,4 @@
-"""Circuit breakers (SPEC §5): one contract, run against the in-process board and Redis.
+"""Circuit breakers (contract §5): one contract, run against the in-process board and Redis.
 
 The in-process board runs on a fake clock, so cool-down boundaries are checked to the
 millisecond. Redis keeps its own time (``TIME``), so its runs use cool-downs of a few tens of

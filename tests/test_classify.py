@@ -1,4 +1,4 @@
-"""The failure classifier against SPEC §5's table, row by row."""
+"""The failure classifier against contract §5's table, row by row."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The config contract (SPEC §2): what validates, what is rejected and with which path."""
+"""The config contract (contract §2): what validates, what is rejected and with which path."""
 
 from __future__ import annotations
 
@@ -694,7 +694,7 @@ def test_config_objects_are_frozen() -> None:
 
 # --- defaults ----------------------------------------------------------------------------------
 
-# SPEC §2's values, written out independently of the code that applies them.
+# contract §2's values, written out independently of the code that applies them.
 SPEC_DEFAULTS: dict[str, Any] = {
     "max_attempts": 4,
     "deadline_ms": 60000,

@@ -1,4 +1,4 @@
-"""The routing core against SPEC §4 and §5: eligibility, selection, retry and failover."""
+"""The routing core against contract §4 and §5: eligibility, selection, retry and failover."""
 
 from __future__ import annotations
 

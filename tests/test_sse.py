@@ -1,4 +1,4 @@
-"""Unit tests for the byte-level SSE reader and writer (router/sse.py, SPEC §5 Streaming)."""
+"""Unit tests for the byte-level SSE reader and writer (router/sse.py, contract §5 Streaming)."""
 
 from __future__ import annotations
 

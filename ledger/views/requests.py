@@ -1,4 +1,4 @@
-"""The request view (SPEC §3): one row per request, folded from its events.
+"""The request view (contract §3): one row per request, folded from its events.
 
 ``status`` is ``in_progress`` until ``RequestCompleted`` (``succeeded``) or ``RequestFailed``
 (``failed``, or ``partial_failure`` for a stream that broke after it started). ``endpoint``

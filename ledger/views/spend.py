@@ -1,4 +1,4 @@
-"""Spend read models (SPEC §3, §6): one row per attempt's hold, one per unknown-usage
+"""Spend read models (contract §3, §6): one row per attempt's hold, one per unknown-usage
 settlement, folded from the budget events.
 
 ``spend_attempts`` is the fact table the spend report groups: every hold with its

@@ -1,6 +1,6 @@
 """Provider drivers: translate a chat request to one provider's API and classify failures.
 
-A driver never decides a retry or a failover; the routing core does (SPEC §5).
+A driver never decides a retry or a failover; the routing core does (contract §5).
 """
 
 from router.drivers.anthropic import AnthropicDriver

@@ -4,7 +4,7 @@ timeouts, byte limits).
 
 A driver translates a chat request to its provider's API and the answer back to OpenAI
 shapes, and classifies failures with :func:`router.classify.classify`. It never decides a
-retry or a failover (SPEC §5: "only the core decides failover; a driver only classifies").
+retry or a failover (contract §5: "only the core decides failover; a driver only classifies").
 """
 
 from __future__ import annotations
@@ -605,7 +605,7 @@ class SSEDriverStream(DriverStream):
                 self._response.release_after_end()
             else:
                 await self._response.aclose()
-        # SPEC §5: a clean end after a final chunk is complete even without [DONE]; a stream
+        # contract §5: a clean end after a final chunk is complete even without [DONE]; a stream
         # that stops without a finish reason (or inside a frame) is broken, never a success.
         if self.finish_reason is None or sse.end_reason is EndReason.EOF_MID_FRAME:
             raise self._fail("broken_stream", yielded, "stream ended without a finish reason")

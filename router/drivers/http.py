@@ -13,7 +13,7 @@ would read as the upstream's, while every answer to a CONNECT is the proxy's and
 inside the tunnel the upstream's. The proxy's credentials go in the CONNECT only.
 
 Failures are :class:`HTTPError` subclasses split by what they prove about the request, the
-evidence SPEC §5 asks for: :class:`ConnectFailed` (:class:`TunnelFailed` when the proxy
+evidence contract §5 asks for: :class:`ConnectFailed` (:class:`TunnelFailed` when the proxy
 would not open the tunnel) means its bytes were never written (not started); after they were
 written, every failure (:class:`ReadTimeout`, :class:`ConnectionBroken`,
 :class:`ProtocolError`) leaves the upstream maybe started.

@@ -1,4 +1,4 @@
-"""Budgets end to end (SPEC §6): reserve before every attempt, settle, release, hold unknown
+"""Budgets end to end (contract §6): reserve before every attempt, settle, release, hold unknown
 usage — and never overspend, under concurrency and across gateway processes."""
 
 from __future__ import annotations

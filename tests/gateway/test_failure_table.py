@@ -1,4 +1,4 @@
-"""SPEC §5's failure table, row by row, end to end: the ``openai`` SDK → the gateway → fake
+"""contract §5's failure table, row by row, end to end: the ``openai`` SDK → the gateway → fake
 providers over real HTTP. Each row asserts the client's outcome, the hits on each fake
 endpoint and the recorded decision.
 

@@ -5,7 +5,7 @@ cases (boundaries, missing and wrongly typed values, undeclared methods) and ran
 and invalid requests, and checks every answer: no 5xx (the fake provider answers ok, so a
 5xx is a bug), status codes, content types, headers and bodies as declared, valid data
 accepted, invalid data refused, authentication enforced. On top of that every error must be
-SPEC §3's controlled body with a code its status may carry, and every authenticated route
+contract §3's controlled body with a code its status may carry, and every authenticated route
 must refuse the same request without a key, or with an unknown one, with that body's 401.
 
 The gateway runs in a thread of its own (schemathesis calls it synchronously), once per
@@ -42,7 +42,7 @@ pytestmark = pytest.mark.slow
 # Cases per route and phase; FUZZ_EXAMPLES=500 for a longer hunt.
 MAX_EXAMPLES: Final = int(os.environ.get("FUZZ_EXAMPLES", "15"))
 
-# SPEC §3's codes by status, and the documented extras of the query, finance and admin routes.
+# contract §3's codes by status, and the documented extras of the query, finance and admin routes.
 CODES_BY_STATUS: Final[dict[int, frozenset[str]]] = {
     400: frozenset({"invalid_request"}),
     401: frozenset({"invalid_api_key"}),
@@ -92,7 +92,7 @@ CONFIG: Final = schemathesis.Config.from_dict(
             "fuzzing": {"enabled": True},
         },
         "checks": {
-            # A valid request may still find no route or no budget (SPEC §3 402, 422).
+            # A valid request may still find no route or no budget (contract §3 402, 422).
             "positive_data_acceptance": {
                 "expected-statuses": ["2xx", "401", "402", "403", "404", "409", "422", "429"]
             },
@@ -229,7 +229,7 @@ def test_every_answer_is_declared_and_every_error_controlled(
 
 
 def controlled_error(ctx: CheckContext, response: Response, case: Case[Any]) -> bool | None:
-    """Every error is SPEC §3's JSON body, with a code its status may carry."""
+    """Every error is contract §3's JSON body, with a code its status may carry."""
     if response.status_code >= 400:
         assert_controlled_error(response.status_code, response.headers, response.json())
     return None

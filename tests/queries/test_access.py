@@ -1,4 +1,4 @@
-"""The read policy of SPEC §3's roles, as a pure function of the caller."""
+"""The read policy of contract §3's roles, as a pure function of the caller."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Explanations end to end: SPEC §5's failure paths produced through the gateway (the rows
+"""Explanations end to end: contract §5's failure paths produced through the gateway (the rows
 of ``tests/gateway/test_failure_table.py``), explained by ``GET /v1/requests/{id}/explain``;
 and the request views and explanations are the same after a replay from event 0."""
 

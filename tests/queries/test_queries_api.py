@@ -1,5 +1,5 @@
 """The ledger query API over HTTP: search with cursor pagination, raw events, bad query
-values, and the access matrix of SPEC §3's roles on every query endpoint."""
+values, and the access matrix of contract §3's roles on every query endpoint."""
 
 from __future__ import annotations
 

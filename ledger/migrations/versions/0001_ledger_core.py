@@ -57,7 +57,7 @@ def upgrade() -> None:
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
     )
 
-    # Immutability is the database's job, not a convention (SPEC §7).
+    # Immutability is the database's job, not a convention (contract §7).
     if op.get_bind().dialect.name == "postgresql":
         op.execute(
             """

@@ -22,7 +22,7 @@ def upgrade() -> None:
     postgres = op.get_bind().dialect.name == "postgresql"
     account_checks = []
     if postgres:
-        # The invariant of SPEC §6, enforced by the database itself: nothing can commit a
+        # The invariant of contract §6, enforced by the database itself: nothing can commit a
         # balance where settled + held exceeds the limit. (SQLite stores money as text and
         # serializes every writer; the append path checks the same rule in exact decimals.)
         account_checks = [

@@ -1,4 +1,4 @@
-"""Idempotency records per API key: keyed by workspace, API key and Idempotency-Key (SPEC §9).
+"""Idempotency records per API key: keyed by workspace, API key and Idempotency-Key (contract §9).
 
 Existing records (an answer is replayed for 24 hours) are kept for the API key that made
 them, so that a client retrying across the upgrade still gets its recorded answer rather
