@@ -763,3 +763,13 @@ def test_retry_rules_cover_exactly_the_spec_failure_classes() -> None:
 def test_data_classes_rank_public_below_internal_below_restricted() -> None:
     assert [data_class_rank(c) for c in DATA_CLASSES] == [0, 1, 2]
     assert DATA_CLASSES == ("public", "internal", "restricted")
+
+
+def test_a_hedge_the_gateway_would_not_perform_is_refused() -> None:
+    # A setting the config accepts must act: hedging is not built, so it cannot be enabled.
+    errors = _errors(
+        _mutated(lambda d: d.setdefault("defaults", {}).update(hedge={"enabled": True}))
+    )
+    assert len(errors) == 1 and errors[0].startswith("defaults.hedge.enabled: ")
+    assert "hedging is not available" in errors[0]
+    _parse(_mutated(lambda d: d.setdefault("defaults", {}).update(hedge={"enabled": False})))
