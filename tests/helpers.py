@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
+
+import redis
 
 
 async def eventually(
@@ -13,3 +16,19 @@ async def eventually(
     async with asyncio.timeout(within_s):
         while not await check():  # noqa: ASYNC110 - polling a database, not an in-process event
             await asyncio.sleep(interval)
+
+
+@contextlib.contextmanager
+def breaker_keys_removed(redis_url: str, generation: str) -> Iterator[None]:
+    """Delete, after the block, the breaker keys its gateways wrote to the test Redis under
+    config ``generation`` (a test leaves no state behind for the next run)."""
+    try:
+        yield
+    finally:
+        client = redis.Redis.from_url(redis_url)
+        try:
+            keys = list(client.scan_iter(f"waybill:breaker:{generation}:*"))
+            if keys:
+                client.delete(*keys)
+        finally:
+            client.close()

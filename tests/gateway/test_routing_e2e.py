@@ -17,7 +17,7 @@ from ledger.db import migrate
 from router.fake_upstream import Behavior, FakeUpstream
 from tests.gateway.harness import Route, closed_port, config_text, running_gateway
 from tests.gateway.processes import new_key, serve_process
-from tests.helpers import eventually
+from tests.helpers import breaker_keys_removed, eventually
 
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 REDIS_URL = os.environ.get("WAYBILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -128,7 +128,12 @@ def test_two_gateway_processes_share_breakers_through_redis(tmp_path: Path) -> N
         pytest.skip(f"no Redis at {REDIS_URL}")
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     migrate(url)
-    with FakeUpstream("east") as east, FakeUpstream("west") as west:
+    generation = f"shared-{uuid.uuid4().hex[:8]}"
+    with (
+        breaker_keys_removed(REDIS_URL, generation),
+        FakeUpstream("east") as east,
+        FakeUpstream("west") as west,
+    ):
         config = tmp_path / "waybill.yaml"
         config.write_text(
             config_text(
@@ -138,7 +143,7 @@ def test_two_gateway_processes_share_breakers_through_redis(tmp_path: Path) -> N
                     "breaker": "{failure_threshold: 1, base_cooldown_ms: 60000,"
                     " max_cooldown_ms: 60000}"
                 },
-                generation=f"shared-{uuid.uuid4().hex[:8]}",
+                generation=generation,
             )
         )
         secret = new_key(url)

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from router.fake_upstream import Behavior, FakeUpstream
 from tests.gateway.harness import Route, closed_port, config_text
 from tests.gateway.processes import new_key, serve_process
+from tests.helpers import breaker_keys_removed
 from tests.ledger.test_cli import waybill
 
 REDIS_URL = os.environ.get("WAYBILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -41,7 +42,9 @@ def test_two_replicas_share_budget_breakers_and_agree_on_the_books(
         redis.Redis.from_url(REDIS_URL).ping()
     except redis.RedisError:
         pytest.skip(f"no Redis at {REDIS_URL}")
+    generation = f"replicas-{uuid.uuid4().hex[:8]}"
     with (
+        breaker_keys_removed(REDIS_URL, generation),
         # east refuses before starting work (429): its holds are released, so the budget
         # goes to the fallback; it opens the shared breaker at once.
         FakeUpstream("east", default=Behavior.rate_limited()) as east,
@@ -57,7 +60,7 @@ def test_two_replicas_share_budget_breakers_and_agree_on_the_books(
                     " max_cooldown_ms: 60000}"
                 },
                 workspace_extra=f"    key_budget: {{limit_usd: {LIMIT}, window: day}}",
-                generation=f"replicas-{uuid.uuid4().hex[:8]}",
+                generation=generation,
             )
         )
         secret = new_key(postgres_url)
