@@ -47,6 +47,7 @@ _R = TypeVar("_R")
 _C = TypeVar("_C")
 
 __all__ = [
+    "BOOK_EVENTS",
     "MONEY_QUANTUM",
     "AccountSpec",
     "Balance",
@@ -535,6 +536,18 @@ def overrun_event(
 
 
 # --- events and effects: one meaning, used when appending and when re-deriving ---
+
+BOOK_EVENTS: Final = frozenset(
+    {
+        ev.BudgetReserved.type,
+        ev.BudgetSettled.type,
+        ev.BudgetReleased.type,
+        ev.UnknownUsageOpened.type,
+        ev.UnknownUsageSettled.type,
+        ev.BudgetOverrun.type,
+    }
+)
+"""The event types the books are folded from (:func:`effect_of`'s, and the overruns)."""
 
 UNKNOWN_OWNER: Final = "unknown"
 """The owner of a hold whose event did not record one (taken for a dead gateway's)."""

@@ -21,18 +21,16 @@ events that last changed a row; they are not compared.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final, Literal, TypeVar
 
-import orjson
 from sqlalchemy import delete, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ledger import events as ev
-from ledger.accounting import UNKNOWN_OWNER, Books, FoldProblem, fold_books
-from ledger.books import balance_of, hold_of
+from ledger.accounting import BOOK_EVENTS, UNKNOWN_OWNER, Books, FoldProblem, fold_books
+from ledger.books import account_row, balance_of, hold_of, hold_row, resolution_row
 from ledger.db import READ_ONLY
 from ledger.schema import budget_accounts, budget_holds, budget_resolutions, events, ledger_head
 from ledger.store import EventStore, RecordedEvent, decode_payload
@@ -40,14 +38,7 @@ from ledger.types import money_of
 
 __all__ = ["BOOK_EVENT_TYPES", "BooksReport", "Discrepancy", "check_books", "rebuild_books"]
 
-BOOK_EVENT_TYPES: Final = (
-    ev.BudgetReserved.type,
-    ev.BudgetSettled.type,
-    ev.BudgetReleased.type,
-    ev.UnknownUsageOpened.type,
-    ev.UnknownUsageSettled.type,
-    ev.BudgetOverrun.type,
-)
+BOOK_EVENT_TYPES: Final = tuple(sorted(BOOK_EVENTS))
 _PAGE: Final = 5000
 _T = TypeVar("_T")
 
@@ -319,63 +310,31 @@ async def _write(conn: AsyncConnection, folded: _Folded, owners: dict[str, str])
         touched = folded.touched_at[hold.reservation_id]
         for account in hold.accounts:
             updated_at[account] = max(touched, updated_at.get(account, touched))
-    for some_accounts in _chunks(sorted(books.accounts.values(), key=lambda a: a.account_id)):
-        await conn.execute(
-            insert(budget_accounts),
+    rows = [
+        (
+            budget_accounts,
+            [account_row(a, updated_at[a.account_id]) for a in books.accounts.values()],
+        ),
+        (
+            budget_holds,
             [
-                {
-                    "account_id": a.account_id,
-                    "kind": a.kind,
-                    "workspace": a.workspace,
-                    "key_id": a.key_id,
-                    "window_start": a.window_start,
-                    "limit_usd": a.limit_usd,
-                    "held_usd": a.held_usd,
-                    "settled_usd": a.settled_usd,
-                    "overrun_usd": a.overrun_usd,
-                    "updated_at": updated_at[a.account_id],
-                }
-                for a in some_accounts
-            ],
-        )
-    for some_holds in _chunks(list(books.holds.values())):
-        await conn.execute(
-            insert(budget_holds),
-            [
-                {
-                    "reservation_id": h.reservation_id,
-                    "request_id": h.request_id,
-                    "attempt_id": h.attempt_id,
-                    "workspace": h.workspace,
-                    "key_id": h.key_id,
-                    "endpoint": h.endpoint,
-                    "model": h.model,
-                    "amount_usd": h.amount_usd,
-                    "accounts": orjson.dumps(list(h.accounts)).decode(),
-                    "state": h.state,
-                    "owner": owners.get(h.reservation_id, h.owner)
+                hold_row(
+                    replace(h, owner=owners.get(h.reservation_id, h.owner))
                     if h.owner == UNKNOWN_OWNER
-                    else h.owner,
-                    "created_at": folded.reserved_at[h.reservation_id],
-                }
-                for h in some_holds
+                    else h,
+                    folded.reserved_at[h.reservation_id],
+                )
+                for h in books.holds.values()
             ],
-        )
-    for some_resolutions in _chunks(books.resolutions):
-        await conn.execute(
-            insert(budget_resolutions),
-            [
-                {
-                    "reservation_id": r.reservation_id,
-                    "kind": r.kind,
-                    "settled_usd": r.settled_usd,
-                    "released_usd": r.released_usd,
-                    "overrun_usd": r.overrun_usd,
-                    "resolved_at": folded.touched_at[r.reservation_id],
-                }
-                for r in some_resolutions
-            ],
-        )
+        ),
+        (
+            budget_resolutions,
+            [resolution_row(r, folded.touched_at[r.reservation_id]) for r in books.resolutions],
+        ),
+    ]
+    for table, table_rows in rows:
+        for chunk in _chunks(table_rows):
+            await conn.execute(insert(table), chunk)
 
 
 def _chunks(rows: list[_T]) -> Iterator[list[_T]]:

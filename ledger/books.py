@@ -23,17 +23,20 @@ import orjson
 from sqlalchemy import bindparam, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ledger.accounting import Balance, Books, Effect, Hold, Reserve
+from ledger.accounting import Balance, Books, Effect, Hold, Reserve, Resolution
 from ledger.schema import budget_accounts, budget_holds, budget_resolutions
 from ledger.types import money_of
 
 __all__ = [
     "BookWrites",
+    "account_row",
     "balance_of",
     "book_needs",
     "book_writes",
     "hold_of",
+    "hold_row",
     "load_books",
+    "resolution_row",
     "save_books",
 ]
 
@@ -92,25 +95,57 @@ class BookWrites:
     resolutions: list[dict[str, Any]]
 
 
+def account_row(a: Balance, at: datetime) -> dict[str, Any]:
+    """A ``budget_accounts`` row, whole."""
+    return {
+        "account_id": a.account_id,
+        "kind": a.kind,
+        "workspace": a.workspace,
+        "key_id": a.key_id,
+        "window_start": a.window_start,
+        "limit_usd": a.limit_usd,
+        "held_usd": a.held_usd,
+        "settled_usd": a.settled_usd,
+        "overrun_usd": a.overrun_usd,
+        "updated_at": at,
+    }
+
+
+def hold_row(h: Hold, at: datetime) -> dict[str, Any]:
+    """A ``budget_holds`` row, whole."""
+    return {
+        "reservation_id": h.reservation_id,
+        "request_id": h.request_id,
+        "attempt_id": h.attempt_id,
+        "workspace": h.workspace,
+        "key_id": h.key_id,
+        "endpoint": h.endpoint,
+        "model": h.model,
+        "amount_usd": h.amount_usd,
+        "accounts": orjson.dumps(list(h.accounts)).decode(),
+        "state": h.state,
+        "owner": h.owner,
+        "created_at": at,
+    }
+
+
+def resolution_row(r: Resolution, at: datetime) -> dict[str, Any]:
+    """A ``budget_resolutions`` row, whole."""
+    return {
+        "reservation_id": r.reservation_id,
+        "kind": r.kind,
+        "settled_usd": r.settled_usd,
+        "released_usd": r.released_usd,
+        "overrun_usd": r.overrun_usd,
+        "resolved_at": at,
+    }
+
+
 def book_writes(books: Books, now: datetime) -> BookWrites:
     accounts = books.accounts
     holds = books.holds
     return BookWrites(
-        new_accounts=[
-            {
-                "account_id": a.account_id,
-                "kind": a.kind,
-                "workspace": a.workspace,
-                "key_id": a.key_id,
-                "window_start": a.window_start,
-                "limit_usd": a.limit_usd,
-                "held_usd": a.held_usd,
-                "settled_usd": a.settled_usd,
-                "overrun_usd": a.overrun_usd,
-                "updated_at": now,
-            }
-            for a in (accounts[i] for i in sorted(books.new_accounts))
-        ],
+        new_accounts=[account_row(accounts[i], now) for i in sorted(books.new_accounts)],
         changed_accounts=[
             {
                 "account_id": a.account_id,
@@ -122,38 +157,12 @@ def book_writes(books: Books, now: datetime) -> BookWrites:
             }
             for a in (accounts[i] for i in sorted(books.changed_accounts - books.new_accounts))
         ],
-        new_holds=[
-            {
-                "reservation_id": h.reservation_id,
-                "request_id": h.request_id,
-                "attempt_id": h.attempt_id,
-                "workspace": h.workspace,
-                "key_id": h.key_id,
-                "endpoint": h.endpoint,
-                "model": h.model,
-                "amount_usd": h.amount_usd,
-                "accounts": orjson.dumps(list(h.accounts)).decode(),
-                "state": h.state,
-                "owner": h.owner,
-                "created_at": now,
-            }
-            for h in (holds[i] for i in sorted(books.new_holds))
-        ],
+        new_holds=[hold_row(holds[i], now) for i in sorted(books.new_holds)],
         changed_holds=[
             {"reservation_id": h.reservation_id, "state": h.state}
             for h in (holds[i] for i in sorted(books.changed_holds))
         ],
-        resolutions=[
-            {
-                "reservation_id": r.reservation_id,
-                "kind": r.kind,
-                "settled_usd": r.settled_usd,
-                "released_usd": r.released_usd,
-                "overrun_usd": r.overrun_usd,
-                "resolved_at": now,
-            }
-            for r in books.resolutions
-        ],
+        resolutions=[resolution_row(r, now) for r in books.resolutions],
     )
 
 

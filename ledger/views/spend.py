@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any
 
 from ledger import events as ev
-from ledger.accounting import reservation_id
+from ledger.accounting import BOOK_EVENTS, reservation_id
 from ledger.projection import ModelWriter, Projection, fold_into
 from ledger.schema import spend_attempts, unknown_settlements
 from ledger.store import RecordedEvent
@@ -130,17 +130,7 @@ def _reservation_of(recorded: RecordedEvent) -> str:
 class SpendProjection(Projection):
     name = "spend"
     tables = (spend_attempts, unknown_settlements)
-    event_types = frozenset(
-        {
-            ev.AttemptFinished.type,
-            ev.BudgetReserved.type,
-            ev.BudgetSettled.type,
-            ev.BudgetReleased.type,
-            ev.UnknownUsageOpened.type,
-            ev.UnknownUsageSettled.type,
-            ev.BudgetOverrun.type,
-        }
-    )
+    event_types = BOOK_EVENTS | {ev.AttemptFinished.type}
 
     async def apply(self, writer: ModelWriter, batch: Sequence[RecordedEvent]) -> None:
         await fold_into(
