@@ -37,7 +37,15 @@ import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
-from decimal import ROUND_CEILING, Context, Decimal
+from decimal import (
+    ROUND_CEILING,
+    Context,
+    Decimal,
+    Inexact,
+    InvalidOperation,
+    Overflow,
+    localcontext,
+)
 from typing import Final, Literal, TypeAlias, TypeVar
 
 from ledger import events as ev
@@ -48,6 +56,7 @@ _C = TypeVar("_C")
 
 __all__ = [
     "BOOK_EVENTS",
+    "EXACT",
     "MONEY_QUANTUM",
     "AccountSpec",
     "Balance",
@@ -58,6 +67,7 @@ __all__ = [
     "Hold",
     "HoldStateError",
     "HoldUnknown",
+    "Rates",
     "Release",
     "Reserve",
     "Resolution",
@@ -79,7 +89,10 @@ __all__ = [
 
 MONEY_QUANTUM: Final = Decimal("0.000000000001")
 _MONEY_CONTEXT: Final = Context(prec=60)
-_PER_MTOK: Final = Decimal(1_000_000)
+EXACT: Final = Context(prec=100, traps=[Inexact, InvalidOperation, Overflow])
+"""Enough digits for any token count times any price, and a trap so that an inexact
+result raises instead of silently rounding money (only :func:`quantize` rounds, and up)."""
+_PER_MTOK_EXPONENT: Final = -6
 _ZERO: Final = Decimal(0)
 
 AccountKind: TypeAlias = Literal["request", "key", "workspace"]
@@ -111,20 +124,47 @@ def quantize(amount: Decimal) -> Decimal:
     return amount.quantize(MONEY_QUANTUM, rounding=ROUND_CEILING, context=_MONEY_CONTEXT)
 
 
-def usage_cost(
-    usage: Usage,
-    *,
-    input_per_mtok: Decimal,
-    output_per_mtok: Decimal,
-    cached_input_per_mtok: Decimal,
-) -> Decimal:
-    """The cost of known usage; cached input tokens are part of the input count."""
-    cached = min(usage.cached_input_tokens, usage.input_tokens)
-    amount = (
-        (usage.input_tokens - cached) * input_per_mtok
-        + cached * cached_input_per_mtok
-        + usage.output_tokens * output_per_mtok
-    ) / _PER_MTOK
+@dataclass(frozen=True, slots=True)
+class Rates:
+    """What each dimension of usage is settled at: US dollars per million tokens of each
+    kind, and per web search (None: none is priced). The gateway derives them from a
+    mapping's price with the rules its worst case uses, so a dimension is settled at the
+    very rate its bound was reserved at; an audio rate is never below the text rates."""
+
+    input_per_mtok: Decimal
+    cached_input_per_mtok: Decimal
+    output_per_mtok: Decimal
+    audio_input_per_mtok: Decimal
+    audio_output_per_mtok: Decimal
+    web_search_usd: Decimal | None = None
+
+
+def usage_cost(usage: Usage, rates: Rates) -> Decimal:
+    """The cost of known usage, each token at its kind's rate and each web search at its
+    fee, rounded up to the ledger's precision (contract §6).
+
+    Audio and cached tokens are parts of the input and output counts. A provider does not
+    say whether its cached tokens are text or audio, so they are taken as audio first: a
+    token that may be audio is priced as audio, and text is discounted only for cached
+    tokens that cannot be audio. The bill is never understated.
+    """
+    audio_input = min(usage.audio_input_tokens, usage.input_tokens)
+    text_input = usage.input_tokens - audio_input
+    cached_text = min(max(0, usage.cached_input_tokens - audio_input), text_input)
+    audio_output = min(usage.audio_output_tokens, usage.output_tokens)
+    with localcontext(EXACT):
+        micro = (
+            (text_input - cached_text) * rates.input_per_mtok
+            + cached_text * rates.cached_input_per_mtok
+            + audio_input * rates.audio_input_per_mtok
+            + (usage.output_tokens - audio_output) * rates.output_per_mtok
+            + audio_output * rates.audio_output_per_mtok
+        )
+        amount = micro.scaleb(_PER_MTOK_EXPONENT)
+        if usage.web_searches:
+            if rates.web_search_usd is None:
+                raise ValueError(f"{usage.web_searches} web searches and no price for them")
+            amount += usage.web_searches * rates.web_search_usd
     return quantize(amount)
 
 

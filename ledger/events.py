@@ -149,9 +149,19 @@ class _Record(BaseModel):
 
 
 class Usage(_Record):
+    """What an attempt is billed for, dimension by dimension; a settlement prices each one
+    (``ledger.accounting.usage_cost``). Audio and cached tokens are parts of the input and
+    output counts, as OpenAI reports them; image and file tokens are not told apart from
+    text (OpenAI bills them inside the prompt tokens, at the input price)."""
+
     input_tokens: NonNegInt
     output_tokens: NonNegInt
     cached_input_tokens: NonNegInt = 0
+    audio_input_tokens: NonNegInt = 0  # of input_tokens (prompt_tokens_details.audio_tokens)
+    audio_output_tokens: NonNegInt = 0  # of output_tokens (completion_tokens_details.audio_tokens)
+    # Billed per search, and no provider reports them in usage: the gateway counts one per
+    # choice of a request that asked for web search, the unit its price is given in.
+    web_searches: NonNegInt = 0
 
 
 class Requirements(_Record):

@@ -27,7 +27,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any, Final, Literal, TypeVar
 from urllib.parse import urlsplit
@@ -49,6 +49,7 @@ from router.budgets import RequestBudget, StepRecord
 from router.chat import ChatCall, HeaderNarrowing
 from router.classify import Classification
 from router.config import Config, Defaults, ModelGroup, Workspace
+from router.config import Driver as DriverName
 from router.config import Mapping as ModelMapping
 from router.drivers import (
     AttemptBinding,
@@ -83,6 +84,7 @@ from router.routing import (
     select,
 )
 from router.sse import DONE_FRAME, encode_json
+from router.worst_case import billed_usage, settlement_rates
 
 __all__ = ["Caller", "Completion", "Gateway", "KeyMoved", "StreamingCompletion"]
 
@@ -148,6 +150,7 @@ class _Route:
     choice: ev.RouteChoice
     mapping: ModelMapping
     driver: Driver
+    driver_name: DriverName  # the endpoint's `driver`: what it sends on, so may be billed
     cause: Literal["first", "retry", "failover"]
     worst_case_usd: Decimal
 
@@ -564,10 +567,10 @@ class _Run:
             return await route.driver.complete(self._call(attempt))
 
         route, attempt, result = await self._until_answered(call)
-        cost = self._cost(route.mapping, result.usage)
+        usage, cost = self._settlement(route, result.usage)
         await self._succeeded(
             attempt,
-            usage=result.usage,
+            usage=usage,
             cost=cost,
             finish_reason=result.finish_reason,
             response_id=result.response_id,
@@ -663,10 +666,10 @@ class _Run:
                     else:
                         yield encode_json(batch)
                 batch = await anext(batches, None)
-            cost = self._cost(attempt.route.mapping, upstream.usage)
+            usage, cost = self._settlement(attempt.route, upstream.usage)
             await self._succeeded(
                 attempt,
-                usage=upstream.usage,
+                usage=usage,
                 cost=cost,
                 finish_reason=upstream.finish_reason,
                 response_id=upstream.response_id,
@@ -737,10 +740,13 @@ class _Run:
             mapping = self.group.mappings[choice.mapping_index]
             if await self._admitted(choice.endpoint, mapping):
                 driver = self.gw._drivers[choice.endpoint]
+                endpoint = config.endpoint(choice.endpoint)
+                assert endpoint is not None, "evaluate found the mapping's endpoint"
                 worst = candidates[choice.mapping_index].worst_case_usd or Decimal(0)
-                if self.attempt_count == 0:
-                    return _Route(choice, mapping, driver, "first", worst)
-                return _Route(choice, mapping, driver, "failover", worst)
+                cause: Literal["first", "failover"] = (
+                    "first" if self.attempt_count == 0 else "failover"
+                )
+                return _Route(choice, mapping, driver, endpoint.driver, cause, worst)
 
     def _breaker_lookup(
         self, blocked: Mapping[BreakerKey, bool]
@@ -865,16 +871,16 @@ class _Run:
             tracestate=self.caller_tracestate,
         )
 
-    def _cost(self, mapping: ModelMapping, usage: ev.Usage | None) -> Decimal | None:
-        if usage is None:
-            return None
-        price = mapping.price
-        return usage_cost(
-            usage,
-            input_per_mtok=price.input_per_mtok,
-            output_per_mtok=price.output_per_mtok,
-            cached_input_per_mtok=price.cached_input_per_mtok,
-        )
+    def _settlement(
+        self, route: _Route, reported: ev.Usage | None
+    ) -> tuple[ev.Usage | None, Decimal | None]:
+        """What the attempt is billed for (the usage the upstream reported, plus what it
+        bills without reporting) and its cost, dimension by dimension at the mapping's
+        rates (contract §6); (None, None) when the upstream did not say."""
+        if reported is None:
+            return None, None
+        usage = billed_usage(reported, self.requirements, route.driver_name)
+        return usage, usage_cost(usage, settlement_rates(route.mapping))
 
     async def _succeeded(
         self,
@@ -1008,9 +1014,7 @@ class _Run:
             if decision.backoff_ms:
                 await asyncio.sleep(decision.backoff_ms / 1000)
             if await self._admitted(endpoint_id, route.mapping):
-                return _Route(
-                    route.choice, route.mapping, route.driver, "retry", route.worst_case_usd
-                )
+                return replace(route, cause="retry")
         return None
 
     def _hold_outcome(self, attempt: _Attempt, classification: Classification) -> StepRecord:

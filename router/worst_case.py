@@ -1,5 +1,6 @@
 """The worst-case cost of an attempt (contract §4, §6): the most a provider may bill for one
-request on one mapping, and the billable dimensions a mapping has no price for.
+request on one mapping, the billable dimensions a mapping has no price for, and the rates
+the attempt's settlement is priced at — one pricing vocabulary before and after the call.
 
 Pure: a mapping, its endpoint's driver and the request's requirements in, exact decimals out.
 Every dimension a request can trigger is bounded, none guessed:
@@ -17,20 +18,36 @@ Every dimension a request can trigger is bounded, none guessed:
 
 A dimension the mapping has no price for makes :func:`unpriced` name it, and routing
 excludes the mapping (``unpriced_input``) rather than reserve a guess.
+
+The settlement (``ledger.accounting.usage_cost``) prices what the provider reports at
+:func:`settlement_rates`, the rates the worst case used: audio input and output tokens at
+their dimension's rate, never below the text price; text, cached or not, at its own price;
+images and files at the input price (OpenAI bills them inside the prompt tokens, and no
+count of them is reported apart). Web searches are billed per search and reported nowhere:
+:func:`billed_usage` adds the ones the worst case counted, one per choice.
 """
 
 from __future__ import annotations
 
-import decimal
 from collections.abc import Mapping as AnyMapping
 from decimal import Decimal
 from enum import StrEnum
 from typing import Final
 
-from ledger.events import Requirements
-from router.config import Driver, Mapping, PartPrice
+from ledger.accounting import EXACT, Rates
+from ledger.events import Requirements, Usage
+from router.config import Driver, Mapping, PartPrice, Price
 
-__all__ = ["Dimension", "input_tokens", "output_tokens", "unpriced", "worst_case_cost"]
+__all__ = [
+    "Dimension",
+    "billed_usage",
+    "input_tokens",
+    "output_tokens",
+    "settlement_rates",
+    "unpriced",
+    "web_searches",
+    "worst_case_cost",
+]
 
 
 class Dimension(StrEnum):
@@ -51,11 +68,6 @@ class Dimension(StrEnum):
 # it to that), so they cannot be billed there.
 _PASSES_BODY_THROUGH: Final[AnyMapping[Driver, bool]] = {"openai": True, "anthropic": False}
 
-# Enough digits for any token count times any price, and a trap so that an inexact result
-# raises instead of silently rounding money.
-_EXACT: Final = decimal.Context(
-    prec=100, traps=[decimal.Inexact, decimal.InvalidOperation, decimal.Overflow]
-)
 _PER_MTOK_EXPONENT: Final = -6
 
 
@@ -144,20 +156,77 @@ def worst_case_cost(
         missing = unpriced(mapping, r, driver)
         if missing is not None:
             raise ValueError(f"no price for {missing}")
-    input_price = max(price.input_per_mtok, price.cached_input_per_mtok)
-    micro = _EXACT.multiply(Decimal(r.estimated_input_tokens), input_price)
+    input_price = _input_rate(price)
+    micro = EXACT.multiply(Decimal(r.estimated_input_tokens), input_price)
     if extras:
         for count, part in _parts(mapping, r):
-            part_price = input_price if part.per_mtok is None else max(part.per_mtok, input_price)
-            micro = _EXACT.add(micro, _EXACT.multiply(Decimal(count * part.tokens), part_price))
+            part_price = _part_rate(part, input_price)
+            micro = EXACT.add(micro, EXACT.multiply(Decimal(count * part.tokens), part_price))
     choices = r.choices if passes else 1
     per_choice = output_tokens(mapping, r) + (r.prediction_tokens if passes else 0)
-    output_price = price.output_per_mtok
-    if extras and r.audio_output and price.audio_output is not None:
-        output_price = max(output_price, price.audio_output.per_mtok)
-    micro = _EXACT.add(micro, _EXACT.multiply(Decimal(choices * per_choice), output_price))
-    cost = micro.scaleb(_PER_MTOK_EXPONENT, _EXACT)
-    if extras and r.web_search and price.web_search is not None:
-        search = _EXACT.multiply(Decimal(choices), price.web_search.per_choice_usd)
-        cost = _EXACT.add(cost, search)
+    output_price = _audio_output_rate(price) if extras and r.audio_output else price.output_per_mtok
+    micro = EXACT.add(micro, EXACT.multiply(Decimal(choices * per_choice), output_price))
+    cost = micro.scaleb(_PER_MTOK_EXPONENT, EXACT)
+    searches = web_searches(r, driver) if extras else 0
+    if searches and price.web_search is not None:
+        cost = EXACT.add(cost, EXACT.multiply(Decimal(searches), price.web_search.per_choice_usd))
     return cost
+
+
+# --- the rates: one per dimension, for the worst case and the settlement alike ---
+
+
+def _input_rate(price: Price) -> Decimal:
+    """The most a text input token may cost: the provider decides what it serves from its
+    cache, so the higher of the input and cached input prices."""
+    return max(price.input_per_mtok, price.cached_input_per_mtok)
+
+
+def _part_rate(part: PartPrice | None, input_rate: Decimal) -> Decimal:
+    """A content part's token: at its kind's own price if it has one, never below a text
+    input token's."""
+    if part is None or part.per_mtok is None:
+        return input_rate
+    return max(part.per_mtok, input_rate)
+
+
+def _audio_output_rate(price: Price) -> Decimal:
+    """An audio output token: at the audio output price, never below the text output's."""
+    if price.audio_output is None:
+        return price.output_per_mtok
+    return max(price.output_per_mtok, price.audio_output.per_mtok)
+
+
+def settlement_rates(mapping: Mapping) -> Rates:
+    """The rates an attempt's usage on ``mapping`` is settled at: each dimension at the rate
+    its bound was reserved at, text input at its own (cached or not). Audio tokens a
+    provider reports although the mapping has no audio price are settled as text would be
+    at its dearest (the request that reaches a provider with audio is priced for it)."""
+    price = mapping.price
+    return Rates(
+        input_per_mtok=price.input_per_mtok,
+        cached_input_per_mtok=price.cached_input_per_mtok,
+        output_per_mtok=price.output_per_mtok,
+        audio_input_per_mtok=_part_rate(price.audio_input, _input_rate(price)),
+        audio_output_per_mtok=_audio_output_rate(price),
+        web_search_usd=None if price.web_search is None else price.web_search.per_choice_usd,
+    )
+
+
+def web_searches(requirements: Requirements, driver: Driver = "openai") -> int:
+    """The web searches an attempt is billed for: one per choice of a request with
+    ``web_search_options`` that the driver sends on (``web_search.per_choice_usd`` is the
+    most a search adds to a choice)."""
+    if not requirements.web_search or not _PASSES_BODY_THROUGH[driver]:
+        return 0
+    return requirements.choices
+
+
+def billed_usage(usage: Usage, requirements: Requirements, driver: Driver = "openai") -> Usage:
+    """The provider's reported ``usage`` with what it bills but does not report: web
+    searches (OpenAI bills them per call; its chat completions usage has no count), settled
+    at the configured fee."""
+    searches = max(web_searches(requirements, driver), usage.web_searches)
+    if searches == usage.web_searches:
+        return usage
+    return usage.model_copy(update={"web_searches": searches})

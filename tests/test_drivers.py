@@ -21,7 +21,7 @@ from router.drivers import (
 from router.drivers.anthropic import to_chat_completion
 from router.drivers.http import HTTPClient
 from router.drivers.openai import openai_usage
-from router.fake_upstream import Behavior, FakeUpstream
+from router.fake_upstream import PART_TOKENS, Behavior, FakeUpstream
 from router.fake_upstream.behavior import Kind
 
 SECRET = "sk-test-very-secret-0123456789"
@@ -191,6 +191,78 @@ async def test_usage_counts_reasoning_as_output_and_cache_reads_as_input(driver,
         assert usage is not None
         assert (usage.input_tokens, usage.cached_input_tokens) == (5, 3)
         assert usage.output_tokens == 20 + 6
+
+
+async def test_openai_usage_keeps_audio_input_and_output_tokens_apart_buffered_and_streamed():
+    # An input_audio part and a spoken answer: OpenAI reports both inside the counts, in
+    # prompt_tokens_details / completion_tokens_details.audio_tokens.
+    audio = {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}
+    body = {
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Say it."}, audio]}],
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "alloy", "format": "wav"},
+    }
+    driver = OpenAIDriver()
+    try:
+        async with FakeUpstream("east") as up:
+            up.set_plan([Behavior.ok(reasoning_tokens=5)] * 2)
+            usages = []
+            for stream in (False, True):
+                request = ChatRequest(
+                    body=body, upstream_model="fake-model", max_tokens=64, stream=stream
+                )
+                call = driver.prepare(request, _binding(up, "openai"))
+                if stream:
+                    async with await driver.stream(call) as upstream:
+                        async for _ in upstream:
+                            pass
+                    usages.append(upstream.usage)
+                else:
+                    usages.append((await driver.complete(call)).usage)
+    finally:
+        await driver.aclose()
+    for usage in usages:
+        assert usage is not None
+        assert usage.audio_input_tokens == PART_TOKENS["input_audio"] < usage.input_tokens
+        assert (usage.output_tokens, usage.audio_output_tokens) == (5 + 6, 6)  # not reasoning
+        assert usage.web_searches == 0  # never in a provider's usage
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        # OpenAI: audio inside the counts.
+        (
+            {
+                "prompt_tokens": 500,
+                "completion_tokens": 30,
+                "prompt_tokens_details": {"audio_tokens": 400},
+                "completion_tokens_details": {"audio_tokens": 20},
+            },
+            (500, 400, 30, 20),
+        ),
+        # A compatible server that counts audio beside the counts: added.
+        (
+            {
+                "prompt_tokens": 100,
+                "completion_tokens": 10,
+                "prompt_tokens_details": {"audio_tokens": 400},
+                "completion_tokens_details": {"audio_tokens": 20},
+            },
+            (500, 400, 30, 20),
+        ),
+        ({"prompt_tokens": 5, "completion_tokens": 3}, (5, 0, 3, 0)),
+    ],
+)
+def test_openai_usage_reads_audio_tokens_and_never_understates_them(raw, expected):
+    usage = openai_usage(raw)
+    assert usage is not None
+    assert (
+        usage.input_tokens,
+        usage.audio_input_tokens,
+        usage.output_tokens,
+        usage.audio_output_tokens,
+    ) == expected
 
 
 @pytest.mark.parametrize(

@@ -241,6 +241,20 @@ def test_images_audio_and_files_cost_their_part_tokens_whatever_their_size(clien
     assert completion.usage.prompt_tokens_details.audio_tokens == PART_TOKENS["input_audio"]
 
 
+def test_an_answer_asked_for_as_audio_is_billed_as_audio_output_tokens(up, client):
+    up.set_plan([Behavior.ok(reasoning_tokens=4)] * 3)
+    for spoken in ({"modalities": ["text", "audio"]}, {"audio": {"voice": "alloy"}}):
+        completion = client.chat.completions.create(**CHAT, n=2, extra_body=spoken)
+        assert completion.usage is not None
+        details = completion.usage.completion_tokens_details
+        assert details is not None
+        assert completion.usage.completion_tokens == (4 + 6) + (4 + 7)
+        assert details.audio_tokens == 6 + 7  # each answer; its reasoning is not audio
+    plain = client.chat.completions.create(**CHAT)
+    assert plain.usage is not None and plain.usage.completion_tokens_details is not None
+    assert plain.usage.completion_tokens_details.audio_tokens == 0
+
+
 def test_models_endpoint_lists_the_configured_models():
     with (
         FakeUpstream("west", models=["a", "b"]) as up,

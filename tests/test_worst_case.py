@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ledger.accounting import usage_cost
-from ledger.events import Requirements
+from ledger.events import Requirements, Usage
 from router.chat import DEFAULT_LIMITS, HeaderNarrowing, parse_body
 from router.config import Limits, Mapping, Workspace
 from router.drivers import ChatRequest, OpenAIDriver
@@ -25,7 +25,13 @@ from router.errors import GatewayError
 from router.fake_upstream import PART_TOKENS, Behavior
 from router.fake_upstream._openai import OPENAI
 from router.fake_upstream._reply import make_reply
-from router.worst_case import input_tokens, unpriced, worst_case_cost
+from router.worst_case import (
+    billed_usage,
+    input_tokens,
+    settlement_rates,
+    unpriced,
+    worst_case_cost,
+)
 
 D = Decimal
 MTOK = 10**6
@@ -260,7 +266,58 @@ def test_the_worst_case_is_exact_decimal():
     assert Fraction(cost) == Fraction(6, 10**7)
 
 
-# --- the property: never below what the provider then bills -----------------------------------
+# --- the settlement: each dimension at the rate it was reserved at ---------------------------
+
+
+def _settled(mapping: Mapping, requirements: Requirements, usage: Usage) -> Decimal:
+    """What the gateway settles for ``usage`` reported on ``mapping`` (``_Run._settlement``)."""
+    return usage_cost(billed_usage(usage, requirements), settlement_rates(mapping))
+
+
+def test_audio_settles_at_the_rate_it_was_reserved_at_never_below_text():
+    requirements = Requirements(audio_inputs=1, audio_output=True)
+    usage = Usage(
+        input_tokens=1000, output_tokens=100, audio_input_tokens=400, audio_output_tokens=60
+    )
+    dear = _mapping(audio_input={"tokens": 500, "per_mtok": 40}, audio_output={"per_mtok": 80})
+    assert _settled(dear, requirements, usage) == D(600 * 1 + 400 * 40 + 40 * 2 + 60 * 80) / MTOK
+    # Audio prices below the text prices: the text prices, as the worst case took them.
+    cheap = _mapping(
+        cached_input_per_mtok=3,
+        audio_input={"tokens": 500, "per_mtok": "0.5"},
+        audio_output={"per_mtok": 1},
+    )
+    assert _settled(cheap, requirements, usage) == D(600 * 1 + 400 * 3 + 100 * 2) / MTOK
+    # No audio price at all (the request did not ask for audio, the provider reported some
+    # anyway): still never below the text prices.
+    assert (
+        _settled(_mapping(cached_input_per_mtok=3), Requirements(), usage)
+        == D(600 * 1 + 400 * 3 + 100 * 2) / MTOK
+    )
+
+
+def test_a_web_search_settles_its_fee_for_every_choice_on_a_driver_that_sends_it():
+    requirements = Requirements(web_search=True, choices=3)
+    usage = Usage(input_tokens=10, output_tokens=20)
+    mapping = _mapping(web_search={"per_choice_usd": "0.025"})
+    assert billed_usage(usage, requirements).web_searches == 3
+    assert _settled(mapping, requirements, usage) == D(10 + 40) / MTOK + D("0.075")
+    # Anthropic is sent no web search, so is billed none; a request without one neither.
+    assert billed_usage(usage, requirements, "anthropic") is usage
+    assert billed_usage(usage, Requirements(choices=3)) is usage
+
+
+def test_images_and_files_settle_as_the_input_tokens_openai_bills_them_as():
+    # OpenAI counts an image inside prompt_tokens at the input price and reports no count
+    # of its own; the part's bound and price are a reservation's, not a settlement's.
+    requirements = Requirements(image_inputs=1, file_inputs=1)
+    mapping = _mapping(image_input={"tokens": 765, "per_mtok": 5}, file_input={"tokens": 9})
+    usage = Usage(input_tokens=800, output_tokens=0)
+    assert _settled(mapping, requirements, usage) == D(800) / MTOK
+
+
+# --- the property: never below what the provider then bills, settled as its prices say -------
+
 
 _TEXT = st.text(max_size=120)
 _PART = st.one_of(
@@ -281,11 +338,17 @@ _OPENAI_DRIVER = OpenAIDriver()  # only its request body is built: nothing is se
 _PRICE = st.decimals(min_value=0, max_value=100, places=6, allow_nan=False, allow_infinity=False)
 
 
+_SPOKEN: st.SearchStrategy[dict[str, Any]] = st.sampled_from(
+    [{}, {"modalities": ["text", "audio"]}, {"audio": {"voice": "alloy", "format": "wav"}}]
+)
+
+
 @st.composite
 def _bodies(draw: st.DrawFn) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": "chat",
         "messages": draw(st.lists(_MESSAGE, min_size=1, max_size=4)),
+        **draw(_SPOKEN),
     }
     n = draw(st.none() | st.integers(1, 8))
     if n is not None:
@@ -293,7 +356,51 @@ def _bodies(draw: st.DrawFn) -> dict[str, Any]:
     bound = draw(st.sampled_from([None, "max_tokens", "max_completion_tokens"]))
     if bound is not None:
         body[bound] = draw(st.integers(1, 3000))
+    if draw(st.booleans()):
+        body["web_search_options"] = {}
     return body
+
+
+def _priced(fraction: Fraction, quantum: Fraction = Fraction(1, 10**12)) -> Fraction:
+    """An exact amount rounded up to the ledger's precision, as a settlement is."""
+    return -((-fraction) // quantum) * quantum
+
+
+def _as_the_prices_say(mapping: Mapping, usage: Usage, searches: int) -> Fraction:
+    """The bill for ``usage``, dimension by dimension, straight from the mapping's price
+    keys (docs/contract.md §6), in exact fractions."""
+    price = mapping.price
+    assert price.audio_input is not None and price.audio_input.per_mtok is not None
+    assert price.audio_output is not None and price.web_search is not None
+    f = Fraction
+    input_, cached_price = f(price.input_per_mtok), f(price.cached_input_per_mtok)
+    audio_in = min(usage.audio_input_tokens, usage.input_tokens)
+    text = usage.input_tokens - audio_in
+    cached = min(max(0, usage.cached_input_tokens - audio_in), text)  # cached audio is audio
+    audio_out = min(usage.audio_output_tokens, usage.output_tokens)
+    micro = (
+        (text - cached) * input_
+        + cached * cached_price
+        + audio_in * max(f(price.audio_input.per_mtok), input_, cached_price)
+        + (usage.output_tokens - audio_out) * f(price.output_per_mtok)
+        + audio_out * max(f(price.audio_output.per_mtok), f(price.output_per_mtok))
+    )
+    return _priced(micro / MTOK + searches * f(price.web_search.per_choice_usd))
+
+
+def _priced_mapping(max_output: int, prices: tuple[Decimal, ...]) -> Mapping:
+    input_price, output_price, cached_price, audio_in, audio_out, search = prices
+    return _mapping(
+        max_output=max_output,
+        input_per_mtok=input_price,
+        output_per_mtok=output_price,
+        cached_input_per_mtok=cached_price,
+        image_input={"tokens": PART_TOKENS["image_url"]},
+        audio_input={"tokens": PART_TOKENS["input_audio"], "per_mtok": audio_in},
+        file_input={"tokens": PART_TOKENS["file"]},
+        audio_output={"per_mtok": audio_out},
+        web_search={"per_choice_usd": search},
+    )
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -302,22 +409,13 @@ def _bodies(draw: st.DrawFn) -> dict[str, Any]:
     n_chunks=st.integers(0, 60),
     reasoning=st.integers(0, 5000),
     cached=st.integers(0, 10**5),
-    prices=st.tuples(_PRICE, _PRICE, _PRICE, _PRICE),
+    prices=st.tuples(*[_PRICE] * 6),
     max_output=st.integers(1, 8000),
 )
 def test_the_reservation_is_never_below_what_the_provider_bills(
     body, n_chunks, reasoning, cached, prices, max_output
 ):
-    input_price, output_price, cached_price, part_price = prices
-    mapping = _mapping(
-        max_output=max_output,
-        input_per_mtok=input_price,
-        output_per_mtok=output_price,
-        cached_input_per_mtok=cached_price,
-        image_input={"tokens": PART_TOKENS["image_url"]},
-        audio_input={"tokens": PART_TOKENS["input_audio"], "per_mtok": part_price},
-        file_input={"tokens": PART_TOKENS["file"]},
-    )
+    mapping = _priced_mapping(max_output, prices)
     call = parse_body(orjson.dumps(body))
     requirements = _requirements({k: v for k, v in body.items() if k != "model"})
     reserved = worst_case_cost(mapping, requirements)
@@ -332,10 +430,61 @@ def test_the_reservation_is_never_below_what_the_provider_bills(
     usage = openai_usage(OPENAI.body(reply)["usage"])
     assert usage is not None
     assert usage.output_tokens == reply.completion_tokens >= reply.reasoning_tokens
-    billed = usage_cost(
-        usage,
-        input_per_mtok=input_price,
-        output_per_mtok=output_price,
-        cached_input_per_mtok=cached_price,
+    assert (usage.audio_input_tokens, usage.audio_output_tokens) == (
+        reply.audio_tokens,
+        reply.audio_output_tokens,
     )
-    assert reserved >= billed, (reserved, billed, usage)
+    assert (reply.audio_output_tokens > 0) <= requirements.audio_output
+
+    # What the gateway settles: every dimension at the mapping's price, within the hold.
+    settled = _settled(mapping, requirements, usage)
+    searches = len(reply.choices) if "web_search_options" in body else 0
+    assert Fraction(settled) == _as_the_prices_say(mapping, usage, searches)
+    assert reserved >= settled, (reserved, settled, usage)
+
+
+@st.composite
+def _within_bounds(draw: st.DrawFn, mapping: Mapping) -> tuple[Requirements, Usage]:
+    """A request shape, and any usage a provider may bill for it within its bounds."""
+    r = Requirements(
+        estimated_input_tokens=draw(st.integers(0, 10**6)),
+        max_output_tokens=draw(st.none() | st.integers(0, 10**5)),
+        choices=draw(st.integers(1, 128)),
+        prediction_tokens=draw(st.integers(0, 10**4)),
+        image_inputs=draw(st.integers(0, 5)),
+        audio_inputs=draw(st.integers(0, 5)),
+        file_inputs=draw(st.integers(0, 5)),
+        audio_output=draw(st.booleans()),
+        web_search=draw(st.booleans()),
+    )
+    price = mapping.price
+    assert price.audio_input is not None
+    parts = input_tokens(mapping, r) - r.estimated_input_tokens
+    audio_bound = r.audio_inputs * price.audio_input.tokens
+    audio_in = draw(st.integers(0, audio_bound))
+    prompt = draw(st.integers(0, r.estimated_input_tokens)) + audio_in
+    prompt += draw(st.integers(0, parts - audio_bound))  # images and files, as input tokens
+    per_choice = (r.max_output_tokens or mapping.max_output_tokens) + r.prediction_tokens
+    output = draw(st.integers(0, r.choices * per_choice))
+    usage = Usage(
+        input_tokens=prompt,
+        output_tokens=output,
+        cached_input_tokens=draw(st.integers(0, prompt)),
+        audio_input_tokens=audio_in,
+        audio_output_tokens=draw(st.integers(0, output)) if r.audio_output else 0,
+    )
+    return r, usage
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), prices=st.tuples(*[_PRICE] * 6), max_output=st.integers(1, 10**5))
+def test_any_usage_within_the_bounds_settles_as_priced_and_within_the_reservation(
+    data, prices, max_output
+):
+    mapping = _priced_mapping(max_output, prices)
+    requirements, usage = data.draw(_within_bounds(mapping))
+    reserved = worst_case_cost(mapping, requirements)
+    settled = _settled(mapping, requirements, usage)
+    searches = requirements.choices if requirements.web_search else 0
+    assert Fraction(settled) == _as_the_prices_say(mapping, usage, searches)
+    assert settled <= reserved, (reserved, settled, requirements, usage)

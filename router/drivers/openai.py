@@ -113,25 +113,36 @@ def openai_usage(raw: object) -> Usage | None:
 
     OpenAI counts every billed token in ``prompt_tokens`` and ``completion_tokens``: cached,
     image and audio input inside the first (``prompt_tokens_details``), reasoning, audio and
-    rejected prediction output inside the second (``completion_tokens_details``). A
-    compatible server that reports reasoning beside the completion instead (more reasoning
-    tokens than completion tokens, or a ``total_tokens`` above the two counts) has its
-    reasoning added as output: billed output is never understated.
+    rejected prediction output inside the second (``completion_tokens_details``). Audio
+    tokens are kept apart, for their own price; images are billed as input tokens and not
+    reported apart. A compatible server that reports a detail beside its count instead (more
+    reasoning or audio tokens than the count, or a ``total_tokens`` above the two counts)
+    has it added: billed tokens are never understated.
     """
     if not isinstance(raw, dict):
         return None
     prompt, completion = _count(raw.get("prompt_tokens")), _count(raw.get("completion_tokens"))
     if prompt is None or completion is None:
         return None
+    audio_input = _count(_detail(raw, "prompt_tokens_details", "audio_tokens")) or 0
+    input_tokens = prompt + audio_input if audio_input > prompt else prompt
     output = completion
-    reasoning = _count(_detail(raw, "completion_tokens_details", "reasoning_tokens"))
-    if reasoning is not None and reasoning > completion:
-        output = completion + reasoning
+    for name in ("reasoning_tokens", "audio_tokens"):
+        detail = _count(_detail(raw, "completion_tokens_details", name))
+        if detail is not None and detail > completion:
+            output += detail
     total = _count(raw.get("total_tokens"))
-    if total is not None and total > prompt + output:
-        output = total - prompt
+    if total is not None and total > input_tokens + output:
+        output = total - input_tokens
     cached = _count(_detail(raw, "prompt_tokens_details", "cached_tokens"))
-    return Usage(input_tokens=prompt, output_tokens=output, cached_input_tokens=cached or 0)
+    audio_output = _count(_detail(raw, "completion_tokens_details", "audio_tokens")) or 0
+    return Usage(
+        input_tokens=input_tokens,
+        output_tokens=output,
+        cached_input_tokens=cached or 0,
+        audio_input_tokens=audio_input,
+        audio_output_tokens=audio_output,
+    )
 
 
 def _count(value: object) -> int | None:

@@ -3,7 +3,8 @@
 `FakeUpstream` serves OpenAI `POST /v1/chat/completions`, `GET /v1/models` and Anthropic
 `POST /v1/messages` on 127.0.0.1, answering each inference request with the next `Behavior`
 of its plan. It bills as the providers do: every choice of `n`, reasoning inside the output,
-cached input reported, each image, audio clip or file at its `PART_TOKENS`. Standalone:
+cached input reported, each image, audio clip or file at its `PART_TOKENS`, audio input and
+an answer asked for as audio reported as audio tokens (OpenAI's usage details). Standalone:
 `python -m router.fake_upstream --port 8900`. `FakeProxy` is an HTTP CONNECT proxy beside
 it, with faults of its own (a refused, dropped or silent tunnel).
 """

@@ -2,8 +2,10 @@
 them (`{"error": {"message", "type", "param", "code"}}`, `x-request-id`).
 
 Billed as OpenAI bills: `n` choices, each with its own completion tokens, the usage their
-sum; reasoning tokens inside the completion tokens; cached and audio input inside the
-prompt tokens (`prompt_tokens_details`), as are images and files."""
+sum; reasoning tokens, and an answer asked for as audio (`modalities` with "audio", or an
+`audio` parameter), inside the completion tokens (`completion_tokens_details`); cached and
+audio input inside the prompt tokens (`prompt_tokens_details`), as are images and files,
+which are not reported apart. Web search is billed per call and not in the usage."""
 
 from __future__ import annotations
 
@@ -44,6 +46,7 @@ class _OpenAI(Dialect):
         options = body.get("stream_options")
         limit = int_or_none(body.get("max_completion_tokens"))
         tokens, audio = prompt_tokens(body)
+        modalities = body.get("modalities")
         return Prompt(
             model=str(body.get("model") or "fake-model"),
             prompt_tokens=tokens,
@@ -53,6 +56,9 @@ class _OpenAI(Dialect):
             include_usage=isinstance(options, dict) and options.get("include_usage") is True,
             choices=max(1, int_or_none(body.get("n")) or 1),
             audio_tokens=audio,
+            audio_output=body.get("audio") is not None
+            or modalities == "audio"
+            or (isinstance(modalities, list) and "audio" in modalities),
         )
 
     @staticmethod
@@ -67,7 +73,7 @@ class _OpenAI(Dialect):
             },
             "completion_tokens_details": {
                 "reasoning_tokens": reply.reasoning_tokens,
-                "audio_tokens": 0,
+                "audio_tokens": reply.audio_output_tokens,
                 "accepted_prediction_tokens": 0,
                 "rejected_prediction_tokens": 0,
             },

@@ -87,6 +87,7 @@ class Prompt:
     include_usage: bool
     choices: int = 1  # OpenAI's `n`
     audio_tokens: int = 0  # of prompt_tokens, from input_audio parts
+    audio_output: bool = False  # the answer is spoken (OpenAI's `modalities` / `audio`)
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class Choice:
     finish: Literal["stop", "length", "tool"]
     completion_tokens: int  # reasoning included, as OpenAI counts them
     reasoning_tokens: int = 0
+    audio_tokens: int = 0  # of completion_tokens: the answer, when it is spoken
 
     @property
     def text(self) -> str:
@@ -136,6 +138,10 @@ class Reply:
     @property
     def reasoning_tokens(self) -> int:
         return sum(choice.reasoning_tokens for choice in self.choices)
+
+    @property
+    def audio_output_tokens(self) -> int:
+        return sum(choice.audio_tokens for choice in self.choices)
 
 
 @dataclass(frozen=True)
@@ -200,7 +206,9 @@ def make_reply(
     Each of the request's ``n`` choices is its own answer: choice ``i`` wants ``i`` pieces
     more than the first. A choice reasons first (``behavior.reasoning_tokens``), and its
     reasoning counts against the request's limit like any output token: what is left of the
-    limit bounds the visible answer (none left: an empty answer, finish ``length``).
+    limit bounds the visible answer (none left: an empty answer, finish ``length``). An
+    answer asked for as audio is billed as audio output tokens (it is still sent as text:
+    the fake plays the provider's bill, not its voice).
     large_body keeps its size whatever the limit (it exists to overflow the gateway's
     max_response_bytes) but still reports no more output tokens than the request allowed.
     """
@@ -245,6 +253,7 @@ def _choice(upstream: str, prompt: Prompt, behavior: Behavior, index: int) -> Ch
         finish="length" if capped else "stop",
         completion_tokens=reasoning + tokens + behavior.overbill_output_tokens,
         reasoning_tokens=reasoning,
+        audio_tokens=tokens if prompt.audio_output else 0,
     )
 
 

@@ -1,7 +1,8 @@
-"""Every billable dimension of a request is reserved before the call, end to end: `n`
-beyond `limits.max_n` is refused, `n` within it is reserved at its true worst case (and
-refused 402 when no budget covers it), and a request the mapping cannot price is routed
-elsewhere or refused, never guessed at."""
+"""Every billable dimension of a request is reserved before the call and settled at its
+price after it, end to end: `n` beyond `limits.max_n` is refused, `n` within it is reserved
+at its true worst case (and refused 402 when no budget covers it), a request the mapping
+cannot price is routed elsewhere or refused, never guessed at, and audio tokens and web
+searches settle at their own prices."""
 
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import orjson
 import pytest
 
 from ledger import apikeys
-from ledger.accounting import usage_cost
 from ledger.events import Usage
 from router.chat import HeaderNarrowing, parse_body
 from router.config import Limits
@@ -120,12 +120,8 @@ async def test_every_choice_is_reserved_and_settled_at_what_the_provider_bills(
         settled = next(e.data for e in events if e.type == "BudgetSettled")
         assert D(reserved["amount_usd"]) == worst_case(gw, {**body, "max_completion_tokens": 50})
         assert settled["usage"]["output_tokens"] == 21
-        cost = usage_cost(
-            Usage.model_validate(settled["usage"]),
-            input_per_mtok=D(1),
-            output_per_mtok=D(2),
-            cached_input_per_mtok=D(1),
-        )
+        usage = settled["usage"]
+        cost = D(usage["input_tokens"] * 1 + usage["output_tokens"] * 2) / 10**6
         assert D(settled["settled_usd"]) == cost <= D(reserved["amount_usd"])
         assert D(raw.headers["x-waybill-cost-usd"]) == cost
 
@@ -199,6 +195,89 @@ async def test_an_image_is_never_sent_where_its_price_is_unknown(sqlite_url: str
         assert (gw.upstreams["east"].hits, gw.upstreams["west"].hits) == (0, 1)
         types = await gw.types(response.headers["x-request-id"])
         assert "BudgetReserved" not in types
+
+
+AUDIO_PRICE = (
+    "{input_per_mtok: 1.0, output_per_mtok: 2.0,"
+    " audio_input: {tokens: 400, per_mtok: 40}, audio_output: {per_mtok: 80}}"
+)
+SPOKEN: dict[str, Any] = {
+    "model": "chat",
+    "messages": [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "say it back"},
+                {"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}},
+            ],
+        }
+    ],
+    "modalities": ["text", "audio"],
+    "audio": {"voice": "alloy", "format": "wav"},
+    "max_tokens": 50,
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_spoken_answer_settles_its_audio_tokens_at_the_audio_prices(
+    sqlite_url: str, stream: bool
+) -> None:
+    async with (
+        running_gateway(sqlite_url, ["east"], [Route("east", price=AUDIO_PRICE)]) as gw,
+        gw.http() as http,
+    ):
+        body = {**SPOKEN, "stream": stream}
+        response = await http.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+        request_id = response.headers["x-request-id"]
+        await gw.wait_for_types(request_id, "RequestCompleted")
+        events = await gw.events(request_id)
+        reserved = next(e.data for e in events if e.type == "BudgetReserved")
+        settled = next(e.data for e in events if e.type == "BudgetSettled")
+        usage = Usage.model_validate(settled["usage"])
+        # The fake bills the clip and the answer (6 tokens) as audio, as OpenAI reports it.
+        assert (usage.audio_input_tokens, usage.audio_output_tokens) == (
+            PART_TOKENS["input_audio"],
+            6,
+        )
+        text_input = usage.input_tokens - usage.audio_input_tokens
+        expected = D(text_input * 1 + 400 * 40 + 6 * 80) / 10**6
+        assert usage.output_tokens == 6
+        assert D(settled["settled_usd"]) == expected <= D(reserved["amount_usd"])
+        assert "BudgetOverrun" not in [e.type for e in events]
+        completed = next(e.data for e in events if e.type == "RequestCompleted")
+        assert D(completed["cost_usd"]) == expected
+        assert completed["usage"] == settled["usage"]
+        if not stream:
+            assert D(response.headers["x-waybill-cost-usd"]) == expected
+
+
+async def test_a_web_search_settles_its_fee_for_every_choice(sqlite_url: str) -> None:
+    price = "{input_per_mtok: 1.0, output_per_mtok: 2.0, web_search: {per_choice_usd: 0.03}}"
+    async with (
+        running_gateway(sqlite_url, ["east"], [Route("east", price=price)]) as gw,
+        gw.http() as http,
+    ):
+        body = {
+            "model": "chat",
+            "messages": [{"role": "user", "content": "news?"}],
+            "web_search_options": {},
+            "n": 2,
+            "max_tokens": 20,
+        }
+        response = await http.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+        assert gw.upstreams["east"].requests[-1].json["web_search_options"] == {}
+        events = await gw.events(response.headers["x-request-id"])
+        reserved = next(e.data for e in events if e.type == "BudgetReserved")
+        settled = next(e.data for e in events if e.type == "BudgetSettled")
+        usage = settled["usage"]
+        # Billed per call and not in the provider's usage: settled at the configured fee.
+        assert "web_searches" not in (response.json()["usage"] or {})
+        assert usage["web_searches"] == 2
+        tokens = D(usage["input_tokens"] * 1 + usage["output_tokens"] * 2) / 10**6
+        assert D(settled["settled_usd"]) == tokens + D("0.06") <= D(reserved["amount_usd"])
+        assert D(response.headers["x-waybill-cost-usd"]) == tokens + D("0.06")
 
 
 async def test_an_anthropic_upstream_is_sent_the_output_bound_that_was_reserved(

@@ -6,6 +6,7 @@ import contextlib
 from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
+from fractions import Fraction
 
 import pytest
 from hypothesis import given, settings
@@ -19,6 +20,7 @@ from ledger.accounting import (
     Hold,
     HoldStateError,
     HoldUnknown,
+    Rates,
     Release,
     Reserve,
     Resolution,
@@ -43,22 +45,66 @@ def hold(n: int, amount: str, specs: tuple[AccountSpec, ...] = (SPEC,)) -> Reser
     )
 
 
+def _rates(
+    input_: str = "0",
+    output: str = "0",
+    cached: str = "0",
+    audio_input: str = "0",
+    audio_output: str = "0",
+    web_search: str | None = None,
+) -> Rates:
+    return Rates(
+        input_per_mtok=D(input_),
+        cached_input_per_mtok=D(cached),
+        output_per_mtok=D(output),
+        audio_input_per_mtok=D(audio_input),
+        audio_output_per_mtok=D(audio_output),
+        web_search_usd=None if web_search is None else D(web_search),
+    )
+
+
 def test_usage_cost_prices_cached_input_and_rounds_up() -> None:
     usage = Usage(input_tokens=1000, output_tokens=500, cached_input_tokens=400)
-    cost = usage_cost(
-        usage,
-        input_per_mtok=D("0.15"),
-        output_per_mtok=D("0.60"),
-        cached_input_per_mtok=D("0.075"),
-    )
+    cost = usage_cost(usage, _rates("0.15", "0.60", "0.075"))
     assert cost == D("0.00009") + D("0.00003") + D("0.0003")
-    tiny = usage_cost(
-        Usage(input_tokens=1, output_tokens=0),
-        input_per_mtok=D("0.0000001"),
-        output_per_mtok=D(0),
-        cached_input_per_mtok=D(0),
-    )
+    tiny = usage_cost(Usage(input_tokens=1, output_tokens=0), _rates("0.0000001"))
     assert tiny == D("0.000000000001")  # 1e-13 rounds up to the quantum, never down to 0
+
+
+def test_usage_cost_prices_audio_tokens_at_their_own_rates_inside_the_counts() -> None:
+    usage = Usage(
+        input_tokens=1000, output_tokens=300, audio_input_tokens=400, audio_output_tokens=200
+    )
+    cost = usage_cost(usage, _rates("1", "2", "1", audio_input="40", audio_output="80"))
+    text = 600 * 1 + 100 * 2
+    audio = 400 * 40 + 200 * 80
+    assert cost == D(text + audio) / 10**6
+
+
+def test_cached_tokens_that_may_be_audio_are_priced_as_audio() -> None:
+    # 300 cached of 1000 input, 400 of them audio: the provider does not say which are
+    # cached, so the cache discounts no text token; with 500 cached, 100 text tokens.
+    rates = _rates("2", cached="1", audio_input="40")
+    audio = 400 * 40
+    for cached, cached_text in ((300, 0), (500, 100), (1000, 600)):
+        usage = Usage(
+            input_tokens=1000, output_tokens=0, cached_input_tokens=cached, audio_input_tokens=400
+        )
+        expected = audio + (600 - cached_text) * 2 + cached_text * 1
+        assert usage_cost(usage, rates) == D(expected) / 10**6
+
+
+def test_web_searches_cost_their_fee_each_and_are_never_free() -> None:
+    usage = Usage(input_tokens=0, output_tokens=0, web_searches=3)
+    assert usage_cost(usage, _rates(web_search="0.025")) == D("0.075")
+    with pytest.raises(ValueError, match="no price"):
+        usage_cost(usage, _rates())
+
+
+def test_usage_cost_is_exact_beyond_the_default_precision() -> None:
+    tokens = 10**18 + 1
+    cost = usage_cost(Usage(input_tokens=tokens, output_tokens=0), _rates("1234567.123456"))
+    assert Fraction(cost) == tokens * Fraction("1234567.123456") / 10**6  # 31 digits
 
 
 def test_windows_roll_over_at_utc_boundaries() -> None:
