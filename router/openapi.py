@@ -17,7 +17,7 @@ from typing import Any, Final
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from ledger.events import ReasonCode
+from ledger.events import DATA_CLASSES, ReasonCode
 from ledger.queries import REQUEST_STATUSES
 from ledger.spend import GROUP_KEYS
 from ledger.types import MONEY_PATTERN
@@ -513,7 +513,7 @@ _CHAT_HEADERS: Final = [
     _header("X-Waybill-Regions", _NAMES, "A narrower region set, comma-separated."),
     _header(
         "X-Waybill-Data-Class",
-        {"type": "string", "enum": ["public", "internal", "restricted"]},
+        {"type": "string", "enum": list(DATA_CLASSES)},
         "This request's data class; it may raise the workspace's default, never lower it.",
     ),
     _header("traceparent", _STRING, "W3C trace context: the request's trace joins it."),
