@@ -9,6 +9,7 @@ table and its definition differ, so the documents cannot drift from the code.
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from typing import Final
@@ -77,6 +78,32 @@ def test_the_contract_error_table_is_router_errors_row_for_row() -> None:
     defined = [(r.status, r.code.value, r.error_type) for r in ERRORS]
     assert documented == defined
     assert {code for _, code, _ in documented} == {code.value for code in ErrorCode}
+
+
+def _calls(name: str) -> list[tuple[Path, ast.Call]]:
+    """Every call of a function called ``name`` in the gateway's code."""
+    found = []
+    for path in sorted((ROOT / "router").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+                if called == name:
+                    found.append((path.relative_to(ROOT), node))
+    return found
+
+
+def test_errors_are_built_only_by_router_errors_with_statuses_from_its_table() -> None:
+    built_elsewhere = [str(p) for p, _ in _calls("GatewayError") if p != Path("router/errors.py")]
+    assert built_elsewhere == []
+    statuses = {
+        keyword.value.value
+        for _, call in _calls("invalid_request")
+        for keyword in call.keywords
+        if keyword.arg == "status" and isinstance(keyword.value, ast.Constant)
+    }
+    assert statuses  # the 413s and the 431, at least
+    assert statuses <= {r.status for r in ERRORS if r.code is ErrorCode.INVALID_REQUEST}
 
 
 # "409 `idempotency_conflict`", "`402 budget_exceeded`", "503 `a`, `b` or `c`": a status
