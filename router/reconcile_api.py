@@ -27,7 +27,11 @@ from ledger.store import EventStore
 from ledger.usage_export import ExportFormat
 from router import openapi as api_doc
 from router.access import read_scope
-from router.errors import GatewayError, invalid_request, permission_denied
+from router.errors import (
+    invalid_request,
+    permission_denied,
+    reconciliation_not_found,
+)
 from router.gateway import Caller
 
 __all__ = ["MAX_EXPORT_BYTES", "reconcile_router"]
@@ -85,9 +89,7 @@ def reconcile_router(authenticate: Authenticate) -> APIRouter:
         report = await find_reconciliation(_store(request), reconciliation_id)
         workspace = read_scope(caller).workspace
         if report is None or workspace not in (None, report.workspace):
-            raise GatewayError(
-                404, "reconciliation_not_found", f"no reconciliation {reconciliation_id!r}"
-            )
+            raise reconciliation_not_found(reconciliation_id)
         return Response(orjson.dumps(report_json(report)), media_type=_JSON)
 
     return router
