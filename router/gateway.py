@@ -1201,11 +1201,14 @@ def _has_content(chunk: Mapping[str, Any]) -> bool:
         if choice.get("finish_reason"):
             return True
         delta = choice.get("delta")
-        if isinstance(delta, dict) and (
-            delta.get("content") or delta.get("tool_calls") or delta.get("refusal")
-        ):
+        if isinstance(delta, dict) and any(delta.get(key) for key in _CONTENT_KEYS):
             return True
     return False
+
+
+# What in a delta is content the client must see (text, a tool call, a refusal, spoken
+# audio, the legacy function call): the first of these commits the stream.
+_CONTENT_KEYS: Final = ("content", "tool_calls", "refusal", "audio", "function_call")
 
 
 def _is_usage_chunk(chunk: Mapping[str, Any]) -> bool:
