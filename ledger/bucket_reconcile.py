@@ -33,11 +33,12 @@ from ledger.buckets import (
     EndpointIdentity,
     LedgerAttempt,
     coverage,
+    model_key,
     reconcile_buckets,
 )
 from ledger.projection import ProjectionRunner
 from ledger.provider_reports import ParsedReport, ReportFormat, parse_report
-from ledger.reconcile import ReconcileScope, find_reconciliation
+from ledger.reconcile import ReconcileScope, find_reconciliation, money_fields
 from ledger.schema import spend_attempts, unknown_settlements
 from ledger.settlements import SettlementError, settle_unknown
 from ledger.store import NO_STREAM, EventStore, WrongExpectedVersion
@@ -45,7 +46,13 @@ from ledger.types import money_str
 from ledger.usage_export import ExportError
 from ledger.views import all_projections
 
-__all__ = ["import_provider_report", "report_files_sha256"]
+__all__ = [
+    "bucket_attempts",
+    "bucket_json",
+    "find_bucket",
+    "import_provider_report",
+    "report_files_sha256",
+]
 
 _EVERYTHING = ReconcileScope()
 
@@ -259,3 +266,84 @@ def _attempt(row: Any) -> LedgerAttempt:
         usage=usage,
         settlement_id=row.settlement_id,
     )
+
+
+async def bucket_attempts(
+    store: EventStore, comparison: ev.BucketComparison, workspace: str | None = None
+) -> list[dict[str, Any]]:
+    """The attempts a recorded comparison speaks for, as they stand now: those of its
+    endpoints started in its bucket (of its model, when it has one), oldest first."""
+    start = _label_instant(comparison.bucket)
+    end = _label_instant(comparison.bucket_end)
+    query = _attempt_query(frozenset(comparison.endpoints), start, end, workspace)
+    async with store.engine.connect() as conn:
+        rows = (await conn.execute(query.order_by(spend_attempts.c.reserved_at))).all()
+    found = []
+    for row in rows:
+        if comparison.model is not None and model_key(row.model) != comparison.model:
+            continue
+        found.append(
+            {
+                "attempt_id": row.attempt_id,
+                "request_id": row.request_id,
+                "endpoint": row.endpoint,
+                "model": row.model,
+                "workspace": row.workspace,
+                "state": row.state,
+                "started_at": _utc(row.reserved_at).isoformat(),
+                "input_tokens": row.input_tokens,
+                "cached_input_tokens": row.cached_input_tokens,
+                "output_tokens": row.output_tokens,
+                "reserved_usd": money_str(Decimal(row.reserved_usd)),
+                "settled_usd": money_str(Decimal(row.settled_usd)),
+                "held_unknown_usd": money_str(Decimal(row.held_unknown_usd)),
+                "settlement_id": row.settlement_id,
+            }
+        )
+    return found
+
+
+def _label_instant(label: str) -> datetime:
+    return datetime.fromisoformat(label.replace("Z", "+00:00"))
+
+
+def find_bucket(
+    report: ev.ReconciliationImported,
+    bucket: str,
+    *,
+    model: str | None = None,
+    endpoint: str | None = None,
+) -> list[ev.BucketComparison]:
+    """The comparisons of a recorded report whose bucket starts at ``bucket`` (any ISO 8601
+    form of the instant), narrowed to a model and an endpoint if given."""
+    try:
+        moment = _label_instant(bucket.strip())
+    except ValueError:
+        return []
+    moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    return [
+        c
+        for c in report.buckets
+        if _label_instant(c.bucket) == moment
+        and (model is None or c.model == model_key(model))
+        and (endpoint is None or endpoint in c.endpoints)
+    ]
+
+
+async def bucket_json(
+    store: EventStore,
+    reconciliation_id: str,
+    found: Sequence[ev.BucketComparison],
+    workspace: str | None = None,
+) -> dict[str, Any]:
+    """A bucket's comparisons as the API and the CLI show them, each with its attempts."""
+    comparisons = []
+    for comparison in found:
+        data = money_fields(comparison.model_dump(mode="json"))
+        data["attempts"] = await bucket_attempts(store, comparison, workspace)
+        comparisons.append(data)
+    return {
+        "reconciliation_id": reconciliation_id,
+        "bucket": found[0].bucket,
+        "comparisons": comparisons,
+    }
