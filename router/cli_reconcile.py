@@ -285,6 +285,14 @@ def fetch_command(
         target = config.endpoint(endpoint)
         if target is None:
             raise CliError(f"no endpoint {endpoint!r} in the config")
+        if not any(
+            (target.provider_project_id, target.provider_api_key_id, target.provider_workspace_id)
+        ):
+            raise CliError(
+                f"endpoint {endpoint} has no provider_project_id, provider_api_key_id or "
+                "provider_workspace_id: its usage cannot be told from the rest of the "
+                "organization's"
+            )
         try:
             start, end = day_window(since, until)
             with progress_bar() as progress:

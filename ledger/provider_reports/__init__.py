@@ -80,6 +80,17 @@ class ParsedReport:
 def detect_format(data: bytes) -> ReportFormat | Literal["lines"] | None:
     """What a file holds, from its content: a report's pages (and which report, when a
     result says so), ``lines`` (a per-request export), or None (pages without results)."""
+    start = data.lstrip(b"\xef\xbb\xbf \t\r\n")[:1]
+    if start not in (b"{", b"["):
+        return "lines"  # CSV
+    # Told from the first page alone (a JSONL export may be large: it is read once, later).
+    first_line = data.lstrip(b"\xef\xbb\xbf \t\r\n").split(b"\n", 1)[0]
+    try:
+        head = read_pages(first_line, None)
+    except ExportError:
+        head = []  # a page written over several lines: read it whole
+    if head and not all(_is_page(p.body) for p in head):
+        return "lines"
     try:
         pages = read_pages(data, None)
     except ExportError:
