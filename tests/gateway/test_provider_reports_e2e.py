@@ -355,3 +355,45 @@ def test_reconcile_fetch_pages_through_the_admin_api_then_reconciles(
         "reconcile", "fetch", "--endpoint", "west", *args, database_url=sqlite_url, env=env
     )
     assert no_key.returncode == 1 and "west has no admin_api_key" in no_key.stderr
+
+
+async def test_a_hostile_report_page_is_refused_whole_naming_its_field(sqlite_url: str) -> None:
+    async with running_gateway(
+        sqlite_url, ["east"], [Route("east")], endpoint_extra={"east": IDENTITIES["east"]}
+    ) as gw:
+        admin = await apikeys.create_key(gw.store, "acme", "admin")
+        head = await gw.store.head()
+        bad = {
+            "object": "page",
+            "data": [
+                {
+                    "object": "bucket",
+                    "start_time": 1796047200,
+                    "end_time": 1796050800,
+                    "results": [
+                        {
+                            "object": "organization.usage.completions.result",
+                            "input_tokens": 10**30,
+                            "output_tokens": 1,
+                            "project_id": "proj_east",
+                        }
+                    ],
+                }
+            ],
+            "has_more": False,
+        }
+        deep = b'{"object": "page", "data": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"
+        async with _client(gw, admin.secret) as http:
+            refused = await http.post(
+                "/v1/reconciliations?format=openai-usage",
+                content=json.dumps(bad).encode(),
+            )
+            assert refused.status_code == 400
+            error = refused.json()["error"]
+            assert error["param"] == "data[0].results[0].input_tokens"
+            assert error["message"].startswith("line 1, data[0].results[0].input_tokens: must be")
+            nested = await http.post("/v1/reconciliations?format=openai-usage", content=deep)
+            assert nested.status_code == 400 and "nested too deeply" in nested.text
+            unknown = await http.post("/v1/reconciliations?format=xls", content=b"{}")
+            assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "format"
+        assert await gw.store.head() == head
