@@ -9,6 +9,7 @@ package so an installed wheel migrates exactly as a checkout does.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from pathlib import Path
 from typing import Any, Final
@@ -77,6 +78,8 @@ UNAVAILABLE: tuple[type[BaseException], ...] = (
 and a retry may succeed."""
 
 
+_BROKEN_PROTOCOL: Final = re.compile(r"not connected|\"failed\" state|another operation \(2\)")
+
 _UNAVAILABLE_SQLSTATE_CLASSES: Final = frozenset(
     {
         "08",  # connection exception
@@ -103,6 +106,12 @@ def is_unavailable(error: BaseException) -> bool:
     if isinstance(error, UNAVAILABLE):
         return True
     original = error.orig if isinstance(error, sa_exc.DBAPIError) else error
+    if isinstance(original, asyncpg.InternalClientError):
+        # asyncpg's protocol after its connection broke (a server that terminated the
+        # backend): "not connected", "protocol is in the 'failed' state", or a new statement
+        # meeting the protocol still consuming the error the server sent unasked (state 2,
+        # PROTOCOL_ERROR_CONSUME). Any other internal client error is a bug.
+        return _BROKEN_PROTOCOL.search(str(original)) is not None
     sqlstate = getattr(original, "sqlstate", None)
     return isinstance(sqlstate, str) and sqlstate[:2] in _UNAVAILABLE_SQLSTATE_CLASSES
 

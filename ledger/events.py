@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from decimal import Decimal
 from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -32,6 +32,7 @@ from pydantic import (
 
 __all__ = [
     "CATALOGUE",
+    "DATA_CLASSES",
     "UPCASTERS",
     "AccountRef",
     "AttemptFinished",
@@ -45,6 +46,7 @@ __all__ = [
     "BudgetSettled",
     "Candidate",
     "ConfigActivated",
+    "DataClass",
     "Event",
     "EventValidationError",
     "Evidence",
@@ -68,12 +70,14 @@ __all__ = [
     "UnknownUsageOpened",
     "UnknownUsageSettled",
     "Usage",
+    "data_class_rank",
     "decode_event",
     "encode_event",
 ]
 
 
-# --- vocabularies (contract §4 and §5): defined once, used by router, ledger and API alike ---
+# --- vocabularies (contract §2, §4, §5): defined once; config validation, the OpenAPI schema
+# and the contract's tables (checked by tests/test_vocabulary.py) all derive from these ---
 
 
 class ReasonCode(StrEnum):
@@ -116,6 +120,19 @@ class Evidence(StrEnum):
     NOT_STARTED = "not_started"
     UNKNOWN = "unknown"
     STARTED = "started"
+
+
+DataClass = Literal["public", "internal", "restricted"]
+"""How sensitive a request's data is (contract §2), least to most: a request may raise its
+workspace's class, never lower it, and an endpoint receives only the classes it lists."""
+
+DATA_CLASSES: Final[tuple[DataClass, ...]] = get_args(DataClass)
+"""The data classes in order, least sensitive first."""
+
+
+def data_class_rank(data_class: DataClass) -> int:
+    """Position in public < internal < restricted."""
+    return DATA_CLASSES.index(data_class)
 
 
 # --- field types ---
@@ -172,7 +189,7 @@ class Requirements(_Record):
     kind: str = "chat"
     capabilities: tuple[str, ...] = ()
     regions: tuple[str, ...] | None = None  # None: the workspace's regions apply unnarrowed
-    data_class: Literal["public", "internal", "restricted"] = "internal"
+    data_class: DataClass = "internal"
     estimated_input_tokens: NonNegInt = 0  # text: the prompt's bytes bound its tokens
     max_output_tokens: NonNegInt | None = None
     # What else the request may be billed for (the worst case, router/worst_case.py):

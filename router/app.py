@@ -64,11 +64,15 @@ from router.config import Config, ConfigError, load_config
 from router.errors import (
     GatewayError,
     capacity_error,
+    client_canceled,
+    internal_error,
     invalid_api_key,
     invalid_request,
     ledger_unavailable,
     model_not_found,
     permission_denied,
+    reload_unavailable,
+    route_not_found,
 )
 from router.gateway import Caller, Gateway, KeyMoved
 from router.idempotency import Claim, IdempotencyStore, RecordedAnswer
@@ -238,14 +242,12 @@ def _failure_response(request: Request, error: Exception) -> Response:
         return _error_response(error, _request_id(request))
     if isinstance(error, ClientDisconnect):
         # The client left before its body arrived: nobody reads the answer, nothing to log.
-        gone = GatewayError(499, "client_canceled", "the client closed the connection")
-        return _error_response(gone, _request_id(request))
+        return _error_response(client_canceled(), _request_id(request))
     if is_unavailable(error):
         log.error("ledger unavailable serving %s: %s", request.url.path, type(error).__name__)
         return _error_response(ledger_unavailable(), _request_id(request))
     log.exception("unexpected error serving %s", request.url.path, exc_info=error)
-    failure = GatewayError(500, "internal_error", "internal error", error_type="api_error")
-    return _error_response(failure, _request_id(request))
+    return _error_response(internal_error(), _request_id(request))
 
 
 def _request_id(request: Request) -> str:
@@ -325,11 +327,11 @@ def create_app(settings: AppSettings) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, error: StarletteHTTPException) -> Response:
-        code = "not_found" if error.status_code == 404 else "invalid_request"
-        message = "no such route" if error.status_code == 404 else str(error.detail)
-        response = _error_response(
-            GatewayError(error.status_code, code, message), _request_id(request)
-        )
+        if error.status_code == 404:
+            answer = route_not_found()
+        else:  # e.g. a 405, for a method the route does not take
+            answer = invalid_request(str(error.detail), status=error.status_code)
+        response = _error_response(answer, _request_id(request))
         response.headers.update(error.headers or {})  # a 405's Allow (RFC 9110)
         return response
 
@@ -748,7 +750,7 @@ async def reload_config(app: FastAPI) -> tuple[str, str]:
     and closes. Returns (previous generation, new generation). Raises ConfigError."""
     settings: AppSettings = app.state.settings
     if settings.config_path is None:
-        raise GatewayError(409, "reload_unavailable", "this gateway was not started from a file")
+        raise reload_unavailable()
     config = await asyncio.to_thread(load_config, settings.config_path)
     old: Gateway = app.state.gateway
     store: EventStore = app.state.store

@@ -18,9 +18,9 @@ from typing import Any, Final, NamedTuple
 
 import orjson
 
-from ledger.events import Requirements
+from ledger.events import DATA_CLASSES, DataClass, Requirements, data_class_rank
 from ledger.types import MONEY_LIMIT, parse_money
-from router.config import DataClass, Limits, Workspace, data_class_rank
+from router.config import Limits, Workspace
 from router.errors import GatewayError, invalid_request
 
 __all__ = [
@@ -35,7 +35,8 @@ __all__ = [
 
 MAX_BODY_BYTES: Final = 4 * 1024 * 1024
 DEFAULT_LIMITS: Final = Limits()
-_DATA_CLASSES: Final = ("public", "internal", "restricted")
+# A header's value, trimmed and lowercased, to the data class it names.
+_DATA_CLASS_BY_NAME: Final[Mapping[str, DataClass]] = {c: c for c in DATA_CLASSES}
 # Worst-case input (contract §4): a token covers at least one byte of text, so the byte count of
 # the messages' text (JSON syntax included, which outweighs the chat template's few tokens
 # per message) and of the other fields the model reads as text (tool and function
@@ -416,14 +417,10 @@ def _csv(value: str | None, name: str) -> tuple[str, ...] | None:
 def _data_class(value: str | None) -> DataClass | None:
     if value is None:
         return None
-    text = value.strip().lower()
-    if text == "public":
-        return "public"
-    if text == "internal":
-        return "internal"
-    if text == "restricted":
-        return "restricted"
-    raise _bad_header("X-Waybill-Data-Class", f"must be one of {', '.join(_DATA_CLASSES)}")
+    data_class = _DATA_CLASS_BY_NAME.get(value.strip().lower())
+    if data_class is None:
+        raise _bad_header("X-Waybill-Data-Class", f"must be one of {', '.join(DATA_CLASSES)}")
+    return data_class
 
 
 def _tracestate(value: str | None) -> str | None:

@@ -17,7 +17,7 @@ import os
 import re
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
@@ -33,15 +33,16 @@ from pydantic import (
     StrictStr,
     ValidationError,
     ValidationInfo,
+    create_model,
     field_validator,
     model_validator,
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from ledger.events import DataClass, FailureClass, data_class_rank
 from router import egress
 
 __all__ = [
-    "DATA_CLASSES",
     "FAILURE_CLASSES",
     "KNOWN_CAPABILITIES",
     "Breaker",
@@ -49,7 +50,6 @@ __all__ = [
     "BudgetWindow",
     "Config",
     "ConfigError",
-    "DataClass",
     "Defaults",
     "Driver",
     "Endpoint",
@@ -65,34 +65,16 @@ __all__ = [
     "RetrySameEndpoint",
     "SearchPrice",
     "Workspace",
-    "data_class_rank",
     "load_config",
     "parse_config",
 ]
 
 Driver = Literal["openai", "anthropic"]
-DataClass = Literal["public", "internal", "restricted"]
 BudgetWindow = Literal["day", "month", "total"]
 
-# Ordered least to most sensitive: a request may raise its workspace's class, never lower it.
-DATA_CLASSES: tuple[DataClass, ...] = ("public", "internal", "restricted")
-
-# The failure classes of contract §5; `retry_same_endpoint` keys must be one of these.
-FAILURE_CLASSES: tuple[str, ...] = (
-    "rate_limited",
-    "quota_exhausted",
-    "credentials",
-    "policy_denied",
-    "model_unavailable",
-    "context_too_small",
-    "upstream_unavailable",
-    "network_error",
-    "timeout",
-    "response_too_large",
-    "non_retryable",
-    "client_canceled",
-    "deadline_exceeded",
-)
+# `retry_same_endpoint` takes exactly the failure classes of contract §5, as the classifier
+# names them (its fields are made from the enum below).
+FAILURE_CLASSES: tuple[str, ...] = tuple(c.value for c in FailureClass)
 
 # Capabilities inferred from a request body. Other lowercase tokens are accepted too, because
 # clients may require extra ones through `X-Waybill-Capabilities` (contract §3).
@@ -106,11 +88,6 @@ _CREDENTIAL_REFS = re.compile(
     r"\$\{env:(?P<user>[A-Za-z_][A-Za-z0-9_]*)\}(?::\$\{env:(?P<password>[A-Za-z_][A-Za-z0-9_]*)\})?"
 )
 _CAPABILITY = re.compile(r"[a-z][a-z0-9_.-]*")
-
-
-def data_class_rank(data_class: DataClass) -> int:
-    """Position in public < internal < restricted."""
-    return DATA_CLASSES.index(data_class)
 
 
 class ConfigError(Exception):
@@ -210,28 +187,34 @@ class RetryRule(_Frozen):
         return value
 
 
-class RetrySameEndpoint(_Frozen):
-    """One rule per failure class of contract §5; a class left out is never retried in place."""
+class _RetryRules(_Frozen):
+    """`defaults.retry_same_endpoint`: a rule for each failure class of contract §5."""
 
-    rate_limited: RetryRule = RetryRule(max=1)
-    quota_exhausted: RetryRule = RetryRule()
-    credentials: RetryRule = RetryRule()
-    policy_denied: RetryRule = RetryRule()
-    model_unavailable: RetryRule = RetryRule()
-    context_too_small: RetryRule = RetryRule()
-    upstream_unavailable: RetryRule = RetryRule(max=1)
-    network_error: RetryRule = RetryRule()
-    timeout: RetryRule = RetryRule()  # a silent route is not retried
-    response_too_large: RetryRule = RetryRule()
-    non_retryable: RetryRule = RetryRule()
-    client_canceled: RetryRule = RetryRule()
-    deadline_exceeded: RetryRule = RetryRule()
-
-    def rule(self, failure_class: str) -> RetryRule:
-        if failure_class not in FAILURE_CLASSES:
-            raise KeyError(failure_class)
-        rule: RetryRule = getattr(self, failure_class)
+    def rule(self, failure_class: FailureClass) -> RetryRule:
+        rule: RetryRule = getattr(self, failure_class.value)
         return rule
+
+
+# A class left out of the file is never retried in place, except these, retried once.
+_RETRIED_ONCE: frozenset[FailureClass] = frozenset(
+    {FailureClass.RATE_LIMITED, FailureClass.UPSTREAM_UNAVAILABLE}
+)
+
+# The model is made from the enum, so the file accepts exactly the classes the classifier
+# names, in their order, and an unknown one is refused as an unknown key (`_message`).
+if TYPE_CHECKING:
+    RetrySameEndpoint = _RetryRules
+else:
+    RetrySameEndpoint = create_model(
+        "RetrySameEndpoint",
+        __doc__=_RetryRules.__doc__,
+        __base__=_RetryRules,
+        __module__=__name__,
+        **{
+            c.value: (RetryRule, RetryRule(max=1 if c in _RETRIED_ONCE else 0))
+            for c in FailureClass
+        },
+    )
 
 
 class Breaker(_Frozen):

@@ -64,12 +64,16 @@ from router.drivers import (
 )
 from router.errors import (
     AttemptSummary,
+    ErrorCode,
     GatewayError,
     budget_exceeded,
+    client_canceled,
     deadline_exceeded,
     error_for_failure,
+    internal_error,
     ledger_unavailable,
     no_eligible_route,
+    stream_broken,
     upstream_unavailable,
 )
 from router.ids import new_id
@@ -458,7 +462,7 @@ class _Run:
                         attempt_id=hold.attempt_id,
                         status="failed",
                         evidence=ev.Evidence.NOT_STARTED,
-                        error_code="ledger_unavailable",
+                        error_code=ErrorCode.LEDGER_UNAVAILABLE,
                         duration_ms=0,
                     )
                 )
@@ -536,9 +540,9 @@ class _Run:
                 decision = Decision(action="stop", reason="client_canceled")
                 self._pending.append(self._failover_decided(attempt, classification, decision))
         if canceled:
-            error = GatewayError(499, "client_canceled", "the client closed the connection")
+            error = client_canceled()
         elif error is None:
-            error = GatewayError(500, "internal_error", "internal error", error_type="api_error")
+            error = internal_error()
         self.gw._keep(self._flush_patiently(self._request_failed(error)))
 
     async def _until_answered(
@@ -633,7 +637,7 @@ class _Run:
                 attempt_id=attempt.attempt_id,
                 status="failed",
                 evidence=ev.Evidence.STARTED,
-                error_code="ledger_unavailable",
+                error_code=ErrorCode.LEDGER_UNAVAILABLE,
                 duration_ms=round((time.monotonic() - attempt.started_at) * 1000),
                 time_to_first_chunk_ms=upstream.time_to_first_chunk_ms,
             )
@@ -1051,11 +1055,9 @@ class _Run:
     ) -> GatewayError:
         """A committed stream that did not finish: a partial failure, never a success."""
         if classification.failure_class is ev.FailureClass.CLIENT_CANCELED:
-            error = GatewayError(499, "client_canceled", "the client closed the stream")
+            error = client_canceled("the client closed the stream")
         else:
-            error = GatewayError(
-                502, "upstream_error", f"the upstream stream broke: {classification.failure_class}"
-            )
+            error = stream_broken(classification.failure_class)
         if self.ended:  # the client left while the success was being recorded
             return error
         self.in_flight, self.ended = None, True

@@ -17,12 +17,13 @@ from typing import Any, Final
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from ledger.events import ReasonCode
+from ledger.events import DATA_CLASSES, FailureClass, ReasonCode
 from ledger.queries import REQUEST_STATUSES
 from ledger.spend import GROUP_KEYS
 from ledger.types import MONEY_PATTERN
 from router.chat import MAX_JSON_INTEGER
 from router.config import Limits
+from router.errors import ERRORS, sent_codes
 
 __all__ = [
     "ADMIN_RELOAD",
@@ -51,33 +52,8 @@ Schema = dict[str, Any]
 
 _REF: Final = "#/components/schemas/"
 
-# Every ``error.code`` a client can meet: contract §3's table, then the codes of the query,
-# finance and admin routes and of the gateway's own state.
-ERROR_CODES: Final = (
-    "invalid_request",
-    "invalid_api_key",
-    "model_not_found",
-    "idempotency_conflict",
-    "no_eligible_route",
-    "budget_exceeded",
-    "upstream_rate_limited",
-    "upstream_error",
-    "upstream_response_too_large",
-    "upstream_credentials",
-    "upstream_quota_exhausted",
-    "upstream_policy_denied",
-    "upstream_unavailable",
-    "capacity_error",
-    "deadline_exceeded",
-    "permission_denied",
-    "not_found",
-    "request_not_found",
-    "settlement_not_found",
-    "settlement_conflict",
-    "reconciliation_not_found",
-    "reload_unavailable",
-    "ledger_unavailable",
-)
+# Every ``error.code`` an answer can carry: contract §3's table, as router.errors defines it.
+ERROR_CODES: Final = tuple(code.value for code in sent_codes())
 
 
 def _ref(name: str) -> Schema:
@@ -141,7 +117,7 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         "properties": {
             "endpoint": _STRING,
             "status": _nullable({"type": "integer"}),
-            "failure_class": _nullable(_STRING),
+            "failure_class": _nullable({"type": "string", "enum": [c.value for c in FailureClass]}),
         },
     },
     "ChatMessage": {
@@ -392,20 +368,17 @@ _REQUEST_ID_HEADER: Final[Schema] = {
     "schema": _STRING,
 }
 
-_ERROR_MEANINGS: Final[dict[int, str]] = {
-    400: "invalid_request: a malformed body, or a bad query or header value (param names it)",
-    401: "invalid_api_key: missing, unknown or revoked key",
-    402: "budget_exceeded: no budget covers the worst-case cost of an eligible attempt",
-    403: "permission_denied: the key's role may not do this",
-    404: "not found (or not the caller's to read: never 403)",
-    409: "a conflict (idempotency_conflict, settlement_conflict, reload_unavailable)",
-    413: "invalid_request: the body is too large",
-    422: "no_eligible_route: no candidate satisfies the requirements; nothing reserved",
-    429: "upstream_rate_limited: every eligible candidate is rate-limited",
-    502: "a terminal upstream outcome, named for its cause (upstream_*)",
-    503: "upstream_unavailable, capacity_error or ledger_unavailable",
-    504: "deadline_exceeded: the whole-request deadline ran out",
-}
+
+def _meanings() -> dict[int, str]:
+    """Each status's description: the codes it may carry, and when (router.errors.ERRORS)."""
+    meanings: dict[int, list[str]] = {}
+    for row in ERRORS:
+        if row.sent:
+            meanings.setdefault(row.status, []).append(f"{row.code}: {row.when}")
+    return {status: "; ".join(rows) for status, rows in meanings.items()}
+
+
+_ERROR_MEANINGS: Final = _meanings()
 
 
 def _error_responses(*statuses: int) -> dict[str, Schema]:
@@ -518,7 +491,7 @@ _CHAT_HEADERS: Final = [
     _header("X-Waybill-Regions", _NAMES, "A narrower region set, comma-separated."),
     _header(
         "X-Waybill-Data-Class",
-        {"type": "string", "enum": ["public", "internal", "restricted"]},
+        {"type": "string", "enum": list(DATA_CLASSES)},
         "This request's data class; it may raise the workspace's default, never lower it.",
     ),
     _header("traceparent", _STRING, "W3C trace context: the request's trace joins it."),

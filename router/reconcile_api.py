@@ -33,7 +33,11 @@ from ledger.store import EventStore
 from ledger.usage_export import ExportFormat
 from router import openapi as api_doc
 from router.access import read_scope
-from router.errors import GatewayError, invalid_request, permission_denied
+from router.errors import (
+    invalid_request,
+    permission_denied,
+    reconciliation_not_found,
+)
 from router.gateway import Caller
 from router.provider_reports import identities_of, rates_of
 
@@ -99,9 +103,7 @@ def reconcile_router(authenticate: Authenticate) -> APIRouter:
         report = await find_reconciliation(_store(request), reconciliation_id)
         workspace = read_scope(caller).workspace
         if report is None or workspace not in (None, report.workspace):
-            raise GatewayError(
-                404, "reconciliation_not_found", f"no reconciliation {reconciliation_id!r}"
-            )
+            raise reconciliation_not_found(reconciliation_id)
         return Response(orjson.dumps(report_json(report)), media_type=_JSON)
 
     @router.get(
@@ -113,9 +115,7 @@ def reconcile_router(authenticate: Authenticate) -> APIRouter:
         report = await find_reconciliation(_store(request), reconciliation_id)
         workspace = read_scope(caller).workspace
         if report is None or workspace not in (None, report.workspace):
-            raise GatewayError(
-                404, "reconciliation_not_found", f"no reconciliation {reconciliation_id!r}"
-            )
+            raise reconciliation_not_found(reconciliation_id)
         found = find_bucket(
             report,
             bucket,
@@ -123,12 +123,7 @@ def reconcile_router(authenticate: Authenticate) -> APIRouter:
             endpoint=request.query_params.get("endpoint") or None,
         )
         if not found:
-            raise GatewayError(
-                404,
-                "reconciliation_not_found",
-                f"reconciliation {reconciliation_id} has no bucket {bucket!r}"
-                " (with that model and endpoint)",
-            )
+            raise reconciliation_not_found(reconciliation_id, bucket)
         detail = await bucket_json(_store(request), report.reconciliation_id, found, workspace)
         return Response(orjson.dumps(detail), media_type=_JSON)
 

@@ -20,18 +20,18 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Final, Literal, TypeAlias
 
-from ledger.events import Candidate, Evidence, FailureClass, ReasonCode, Requirements, RouteChoice
-from router.classify import Classification
-from router.config import (
-    Config,
+from ledger.events import (
+    Candidate,
     DataClass,
-    Defaults,
-    Endpoint,
-    Mapping,
-    ModelGroup,
-    Workspace,
+    Evidence,
+    FailureClass,
+    ReasonCode,
+    Requirements,
+    RouteChoice,
     data_class_rank,
 )
+from router.classify import Classification
+from router.config import Config, Defaults, Endpoint, Mapping, ModelGroup, Workspace
 from router.worst_case import input_tokens, output_tokens, unpriced, worst_case_cost
 
 __all__ = [
@@ -40,7 +40,6 @@ __all__ = [
     "Action",
     "AttemptOutcome",
     "BreakerOpen",
-    "DataClass",
     "Decision",
     "OverBudget",
     "RouteContext",
@@ -469,7 +468,7 @@ def _retry(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> D
         FailureClass.TIMEOUT,  # a silent route is never retried, whatever the config says
     ):
         return None
-    rule = defaults.retry_same_endpoint.rule(c.failure_class.value)
+    rule = defaults.retry_same_endpoint.rule(c.failure_class)
     if outcome.retries_on_endpoint >= rule.max:
         return None
     if c.failure_class is FailureClass.RATE_LIMITED:

@@ -27,7 +27,12 @@ from ledger.store import EventStore
 from ledger.types import MONEY_LIMIT, money_str, parse_money
 from router import openapi as api_doc
 from router.access import read_scope
-from router.errors import GatewayError, invalid_request, permission_denied
+from router.errors import (
+    invalid_request,
+    permission_denied,
+    settlement_conflict,
+    settlement_not_found,
+)
 from router.gateway import Caller
 from router.queries import decode_cursor, encode_cursor, limit_param
 
@@ -105,7 +110,7 @@ def spend_router(authenticate: Authenticate) -> APIRouter:
             settlement_id=settlement_id,
         )
         if not page.data:
-            raise GatewayError(404, "settlement_not_found", f"no settlement {settlement_id!r}")
+            raise settlement_not_found(settlement_id)
         amount, reason, force = body
         try:
             event, overrun = await settle_unknown(
@@ -119,7 +124,7 @@ def spend_router(authenticate: Authenticate) -> APIRouter:
         except SettlementRefused as error:
             raise invalid_request(str(error), param="settled_usd") from None
         except SettlementError as error:
-            raise GatewayError(409, "settlement_conflict", str(error)) from None
+            raise settlement_conflict(str(error)) from None
         answer = event.model_dump(mode="json")
         answer["overrun_usd"] = money_str(overrun.excess_usd if overrun else Decimal(0))
         return Response(orjson.dumps(answer), media_type=_JSON)

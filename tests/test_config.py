@@ -16,14 +16,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from ledger.events import DATA_CLASSES, FailureClass, data_class_rank
 from router.config import (
-    DATA_CLASSES,
     FAILURE_CLASSES,
     Config,
     ConfigError,
     Defaults,
     RetrySameEndpoint,
-    data_class_rank,
     load_config,
     parse_config,
 )
@@ -727,15 +726,14 @@ def test_omitted_defaults_equal_the_spec_values() -> None:
     defaults = _parse(_base()).defaults
     assert defaults == Defaults()
     retry = defaults.retry_same_endpoint
-    assert (retry.rate_limited.max, retry.rate_limited.max_retry_after_ms) == (1, 5000)
-    assert (retry.upstream_unavailable.max, retry.upstream_unavailable.backoff_ms) == (
-        1,
-        (100, 500),
-    )
-    assert retry.timeout.max == 0
+    rate_limited = retry.rule(FailureClass.RATE_LIMITED)
+    assert (rate_limited.max, rate_limited.max_retry_after_ms) == (1, 5000)
+    unavailable = retry.rule(FailureClass.UPSTREAM_UNAVAILABLE)
+    assert (unavailable.max, unavailable.backoff_ms) == (1, (100, 500))
+    assert retry.rule(FailureClass.TIMEOUT).max == 0
     assert all(
         retry.rule(c).max == 0
-        for c in FAILURE_CLASSES
+        for c in FailureClass
         if c not in SPEC_DEFAULTS["retry_same_endpoint"]
     )
     endpoint, mapping = _parse(_base()).endpoints[1], _parse(_base()).models[0].mappings[1]
@@ -750,14 +748,15 @@ def test_overriding_one_retry_rule_keeps_the_others() -> None:
         lambda d: d.update(defaults={"retry_same_endpoint": {"rate_limited": {"max": 3}}})
     )
     retry = _parse(data).defaults.retry_same_endpoint
-    assert (retry.rate_limited.max, retry.rate_limited.max_retry_after_ms) == (3, 5000)
-    assert retry.upstream_unavailable.max == 1
+    rate_limited = retry.rule(FailureClass.RATE_LIMITED)
+    assert (rate_limited.max, rate_limited.max_retry_after_ms) == (3, 5000)
+    assert retry.rule(FailureClass.UPSTREAM_UNAVAILABLE).max == 1
 
 
-def test_retry_rules_cover_exactly_the_spec_failure_classes() -> None:
+def test_retry_rules_cover_exactly_the_failure_classes() -> None:
     assert tuple(RetrySameEndpoint.model_fields) == FAILURE_CLASSES
-    with pytest.raises(KeyError):
-        RetrySameEndpoint().rule("overloaded")
+    assert tuple(c.value for c in FailureClass) == FAILURE_CLASSES
+    assert all(RetrySameEndpoint().rule(c) is not None for c in FailureClass)
 
 
 def test_data_classes_rank_public_below_internal_below_restricted() -> None:

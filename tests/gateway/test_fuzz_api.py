@@ -5,8 +5,9 @@ cases (boundaries, missing and wrongly typed values, undeclared methods) and ran
 and invalid requests, and checks every answer: no 5xx (the fake provider answers ok, so a
 5xx is a bug), status codes, content types, headers and bodies as declared, valid data
 accepted, invalid data refused, authentication enforced. On top of that every error must be
-contract §3's controlled body with a code its status may carry, and every authenticated route
-must refuse the same request without a key, or with an unknown one, with that body's 401.
+contract §3's controlled body with a code and type its status may carry (router.errors), and
+every authenticated route must refuse the same request without a key, or with an unknown one,
+with that body's 401.
 
 The gateway runs in a thread of its own (schemathesis calls it synchronously), once per
 ledger backend: PostgreSQL refuses values SQLite takes (NUL characters, huge numbers).
@@ -34,6 +35,7 @@ from schemathesis.checks import positive_data_acceptance
 from ledger import apikeys
 from router.app import AppSettings, create_app
 from router.config import parse_config
+from router.errors import codes_by_status, error_type
 from tests.conftest import BACKENDS, cloned_postgres
 from tests.gateway.harness import ANTHROPIC_ENV, Route, config_text, running_gateway
 
@@ -42,27 +44,8 @@ pytestmark = pytest.mark.slow
 # Cases per route and phase; FUZZ_EXAMPLES=500 for a longer hunt.
 MAX_EXAMPLES: Final = int(os.environ.get("FUZZ_EXAMPLES", "15"))
 
-# contract §3's codes by status, and the documented extras of the query, finance and admin routes.
-CODES_BY_STATUS: Final[dict[int, frozenset[str]]] = {
-    400: frozenset({"invalid_request"}),
-    401: frozenset({"invalid_api_key"}),
-    402: frozenset({"budget_exceeded"}),
-    403: frozenset({"permission_denied"}),
-    404: frozenset(
-        {
-            "model_not_found",
-            "not_found",
-            "request_not_found",
-            "settlement_not_found",
-            "reconciliation_not_found",
-        }
-    ),
-    405: frozenset({"invalid_request"}),
-    409: frozenset({"idempotency_conflict", "settlement_conflict", "reload_unavailable"}),
-    413: frozenset({"invalid_request"}),
-    422: frozenset({"no_eligible_route"}),
-    429: frozenset({"upstream_rate_limited"}),
-}
+# The codes each status may carry: contract §3's table, as router.errors defines it.
+CODES_BY_STATUS: Final = codes_by_status()
 # Routes only admin (or finance) keys may use are fuzzed with an admin key, so that their
 # bodies get read; every other route with a client key.
 ADMIN_ROUTES: Final = frozenset(
@@ -229,7 +212,7 @@ def test_every_answer_is_declared_and_every_error_controlled(
 
 
 def controlled_error(ctx: CheckContext, response: Response, case: Case[Any]) -> bool | None:
-    """Every error is contract §3's JSON body, with a code its status may carry."""
+    """Every error is contract §3's JSON body, with a code and type its status may carry."""
     if response.status_code >= 400:
         assert_controlled_error(response.status_code, response.headers, response.json())
     return None
@@ -241,7 +224,7 @@ def assert_controlled_error(status: int, headers: Any, body: Any) -> None:
     error = body["error"]
     assert set(error) == {"type", "code", "message", "param", "request_id", "attempts"}, error
     assert error["code"] in CODES_BY_STATUS.get(status, ()), (status, error["code"])
-    assert isinstance(error["type"], str) and error["type"]
+    assert error["type"] == error_type(status), (status, error["type"])
     assert isinstance(error["message"], str) and "Traceback" not in error["message"]
     assert error["param"] is None or isinstance(error["param"], str)
     assert error["request_id"] == _header(headers, "x-request-id")
