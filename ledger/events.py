@@ -38,6 +38,7 @@ __all__ = [
     "AttemptFinished",
     "AttemptStarted",
     "BreakerTransitioned",
+    "BucketComparison",
     "BudgetOverrun",
     "BudgetReleased",
     "BudgetReservationDenied",
@@ -64,6 +65,7 @@ __all__ = [
     "RouteChoice",
     "RouteEvaluated",
     "StreamCommitted",
+    "UnattributedUsage",
     "UnknownEventType",
     "UnknownUsageOpened",
     "UnknownUsageSettled",
@@ -448,6 +450,8 @@ class UnknownUsageSettled(Event):
     reason: str | None = None
     reconciliation_id: Id | None = None
     usage: Usage | None = None
+    # Settled from a provider report's bucket: its start, "2026-11-30T14:00Z" (§3, §6).
+    bucket: str | None = None
 
 
 class RequestCompleted(Event):
@@ -503,6 +507,62 @@ class ReconciliationLine(_Record):
     provider_usd: Money | None = None
 
 
+ReportStatus = Literal[
+    "matched",
+    "settled_unknown",
+    "released_unknown",
+    "unattributed",
+    "ledger_above_provider",
+    "in_progress",
+    "unpriced",
+]
+
+
+class BucketComparison(_Record):
+    """One bucket x model x provider identity of a provider report, against the ledger's
+    attempts of the endpoints that identity maps to, started in that bucket (§3)."""
+
+    bucket: str  # the bucket's start, "2026-11-30T14:00Z" (UTC)
+    bucket_end: str
+    model: str | None = None  # None: every model (the report is not grouped by model)
+    endpoints: tuple[str, ...]
+    project_id: str | None = None
+    api_key_id: str | None = None
+    workspace_id: str | None = None
+    provider_usage: Usage | None = None  # usage reports
+    provider_requests: NonNegInt | None = None  # OpenAI's num_model_requests
+    provider_usd: Money | None = None  # a cost report's amount, or its usage at the prices
+    ledger_attempts: NonNegInt = 0
+    ledger_usage: Usage | None = None  # what the attempts of known usage reported
+    ledger_usd: Money  # settled before this import
+    held_unknown_usd: Money = Decimal(0)  # open unknown-usage holds, before this import
+    settled_unknown_usd: Money = Decimal(0)  # settled from this bucket by this import
+    unknown_settlements: NonNegInt = 0
+    difference_input_tokens: int | None = None  # provider - ledger (known usage)
+    difference_cached_input_tokens: int | None = None
+    difference_output_tokens: int | None = None
+    difference_usd: Money | None = None  # provider - (ledger + settled now)
+    within_tolerance: bool
+    status: ReportStatus
+
+
+class UnattributedUsage(_Record):
+    """Provider usage on a mapped identity that no attempt of the ledger explains."""
+
+    bucket: str
+    bucket_end: str
+    model: str | None = None
+    endpoints: tuple[str, ...]
+    project_id: str | None = None
+    api_key_id: str | None = None
+    workspace_id: str | None = None
+    input_tokens: NonNegInt = 0
+    cached_input_tokens: NonNegInt = 0
+    output_tokens: NonNegInt = 0
+    requests: NonNegInt | None = None
+    usd: Money | None = None  # None: no price for the model on these endpoints
+
+
 class ReconciliationImported(Event):
     type: ClassVar[str] = "ReconciliationImported"
 
@@ -518,6 +578,13 @@ class ReconciliationImported(Event):
     unmatched_attempts: tuple[ReconciliationLine, ...] = ()
     overruns: tuple[ReconciliationLine, ...] = ()  # settled above the hold (BudgetOverrun)
     imported_by: Id
+    # A provider report (§3): its format, its buckets against the ledger, what is not ours.
+    report_format: Literal[
+        "lines", "openai-usage", "openai-costs", "anthropic-usage", "anthropic-costs"
+    ] = "lines"
+    buckets: tuple[BucketComparison, ...] = ()
+    unattributed_provider_usage: tuple[UnattributedUsage, ...] = ()
+    notes: tuple[str, ...] = ()
 
 
 class KeyCreated(Event):

@@ -729,6 +729,8 @@ def _budget_check(recorded: RecordedEvent, event: ev.Event) -> dict[str, Any]:
                 source=event.source,
                 actor=event.actor,
             )
+            if event.bucket is not None:  # settled from a provider report's bucket
+                check.update(reconciliation_id=event.reconciliation_id, bucket=event.bucket)
         case ev.BudgetOverrun():
             check.update(
                 check="overrun",

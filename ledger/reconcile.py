@@ -63,6 +63,7 @@ __all__ = [
     "import_reconciliation",
     "is_reconciliation_id",
     "judge",
+    "money_fields",
     "reconciliation_id",
     "report_json",
     "unmatched_attempts",
@@ -439,6 +440,20 @@ def report_json(event: ev.ReconciliationImported) -> dict[str, Any]:
         "unmatched_provider_lines": entries(event.unmatched_provider_lines),
         "unmatched_attempts": entries(event.unmatched_attempts),
         "overruns": entries(event.overruns),
+        "format": event.report_format,
+        "buckets": [money_fields(b.model_dump(mode="json")) for b in event.buckets],
+        "unattributed_provider_usage": [
+            money_fields(u.model_dump(mode="json")) for u in event.unattributed_provider_usage
+        ],
+        "notes": list(event.notes),
+    }
+
+
+def money_fields(record: dict[str, Any]) -> dict[str, Any]:
+    """Amounts as every report writes them (``money_str``): six places at least."""
+    return {
+        k: money_str(Decimal(v)) if (k.endswith("_usd") or k == "usd") and v is not None else v
+        for k, v in record.items()
     }
 
 

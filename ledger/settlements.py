@@ -48,10 +48,12 @@ async def settle_unknown(
     reconciliation_id: str | None = None,
     usage: ev.Usage | None = None,
     force: bool = False,
+    bucket: str | None = None,
 ) -> tuple[ev.UnknownUsageSettled, ev.BudgetOverrun | None]:
     """Settle an open unknown-usage settlement at ``cost_usd``, the amount given: above
     the hold it is an overrun, recorded with it; far above it (``settlement_refusal``) it
-    is refused unless ``force``. Returns the settlement and its overrun, if any."""
+    is refused unless ``force``. ``bucket``: the provider report's bucket it was settled
+    from. Returns the settlement and its overrun, if any."""
     reservation_id = _reservation_id(settlement_id)
     async with store.engine.connect() as conn:
         hold = (
@@ -78,6 +80,7 @@ async def settle_unknown(
         reason=reason,
         reconciliation_id=reconciliation_id,
         usage=usage,
+        bucket=bucket,
     )
     overrun = overrun_event(
         request_id=hold.request_id,

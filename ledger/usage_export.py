@@ -38,13 +38,21 @@ _MAX_ID: Final = 200
 class ExportError(ValueError):
     """A usage export that cannot be read; the whole import is refused."""
 
-    def __init__(self, message: str, *, line: int | None = None, field: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        line: int | None = None,
+        field: str | None = None,
+        source: str | None = None,  # the file, where an import reads several
+    ):
         where = ", ".join(
-            part for part in (f"line {line}" if line else None, field) if part is not None
+            part for part in (source, f"line {line}" if line else None, field) if part is not None
         )
         super().__init__(f"{where}: {message}" if where else message)
         self.line = line
         self.field = field
+        self.source = source
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,9 @@ variables ask for it, a periodic OTLP exporter (over HTTP or gRPC).
 The GenAI client metrics describe the gateway's calls to its upstreams, one per attempt:
 ``gen_ai.client.token.usage`` (when the usage is known), ``gen_ai.client.operation.duration``
 and, for streams, ``gen_ai.client.operation.time_to_first_chunk``. The ``waybill.*``
-counters count requests, failovers, breaker transitions, budget rejections and unknown-usage
-settlements opened; ``waybill.ledger.lag`` says how far each ledger follower trails.
+counters count requests, failovers, breaker transitions, budget rejections, unknown-usage
+settlements opened and the tokens of unattributed provider usage that recorded
+reconciliations found; ``waybill.ledger.lag`` says how far each ledger follower trails.
 
 Each gateway process records the events its own event store commits
 (``otel.telemetry``), so every replica reports its own requests since it started (``sum``
@@ -96,6 +97,12 @@ class LedgerMetrics:
             unit="{settlement}",
             description="Unknown-usage settlements opened (reservations held until reconciled).",
         )
+        self._unattributed = meter.create_counter(
+            sc.WAYBILL_UNATTRIBUTED_TOKENS,
+            unit="{token}",
+            description="Provider-reported tokens on a mapped identity that no attempt "
+            "explains, by endpoint and token type (from recorded reconciliations).",
+        )
         self._lag: dict[str, int] = {}
         meter.create_observable_gauge(
             sc.WAYBILL_LEDGER_LAG,
@@ -105,6 +112,19 @@ class LedgerMetrics:
         )
         # Attempt attributes from AttemptStarted, until the attempt's AttemptFinished.
         self._open: OrderedDict[str, Attributes] = OrderedDict()
+
+    def _reconciled(self, event: ev.ReconciliationImported) -> None:
+        # Counted once: a re-import returns the recorded report and appends nothing.
+        for usage in event.unattributed_provider_usage:
+            endpoint = "+".join(usage.endpoints)
+            for token_type, count in (
+                ("input", usage.input_tokens),
+                ("output", usage.output_tokens),
+            ):
+                if count:
+                    self._unattributed.add(
+                        count, {sc.WAYBILL_ENDPOINT: endpoint, sc.GEN_AI_TOKEN_TYPE: token_type}
+                    )
 
     def set_lag(self, lag: Mapping[str, int]) -> None:
         self._lag = dict(lag)
@@ -148,6 +168,8 @@ class LedgerMetrics:
                 self._budget_rejections.add(1, {sc.WAYBILL_ACCOUNT_KIND: event.account_kind})
             case ev.UnknownUsageOpened():
                 self._unknown_usage.add(1, {sc.WAYBILL_ENDPOINT: event.endpoint})
+            case ev.ReconciliationImported():
+                self._reconciled(event)
 
     def _attempt_finished(self, event: ev.AttemptFinished) -> None:
         attributes = self._open.pop(event.attempt_id, None) or {

@@ -87,6 +87,7 @@ __all__ = [
     "WAYBILL_STREAM_COMMITTED",
     "WAYBILL_TIER",
     "WAYBILL_TRIED_ENDPOINTS",
+    "WAYBILL_UNATTRIBUTED_TOKENS",
     "WAYBILL_UNKNOWN_USAGE_OPENED",
     "WAYBILL_UPSTREAM_REQUEST_ID",
     "WAYBILL_WEIGHT",
@@ -223,6 +224,8 @@ WAYBILL_FAILOVERS: Final = "waybill.failovers"
 WAYBILL_BREAKER_TRANSITIONS: Final = "waybill.breaker.transitions"
 WAYBILL_BUDGET_REJECTIONS: Final = "waybill.budget.rejections"
 WAYBILL_UNKNOWN_USAGE_OPENED: Final = "waybill.unknown_usage.opened"
+# Provider usage a reconciliation found that no attempt explains (contract §3).
+WAYBILL_UNATTRIBUTED_TOKENS: Final = "waybill.reconciliation.unattributed_tokens"
 WAYBILL_LEDGER_LAG: Final = "waybill.ledger.lag"
 WAYBILL_BREAKER_SCOPE: Final = "waybill.breaker.scope"
 WAYBILL_BREAKER_STATE: Final = "waybill.breaker.to_state"

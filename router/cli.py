@@ -786,90 +786,10 @@ def settle_command(
     )
 
 
-_REPORT_LISTS = (
-    "matched",
-    "settled_unknown",
-    "amount_mismatches",
-    "unmatched_provider_lines",
-    "unmatched_attempts",
-    "overruns",
-)
-_ENTRY_COLUMNS = (
-    "line",
-    "attempt_id",
-    "provider_request_id",
-    "expected_usd",
-    "provider_usd",
-    "detail",
-)
+# `waybill reconcile ...` (router/cli_reconcile.py) uses the helpers above.
+from router.cli_reconcile import reconcile_app  # noqa: E402
 
-
-@app.command("reconcile")
-def reconcile_command(
-    export_file: Annotated[str, typer.Argument(help="The provider's usage export (CSV or JSONL).")],
-    provider: Annotated[
-        str | None, typer.Option("--provider", help="Reconcile only this endpoint's attempts.")
-    ] = None,
-    database_url: DatabaseUrl = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    force: Annotated[
-        bool,
-        typer.Option("--force", help="Settle lines over 1,000x their hold all the same."),
-    ] = False,
-) -> None:
-    """Import a provider usage export: match it to attempts, settle unknown usage, report."""
-    from pathlib import Path
-
-    from ledger.reconcile import ExportError, ReconcileScope, import_reconciliation, report_json
-    from ledger.usage_export import ExportFormat
-
-    path = Path(export_file)
-    suffix = path.suffix.lower()
-    # The file's extension names its format; anything else is sniffed from its first line.
-    export_format: ExportFormat | None = (
-        "csv" if suffix == ".csv" else "jsonl" if suffix in (".jsonl", ".ndjson") else None
-    )
-    with _friendly_errors():
-        try:
-            data = path.read_bytes()
-        except OSError as error:
-            raise CliError(f"cannot read {export_file}: {error.strerror or error}") from None
-
-    async def work(store: EventStore) -> dict[str, Any]:
-        try:
-            with progress_bar() as progress:
-                task = progress.add_task("reconciling", total=None)
-                report = await import_reconciliation(
-                    store,
-                    data,
-                    actor="cli",
-                    scope=ReconcileScope(provider=provider),
-                    export_format=export_format,
-                    progress=_progress_callback(progress, task),
-                    force=force,
-                )
-        except ExportError as error:
-            raise CliError(f"{export_file}: {error}") from None
-        return report_json(report)
-
-    report = _with_store(database_url, work)
-    if as_json:
-        print(json.dumps(report))
-        return
-    out.print(f"reconciliation {report['id']}: {report['lines']} lines", highlight=False)
-    counts = Table("result", "entries")
-    for name in _REPORT_LISTS:
-        counts.add_row(name, str(len(report[name])))
-    out.print(counts)
-    for name in _REPORT_LISTS:
-        if not report[name]:
-            continue
-        table = Table(*_ENTRY_COLUMNS, title=name)
-        for entry in report[name]:
-            table.add_row(
-                *("" if entry[k] is None else escape(str(entry[k])) for k in _ENTRY_COLUMNS)
-            )
-        out.print(table)
+app.add_typer(reconcile_app, name="reconcile")
 
 
 def main() -> None:

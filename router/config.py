@@ -296,8 +296,17 @@ class Endpoint(_Frozen):
     # Resolved at load: `environment` (the default) follows HTTPS_PROXY / HTTP_PROXY and
     # NO_PROXY for base_url; a URL names the proxy; `none` is always direct. None: direct.
     proxy: Proxy | None = Field(default=_PROXY_FROM_ENVIRONMENT, validate_default=True)
+    # The endpoint as its provider's usage and cost reports name it (contract §3
+    # "Reconciliation"): OpenAI's project and API key ids, Anthropic's workspace and key ids.
+    provider_project_id: _Name | None = None
+    provider_api_key_id: _Name | None = None
+    provider_workspace_id: _Name | None = None
+    # The provider's admin key, for `waybill reconcile fetch`: only a ${env:NAME} reference.
+    admin_api_key: SecretStr | None = None
+    # Where the admin API is, in base_url's form for the driver (default: base_url).
+    admin_base_url: StrictStr | None = None
 
-    @field_validator("api_key", mode="before")
+    @field_validator("api_key", "admin_api_key", mode="before")
     @classmethod
     def _api_key_by_reference(cls, value: object, info: ValidationInfo) -> object:
         if value is None:
@@ -308,7 +317,7 @@ class Endpoint(_Frozen):
             raise _error("must be a ${env:NAME} reference, never a literal secret")
         return _resolve_env(match.group(1), _environ(info))
 
-    @field_validator("base_url", mode="before")
+    @field_validator("base_url", "admin_base_url", mode="before")
     @classmethod
     def _base_url_references(cls, value: object, info: ValidationInfo) -> object:
         if not isinstance(value, str):
@@ -316,9 +325,11 @@ class Endpoint(_Frozen):
         environ = _environ(info)
         return _ENV_REF.sub(lambda m: _resolve_env(m.group(1), environ), value)
 
-    @field_validator("base_url")
+    @field_validator("base_url", "admin_base_url")
     @classmethod
-    def _http_url(cls, value: str) -> str:
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         parts = urlsplit(value)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise _error("must be an http:// or https:// URL")
@@ -344,6 +355,20 @@ class Endpoint(_Frozen):
                 "must be a proxy URL such as http://proxy.example:3128, none or environment"
             )
         return _configured_proxy(value, environ)
+
+    @model_validator(mode="after")
+    def _identity_of_its_provider(self) -> Endpoint:
+        # Each provider's reports name its own kinds of id: a key the driver's provider has
+        # not would never match a report.
+        wrong = "provider_workspace_id" if self.driver == "openai" else "provider_project_id"
+        if getattr(self, wrong) is not None:
+            raise _error(f"{wrong} is not an id {self.driver} reports name")
+        return self
+
+    @property
+    def admin_url(self) -> str:
+        """The base of the provider's admin API (usage and cost reports)."""
+        return (self.admin_base_url or self.base_url).rstrip("/")
 
     @property
     def base_url_host(self) -> str:
@@ -562,6 +587,16 @@ class Config(_Frozen):
                     "max_response_bytes": e.max_response_bytes,
                     "has_api_key": e.api_key is not None,
                     "proxy": _proxy_summary(e.proxy),
+                    "provider_identity": {
+                        k: v
+                        for k, v in (
+                            ("project_id", e.provider_project_id),
+                            ("api_key_id", e.provider_api_key_id),
+                            ("workspace_id", e.provider_workspace_id),
+                        )
+                        if v is not None
+                    },
+                    "has_admin_api_key": e.admin_api_key is not None,
                 }
                 for e in self.endpoints
             ],

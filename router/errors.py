@@ -273,7 +273,10 @@ def settlement_not_found(settlement_id: str) -> GatewayError:
     return GatewayError(_E.SETTLEMENT_NOT_FOUND, f"no settlement {settlement_id!r}")
 
 
-def reconciliation_not_found(reconciliation_id: str) -> GatewayError:
+def reconciliation_not_found(reconciliation_id: str, bucket: str | None = None) -> GatewayError:
+    if bucket is not None:  # the report exists, but not that bucket of it
+        message = f"reconciliation {reconciliation_id} has no bucket {bucket!r} (so narrowed)"
+        return GatewayError(_E.RECONCILIATION_NOT_FOUND, message)
     return GatewayError(_E.RECONCILIATION_NOT_FOUND, f"no reconciliation {reconciliation_id!r}")
 
 

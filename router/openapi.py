@@ -37,6 +37,7 @@ __all__ = [
     "MODELS",
     "READYZ",
     "READ_RECONCILIATION",
+    "READ_RECONCILIATION_BUCKET",
     "REQUEST_EVENTS",
     "REQUEST_VIEW",
     "SEARCH_REQUESTS",
@@ -352,6 +353,10 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         unmatched_provider_lines={"type": "array", "items": _ITEMS},
         unmatched_attempts={"type": "array", "items": _ITEMS},
         overruns={"type": "array", "items": _ITEMS},
+        format=_STRING,
+        buckets={"type": "array", "items": {"type": "object"}},
+        unattributed_provider_usage={"type": "array", "items": {"type": "object"}},
+        notes={"type": "array", "items": _STRING},
     ),
     "Status": _object(["status"], status=_STRING),
 }
@@ -650,9 +655,23 @@ SETTLE_UNKNOWN: Final[Schema] = {
     "responses": {"200": _ok(_ref("Event")), **_error_responses(400, 403, 404, 409)},
 }
 IMPORT_RECONCILIATION: Final[Schema] = {
-    "summary": "Reconcile a provider usage export (admin and finance keys)",
+    "summary": "Reconcile a provider usage export or report pages (admin and finance keys)",
     "parameters": [
         _query("provider", _STRING, "Reconcile only this endpoint's attempts."),
+        _query(
+            "format",
+            {
+                "type": "string",
+                "enum": [
+                    "openai-usage",
+                    "openai-costs",
+                    "anthropic-usage",
+                    "anthropic-costs",
+                    "lines",
+                ],
+            },
+            "What the body is (default: told from its content). Report pages: admin keys only.",
+        ),
         _query(
             "force",
             {"type": "string", "enum": ["true", "false"]},
@@ -661,8 +680,12 @@ IMPORT_RECONCILIATION: Final[Schema] = {
     ],
     "requestBody": {
         "required": True,
-        "description": "Provider usage lines: CSV with a header row, or JSONL.",
-        "content": {media: {"schema": _STRING} for media in ("text/csv", "application/x-ndjson")},
+        "description": "Provider usage lines (CSV with a header row, or JSONL), or the pages "
+        "of one provider report (a JSON page, a JSON array of pages, or one page a line).",
+        "content": {
+            media: {"schema": _STRING}
+            for media in ("text/csv", "application/x-ndjson", "application/json")
+        },
     },
     "responses": {
         "200": _ok(_ref("ReconciliationReport")),
@@ -672,6 +695,14 @@ IMPORT_RECONCILIATION: Final[Schema] = {
 READ_RECONCILIATION: Final[Schema] = {
     "summary": "A recorded reconciliation report",
     "responses": {"200": _ok(_ref("ReconciliationReport")), **_error_responses(403, 404)},
+}
+READ_RECONCILIATION_BUCKET: Final[Schema] = {
+    "summary": "One bucket of a recorded provider report, with the attempts it speaks for",
+    "parameters": [
+        _query("model", _STRING, "Only the comparison of this model."),
+        _query("endpoint", _STRING, "Only the comparison of this endpoint."),
+    ],
+    "responses": {"200": _ok({"type": "object"}), **_error_responses(403, 404)},
 }
 
 

@@ -1,21 +1,27 @@
 """Reconciliation over HTTP (contract §3): ``POST /v1/reconciliations`` imports a provider
-usage export (CSV or JSONL body) and answers the report; ``GET /v1/reconciliations/{id}``
-reads a recorded one.
+usage export (CSV or JSONL body) or the pages of a provider report (JSON) and answers the
+report; ``GET /v1/reconciliations/{id}`` reads a recorded one and
+``GET /v1/reconciliations/{id}/buckets/{bucket}`` one bucket of it with its attempts.
 
 Admin and finance keys only. A finance key reconciles its own workspace: lines naming
 another workspace's attempts read as unmatched, and another workspace's reports (or an
-admin's, which span every workspace) are 404, never 403.
+admin's, which span every workspace) are 404, never 403. A provider report's buckets count
+every workspace's traffic on an identity, so only an admin key imports one.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Final
+from typing import Final, Literal
 
 import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from ledger.bucket_reconcile import bucket_json, find_bucket, import_provider_report
+from ledger.events import ReconciliationImported
+from ledger.provider_reports import REPORT_FORMATS, ReportFormat, detect_format
 from ledger.reconcile import (
     ExportError,
     ReconcileScope,
@@ -33,10 +39,12 @@ from router.errors import (
     reconciliation_not_found,
 )
 from router.gateway import Caller
+from router.provider_reports import identities_of, rates_of
 
 __all__ = ["MAX_EXPORT_BYTES", "reconcile_router"]
 
 Authenticate = Callable[[Request], Awaitable[Caller]]
+InputFormat = ReportFormat | Literal["lines"]
 
 MAX_EXPORT_BYTES: Final = 32 * 1024 * 1024
 _JSON: Final = "application/json"
@@ -67,7 +75,13 @@ def reconcile_router(authenticate: Authenticate) -> APIRouter:
         caller = _reconciler(await authenticate(request))
         provider = request.query_params.get("provider") or None
         force = _force(request.query_params.get("force"))
+        named = _input_format(request.query_params.get("format"))
         data = await _read_export(request)
+        chosen = named or await asyncio.to_thread(detect_format, data)
+        if chosen != "lines":
+            as_named = None if named == "lines" else named
+            report = await _import_report(request, caller, data, as_named, provider, force)
+            return Response(orjson.dumps(report_json(report)), media_type=_JSON)
         try:
             report = await import_reconciliation(
                 _store(request),
@@ -92,7 +106,70 @@ def reconcile_router(authenticate: Authenticate) -> APIRouter:
             raise reconciliation_not_found(reconciliation_id)
         return Response(orjson.dumps(report_json(report)), media_type=_JSON)
 
+    @router.get(
+        "/v1/reconciliations/{reconciliation_id}/buckets/{bucket}",
+        openapi_extra=api_doc.READ_RECONCILIATION_BUCKET,
+    )
+    async def read_bucket(reconciliation_id: str, bucket: str, request: Request) -> Response:
+        caller = _reconciler(await authenticate(request))
+        report = await find_reconciliation(_store(request), reconciliation_id)
+        workspace = read_scope(caller).workspace
+        if report is None or workspace not in (None, report.workspace):
+            raise reconciliation_not_found(reconciliation_id)
+        found = find_bucket(
+            report,
+            bucket,
+            model=request.query_params.get("model") or None,
+            endpoint=request.query_params.get("endpoint") or None,
+        )
+        if not found:
+            raise reconciliation_not_found(reconciliation_id, bucket)
+        detail = await bucket_json(_store(request), report.reconciliation_id, found, workspace)
+        return Response(orjson.dumps(detail), media_type=_JSON)
+
     return router
+
+
+def _input_format(value: str | None) -> InputFormat | None:
+    if value is None or value == "":
+        return None
+    if value == "lines":
+        return "lines"
+    for known in REPORT_FORMATS:
+        if value == known:
+            return known
+    names = ", ".join((*REPORT_FORMATS, "lines"))
+    raise invalid_request(f"format must be one of {names}", param="format")
+
+
+async def _import_report(
+    request: Request,
+    caller: Caller,
+    data: bytes,
+    named: ReportFormat | None,
+    provider: str | None,
+    force: bool,
+) -> ReconciliationImported:
+    """A provider report's pages: its usage counts every workspace's traffic on an
+    identity, so only an admin (who sees every workspace) imports one."""
+    if read_scope(caller).workspace is not None:
+        raise permission_denied(
+            "a provider report counts every workspace's traffic: import it with an admin key"
+        )
+    config = request.app.state.gateway.config
+    try:
+        return await import_provider_report(
+            _store(request),
+            [(None, data)],
+            actor=caller.key_id,
+            identities=identities_of(config),
+            rates=rates_of(config),
+            scope=ReconcileScope(provider=provider),
+            report_format=named,
+            force=force,
+        )
+    except ExportError as error:
+        raise invalid_request(str(error), param=error.field) from None
 
 
 def _reconciler(caller: Caller) -> Caller:

@@ -772,3 +772,48 @@ def test_a_hedge_the_gateway_would_not_perform_is_refused() -> None:
     assert len(errors) == 1 and errors[0].startswith("defaults.hedge.enabled: ")
     assert "hedging is not available" in errors[0]
     _parse(_mutated(lambda d: d.setdefault("defaults", {}).update(hedge={"enabled": False})))
+
+
+# --- provider identity and admin key (reconciliation against provider reports) -------------
+
+
+def test_an_endpoint_names_its_provider_identity_and_admin_key_by_reference() -> None:
+    admin = "sk-admin-" + SECRET
+
+    def identify(d: dict[str, Any]) -> None:
+        _endpoint(d).update(
+            provider_project_id="proj_east",
+            provider_api_key_id="key_east",
+            admin_api_key="${env:OPENAI_ADMIN_KEY}",
+        )
+        _endpoint(d, 1).update(
+            provider_workspace_id="wrkspc_1", admin_base_url="https://admin.invalid"
+        )
+
+    config = _parse(_mutated(identify), {**ENV, "OPENAI_ADMIN_KEY": admin})
+    east, claude = config.endpoints
+    assert (east.provider_project_id, east.provider_api_key_id) == ("proj_east", "key_east")
+    assert east.admin_api_key is not None and east.admin_api_key.get_secret_value() == admin
+    assert east.admin_url == "https://example.invalid/v1"  # base_url, by default
+    assert claude.admin_url == "https://admin.invalid"
+    summary = config.redacted_summary()["endpoints"]
+    assert summary[0]["provider_identity"] == {"project_id": "proj_east", "api_key_id": "key_east"}
+    assert summary[0]["has_admin_api_key"] and not summary[1]["has_admin_api_key"]
+    for text in (json.dumps(config.redacted_summary()), repr(config), config.model_dump_json()):
+        assert admin not in text
+
+
+def test_a_literal_admin_key_or_an_id_the_provider_does_not_report_is_refused() -> None:
+    literal = _mutated(lambda d: _endpoint(d).update(admin_api_key="sk-admin-" + SECRET))
+    assert _errors(literal) == [
+        "endpoints[0].admin_api_key: must be a ${env:NAME} reference, never a literal secret"
+    ]
+    assert _errors(_mutated(lambda d: _endpoint(d).update(provider_workspace_id="w"))) == [
+        "endpoints[0]: provider_workspace_id is not an id openai reports name"
+    ]
+    assert _errors(_mutated(lambda d: _endpoint(d, 1).update(provider_project_id="p"))) == [
+        "endpoints[1]: provider_project_id is not an id anthropic reports name"
+    ]
+    assert _errors(_mutated(lambda d: _endpoint(d).update(admin_base_url="ftp://x"))) == [
+        "endpoints[0].admin_base_url: must be an http:// or https:// URL"
+    ]

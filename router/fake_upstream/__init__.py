@@ -6,17 +6,21 @@ of its plan. It bills as the providers do: every choice of `n`, reasoning inside
 cached input reported, each image, audio clip or file at its `PART_TOKENS`, audio input and
 an answer asked for as audio reported as audio tokens (OpenAI's usage details). Standalone:
 `python -m router.fake_upstream --port 8900`. `FakeProxy` is an HTTP CONNECT proxy beside
-it, with faults of its own (a refused, dropped or silent tunnel).
+it, with faults of its own (a refused, dropped or silent tunnel). `FakeAdminApi` serves both
+providers' usage and cost report endpoints (paging, auth, 429 / 401 / 5xx faults).
 """
 
 from router.fake_upstream._reply import PART_TOKENS
+from router.fake_upstream.admin_api import AdminRequest, FakeAdminApi
 from router.fake_upstream.behavior import Behavior, Kind, LineEnding
 from router.fake_upstream.proxy import FakeProxy, ProxyMode, RecordedConnect
 from router.fake_upstream.server import FakeUpstream, RecordedRequest
 
 __all__ = [
     "PART_TOKENS",
+    "AdminRequest",
     "Behavior",
+    "FakeAdminApi",
     "FakeProxy",
     "FakeUpstream",
     "Kind",

@@ -389,6 +389,18 @@ def test_the_reconcile_cli_prints_the_report(tmp_path: Path, sqlite_url: str) ->
     assert f"reconciliation {report['id']}: 6 lines" in table.stdout
     assert "settled_unknown" in table.stdout and "att_never_made" in table.stdout
 
+    as_csv = waybill("reconcile", str(export), "--output", "csv", database_url=sqlite_url)
+    rows = as_csv.stdout.strip().splitlines()
+    assert rows[0] == "list,line,attempt_id,provider_request_id,expected_usd,provider_usd,detail"
+    assert len(rows) == 1 + sum(len(report[k]) for k in report if isinstance(report[k], list))
+    assert sum(r.startswith("settled_unknown,") for r in rows) == 1
+    both = waybill("reconcile", str(export), "--json", "-o", "csv", database_url=sqlite_url)
+    assert both.returncode == 1 and "choose one" in both.stderr
+    named = waybill(
+        "reconcile", "import", str(export), "--format", "lines", "--json", database_url=sqlite_url
+    )
+    assert json.loads(named.stdout)["id"] == report["id"]
+
     scoped = waybill(
         "reconcile", str(export), "--provider", "west", "--json", database_url=sqlite_url
     )

@@ -137,3 +137,32 @@ def test_prometheus_text_names_the_metrics_by_the_conventions():
     )
     assert "gen_ai_system" not in text
     pipeline.shutdown()
+
+
+def test_unattributed_provider_usage_of_a_reconciliation_is_counted_by_token_type():
+    pipeline, reader = _pipeline()
+    usage = ev.UnattributedUsage(
+        bucket="2026-11-30T13:00Z",
+        bucket_end="2026-11-30T14:00Z",
+        model="gpt-4o-mini",
+        endpoints=("east",),
+        project_id="proj_east",
+        input_tokens=300,
+        output_tokens=200,
+    )
+    imported = ev.ReconciliationImported(
+        reconciliation_id="rec_0123456789abcdef",
+        file_sha256="0" * 64,
+        lines=3,
+        imported_by="cli",
+        report_format="openai-usage",
+        unattributed_provider_usage=(usage, usage.model_copy(update={"output_tokens": 0})),
+    )
+    pipeline.metrics.record(recorded([(0, [imported])])[0])
+    (points,) = [_points(reader)[sc.WAYBILL_UNATTRIBUTED_TOKENS]]
+    by_type = {p.attributes[sc.GEN_AI_TOKEN_TYPE]: p.value for p in points}
+    assert by_type == {"input": 600, "output": 200}
+    assert {p.attributes[sc.WAYBILL_ENDPOINT] for p in points} == {"east"}
+    text = pipeline.prometheus_text().decode()
+    assert "waybill_reconciliation_unattributed_tokens_total{" in text
+    pipeline.shutdown()
