@@ -64,6 +64,8 @@ otel_app = typer.Typer(
     help="Traces from the ledger, over OTLP (OTEL_* variables).", no_args_is_help=True
 )
 app.add_typer(otel_app, name="otel")
+period_app = typer.Typer(help="Close a month's books (contract §6).", no_args_is_help=True)
+app.add_typer(period_app, name="period")
 
 # Piped, a console is as wide as its widest line: tables never cut ids or amounts.
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 10_000)
@@ -684,7 +686,7 @@ def spend_command(
     """Spend report: settled and unknown-held amounts, requests and attempts per group."""
     from datetime import date
 
-    from ledger.spend import GROUP_KEYS, spend_csv, spend_report
+    from ledger.spend import ADJUSTMENT_COLUMNS, GROUP_KEYS, spend_csv, spend_report
 
     keys = [k.strip() for k in group_by.split(",") if k.strip()]
     if (
@@ -725,19 +727,62 @@ def spend_command(
     elif output == "csv":
         print(spend_csv(rows, keys), end="")
     else:
-        table = Table(
-            *keys, "settled_usd", "held_unknown_usd", "overrun_usd", "requests", "attempts"
-        )
+        columns = [*keys, "settled_usd", "held_unknown_usd", "overrun_usd", "requests", "attempts"]
+        # A closed period's adjustments stand beside its totals, when there are any.
+        if any(row[c] != "0" for row in rows for c in ADJUSTMENT_COLUMNS):
+            columns += ADJUSTMENT_COLUMNS
+        table = Table(*columns)
         for row in rows:
-            table.add_row(
-                *(str(row[k]) for k in keys),
-                row["settled_usd"],
-                row["held_unknown_usd"],
-                row["overrun_usd"],
-                str(row["requests"]),
-                str(row["attempts"]),
-            )
+            table.add_row(*(str(row[c]) for c in columns))
         out.print(table)
+
+
+@period_app.command("close")
+def period_close_command(
+    period: Annotated[str, typer.Argument(help="The month, UTC: YYYY-MM.")],
+    allow_open: Annotated[
+        bool,
+        typer.Option("--allow-open", help="Close with unknown-usage settlements still open."),
+    ] = False,
+    database_url: DatabaseUrl = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the PeriodClosed event.")] = False,
+) -> None:
+    """Close a month: record each workspace's settled, held-unknown and overrun totals of the
+    attempts reserved in it, with the ledger position. Later changes become adjustments."""
+    from ledger.periods import PeriodError, close_period
+
+    async def work(store: EventStore) -> Any:
+        try:
+            return await close_period(store, period, actor="cli", allow_open=allow_open)
+        except PeriodError as error:
+            raise CliError(str(error)) from None
+
+    event = _with_store(database_url, work)
+    if as_json:
+        print(json.dumps(event.model_dump(mode="json")))
+        return
+    out.print(
+        f"closed {event.period} at ledger position {event.position}"
+        + (
+            f" with {event.open_unknown} unknown-usage settlement(s) open"
+            if event.open_unknown
+            else ""
+        ),
+        highlight=False,
+    )
+    table = Table(
+        "workspace", "settled_usd", "held_unknown_usd", "overrun_usd", "requests", "attempts"
+    )
+    for total in event.totals:
+        table.add_row(
+            total.workspace,
+            format(total.settled_usd, "f"),
+            format(total.held_unknown_usd, "f"),
+            format(total.overrun_usd, "f"),
+            str(total.requests),
+            str(total.attempts),
+        )
+    out.print(table)
 
 
 @app.command("settle")
