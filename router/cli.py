@@ -737,6 +737,63 @@ def spend_command(
         out.print(table)
 
 
+@app.command("reprice")
+def reprice_command(
+    files: Annotated[
+        list[str],
+        typer.Argument(
+            help="A cost report's pages (OpenAI, Anthropic), or a day,model,cost_usd CSV."
+        ),
+    ],
+    since: Annotated[str, typer.Option("--since", help="First day (YYYY-MM-DD).")],
+    until: Annotated[str, typer.Option("--until", help="Last day, inclusive (YYYY-MM-DD).")],
+    database_url: DatabaseUrl = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Compare the costs the ledger recorded with a provider's cost report, by model and
+    day, and name the days where they part (a price change the config missed)."""
+    from datetime import date
+    from pathlib import Path
+
+    from ledger.provider_reports import ExportError
+    from ledger.reprice import compare, provider_costs, recorded_costs
+
+    with _friendly_errors():
+        try:
+            first, last = date.fromisoformat(since), date.fromisoformat(until)
+        except ValueError:
+            raise CliError("--since and --until must be dates like 2026-11-30") from None
+        pages: list[tuple[str | None, bytes]] = []
+        for name in files:
+            try:
+                pages.append((Path(name).name, Path(name).read_bytes()))
+            except OSError as error:
+                raise CliError(f"cannot read {name}: {error.strerror or error}") from None
+        try:
+            provider = provider_costs(pages, first, last)
+        except ExportError as error:
+            raise CliError(str(error)) from None
+
+    async def work(store: EventStore) -> Any:
+        runner = ProjectionRunner(store, all_projections())
+        await runner.catch_up(runner.get("spend"))
+        return compare(await recorded_costs(store.engine, first, last), provider)
+
+    rows = _with_store(database_url, work)
+    parted = sorted({row.day for row in rows if row.parted})
+    if as_json:
+        print(json.dumps({"rows": [row.as_json() for row in rows], "parted_days": parted}))
+        return
+    table = Table("day", "model", "ledger_usd", "provider_usd", "difference_usd", "status")
+    for row in rows:
+        table.add_row(*(str(v) for v in row.as_json().values()))
+    out.print(table)
+    if parted:
+        out.print(f"costs part on {len(parted)} day(s): {', '.join(parted)}", highlight=False)
+    else:
+        out.print("recorded costs match the provider's on every day", highlight=False)
+
+
 @period_app.command("close")
 def period_close_command(
     period: Annotated[str, typer.Argument(help="The month, UTC: YYYY-MM.")],
