@@ -56,6 +56,9 @@ __all__ = [
     "KeyCreated",
     "KeyRevoked",
     "Money",
+    "PeriodAdjusted",
+    "PeriodClosed",
+    "PeriodTotal",
     "ReasonCode",
     "ReconciliationImported",
     "RequestCompleted",
@@ -617,6 +620,55 @@ class ConfigActivated(Event):
     summary: dict[str, Any]  # the redacted config: ids, drivers, regions, mappings — no secret
 
 
+Period = Annotated[str, Field(pattern=r"^[0-9]{4}-(0[1-9]|1[0-2])$")]
+"""A calendar month, UTC: ``2026-11``."""
+
+
+class PeriodTotal(_Record):
+    """One workspace's spend in a closed period (the spend report's columns)."""
+
+    workspace: str
+    settled_usd: Money
+    held_unknown_usd: Money
+    overrun_usd: Money
+    requests: NonNegInt
+    attempts: NonNegInt
+
+
+class PeriodClosed(Event):
+    """A month's books closed (contract §6), on stream ``period-YYYY-MM``: the spend of the
+    attempts reserved in it, per workspace, as the spend read model stood at ``position``.
+    Nothing changes these totals afterwards; a later change is a ``PeriodAdjusted``."""
+
+    type: ClassVar[str] = "PeriodClosed"
+
+    period: Period
+    position: NonNegInt  # the ledger position the totals include, and nothing after
+    totals: tuple[PeriodTotal, ...]
+    open_unknown: NonNegInt = 0  # unknown-usage settlements still open (--allow-open)
+    closed_by: Id
+
+
+class PeriodAdjusted(Event):
+    """A change to an attempt of a closed period, recorded in the period open when it
+    happened, appended with the event that made it (an unknown-usage settlement and its
+    overrun). Not a book effect: the settlement beside it is. The deltas are what the
+    attempt's spend row moved by."""
+
+    type: ClassVar[str] = "PeriodAdjusted"
+
+    period: Period  # the closed period the attempt belongs to (its reservation day)
+    in_period: Period  # the period the adjustment is recorded in
+    request_id: Id
+    attempt_id: Id
+    reservation_id: Id
+    workspace: str
+    cause: Literal["operator_settlement", "reconciliation"]
+    settled_usd: Money  # delta, may be negative
+    held_unknown_usd: Money
+    overrun_usd: Money
+
+
 # --- the registry ---
 
 
@@ -643,6 +695,8 @@ CATALOGUE: Mapping[str, type[Event]] = {
         KeyCreated,
         KeyRevoked,
         ConfigActivated,
+        PeriodClosed,
+        PeriodAdjusted,
     )
 }
 

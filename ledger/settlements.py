@@ -16,6 +16,7 @@ from ledger.accounting import (
     reservation_of_settlement,
     settlement_refusal,
 )
+from ledger.periods import adjustment_for
 from ledger.schema import budget_holds
 from ledger.store import ANY_VERSION, EventStore
 
@@ -91,11 +92,28 @@ async def settle_unknown(
         actual=cost_usd,
         cause="reconciliation" if from_reconciliation else "operator_settlement",
     )
+    # Its period closed, the settlement changes a closed month: it is recorded with an
+    # adjustment in the period open now (contract §6), the closed totals left as they were.
+    adjusted = await adjustment_for(
+        store,
+        reserved_at=hold.created_at,
+        request_id=hold.request_id,
+        attempt_id=hold.attempt_id,
+        reservation_id=reservation_id,
+        workspace=hold.workspace,
+        cause="reconciliation" if from_reconciliation else "operator_settlement",
+        settled_usd=cost_usd,
+        held_unknown_usd=-hold.amount_usd,
+        overrun_usd=overrun.excess_usd if overrun is not None else Decimal(0),
+    )
+    appended: list[ev.Event] = [settled] if overrun is None else [settled, overrun]
+    if adjusted is not None:
+        appended.append(adjusted)
     try:
         await store.append(
             f"request-{hold.request_id}",
             ANY_VERSION,
-            [settled] if overrun is None else [settled, overrun],
+            appended,
             effects=[SettleUnknown(reservation_id, cost_usd)],
         )
     except HoldStateError:  # settled by someone else since we looked

@@ -15,12 +15,14 @@ from decimal import Decimal
 from typing import Any, Final
 
 from sqlalchemy import and_, or_, select
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ledger.schema import budget_accounts, spend_attempts, unknown_settlements
+from ledger import events as ev
+from ledger.schema import budget_accounts, events, spend_attempts, unknown_settlements
 from ledger.types import money_str
 
 __all__ = [
+    "ADJUSTMENT_COLUMNS",
     "GROUP_KEYS",
     "SettlementPage",
     "SpendScope",
@@ -60,7 +62,11 @@ async def spend_report(
 ) -> list[dict[str, Any]]:
     """Spend rows: the ``group_by`` keys, ``settled_usd`` (overruns included),
     ``held_unknown_usd``, ``overrun_usd`` (settled beyond the reservations), ``requests``
-    and ``attempts``; ``since``/``until`` are inclusive UTC days."""
+    and ``attempts``; ``since``/``until`` are inclusive UTC days of reservation.
+
+    An attempt of a closed period counts as it stood at the close; what changed it since
+    (``PeriodAdjusted``) is in ``adjustment_settled_usd``, ``adjustment_held_unknown_usd``
+    and ``adjustment_overrun_usd`` beside: the closed figure plus the adjustment is today's."""
     unknown = [k for k in group_by if k not in GROUP_KEYS]
     if unknown:
         raise ValueError(f"cannot group by {', '.join(unknown)}")
@@ -75,6 +81,7 @@ async def spend_report(
         query = query.where(spend_attempts.c.day <= until.isoformat())
     totals: dict[tuple[str, ...], dict[str, Any]] = {}
     async with engine.connect() as conn:
+        adjusted = await _adjustments(conn)
         result = await conn.stream(query)
         async for row in result:
             group = tuple(str(getattr(row, GROUP_KEYS[k])) for k in group_by)
@@ -86,10 +93,15 @@ async def spend_report(
                     "overrun": Decimal(0),
                     "requests": set(),
                     "attempts": 0,
+                    "adjustment": [Decimal(0)] * 3,
                 }
-            entry["settled"] += row.settled_usd
-            entry["held"] += row.held_unknown_usd
-            entry["overrun"] += row.overrun_usd
+            adjustment = adjusted.get(row.reservation_id, _NO_ADJUSTMENT)
+            entry["settled"] += row.settled_usd - adjustment[0]
+            entry["held"] += row.held_unknown_usd - adjustment[1]
+            entry["overrun"] += row.overrun_usd - adjustment[2]
+            entry["adjustment"] = [
+                a + b for a, b in zip(entry["adjustment"], adjustment, strict=True)
+            ]
             entry["requests"].add(row.request_id)
             entry["attempts"] += 1
     return [
@@ -100,9 +112,39 @@ async def spend_report(
             "overrun_usd": money_str(entry["overrun"]),
             "requests": len(entry["requests"]),
             "attempts": entry["attempts"],
+            **{
+                column: money_str(amount)
+                for column, amount in zip(ADJUSTMENT_COLUMNS, entry["adjustment"], strict=True)
+            },
         }
         for group, entry in sorted(totals.items())
     ]
+
+
+ADJUSTMENT_COLUMNS: Final = (
+    "adjustment_settled_usd",
+    "adjustment_held_unknown_usd",
+    "adjustment_overrun_usd",
+)
+_NO_ADJUSTMENT: Final = (Decimal(0), Decimal(0), Decimal(0))
+
+
+async def _adjustments(conn: AsyncConnection) -> dict[str, tuple[Decimal, Decimal, Decimal]]:
+    """What ``PeriodAdjusted`` events moved each closed-period attempt by, by reservation."""
+    query = select(events.c.schema_version, events.c.data).where(
+        events.c.type == ev.PeriodAdjusted.type
+    )
+    found: dict[str, tuple[Decimal, Decimal, Decimal]] = {}
+    for version, data in (await conn.execute(query)).all():
+        event = ev.decode_event(ev.PeriodAdjusted.type, version, data)
+        assert isinstance(event, ev.PeriodAdjusted)
+        settled, held, overrun = found.get(event.reservation_id, _NO_ADJUSTMENT)
+        found[event.reservation_id] = (
+            settled + event.settled_usd,
+            held + event.held_unknown_usd,
+            overrun + event.overrun_usd,
+        )
+    return found
 
 
 def spend_csv(rows: Sequence[dict[str, Any]], group_by: Sequence[str]) -> str:
@@ -115,6 +157,7 @@ def spend_csv(rows: Sequence[dict[str, Any]], group_by: Sequence[str]) -> str:
         "overrun_usd",
         "requests",
         "attempts",
+        *ADJUSTMENT_COLUMNS,
     ]
     writer.writerow(columns)
     for row in rows:

@@ -64,6 +64,8 @@ otel_app = typer.Typer(
     help="Traces from the ledger, over OTLP (OTEL_* variables).", no_args_is_help=True
 )
 app.add_typer(otel_app, name="otel")
+period_app = typer.Typer(help="Close a month's books (contract §6).", no_args_is_help=True)
+app.add_typer(period_app, name="period")
 
 # Piped, a console is as wide as its widest line: tables never cut ids or amounts.
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 10_000)
@@ -684,7 +686,7 @@ def spend_command(
     """Spend report: settled and unknown-held amounts, requests and attempts per group."""
     from datetime import date
 
-    from ledger.spend import GROUP_KEYS, spend_csv, spend_report
+    from ledger.spend import ADJUSTMENT_COLUMNS, GROUP_KEYS, spend_csv, spend_report
 
     keys = [k.strip() for k in group_by.split(",") if k.strip()]
     if (
@@ -725,19 +727,119 @@ def spend_command(
     elif output == "csv":
         print(spend_csv(rows, keys), end="")
     else:
-        table = Table(
-            *keys, "settled_usd", "held_unknown_usd", "overrun_usd", "requests", "attempts"
-        )
+        columns = [*keys, "settled_usd", "held_unknown_usd", "overrun_usd", "requests", "attempts"]
+        # A closed period's adjustments stand beside its totals, when there are any.
+        if any(row[c] != "0" for row in rows for c in ADJUSTMENT_COLUMNS):
+            columns += ADJUSTMENT_COLUMNS
+        table = Table(*columns)
         for row in rows:
-            table.add_row(
-                *(str(row[k]) for k in keys),
-                row["settled_usd"],
-                row["held_unknown_usd"],
-                row["overrun_usd"],
-                str(row["requests"]),
-                str(row["attempts"]),
-            )
+            table.add_row(*(str(row[c]) for c in columns))
         out.print(table)
+
+
+@app.command("reprice")
+def reprice_command(
+    files: Annotated[
+        list[str],
+        typer.Argument(
+            help="A cost report's pages (OpenAI, Anthropic), or a day,model,cost_usd CSV."
+        ),
+    ],
+    since: Annotated[str, typer.Option("--since", help="First day (YYYY-MM-DD).")],
+    until: Annotated[str, typer.Option("--until", help="Last day, inclusive (YYYY-MM-DD).")],
+    database_url: DatabaseUrl = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Compare the costs the ledger recorded with a provider's cost report, by model and
+    day, and name the days where they part (a price change the config missed)."""
+    from datetime import date
+    from pathlib import Path
+
+    from ledger.provider_reports import ExportError
+    from ledger.reprice import compare, provider_costs, recorded_costs
+
+    with _friendly_errors():
+        try:
+            first, last = date.fromisoformat(since), date.fromisoformat(until)
+        except ValueError:
+            raise CliError("--since and --until must be dates like 2026-11-30") from None
+        pages: list[tuple[str | None, bytes]] = []
+        for name in files:
+            try:
+                pages.append((Path(name).name, Path(name).read_bytes()))
+            except OSError as error:
+                raise CliError(f"cannot read {name}: {error.strerror or error}") from None
+        try:
+            provider = provider_costs(pages, first, last)
+        except ExportError as error:
+            raise CliError(str(error)) from None
+
+    async def work(store: EventStore) -> Any:
+        runner = ProjectionRunner(store, all_projections())
+        await runner.catch_up(runner.get("spend"))
+        return compare(await recorded_costs(store.engine, first, last), provider)
+
+    rows = _with_store(database_url, work)
+    parted = sorted({row.day for row in rows if row.parted})
+    if as_json:
+        print(json.dumps({"rows": [row.as_json() for row in rows], "parted_days": parted}))
+        return
+    table = Table("day", "model", "ledger_usd", "provider_usd", "difference_usd", "status")
+    for row in rows:
+        table.add_row(*(str(v) for v in row.as_json().values()))
+    out.print(table)
+    if parted:
+        out.print(f"costs part on {len(parted)} day(s): {', '.join(parted)}", highlight=False)
+    else:
+        out.print("recorded costs match the provider's on every day", highlight=False)
+
+
+@period_app.command("close")
+def period_close_command(
+    period: Annotated[str, typer.Argument(help="The month, UTC: YYYY-MM.")],
+    allow_open: Annotated[
+        bool,
+        typer.Option("--allow-open", help="Close with unknown-usage settlements still open."),
+    ] = False,
+    database_url: DatabaseUrl = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the PeriodClosed event.")] = False,
+) -> None:
+    """Close a month: record each workspace's settled, held-unknown and overrun totals of the
+    attempts reserved in it, with the ledger position. Later changes become adjustments."""
+    from ledger.periods import PeriodError, close_period
+
+    async def work(store: EventStore) -> Any:
+        try:
+            return await close_period(store, period, actor="cli", allow_open=allow_open)
+        except PeriodError as error:
+            raise CliError(str(error)) from None
+
+    event = _with_store(database_url, work)
+    if as_json:
+        print(json.dumps(event.model_dump(mode="json")))
+        return
+    out.print(
+        f"closed {event.period} at ledger position {event.position}"
+        + (
+            f" with {event.open_unknown} unknown-usage settlement(s) open"
+            if event.open_unknown
+            else ""
+        ),
+        highlight=False,
+    )
+    table = Table(
+        "workspace", "settled_usd", "held_unknown_usd", "overrun_usd", "requests", "attempts"
+    )
+    for total in event.totals:
+        table.add_row(
+            total.workspace,
+            format(total.settled_usd, "f"),
+            format(total.held_unknown_usd, "f"),
+            format(total.overrun_usd, "f"),
+            str(total.requests),
+            str(total.attempts),
+        )
+    out.print(table)
 
 
 @app.command("settle")

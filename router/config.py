@@ -13,8 +13,10 @@ from __future__ import annotations
 import collections.abc as cabc
 import functools
 import hashlib
+import itertools
 import os
 import re
+from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
@@ -477,8 +479,18 @@ class Price(_Frozen):
         return data
 
 
+class DatedPrice(Price):
+    """A price and the UTC day it takes effect: one entry of a mapping's price history."""
+
+    effective_from: date = Field(alias="from")
+
+
 class Mapping(_Frozen):
-    """One route of a model group: an endpoint and the upstream model it serves."""
+    """One route of a model group: an endpoint and the upstream model it serves.
+
+    ``price:`` is one price block, or a list of dated ones (``from: 2026-12-01`` each, in
+    order): then ``price_history`` holds them and ``price`` is the entry in force when the
+    config was loaded; :meth:`priced_at` gives the mapping as priced at an instant."""
 
     endpoint: _Name
     model: _Name
@@ -489,6 +501,21 @@ class Mapping(_Frozen):
     context_window: _PositiveInt
     max_output_tokens: _PositiveInt
     price: Price
+    price_history: tuple[DatedPrice, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dated_prices(cls, data: object) -> object:
+        if isinstance(data, dict) and "price_history" in data:
+            raise _error("price_history: unknown key (give price: a list of dated entries)")
+        if isinstance(data, dict) and isinstance(data.get("price"), list):
+            entries = data["price"]
+            # A stand-in for `price` until the history is read (_price_in_force); an empty
+            # history is reported on its own.
+            first = entries[0] if entries and isinstance(entries[0], dict) else {}
+            stand_in = {k: v for k, v in first.items() if k != "from"}
+            return {**data, "price": stand_in, "price_history": entries}
+        return data
 
     @model_validator(mode="after")
     def _output_fits_context(self) -> Mapping:
@@ -496,11 +523,41 @@ class Mapping(_Frozen):
             raise _error("max_output_tokens must be <= context_window")
         return self
 
+    @model_validator(mode="after")
+    def _price_in_force(self) -> Mapping:
+        history = self.price_history
+        if not history:
+            return self
+        days = [entry.effective_from for entry in history]
+        if any(later <= earlier for earlier, later in itertools.pairwise(days)):
+            raise _error("price: dated entries must be in order of their from days, each once")
+        return self.priced_at(datetime.now(UTC))
+
+    def priced_at(self, at: datetime) -> Mapping:
+        """This mapping with ``price`` the entry in force at ``at`` (the last whose ``from``
+        day, UTC, has begun; before the first, the first): the price an attempt started at
+        ``at`` is reserved and settled at. Itself when it has no history."""
+        if not self.price_history:
+            return self
+        day = at.astimezone(UTC).date()
+        entry = self.price_history[0]
+        for dated in self.price_history:
+            if dated.effective_from <= day:
+                entry = dated
+        price = Price.model_validate(entry.model_dump(exclude={"effective_from"}))
+        return self if price == self.price else self.model_copy(update={"price": price})
+
 
 class ModelGroup(_Frozen):
     name: _Name
     kind: Literal["chat"] = "chat"
     mappings: Annotated[tuple[Mapping, ...], _NonEmpty]
+
+    def priced_at(self, at: datetime) -> ModelGroup:
+        """The group with each mapping priced as at ``at`` (:meth:`Mapping.priced_at`)."""
+        if not any(m.price_history for m in self.mappings):
+            return self
+        return self.model_copy(update={"mappings": tuple(m.priced_at(at) for m in self.mappings)})
 
 
 class Budget(_Frozen):
@@ -631,7 +688,13 @@ def _mapping_summary(m: Mapping) -> dict[str, Any]:
         "capabilities": sorted(m.capabilities),
         "context_window": m.context_window,
         "max_output_tokens": m.max_output_tokens,
-        "price": _price_summary(m.price),
+        # The whole history: a price change is a config change, recorded by ConfigActivated.
+        "price": [
+            {"from": entry.effective_from.isoformat(), **_price_summary(entry)}
+            for entry in m.price_history
+        ]
+        if m.price_history
+        else _price_summary(m.price),
     }
 
 
@@ -649,6 +712,8 @@ def _price_summary(price: Price) -> dict[str, Any]:
     # Money as decimal strings; a dimension without a price is left out.
     summary: dict[str, Any] = {}
     for name, value in price:
+        if name == "effective_from":
+            continue
         if isinstance(value, Decimal):
             summary[name] = str(value)
         elif value is not None:
@@ -755,6 +820,8 @@ def _load_yaml(text: str, source: str) -> dict[str, Any]:
 def _path(loc: cabc.Sequence[int | str]) -> str:
     path = ""
     for part in loc:
+        # A dated price list is read into price_history; the user wrote it as price.
+        part = "price" if part == "price_history" else part
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else part)
     return path
 

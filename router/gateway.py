@@ -28,6 +28,7 @@ import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Final, Literal, TypeVar
 from urllib.parse import urlsplit
@@ -716,16 +717,19 @@ class _Run:
                 # evaluation reads must include that.
                 await self._flush()
             breaker_open = self._breaker_lookup(await self.gw.breakers.blocked(keys))
+            # Priced as at this attempt's start: its reservation and its settlement use the
+            # price in force now (contract §2, price history), whenever it ends.
+            group = self.group.priced_at(datetime.now(UTC))
             candidates = evaluate(
                 config,
                 self.caller.workspace,
-                self.group,
+                group,
                 self.requirements,
                 self.context,
                 breaker_open=breaker_open,
                 over_budget=await self.budget.over_budget_check(),
             )
-            choice = select(candidates, self.gw._rr, self.caller.workspace.id, self.group)
+            choice = select(candidates, self.gw._rr, self.caller.workspace.id, group)
             self.sequence += 1
             self._pending.append(
                 ev.RouteEvaluated(
@@ -741,7 +745,7 @@ class _Run:
                 if over:
                     self._pending.append(self.budget.denied_candidate(over[0]))
                 raise await self._fail(self._no_route_error(candidates))
-            mapping = self.group.mappings[choice.mapping_index]
+            mapping = group.mappings[choice.mapping_index]
             if await self._admitted(choice.endpoint, mapping):
                 driver = self.gw._drivers[choice.endpoint]
                 endpoint = config.endpoint(choice.endpoint)

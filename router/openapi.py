@@ -295,6 +295,10 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         overrun_usd=_MONEY,
         requests={"type": "integer"},
         attempts={"type": "integer"},
+        # A closed period's rows are its closed totals; what changed since stands here.
+        adjustment_settled_usd=_MONEY,
+        adjustment_held_unknown_usd=_MONEY,
+        adjustment_overrun_usd=_MONEY,
     ),
     "BudgetBalance": _object(
         [

@@ -204,9 +204,9 @@ def test_spend_and_settle_cli(tmp_path: Any, sqlite_url: str) -> None:
     as_csv = waybill(
         "spend", "--group-by", "day,endpoint", "--format", "csv", database_url=sqlite_url
     )
-    assert (
-        as_csv.stdout.splitlines()[0]
-        == "day,endpoint,settled_usd,held_unknown_usd,overrun_usd,requests,attempts"
+    assert as_csv.stdout.splitlines()[0] == (
+        "day,endpoint,settled_usd,held_unknown_usd,overrun_usd,requests,attempts,"
+        "adjustment_settled_usd,adjustment_held_unknown_usd,adjustment_overrun_usd"
     )
     engine = sa.create_engine(sqlite_url)
     with engine.connect() as conn:
