@@ -104,6 +104,14 @@ async def close_period(
 
     runner = ProjectionRunner(store, [SpendProjection()])
     await runner.catch_up()
+    in_flight = await _in_flight(store, first, last)
+    if in_flight:
+        # A hold still held ends in the gateway's own settlement, which no adjustment would
+        # follow: the month closes once its attempts have ended (a dead gateway's holds are
+        # recovered within six heartbeats).
+        raise PeriodError(
+            f"{period} has {in_flight} attempt(s) still in flight: close it once they end"
+        )
     open_unknown = await _open_unknown(store, first, last)
     if open_unknown.count and not allow_open:
         raise PeriodError(
@@ -154,6 +162,15 @@ async def closed_period(store: EventStore, period: str) -> ev.PeriodClosed | Non
         if isinstance(event, ev.PeriodClosed):
             return event
     return None
+
+
+async def _in_flight(store: EventStore, first: date, last: date) -> int:
+    a = spend_attempts
+    query = select(func.count()).where(
+        a.c.state == "held", a.c.day >= first.isoformat(), a.c.day <= last.isoformat()
+    )
+    async with store.engine.connect() as conn:
+        return int((await conn.execute(query)).scalar_one())
 
 
 async def _open_unknown(store: EventStore, first: date, last: date) -> _OpenUnknown:

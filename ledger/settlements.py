@@ -16,9 +16,9 @@ from ledger.accounting import (
     reservation_of_settlement,
     settlement_refusal,
 )
-from ledger.periods import adjustment_for
+from ledger.periods import adjustment_for, period_of, period_stream
 from ledger.schema import budget_holds
-from ledger.store import ANY_VERSION, EventStore
+from ledger.store import ANY_VERSION, NO_STREAM, EventStore, WrongExpectedVersion
 
 __all__ = ["SettlementError", "SettlementRefused", "settle_unknown"]
 
@@ -94,28 +94,39 @@ async def settle_unknown(
     )
     # Its period closed, the settlement changes a closed month: it is recorded with an
     # adjustment in the period open now (contract §6), the closed totals left as they were.
-    adjusted = await adjustment_for(
-        store,
-        reserved_at=hold.created_at,
-        request_id=hold.request_id,
-        attempt_id=hold.attempt_id,
-        reservation_id=reservation_id,
-        workspace=hold.workspace,
-        cause="reconciliation" if from_reconciliation else "operator_settlement",
-        settled_usd=cost_usd,
-        held_unknown_usd=-hold.amount_usd,
-        overrun_usd=overrun.excess_usd if overrun is not None else Decimal(0),
-    )
-    appended: list[ev.Event] = [settled] if overrun is None else [settled, overrun]
-    if adjusted is not None:
-        appended.append(adjusted)
-    try:
-        await store.append(
-            f"request-{hold.request_id}",
-            ANY_VERSION,
-            appended,
-            effects=[SettleUnknown(reservation_id, cost_usd)],
+    # While the period is open, the append requires its stream still absent: a close that
+    # commits first refuses it, and it is decided again, as an adjustment.
+    period = period_stream(period_of(hold.created_at))
+    for _ in range(2):
+        adjusted = await adjustment_for(
+            store,
+            reserved_at=hold.created_at,
+            request_id=hold.request_id,
+            attempt_id=hold.attempt_id,
+            reservation_id=reservation_id,
+            workspace=hold.workspace,
+            cause="reconciliation" if from_reconciliation else "operator_settlement",
+            settled_usd=cost_usd,
+            held_unknown_usd=-hold.amount_usd,
+            overrun_usd=overrun.excess_usd if overrun is not None else Decimal(0),
         )
-    except HoldStateError:  # settled by someone else since we looked
-        raise SettlementError(f"no open unknown-usage settlement {settlement_id}") from None
-    return settled, overrun
+        appended: list[ev.Event] = [settled] if overrun is None else [settled, overrun]
+        if adjusted is not None:
+            appended.append(adjusted)
+        requires = None if adjusted is not None else {period: NO_STREAM}
+        try:
+            await store.append(
+                f"request-{hold.request_id}",
+                ANY_VERSION,
+                appended,
+                effects=[SettleUnknown(reservation_id, cost_usd)],
+                requires=requires,
+            )
+        except HoldStateError:  # settled by someone else since we looked
+            raise SettlementError(f"no open unknown-usage settlement {settlement_id}") from None
+        except WrongExpectedVersion as moved:
+            if requires is None or moved.stream_id != period:
+                raise
+            continue  # the period closed meanwhile: settle again, with its adjustment
+        return settled, overrun
+    raise SettlementError(f"{settlement_id}: its period kept changing; try again")

@@ -238,3 +238,57 @@ def test_the_cli_closes_refuses_and_spend_shows_the_adjustment(database_url: str
     )
     table = waybill("spend", database_url=database_url)
     assert "adjustment_settled_usd" in table.stdout
+
+
+async def test_a_month_with_attempts_in_flight_does_not_close(
+    store: EventStore, last_month: None
+) -> None:
+    # A held hold ends in the gateway's own settlement, which no adjustment would follow.
+    await _last_months_ledger(store)
+    spec = AccountSpec("key:acme:total", "key", "acme", "k1", None, D(10))
+    hold = Hold("res_9", "req_9", "att_9", "acme", "k1", "east", "m", D("0.0050"), (), "i")
+    reserved = ev.BudgetReserved(
+        request_id="req_9",
+        attempt_id="att_9",
+        reservation_id="res_9",
+        amount_usd=D("0.0050"),
+        accounts=(ev.AccountRef(account_id=spec.account_id, kind="key", limit_usd=D(10)),),
+        endpoint="east",
+        model="m",
+        workspace="acme",
+        key_id="k1",
+    )
+    await store.append("request-req_9", ANY_VERSION, [reserved], effects=[Reserve(hold, (spec,))])
+    with pytest.raises(PeriodError, match=r"1 attempt\(s\) still in flight"):
+        await close_period(store, PERIOD, actor="test", allow_open=True, today=date.max)
+    assert await store.read_stream(f"period-{PERIOD}") == []
+
+
+async def test_a_settlement_racing_the_close_is_recorded_as_its_adjustment(
+    store: EventStore,
+) -> None:
+    # The settlement looked while the period was open; the close commits before its append.
+    # The append, which required the period's stream absent, is refused and decided again.
+    from ledger.periods import adjustment_for as looked
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store_module, "datetime", _LastMonthClock)
+        await _last_months_ledger(store)
+    calls = 0
+
+    async def close_meanwhile(*args: Any, **kwargs: Any) -> ev.PeriodAdjusted | None:
+        nonlocal calls
+        calls += 1
+        answer = await looked(*args, **kwargs)
+        if calls == 1:
+            assert answer is None  # open when it looked
+            await close_period(store, PERIOD, actor="test", allow_open=True, today=date.max)
+        return answer
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("ledger.settlements.adjustment_for", close_meanwhile)
+        await settle_unknown(store, "unk_2", D("0.0040"), actor="k_fin", reason="x")
+    assert calls == 2
+    trail = [r.event() for r in await store.read_stream("request-req_2")]
+    assert isinstance(trail[-1], ev.PeriodAdjusted) and trail[-1].period == PERIOD
+    assert sum(isinstance(e, ev.UnknownUsageSettled) for e in trail) == 1
