@@ -32,6 +32,7 @@ from ledger.buckets import (
     BucketSettlement,
     EndpointIdentity,
     LedgerAttempt,
+    RateBook,
     coverage,
     model_key,
     reconcile_buckets,
@@ -69,7 +70,7 @@ def _reconciliation_id(
     files_sha256: str,
     scope: ReconcileScope,
     identities: Sequence[EndpointIdentity],
-    rates: Mapping[tuple[str, str], Rates],
+    rates: Mapping[tuple[str, str], Rates] | RateBook,
 ) -> str:
     matched_with = json.dumps(
         {
@@ -77,7 +78,9 @@ def _reconciliation_id(
                 [i.endpoint, i.family, i.project_id, i.api_key_id, i.workspace_id]
                 for i in identities
             ),
-            "rates": sorted([*key, repr(value)] for key, value in rates.items()),
+            "rates": sorted([*key, repr(value)] for key, value in rates.items())
+            if isinstance(rates, Mapping)
+            else rates.fingerprint(),
         },
         sort_keys=True,
     )
@@ -94,7 +97,7 @@ async def import_provider_report(
     *,
     actor: str,
     identities: Sequence[EndpointIdentity],
-    rates: Mapping[tuple[str, str], Rates],
+    rates: Mapping[tuple[str, str], Rates] | RateBook,
     scope: ReconcileScope = _EVERYTHING,
     report_format: ReportFormat | None = None,
     force: bool = False,

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 from fractions import Fraction
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 from ledger import events as ev
 from ledger.accounting import Rates, usage_cost
@@ -56,11 +56,24 @@ __all__ = [
     "Coverage",
     "EndpointIdentity",
     "LedgerAttempt",
+    "RateBook",
     "apportion",
     "coverage",
     "model_key",
     "reconcile_buckets",
 ]
+
+
+class RateBook(Protocol):
+    """The settlement rates of (endpoint, :func:`model_key`) in force at an instant (prices
+    have history: a bucket is priced as the ledger priced the attempts that started in it),
+    or None; and a fingerprint of every price it knows (a reconciliation's id depends on
+    what it was priced with)."""
+
+    def __call__(self, endpoint: str, model: str, at: datetime) -> Rates | None: ...
+
+    def fingerprint(self) -> str: ...
+
 
 Family = Literal["openai", "anthropic"]
 IDENTITY_KEYS: Final = ("project_id", "api_key_id", "workspace_id")
@@ -232,11 +245,13 @@ def reconcile_buckets(
     report: ParsedReport,
     identities: Sequence[EndpointIdentity],
     attempts: Iterable[LedgerAttempt],
-    rates: Mapping[tuple[str, str], Rates],
+    rates: Mapping[tuple[str, str], Rates] | RateBook,
 ) -> BucketPlan:
     """Every bucket x model x identity compared, the settlements it calls for, and the
     usage nobody explains. ``attempts``: the ledger's attempts of the covered endpoints in
-    the report's span; ``rates``: by (endpoint, :func:`model_key`), to price usage."""
+    the report's span; ``rates``: by (endpoint, :func:`model_key`) and, as a
+    :data:`RateBook`, by the bucket's start, to price usage."""
+    book = rates if not isinstance(rates, Mapping) else _Fixed(rates)
     scope = coverage(report, identities)
     covered = [i for i in identities if i.endpoint in scope.endpoints]
     plan = BucketPlan()
@@ -279,7 +294,7 @@ def reconcile_buckets(
             attempt
         )
     for key in sorted(units):
-        _judge(report, units[key], covered, rates, plan)
+        _judge(report, units[key], covered, book, plan)
     return plan
 
 
@@ -321,9 +336,7 @@ def _sum_usage(usages: Iterable[ev.Usage]) -> ev.Usage | None:
     return total
 
 
-def _provider_usd(
-    report: ParsedReport, unit: _Unit, rates: Mapping[tuple[str, str], Rates]
-) -> Decimal | None:
+def _provider_usd(report: ParsedReport, unit: _Unit, rates: RateBook) -> Decimal | None:
     if not report.usage:
         return sum((r.cost_usd or _ZERO for r in unit.rows), _ZERO)
     total = _ZERO
@@ -331,13 +344,9 @@ def _provider_usd(
         assert row.usage is not None
         if row.model is None:
             return None
+        key = model_key(row.model)
         found = next(
-            (
-                rates[(e, model_key(row.model))]
-                for e in unit.endpoints
-                if (e, model_key(row.model)) in rates
-            ),
-            None,
+            (r for e in unit.endpoints if (r := rates(e, key, unit.start)) is not None), None
         )
         if found is None:
             return None
@@ -358,11 +367,24 @@ def _identity(unit: _Unit, covered: Sequence[EndpointIdentity]) -> dict[str, str
     return values
 
 
+@dataclass(frozen=True, slots=True)
+class _Fixed:
+    """Rates without history."""
+
+    rates: Mapping[tuple[str, str], Rates]
+
+    def __call__(self, endpoint: str, model: str, at: datetime) -> Rates | None:
+        return self.rates.get((endpoint, model))
+
+    def fingerprint(self) -> str:
+        return repr(sorted((key, repr(value)) for key, value in self.rates.items()))
+
+
 def _judge(
     report: ParsedReport,
     unit: _Unit,
     covered: Sequence[EndpointIdentity],
-    rates: Mapping[tuple[str, str], Rates],
+    rates: RateBook,
     plan: BucketPlan,
 ) -> None:
     label = instant_label(unit.start)

@@ -24,9 +24,9 @@ from urllib.parse import quote
 import httpx
 
 from ledger.accounting import Rates
-from ledger.buckets import EndpointIdentity, model_key
+from ledger.buckets import EndpointIdentity, RateBook, model_key
 from ledger.provider_reports import ReportFormat
-from router.config import Config, Endpoint
+from router.config import Config, Endpoint, Mapping
 from router.worst_case import settlement_rates
 
 __all__ = [
@@ -61,16 +61,30 @@ def identities_of(config: Config) -> list[EndpointIdentity]:
     ]
 
 
-def rates_of(config: Config) -> dict[tuple[str, str], Rates]:
-    """The settlement rates of each (endpoint, model without its snapshot date); the first
-    mapping of a pair gives them, as the first route of a model group is tried first."""
-    rates: dict[tuple[str, str], Rates] = {}
-    for group in config.models:
-        for mapping in group.mappings:
-            rates.setdefault(
-                (mapping.endpoint, model_key(mapping.model)), settlement_rates(mapping)
-            )
-    return rates
+class _ConfigRates:
+    """The config's settlement rates of each (endpoint, model without its snapshot date): the
+    first mapping of a pair gives them (the first route of a model group is tried first),
+    priced with the entry of its price history in force at the instant asked about."""
+
+    def __init__(self, config: Config) -> None:
+        self._first: dict[tuple[str, str], Mapping] = {}
+        for group in config.models:
+            for mapping in group.mappings:
+                self._first.setdefault((mapping.endpoint, model_key(mapping.model)), mapping)
+
+    def __call__(self, endpoint: str, model: str, at: datetime) -> Rates | None:
+        mapping = self._first.get((endpoint, model))
+        return None if mapping is None else settlement_rates(mapping.priced_at(at))
+
+    def fingerprint(self) -> str:
+        return repr(
+            sorted((key, repr(m.price), repr(m.price_history)) for key, m in self._first.items())
+        )
+
+
+def rates_of(config: Config) -> RateBook:
+    """How a provider report's usage is priced: as the ledger priced it (``_ConfigRates``)."""
+    return _ConfigRates(config)
 
 
 class FetchError(Exception):

@@ -305,3 +305,25 @@ def test_every_attempt_in_a_bucket_is_compared_once_and_excess_is_settled_exactl
         ),
         D(0),
     )
+
+
+class _PriceRaisedAtT1:
+    """$1 / $2 per million until the second bucket, then double: a price book with history."""
+
+    def __call__(self, endpoint: str, model: str, at: datetime) -> Rates | None:
+        return RATES[(endpoint, model)] if at < T0 + HOUR else Rates(D(2), D(2), D(4), D(2), D(4))
+
+    def fingerprint(self) -> str:
+        return "raised-at-T1"
+
+
+def test_each_bucket_is_priced_with_the_price_in_force_at_its_start() -> None:
+    plan = reconcile_buckets(
+        report([row(0), row(1)]),
+        [EAST],
+        [attempt(1), attempt(2, minute=65, settled="0.004")],
+        _PriceRaisedAtT1(),
+    )
+    first, second = plan.comparisons
+    assert (first.provider_usd, second.provider_usd) == (D("0.002"), D("0.004"))
+    assert first.status == second.status == "matched"
