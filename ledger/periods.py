@@ -17,13 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from decimal import Decimal
-from typing import Literal
+from typing import Any, Literal
 
 from sqlalchemy import func, select
 
 from ledger import events as ev
 from ledger.projection import ProjectionRunner
-from ledger.schema import projection_checkpoints, spend_attempts, unknown_settlements
+from ledger.schema import events, projection_checkpoints, spend_attempts, unknown_settlements
 from ledger.spend import spend_report
 from ledger.store import NO_STREAM, EventStore, WrongExpectedVersion
 
@@ -78,6 +78,7 @@ class _OpenUnknown:
     count: int
     oldest: str | None  # settlement id
     oldest_at: datetime | None
+    streams: list[str]  # their requests' streams
 
 
 async def close_period(
@@ -100,6 +101,29 @@ async def close_period(
             f"{period} is already closed (at ledger position {closed.position}); "
             "later changes are recorded as adjustments"
         )
+    for _ in range(_CLOSE_TRIES):
+        event, unchanged = await _closing(store, period, first, last, actor, allow_open)
+        try:
+            await store.append(period_stream(period), NO_STREAM, [event], requires=unchanged)
+        except WrongExpectedVersion as moved:
+            if moved.stream_id == period_stream(period):
+                raise PeriodError(f"{period} is already closed") from None
+            continue  # an open settlement moved after the totals were read: read them again
+        return event
+    raise PeriodError(f"{period} kept changing while it was being closed; try again")
+
+
+_CLOSE_TRIES = 3
+
+
+async def _closing(
+    store: EventStore, period: str, first: date, last: date, actor: str, allow_open: bool
+) -> tuple[ev.PeriodClosed, dict[str, int]]:
+    """The ``PeriodClosed`` of the month as the spend read model has it now, and the
+    versions its append must find unchanged: the request streams of the month's open
+    unknown-usage settlements, the only changes a month whose attempts have ended can still
+    get (a settlement appends to its request's stream). A settlement committed after the
+    totals were read moves its stream, and the close is refused and read again."""
     from ledger.views import SpendProjection
 
     runner = ProjectionRunner(store, [SpendProjection()])
@@ -119,21 +143,21 @@ async def close_period(
             f"{open_unknown.oldest} opened {open_unknown.oldest_at:%Y-%m-%dT%H:%MZ}: settle "
             "them (waybill settle, waybill reconcile) or close with --allow-open"
         )
-    # The checkpoint is read after the catch-up: the totals include every event up to it.
-    # A gateway's own runner may move it on meanwhile; whatever it folds after is a change
-    # the next adjustment check (adjustment_for) sees, since the period is not closed yet.
     async with store.engine.connect() as conn:
-        position = (
-            await conn.execute(
-                select(projection_checkpoints.c.position).where(
-                    projection_checkpoints.c.name == "spend"
+        position = int(
+            (
+                await conn.execute(
+                    select(projection_checkpoints.c.position).where(
+                        projection_checkpoints.c.name == "spend"
+                    )
                 )
-            )
-        ).scalar_one()
+            ).scalar_one()
+        )
+        unchanged = await _stream_versions(conn, open_unknown.streams, position)
     rows = await spend_report(store.engine, group_by=["workspace"], since=first, until=last)
     event = ev.PeriodClosed(
         period=period,
-        position=int(position),
+        position=position,
         totals=tuple(
             ev.PeriodTotal(
                 workspace=r["workspace"],
@@ -148,11 +172,20 @@ async def close_period(
         open_unknown=open_unknown.count,
         closed_by=actor,
     )
-    try:
-        await store.append(period_stream(period), NO_STREAM, [event])
-    except WrongExpectedVersion:
-        raise PeriodError(f"{period} is already closed") from None
-    return event
+    return event, unchanged
+
+
+async def _stream_versions(conn: Any, streams: list[str], position: int) -> dict[str, int]:
+    """Each stream's version as of ledger ``position``."""
+    if not streams:
+        return {}
+    e = events
+    rows = await conn.execute(
+        select(e.c.stream_id, func.max(e.c.version))
+        .where(e.c.stream_id.in_(streams), e.c.position <= position)
+        .group_by(e.c.stream_id)
+    )
+    return {str(stream): int(version) for stream, version in rows}
 
 
 async def closed_period(store: EventStore, period: str) -> ev.PeriodClosed | None:
@@ -176,19 +209,17 @@ async def _in_flight(store: EventStore, first: date, last: date) -> int:
 async def _open_unknown(store: EventStore, first: date, last: date) -> _OpenUnknown:
     s, a = unknown_settlements, spend_attempts
     query = (
-        select(s.c.settlement_id, s.c.opened_at)
+        select(s.c.settlement_id, s.c.opened_at, s.c.request_id)
         .join(a, a.c.reservation_id == s.c.reservation_id)
         .where(s.c.state == "open", a.c.day >= first.isoformat(), a.c.day <= last.isoformat())
         .order_by(s.c.opened_at, s.c.settlement_id)
     )
     async with store.engine.connect() as conn:
-        count = (
-            await conn.execute(select(func.count()).select_from(query.subquery()))
-        ).scalar_one()
-        oldest = (await conn.execute(query.limit(1))).first()
-    if oldest is None:
-        return _OpenUnknown(0, None, None)
-    return _OpenUnknown(int(count), str(oldest.settlement_id), oldest.opened_at)
+        rows = (await conn.execute(query)).all()
+    if not rows:
+        return _OpenUnknown(0, None, None, [])
+    streams = sorted({f"request-{row.request_id}" for row in rows})
+    return _OpenUnknown(len(rows), str(rows[0].settlement_id), rows[0].opened_at, streams)
 
 
 async def adjustment_for(

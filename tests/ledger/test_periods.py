@@ -292,3 +292,35 @@ async def test_a_settlement_racing_the_close_is_recorded_as_its_adjustment(
     trail = [r.event() for r in await store.read_stream("request-req_2")]
     assert isinstance(trail[-1], ev.PeriodAdjusted) and trail[-1].period == PERIOD
     assert sum(isinstance(e, ev.UnknownUsageSettled) for e in trail) == 1
+
+
+async def test_a_settlement_between_the_totals_and_the_close_is_in_the_totals(
+    store: EventStore,
+) -> None:
+    # The close read its totals; a settlement of one of the month's open unknowns commits
+    # before the close's append. The append, which required that request's stream unchanged,
+    # is refused; the close reads again and its totals hold the settlement.
+    from ledger.spend import spend_report as read_totals
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(store_module, "datetime", _LastMonthClock)
+        await _last_months_ledger(store)
+    calls = 0
+
+    async def settle_meanwhile(*args: Any, **kwargs: Any) -> list[dict[str, Any]]:
+        nonlocal calls
+        calls += 1
+        totals = await read_totals(*args, **kwargs)
+        if calls == 1:
+            await settle_unknown(store, "unk_2", D("0.0040"), actor="k_fin", reason="x")
+        return totals
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("ledger.periods.spend_report", settle_meanwhile)
+        closed = await close_period(store, PERIOD, actor="test", allow_open=True, today=date.max)
+    assert calls == 2
+    acme = next(t for t in closed.totals if t.workspace == "acme")
+    assert (acme.settled_usd, acme.held_unknown_usd) == (D("0.0052"), D(0))
+    assert closed.open_unknown == 0
+    trail = [r.event() for r in await store.read_stream("request-req_2")]
+    assert not any(isinstance(e, ev.PeriodAdjusted) for e in trail)
