@@ -652,6 +652,13 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
                 f"${money_str(event.held_usd)}, ${money_str(event.excess_usd)} beyond it "
                 f"({event.cause}); counted on {', '.join(event.accounts) or 'no budget account'}"
             )
+        case ev.PeriodAdjusted():
+            return (
+                f"{event.period} was closed: the change to {trail.number(event.attempt_id)} "
+                f"is an adjustment recorded in {event.in_period} (settled "
+                f"{money_str(event.settled_usd)}, held unknown "
+                f"{money_str(event.held_unknown_usd)}, overrun {money_str(event.overrun_usd)})"
+            )
         case ev.RequestCompleted():
             cost = f", cost ${money_str(event.cost_usd)}" if event.cost_usd is not None else ""
             return (

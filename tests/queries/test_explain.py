@@ -313,3 +313,23 @@ def test_text_holds_the_summary_and_every_section() -> None:
     assert "missing_capability (tools)" in text
     assert all(len(line) <= 100 for line in text.splitlines() if "decision path" in line)
     assert text.startswith("request r1: succeeded\n")
+
+
+def test_an_adjustment_of_a_closed_period_is_explained() -> None:
+    trail = unknown_then_failed_trail("r1")
+    opened = next(e for e in trail if isinstance(e, ev.UnknownUsageOpened))
+    adjusted = ev.PeriodAdjusted(
+        period="2026-11",
+        in_period="2026-12",
+        request_id="r1",
+        attempt_id=opened.attempt_id,
+        reservation_id=opened.reservation_id,
+        workspace="acme",
+        cause="operator_settlement",
+        settled_usd=Decimal("0.0040"),
+        held_unknown_usd=-opened.held_usd,
+        overrun_usd=Decimal(0),
+    )
+    step = explain(recorded([*trail, adjusted]))["decision_path"][-1]
+    assert step["text"].startswith("2026-11 was closed: the change to attempt 1 is an adjustment")
+    assert "recorded in 2026-12" in step["text"]
