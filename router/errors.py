@@ -27,6 +27,7 @@ __all__ = [
     "model_not_found",
     "no_eligible_route",
     "permission_denied",
+    "proof_unavailable",
     "request_not_found",
     "upstream_unavailable",
 ]
@@ -135,6 +136,12 @@ def request_not_found(request_id: str) -> GatewayError:
     # The same answer whether the request does not exist or belongs to someone the caller
     # may not read: its existence is not disclosed (SPEC §3: 404, never 403).
     return GatewayError(404, "request_not_found", f"no request {request_id!r}")
+
+
+def proof_unavailable(message: str) -> GatewayError:
+    # The request exists and may be read, but no signed checkpoint covers it (yet), or this
+    # gateway keeps none (SPEC §3, §7).
+    return GatewayError(409, "proof_unavailable", message)
 
 
 def permission_denied(message: str) -> GatewayError:

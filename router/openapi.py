@@ -37,6 +37,7 @@ __all__ = [
     "READYZ",
     "READ_RECONCILIATION",
     "REQUEST_EVENTS",
+    "REQUEST_PROOF",
     "REQUEST_VIEW",
     "SEARCH_REQUESTS",
     "SETTLE_UNKNOWN",
@@ -75,6 +76,7 @@ ERROR_CODES: Final = (
     "settlement_conflict",
     "reconciliation_not_found",
     "reload_unavailable",
+    "proof_unavailable",
     "ledger_unavailable",
 )
 
@@ -94,6 +96,7 @@ _MONEY: Final[Schema] = {
     "description": "A decimal amount in USD, as a string (never a float).",
 }
 _ITEMS: Final[Schema] = {"type": "object"}
+_HEX_HASH: Final[Schema] = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 _TOKENS: Final[Schema] = {"type": "integer", "minimum": 1, "maximum": MAX_JSON_INTEGER}
 
 
@@ -288,6 +291,36 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         recorded_at=_STRING,
         hash=_STRING,
     ),
+    "Proof": _object(
+        ["format", "request_id", "checkpoint", "events"],
+        format={"type": "string", "enum": ["waybill-proof/v1"]},
+        request_id=_STRING,
+        checkpoint=_object(
+            ["format", "size", "root", "head_hash", "time", "key_id", "signature"],
+            format={"type": "string", "enum": ["waybill-checkpoint/v1"]},
+            size={"type": "integer", "minimum": 1},
+            root=_HEX_HASH,
+            head_hash=_HEX_HASH,
+            time=_STRING,
+            key_id=_STRING,
+            signature=_STRING,
+        ),
+        events={
+            "type": "array",
+            "items": _object(
+                ["position", "version", "type", "leaf_hash", "payload", "inclusion_proof"],
+                position={"type": "integer", "minimum": 1},
+                version={"type": "integer", "minimum": 1},
+                type=_STRING,
+                leaf_hash=_HEX_HASH,
+                payload={
+                    "type": "string",
+                    "description": "The event's stored canonical bytes, standard base64.",
+                },
+                inclusion_proof={"type": "array", "items": _HEX_HASH},
+            ),
+        },
+    ),
     "Explanation": _object(
         ["summary", "candidates", "attempts", "decision_path"],
         summary=_STRING,
@@ -393,7 +426,8 @@ _ERROR_MEANINGS: Final[dict[int, str]] = {
     402: "budget_exceeded: no budget covers the worst-case cost of an eligible attempt",
     403: "permission_denied: the key's role may not do this",
     404: "not found (or not the caller's to read: never 403)",
-    409: "a conflict (idempotency_conflict, settlement_conflict, reload_unavailable)",
+    409: "a conflict (idempotency_conflict, settlement_conflict, reload_unavailable, "
+    "proof_unavailable)",
     413: "invalid_request: the body is too large",
     422: "no_eligible_route: no candidate satisfies the requirements; nothing reserved",
     429: "upstream_rate_limited: every eligible candidate is rate-limited",
@@ -609,6 +643,18 @@ REQUEST_EVENTS: Final[Schema] = {
     "summary": "A request's raw events, in order, with their hashes",
     "parameters": [_LIMIT, _CURSOR],
     "responses": {"200": _ok(_page(_ref("Event"))), **_error_responses(400, 404)},
+}
+REQUEST_PROOF: Final[Schema] = {
+    "summary": "A request's events with an inclusion proof of each against a signed "
+    "checkpoint (waybill verify-proof checks it offline)",
+    "parameters": [
+        _query(
+            "size",
+            {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+            "The checkpoint's tree size; default: the latest checkpoint.",
+        )
+    ],
+    "responses": {"200": _ok(_ref("Proof")), **_error_responses(400, 404, 409)},
 }
 VERIFY_LEDGER: Final[Schema] = {
     "summary": "Verify the ledger's hash chain (admin and auditor keys)",

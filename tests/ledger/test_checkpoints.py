@@ -3,6 +3,7 @@ database's superuser can no longer rewrite unseen, and proofs anyone can check o
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import AsyncIterator
@@ -12,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from ledger.checkpoint_audit import CheckpointAudit
-from ledger.checkpointer import Checkpointer, LedgerMismatch
+from ledger.checkpointer import Checkpointer, LedgerMismatch, Schedule
 from ledger.checkpoints import Checkpoint, PublicKeys, SigningKey, generate_key
 from ledger.db import create_engine
 from ledger.merkle import Frontier, event_leaf_hash, hash_leaf
 from ledger.proofs import ProofInvalid, check_proof
 from ledger.sink import LEVELS, SinkBusy, read_sink
 from ledger.store import NO_STREAM, EventStore
+from tests.helpers import eventually
 from tests.ledger.factories import succeeded_trail
 from tests.ledger.tamper import cut_tail, rewrite_event
 from tests.ledger.test_cli import waybill
@@ -327,3 +329,46 @@ async def test_the_writer_takes_up_from_its_last_checkpoint_and_drops_unsigned_t
     rewrite_event(database_url, await _position_of(store, "r1", "BudgetSettled"), _settled_more)
     with pytest.raises(LedgerMismatch, match=f"head hash {second.head_hash} at position"):
         await Checkpointer(store, key, sink).open()
+
+
+async def test_the_schedule_counts_events_and_seconds_but_not_its_own_records(
+    store: EventStore, keys, tmp_path: Path
+) -> None:
+    key = keys[0]
+    sink = tmp_path / "sink"
+    per_request = len(succeeded_trail("r"))
+
+    def lines() -> list[int]:
+        return [e.checkpoint.size for e in read_sink(sink) if e.checkpoint] if sink.exists() else []
+
+    async def running(schedule: Schedule) -> tuple[asyncio.Event, asyncio.Task[None]]:
+        stop = asyncio.Event()
+        return stop, asyncio.create_task(Checkpointer(store, key, sink).run(schedule, stop))
+
+    # By events alone: the clock is never due.
+    stop, task = await running(Schedule(every_events=2 * per_request, every_seconds=3600))
+    await _requests(store, 0, 1)
+    await asyncio.sleep(1.5)  # nothing to await: a checkpoint must not come
+    assert lines() == []
+    await _requests(store, 1, 1)
+    await eventually(lambda: _true(len(lines()) == 1), within_s=5)
+    await asyncio.sleep(1.5)  # idle: its own CheckpointTaken is not worth a checkpoint
+    stop.set()
+    await task
+    assert lines() == [2 * per_request]
+
+    # By seconds alone, once anything was appended; and once more when it stops.
+    stop, task = await running(Schedule(every_events=10**6, every_seconds=0.2))
+    await _requests(store, 2, 1)
+    await eventually(lambda: _true(len(lines()) == 2), within_s=5)
+    await asyncio.sleep(0.6)
+    assert len(lines()) == 2
+    await _requests(store, 3, 1)
+    stop.set()
+    await task
+    head, _ = await store.head()
+    assert len(lines()) == 3 and lines()[-1] == head - 1  # all but its own last record
+
+
+async def _true(value: bool) -> bool:
+    return value
