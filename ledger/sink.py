@@ -42,6 +42,7 @@ __all__ = [
     "SinkWriter",
     "TreeFiles",
     "checkpoint_file",
+    "find_checkpoint",
     "read_sink",
 ]
 
@@ -91,6 +92,27 @@ def read_sink(directory: Path, *, strict: bool = True) -> list[SinkEntry]:
             where = f"{path.name}:{len(lines) + 1}"
             entries.append(SinkEntry(where, None, "the line does not end (an incomplete write)"))
     return entries
+
+
+def find_checkpoint(directory: Path, size: int | None = None) -> Checkpoint | None:
+    """One sink's latest checkpoint, or its checkpoint of ``size``, reading its day files
+    from the newest back only as far as needed (a sink's sizes grow with its lines; its
+    lines that are not checkpoints are passed over)."""
+    if not directory.is_dir():
+        raise SinkError(f"{directory} is not a directory")
+    for path in sorted(directory.glob("checkpoints-*.jsonl"), reverse=True):
+        lines = path.read_bytes().split(b"\n")
+        lines.pop()  # the part after the last newline: b"", or a line still being written
+        found = [e.checkpoint for e in (_entry(path.name, line) for line in lines)]
+        checkpoints = [c for c in found if c is not None]
+        if size is None and checkpoints:
+            return checkpoints[-1]
+        for checkpoint in checkpoints:
+            if checkpoint.size == size:
+                return checkpoint
+        if checkpoints and size is not None and checkpoints[0].size < size:
+            return None  # earlier files hold only smaller trees
+    return None
 
 
 def _entry(where: str, line: bytes) -> SinkEntry:

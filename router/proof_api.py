@@ -20,9 +20,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from ledger.events import RequestReceived
-from ledger.proofs import ProofUnavailable, choose_checkpoint, prove_from_tree
+from ledger.proofs import ProofUnavailable, prove_from_tree
 from ledger.queries import read_request_events
-from ledger.sink import SinkError, TreeFiles, read_sink
+from ledger.sink import SinkError, TreeFiles, find_checkpoint
 from ledger.store import EventStore, RecordedEvent
 from router import openapi as api_doc
 from router.access import can_read_request
@@ -64,7 +64,11 @@ def proof_router(authenticate: Authenticate, serving_config: Callable[[], Config
 
 
 def _prove(request_id: str, trail: Sequence[RecordedEvent], sink: Path, size: int | None) -> bytes:
-    checkpoint = choose_checkpoint(read_sink(sink, strict=False), size)
+    checkpoint = find_checkpoint(sink, size)
+    if checkpoint is None:
+        raise ProofUnavailable(
+            "no checkpoint has been taken yet" if size is None else f"no checkpoint of size {size}"
+        )
     tree = TreeFiles(sink)
     try:
         return prove_from_tree(request_id, trail, checkpoint, tree)

@@ -58,7 +58,9 @@ CODES_BY_STATUS: Final[dict[int, frozenset[str]]] = {
         }
     ),
     405: frozenset({"invalid_request"}),
-    409: frozenset({"idempotency_conflict", "settlement_conflict", "reload_unavailable"}),
+    409: frozenset(
+        {"idempotency_conflict", "settlement_conflict", "reload_unavailable", "proof_unavailable"}
+    ),
     413: frozenset({"invalid_request"}),
     422: frozenset({"no_eligible_route"}),
     429: frozenset({"upstream_rate_limited"}),

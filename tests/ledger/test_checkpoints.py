@@ -18,7 +18,7 @@ from ledger.checkpoints import Checkpoint, PublicKeys, SigningKey, generate_key
 from ledger.db import create_engine
 from ledger.merkle import Frontier, event_leaf_hash, hash_leaf
 from ledger.proofs import ProofInvalid, check_proof
-from ledger.sink import LEVELS, SinkBusy, read_sink
+from ledger.sink import LEVELS, SinkBusy, find_checkpoint, read_sink
 from ledger.store import NO_STREAM, EventStore
 from tests.helpers import eventually
 from tests.ledger.factories import succeeded_trail
@@ -372,3 +372,22 @@ async def test_the_schedule_counts_events_and_seconds_but_not_its_own_records(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def test_a_sinks_checkpoint_is_found_without_reading_every_day_file(tmp_path: Path) -> None:
+    key = generate_key()
+    days = {"2026-01-01": [5, 9], "2026-01-02": [12, 20]}
+    for day, sizes in days.items():
+        lines = [
+            key.sign(size, "a" * 64, "b" * 64, f"{day}T00:00:0{i}.000000Z").line()
+            for i, size in enumerate(sizes)
+        ]
+        (tmp_path / f"checkpoints-{day}.jsonl").write_bytes(b"".join(lines) + b'{"size": 2')
+
+    def size(wanted: int | None) -> int | None:
+        found = find_checkpoint(tmp_path, wanted)
+        return None if found is None else found.size
+
+    assert size(None) == 20  # the unfinished line is passed over
+    assert [size(s) for s in (5, 9, 12, 20)] == [5, 9, 12, 20]
+    assert find_checkpoint(tmp_path, 10) is None and find_checkpoint(tmp_path, 21) is None
