@@ -24,6 +24,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,10 +36,18 @@ from typing import Final
 
 from sqlalchemy import text
 
-from ledger.checkpoints import Checkpoint, SigningKey, format_time
-from ledger.db import READ_ONLY
+from ledger.checkpoints import (
+    Checkpoint,
+    KeyFileError,
+    SigningKey,
+    format_time,
+    load_signing_key,
+)
+from ledger.db import READ_ONLY, create_engine
 from ledger.events import CheckpointTaken
+from ledger.follow import exit_with_parent, supervise_child
 from ledger.merkle import Frontier, event_leaf_hash
+from ledger.process import run, tune_gc
 from ledger.sink import LEVELS, SinkBusy, SinkError, SinkWriter
 from ledger.store import ANY_VERSION, EventStore
 
@@ -48,6 +59,11 @@ _SLICE: Final = 200
 _POLL_S: Final = 1.0
 _MAX_BACKOFF_S: Final = 60.0
 _log = logging.getLogger("waybill.checkpoints")
+# The child's settings (CheckpointTask): not its arguments, which `ps` shows to everyone.
+_URL_VARIABLE = "WAYBILL_CHECKPOINT_DATABASE_URL"
+_PARENT_VARIABLE = "WAYBILL_CHECKPOINT_PARENT"
+_SINK_VARIABLE = "WAYBILL_CHECKPOINT_SINK"
+_SCHEDULE_VARIABLE = "WAYBILL_CHECKPOINT_SCHEDULE"
 
 _READ_PAGE = text(
     "SELECT position, payload, hash, type FROM events "
@@ -250,15 +266,40 @@ class Checkpointer:
 
 
 class CheckpointTask:
-    """A running :meth:`Checkpointer.run`, stopped (after its last checkpoint) by
-    :meth:`stop`."""
+    """``waybill serve``'s checkpointing: :meth:`Checkpointer.run` in this process, or with
+    ``database_url`` in a process of its own (``python -m ledger.checkpointer``, restarted if
+    it dies, as the read-model follower is: on PostgreSQL, reading and hashing every event
+    then never shares the request path's event loop). The key goes to the child through its
+    standard input, never its arguments or environment. :meth:`stop` waits for the last
+    checkpoint."""
 
-    def __init__(self, checkpointer: Checkpointer, schedule: Schedule) -> None:
-        self.checkpointer = checkpointer
+    def __init__(
+        self,
+        store: EventStore,
+        key: SigningKey,
+        directory: Path,
+        schedule: Schedule,
+        *,
+        database_url: str | None = None,
+    ) -> None:
         self._stop = asyncio.Event()
-        self._task = asyncio.create_task(
-            checkpointer.run(schedule, self._stop), name="waybill-checkpoints"
-        )
+        if database_url is None:
+            work = Checkpointer(store, key, directory).run(schedule, self._stop)
+        else:
+            env = {
+                _URL_VARIABLE: database_url,
+                _PARENT_VARIABLE: str(os.getpid()),
+                _SINK_VARIABLE: str(directory),
+                _SCHEDULE_VARIABLE: f"{schedule.every_events} {schedule.every_seconds!r}",
+            }
+            work = supervise_child(
+                "ledger.checkpointer",
+                env,
+                self._stop,
+                name="the checkpointer",
+                stdin=key.private_pem(),
+            )
+        self._task = asyncio.create_task(work, name="waybill-checkpoints")
 
     async def stop(self) -> None:
         self._stop.set()
@@ -274,3 +315,44 @@ def _frontier_at(writer: SinkWriter, size: int) -> Frontier:
             f"checkpoint signed {size}: they are damaged"
         )
     return Frontier.from_source(size, writer.tree.perfect, keep=LEVELS)
+
+
+async def _checkpoint_in_child(
+    database_url: str, parent: int, key: SigningKey, directory: Path, schedule: Schedule
+) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    engine = create_engine(database_url)
+    store = EventStore(engine)
+    watching = asyncio.create_task(exit_with_parent(parent, stop))
+    try:
+        await Checkpointer(store, key, directory).run(schedule, stop)
+    finally:
+        stop.set()
+        await watching
+        await store.close()
+        await engine.dispose()
+
+
+def main() -> None:
+    """``python -m ledger.checkpointer``: started by ``waybill serve`` (CheckpointTask)."""
+    tune_gc()
+    logging.basicConfig(level=logging.WARNING, format="waybill checkpoints: %(message)s")
+    database_url = os.environ.get(_URL_VARIABLE)
+    parent = os.environ.get(_PARENT_VARIABLE, "")
+    directory = os.environ.get(_SINK_VARIABLE)
+    every = os.environ.get(_SCHEDULE_VARIABLE, "").split()
+    if not database_url or not parent.isdigit() or not directory or len(every) != 2:
+        sys.exit("ledger.checkpointer is started by `waybill serve`, not by hand")
+    try:
+        key = load_signing_key(sys.stdin.buffer.read())
+    except KeyFileError as error:
+        sys.exit(f"the checkpoint key from the gateway is not one: {error}")
+    schedule = Schedule(int(every[0]), float(every[1]))
+    run(_checkpoint_in_child(database_url, int(parent), key, Path(directory), schedule))
+
+
+if __name__ == "__main__":
+    main()

@@ -39,7 +39,7 @@ from starlette.requests import ClientDisconnect
 
 from ledger import events as ev
 from ledger.apikeys import ApiKey, KeyCache, find_key
-from ledger.checkpointer import Checkpointer, CheckpointTask, Schedule
+from ledger.checkpointer import CheckpointTask, Schedule
 from ledger.db import create_engine, current_revision, head_revision, is_unavailable
 from ledger.follow import SETTLE_S, follow_in_child
 from ledger.projection import ProjectionRunner
@@ -291,7 +291,7 @@ def create_app(settings: AppSettings) -> FastAPI:
         app.state.telemetry = telemetry
         telemetry_task = asyncio.create_task(telemetry.run(stop))
         # Signed checkpoints of the ledger's tree, outside the database (SPEC §7).
-        app.state.checkpoints = _checkpointing(store, config.checkpoints)
+        app.state.checkpoints = _checkpointing(store, config.checkpoints, settings)
         # Holds left by gateways that died mid-attempt become unknown-usage settlements.
         keeping = asyncio.create_task(_keep_alive(store, owner, settings.heartbeat_s, stop))
         hangup = _on_hangup(app)
@@ -743,11 +743,22 @@ async def _keep_alive(
                 await stop.wait()
 
 
-def _checkpointing(store: EventStore, settings: Checkpoints | None) -> CheckpointTask | None:
-    if settings is None:
+def _checkpointing(
+    store: EventStore, checkpoints: Checkpoints | None, settings: AppSettings
+) -> CheckpointTask | None:
+    """The config's checkpointing, if any: in a child process where the read models have
+    one (``waybill serve`` on PostgreSQL), else in this process."""
+    if checkpoints is None:
         return None
-    schedule = Schedule(settings.every_events, settings.every_seconds)
-    return CheckpointTask(Checkpointer(store, settings.key, settings.out), schedule)
+    schedule = Schedule(checkpoints.every_events, checkpoints.every_seconds)
+    in_child = settings.follower_process and store.engine.dialect.name == "postgresql"
+    return CheckpointTask(
+        store,
+        checkpoints.key,
+        checkpoints.out,
+        schedule,
+        database_url=settings.database_url if in_child else None,
+    )
 
 
 def _serving_config(app: FastAPI, settings: AppSettings) -> Config:
@@ -775,7 +786,7 @@ async def reload_config(app: FastAPI) -> tuple[str, str]:
         # One writer per sink: the old task lets go of its sink before the new one starts.
         if app.state.checkpoints is not None:
             await app.state.checkpoints.stop()
-        app.state.checkpoints = _checkpointing(store, config.checkpoints)
+        app.state.checkpoints = _checkpointing(store, config.checkpoints, settings)
     await _activate_config(store, config)
     log.warning("config reloaded: generation %s -> %s", old.config.generation, config.generation)
     return old.config.generation, config.generation

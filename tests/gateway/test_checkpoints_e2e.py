@@ -5,6 +5,7 @@ the request-reading rules."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,14 @@ from ledger import apikeys
 from ledger.checkpoints import PublicKeys, generate_key
 from ledger.proofs import check_proof
 from ledger.sink import read_sink
-from tests.gateway.harness import ANTHROPIC_ENV, Route, config_text, running_gateway
+from tests.gateway.harness import (
+    ANTHROPIC_ENV,
+    Route,
+    closed_port,
+    config_text,
+    running_gateway,
+)
+from tests.gateway.processes import new_key, serve_process
 from tests.helpers import eventually
 from tests.ledger.test_cli import waybill
 
@@ -129,3 +137,55 @@ async def test_a_reload_that_adds_or_moves_the_checkpoints_block_acts_at_once(
 
 def _has_checkpoints(directory: Path) -> bool:
     return directory.is_dir() and any(e.checkpoint for e in read_sink(directory))
+
+
+def test_serve_on_postgres_checkpoints_from_a_child_and_signs_the_rest_when_stopped(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    key = generate_key()
+    key_file, public = tmp_path / "signing.key", tmp_path / "signing.pub"
+    key_file.write_bytes(key.private_pem())
+    public.write_bytes(key.public_pem())
+    sink = tmp_path / "sink"
+    config = tmp_path / "waybill.yaml"
+    config.write_text(
+        Path("docs/config.example.yaml").read_text()
+        + f"checkpoints: {{signing_key: {key_file}, out: {sink}, every_seconds: 0.2}}\n"
+    )
+    process = serve_process(
+        config, postgres_url, closed_port(), env={"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k"}
+    )
+    try:
+        new_key(postgres_url)  # an event from another process: the checkpointer reads it
+
+        def signed() -> int:
+            found = [e.checkpoint.size for e in read_sink(sink, strict=False) if e.checkpoint]
+            return max(found, default=0)
+
+        deadline = time.monotonic() + 20
+        while signed() < 2:  # ConfigActivated and KeyCreated
+            assert time.monotonic() < deadline, "no checkpoint"
+            time.sleep(0.1)
+        # The sink's writer is a process of its own, not the gateway.
+        holder = int((sink / ".lock").read_text().split()[1])
+        assert holder != process.pid and Path(f"/proc/{holder}").exists()
+        new_key(postgres_url)
+        new_key(postgres_url)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert not Path(f"/proc/{holder}").exists() or _is_zombie(holder)
+    verified = waybill(
+        "verify", "--checkpoints", str(sink), "--public-key", str(public), database_url=postgres_url
+    )
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    head = waybill("verify", database_url=postgres_url).stdout
+    events = int(head.split("ledger OK: ")[1].split()[0])
+    assert signed() == events - 1  # everything but its own last record
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return True
