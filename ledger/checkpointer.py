@@ -34,8 +34,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from sqlalchemy import text
-
 from ledger.checkpoints import (
     Checkpoint,
     KeyFileError,
@@ -43,7 +41,7 @@ from ledger.checkpoints import (
     format_time,
     load_signing_key,
 )
-from ledger.db import READ_ONLY, create_engine
+from ledger.db import create_engine
 from ledger.events import CheckpointTaken
 from ledger.follow import exit_with_parent, supervise_child
 from ledger.merkle import Frontier, event_leaf_hash
@@ -65,11 +63,12 @@ _PARENT_VARIABLE = "WAYBILL_CHECKPOINT_PARENT"
 _SINK_VARIABLE = "WAYBILL_CHECKPOINT_SINK"
 _SCHEDULE_VARIABLE = "WAYBILL_CHECKPOINT_SCHEDULE"
 
-_READ_PAGE = text(
+# Through store.hot: on PostgreSQL asyncpg, about a third of SQLAlchemy's CPU per event read.
+_READ_PAGE = (
     "SELECT position, payload, hash, type FROM events "
     "WHERE position > :after ORDER BY position LIMIT :limit"
 )
-_HASH_AT = text("SELECT hash FROM events WHERE position = :position")
+_HASH_AT = "SELECT hash FROM events WHERE position = :position"
 
 
 class LedgerMismatch(SinkError):
@@ -134,22 +133,16 @@ class Checkpointer:
         return last
 
     async def _hash_at(self, position: int) -> str | None:
-        async with self.store.engine.connect() as conn:
-            reading = await conn.execution_options(**{READ_ONLY: True})
-            row = (await reading.execute(_HASH_AT, {"position": position})).first()
+        row = await self.store.hot.first(_HASH_AT, {"position": position})
         return None if row is None else str(row.hash)
 
     async def catch_up(self, progress: Callable[[int], None] | None = None) -> int:
         """Bring the tree to the ledger's head; returns the events read."""
         read = 0
         while True:
-            async with self.store.engine.connect() as conn:
-                reading = await conn.execution_options(**{READ_ONLY: True})
-                rows = (
-                    await reading.execute(
-                        _READ_PAGE, {"after": self._frontier.size, "limit": _PAGE}
-                    )
-                ).all()
+            rows = await self.store.hot.rows(
+                _READ_PAGE, {"after": self._frontier.size, "limit": _PAGE}
+            )
             for first in range(0, len(rows), _SLICE):
                 for row in rows[first : first + _SLICE]:
                     self._add(int(row.position), bytes(row.payload), str(row.hash), str(row.type))
