@@ -153,14 +153,16 @@ def _start_gateway(
     source: Path | None = None,
     extra_env: dict[str, str] | None = None,
     python: str | None = None,
+    checkpoints: str = "",
 ) -> tuple[_Child, str]:
     """``waybill serve`` on ``database_url`` in front of the fake; with ``source``, the
     code of that checkout (``bench/ab.py``) instead of this one, run by ``python`` (an
     interpreter whose environment has the project's dependencies; this one by default),
-    and ``extra_env`` added."""
+    and ``extra_env`` added; ``checkpoints``: the config's checkpoints block, if any."""
     upstreams = {"fake": cast(FakeUpstream, _RemoteUpstream(fake_root))}
     config = tmp / "waybill.yaml"
-    config.write_text(config_text(upstreams, [Route("fake")], generation="bench-1"))
+    text = config_text(upstreams, [Route("fake")], generation="bench-1", checkpoints=checkpoints)
+    config.write_text(text)
     # What a plain `waybill serve` gets: no Redis, no OTLP export (metrics stay on).
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "WAYBILL_"))}
     env.update(ANTHROPIC_ENV)

@@ -45,6 +45,7 @@ __all__ = [
     "BudgetReserved",
     "BudgetSettled",
     "Candidate",
+    "CheckpointTaken",
     "ConfigActivated",
     "DataClass",
     "Event",
@@ -669,6 +670,23 @@ class PeriodAdjusted(Event):
     overrun_usd: Money
 
 
+class CheckpointTaken(Event):
+    """A signed checkpoint of the ledger's Merkle tree was written to a sink outside the
+    database (contract §7): kept here for reference only. What proves the history is the line
+    in the sink, which the database's operator cannot rewrite; this event is a leaf of the
+    next checkpoint like any other. The signing key is never recorded."""
+
+    type: ClassVar[str] = "CheckpointTaken"
+
+    size: Annotated[int, Field(ge=1)]  # the tree's size: positions 1 .. size
+    root: Sha256Hex
+    head_hash: Sha256Hex  # the hash chain's hash at position ``size``
+    time: str  # as signed, e.g. "2026-05-01T12:00:00.123456Z"
+    key_id: Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]
+    signature: Annotated[str, Field(pattern=r"^[0-9a-f]{128}$")]
+    sink: str  # the sink directory it was written to
+
+
 # --- the registry ---
 
 
@@ -697,6 +715,7 @@ CATALOGUE: Mapping[str, type[Event]] = {
         ConfigActivated,
         PeriodClosed,
         PeriodAdjusted,
+        CheckpointTaken,
     )
 }
 

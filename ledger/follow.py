@@ -31,7 +31,7 @@ from ledger.store import EventStore
 from ledger.tail import Wakeup
 from ledger.views import all_projections
 
-__all__ = ["follow_in_child"]
+__all__ = ["exit_with_parent", "follow_in_child", "supervise_child"]
 
 _log = logging.getLogger(__name__)
 
@@ -54,7 +54,25 @@ async def follow_in_child(
     """Run the follower as a child process until ``stop`` is set, restarting it when it
     exits on its own (after ``restart_after_s``, doubled up to a minute while it keeps dying
     young); then stop it and wait for it."""
-    env = {**os.environ, _URL_VARIABLE: database_url, _PARENT_VARIABLE: str(os.getpid())}
+    env = {_URL_VARIABLE: database_url, _PARENT_VARIABLE: str(os.getpid())}
+    await supervise_child(
+        "ledger.follow", env, stop, name="the read-model follower", restart_after_s=restart_after_s
+    )
+
+
+async def supervise_child(
+    module: str,
+    env: dict[str, str],
+    stop: asyncio.Event,
+    *,
+    name: str,
+    stdin: bytes = b"",
+    restart_after_s: float = 1.0,
+) -> None:
+    """Run ``python -m module`` with ``env`` added (and ``stdin`` written to it, then
+    closed) until ``stop`` is set, restarting it as :func:`follow_in_child` says; then stop
+    it (SIGTERM, SIGKILL after 10 s) and wait for it."""
+    env = {**os.environ, **env}
     delay = restart_after_s / 2
     while not stop.is_set():
         started = time.monotonic()
@@ -64,16 +82,19 @@ async def follow_in_child(
             child = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "ledger.follow",
+                module,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 start_new_session=True,
             )
-        except OSError as error:  # out of processes or memory: the read models only trail
+            if stdin and child.stdin is not None:
+                child.stdin.write(stdin)
+                with contextlib.suppress(ConnectionError):
+                    await child.stdin.drain()
+                child.stdin.close()
+        except OSError as error:  # out of processes or memory: its work only waits
             delay = min(delay * 2, 60)
-            _log.error(
-                "could not start the read-model follower (%s); retrying in %.0f s", error, delay
-            )
+            _log.error("could not start %s (%s); retrying in %.0f s", name, error, delay)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
             continue
@@ -91,9 +112,7 @@ async def follow_in_child(
         lived_s = time.monotonic() - started
         delay = restart_after_s if lived_s > 60 else min(delay * 2, 60)
         _log.warning(
-            "the read-model follower exited (status %s); restarting it in %.0f s",
-            child.returncode,
-            delay,
+            "%s exited (status %s); restarting it in %.0f s", name, child.returncode, delay
         )
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), delay)
@@ -116,17 +135,9 @@ async def _follow(database_url: str, parent: int) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
 
-    async def orphaned() -> None:
-        # A gateway killed with SIGKILL cannot stop its child: the child notices instead.
-        while not stop.is_set():
-            if os.getppid() != parent:
-                stop.set()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), _PARENT_CHECK_S)
-
     engine = create_engine(database_url)
     store = EventStore(engine)
-    watching = asyncio.create_task(orphaned())
+    watching = asyncio.create_task(exit_with_parent(parent, stop))
     try:
         runner = ProjectionRunner(store, all_projections(), poll_interval_s=POLL_S)
         await runner.run(stop, Wakeup(store, poll_interval_s=POLL_S, listen=False))
@@ -135,6 +146,16 @@ async def _follow(database_url: str, parent: int) -> None:
         await watching
         await store.close()
         await engine.dispose()
+
+
+async def exit_with_parent(parent: int, stop: asyncio.Event) -> None:
+    """Set ``stop`` when ``parent`` is gone: a gateway killed with SIGKILL cannot stop its
+    child, so the child notices instead."""
+    while not stop.is_set():
+        if os.getppid() != parent:
+            stop.set()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), _PARENT_CHECK_S)
 
 
 def main() -> None:

@@ -71,9 +71,14 @@ def _row_problem(row: Any, expected_position: int, previous: str) -> str | None:
 
 
 async def verify_chain(
-    store: EventStore, progress: Callable[[int, int], None] | None = None
+    store: EventStore,
+    progress: Callable[[int, int], None] | None = None,
+    *,
+    observe: Callable[[int, bytes, str], None] | None = None,
 ) -> VerifyResult:
-    """Walk the whole chain; stop at the first bad event and name its position."""
+    """Walk the whole chain; stop at the first bad event and name its position.
+    ``observe`` is told each good event's position, stored bytes and hash, in order (the
+    checkpoint audit recomputes the Merkle tree in this same pass)."""
     async with store.engine.connect() as conn:
         head = (await conn.execute(select(ledger_head.c.position, ledger_head.c.hash))).one()
         total = int((await conn.execute(select(func.count()).select_from(events))).scalar_one())
@@ -93,6 +98,8 @@ async def verify_chain(
             problem = _row_problem(row, expected, previous)
             if problem is not None:
                 return VerifyResult(False, checked, head_position, expected, problem)
+            if observe is not None:
+                observe(row.position, row.payload, row.hash)
             previous, expected, checked = row.hash, expected + 1, checked + 1
         if progress is not None:
             progress(checked, total)

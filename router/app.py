@@ -39,6 +39,7 @@ from starlette.requests import ClientDisconnect
 
 from ledger import events as ev
 from ledger.apikeys import ApiKey, KeyCache, find_key
+from ledger.checkpointer import CheckpointTask, Schedule
 from ledger.db import create_engine, current_revision, head_revision, is_unavailable
 from ledger.follow import SETTLE_S, follow_in_child
 from ledger.projection import ProjectionRunner
@@ -60,7 +61,7 @@ from otel.telemetry import Telemetry
 from router import openapi as api_doc
 from router.breakers import breaker_board
 from router.chat import MAX_BODY_BYTES, parse_body, read_headers
-from router.config import Config, ConfigError, load_config
+from router.config import Checkpoints, Config, ConfigError, load_config
 from router.errors import (
     GatewayError,
     capacity_error,
@@ -77,6 +78,7 @@ from router.errors import (
 from router.gateway import Caller, Gateway, KeyMoved
 from router.idempotency import Claim, IdempotencyStore, RecordedAnswer
 from router.ids import new_id
+from router.proof_api import proof_router
 from router.queries import queries_router
 from router.reconcile_api import reconcile_router
 from router.serving import HANGUP_EXTENSION, Hangup
@@ -290,6 +292,8 @@ def create_app(settings: AppSettings) -> FastAPI:
         telemetry = Telemetry.from_env(store)
         app.state.telemetry = telemetry
         telemetry_task = asyncio.create_task(telemetry.run(stop))
+        # Signed checkpoints of the ledger's tree, outside the database (contract §7).
+        app.state.checkpoints = _checkpointing(store, config.checkpoints, settings)
         # Holds left by gateways that died mid-attempt become unknown-usage settlements.
         keeping = asyncio.create_task(_keep_alive(store, owner, settings.heartbeat_s, stop))
         hangup = _on_hangup(app)
@@ -300,6 +304,8 @@ def create_app(settings: AppSettings) -> FastAPI:
             hangup()
             stop.set()
             await keeping
+            if app.state.checkpoints is not None:
+                await app.state.checkpoints.stop()  # its last checkpoint needs the store
             telemetry.abort()
             await following
             await telemetry_task
@@ -395,6 +401,7 @@ def create_app(settings: AppSettings) -> FastAPI:
     app.include_router(queries_router(authenticate))
     app.include_router(spend_router(authenticate))
     app.include_router(reconcile_router(authenticate))
+    app.include_router(proof_router(authenticate, lambda: _serving_config(app, settings)))
     return _Edge(app)  # type: ignore[return-value]
 
 
@@ -738,6 +745,24 @@ async def _keep_alive(
                 await stop.wait()
 
 
+def _checkpointing(
+    store: EventStore, checkpoints: Checkpoints | None, settings: AppSettings
+) -> CheckpointTask | None:
+    """The config's checkpointing, if any: in a child process where the read models have
+    one (``waybill serve`` on PostgreSQL), else in this process."""
+    if checkpoints is None:
+        return None
+    schedule = Schedule(checkpoints.every_events, checkpoints.every_seconds)
+    in_child = settings.follower_process and store.engine.dialect.name == "postgresql"
+    return CheckpointTask(
+        store,
+        checkpoints.key,
+        checkpoints.out,
+        schedule,
+        database_url=settings.database_url if in_child else None,
+    )
+
+
 def _serving_config(app: FastAPI, settings: AppSettings) -> Config:
     """The config new requests follow: the gateway's, once it runs; else the settings'."""
     gateway: Gateway | None = getattr(app.state, "gateway", None)
@@ -759,6 +784,11 @@ async def reload_config(app: FastAPI) -> tuple[str, str]:
     retiring = asyncio.create_task(old.retire())
     app.state.retiring.add(retiring)
     retiring.add_done_callback(app.state.retiring.discard)
+    if config.checkpoints != old.config.checkpoints:
+        # One writer per sink: the old task lets go of its sink before the new one starts.
+        if app.state.checkpoints is not None:
+            await app.state.checkpoints.stop()
+        app.state.checkpoints = _checkpointing(store, config.checkpoints, settings)
     await _activate_config(store, config)
     log.warning("config reloaded: generation %s -> %s", old.config.generation, config.generation)
     return old.config.generation, config.generation

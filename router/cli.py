@@ -182,27 +182,51 @@ def verify_command(
             "holds and resolutions, naming each that differs.",
         ),
     ] = False,
+    checkpoints: Annotated[
+        str | None,
+        typer.Option(
+            "--checkpoints",
+            help="Also check the ledger against the signed checkpoints in this directory "
+            "(a sink, or a copy of its checkpoint files).",
+        ),
+    ] = None,
+    public_key: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--public-key",
+            help="A public key the checkpoints may be signed with (repeat it for each key).",
+        ),
+    ] = None,
 ) -> None:
-    """Verify the ledger's hash chain; exits non-zero naming the first bad event."""
+    """Verify the ledger's hash chain; exits non-zero naming the first bad event. With
+    --checkpoints, also that its Merkle tree has each signed checkpoint's root."""
     from ledger.book_audit import BooksReport, check_books
 
-    async def work(store: EventStore) -> tuple[Any, BooksReport | None]:
+    audit = _checkpoint_audit(checkpoints, public_key)
+
+    async def work(store: EventStore) -> tuple[Any, BooksReport | None, Any]:
         with progress_bar() as progress:
             task = progress.add_task("verifying", total=None)
-            result = await verify_chain(store, _progress_callback(progress, task))
+            observe = audit.feed if audit is not None and audit.planned else None
+            result = await verify_chain(store, _progress_callback(progress, task), observe=observe)
             report = None
             if books:
                 task = progress.add_task("checking the books", total=None)
                 report = await check_books(store, _progress_callback(progress, task))
-        return result, report
+        audited = None
+        if audit is not None:
+            audited = await audit.finish(store.engine, complete=result.ok)
+        return result, report, audited
 
-    result, report = _with_store(database_url, work)
-    ok = result.ok and (report is None or report.ok)
+    result, report, audited = _with_store(database_url, work)
+    ok = result.ok and (report is None or report.ok) and (audited is None or audited.ok)
     if as_json:
         answer = result.as_json()
         if report is not None:
             answer["books"] = report.as_json()
-            answer["ok"] = ok
+        if audited is not None:
+            answer["checkpoints"] = audited.as_json()
+        answer["ok"] = ok
         print(json.dumps(answer))
         raise typer.Exit(0 if ok else 1)
     if result.ok:
@@ -214,6 +238,8 @@ def verify_command(
         )
     if report is not None:
         _print_books(report)
+    if audited is not None:
+        _print_checkpoints(audited)
     raise typer.Exit(0 if ok else 1)
 
 
@@ -892,6 +918,269 @@ def settle_command(
 from router.cli_reconcile import reconcile_app  # noqa: E402
 
 app.add_typer(reconcile_app, name="reconcile")
+
+
+# --- checkpoints (contract §7): signed Merkle checkpoints outside the database ---------------
+
+checkpoint_app = typer.Typer(
+    help="Sign the ledger's Merkle tree into a directory outside the database: "
+    "`waybill checkpoint --signing-key FILE --out DIR`; `waybill checkpoint keygen --out DIR`.",
+    invoke_without_command=True,
+)
+app.add_typer(checkpoint_app, name="checkpoint")
+
+
+@checkpoint_app.callback()
+def checkpoint_command(
+    ctx: typer.Context,
+    signing_key: Annotated[
+        str | None, typer.Option("--signing-key", help="The private key file (PEM).")
+    ] = None,
+    out_dir: Annotated[
+        str | None,
+        typer.Option("--out", help="The sink directory the checkpoint is appended to."),
+    ] = None,
+    database_url: DatabaseUrl = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the checkpoint.")] = False,
+) -> None:
+    """Take a checkpoint now: sign the tree at the ledger's head, append it to the sink."""
+    from pathlib import Path
+
+    from ledger.checkpointer import Checkpointer
+    from ledger.sink import SinkError, checkpoint_file
+
+    if ctx.invoked_subcommand is not None:
+        return
+    if not signing_key or not out_dir:
+        err.print("[red]error:[/red] give --signing-key FILE and --out DIR (or: keygen --out DIR)")
+        raise typer.Exit(2)
+    with _friendly_errors():
+        key = _signing_key(signing_key)
+
+    async def work(store: EventStore) -> tuple[Any, int]:
+        checkpointer = Checkpointer(store, key, Path(out_dir))
+        try:
+            try:
+                await checkpointer.open()
+            except SinkError as error:
+                raise CliError(str(error)) from None
+            head, _ = await store.head()
+            with progress_bar(transient=True) as progress:
+                task = progress.add_task("hashing the ledger", total=head)
+                progress.update(task, completed=checkpointer.size)
+                await checkpointer.catch_up(lambda n: progress.advance(task, n))
+            try:
+                return await checkpointer.take(), checkpointer.size
+            except SinkError as error:
+                raise CliError(str(error)) from None
+        finally:
+            await checkpointer.close()
+
+    checkpoint, _ = _with_store(database_url, work)
+    if as_json:
+        sys.stdout.buffer.write(checkpoint.line())  # the sink's line, byte for byte
+        return
+    out.print(
+        f"checkpoint taken: size {checkpoint.size}, root {checkpoint.root}, key "
+        f"{checkpoint.key_id}, in {checkpoint_file(Path(out_dir), checkpoint)}",
+        highlight=False,
+    )
+
+
+@checkpoint_app.command("keygen")
+def checkpoint_keygen_command(
+    out_dir: Annotated[str, typer.Option("--out", help="The directory to write the keypair to.")],
+) -> None:
+    """Write a new Ed25519 keypair: checkpoint-<key id>.key (private) and .pub (public)."""
+    import os
+    from pathlib import Path
+
+    from ledger.checkpoints import generate_key
+
+    key = generate_key()
+    directory = Path(out_dir)
+    private, public = (directory / f"checkpoint-{key.key_id}.{s}" for s in ("key", "pub"))
+    with _friendly_errors():
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as file:
+                file.write(key.private_pem())
+            public.write_bytes(key.public_pem())
+        except OSError as error:
+            problem = error.strerror or error
+            raise CliError(f"cannot write the keypair in {out_dir}: {problem}") from None
+    out.print(f"key id:      {key.key_id}", highlight=False)
+    out.print(f"private key: {private}", highlight=False)
+    out.print(f"public key:  {public}", highlight=False)
+    err.print(
+        "Keep the private key out of the database host's reach if you can; it signs (config "
+        "checkpoints.signing_key). Give the public key to whoever verifies.",
+        highlight=False,
+    )
+
+
+@app.command("prove")
+def prove_command(
+    request_id: Annotated[str, typer.Argument(help="The request id (its X-Request-Id).")],
+    checkpoints: Annotated[
+        str, typer.Option("--checkpoints", help="The sink directory (or a copy of it).")
+    ],
+    size: Annotated[
+        int | None,
+        typer.Option("--size", min=1, help="Prove against the checkpoint of this size."),
+    ] = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Write a proof of the request's events against a signed checkpoint (JSON, stdout)."""
+    from pathlib import Path
+
+    from ledger.proofs import ProofUnavailable, build_proof, choose_checkpoint
+    from ledger.queries import read_request_events
+    from ledger.sink import SinkError, TreeFiles, read_sink
+
+    directory = Path(checkpoints)
+    with _friendly_errors():
+        try:
+            entries = read_sink(directory, strict=False)
+            checkpoint = choose_checkpoint(entries, size)
+        except (SinkError, ProofUnavailable) as error:
+            raise CliError(f"{checkpoints}: {error}") from None
+    for entry in entries:
+        if entry.problem is not None:
+            err.print(f"skipped {entry.where}: {entry.problem}", markup=False, highlight=False)
+
+    async def work(store: EventStore) -> bytes:
+        trail = await read_request_events(store.engine, request_id)
+        if not trail:
+            raise CliError(f"no request {request_id!r} in the ledger")
+        tree = TreeFiles(directory)
+        try:
+            with progress_bar(transient=True) as progress:
+                task = progress.add_task("hashing the ledger", total=None)
+                return await build_proof(
+                    store.engine,
+                    request_id,
+                    trail,
+                    checkpoint,
+                    tree,
+                    progress=_progress_callback(progress, task),
+                )
+        except ProofUnavailable as error:
+            raise CliError(str(error)) from None
+        finally:
+            tree.close()
+
+    document = _with_store(database_url, work)
+    sys.stdout.buffer.write(document)
+    sys.stdout.flush()
+
+
+@app.command("verify-proof")
+def verify_proof_command(
+    proof_file: Annotated[str, typer.Argument(help="A proof written by `waybill prove`.")],
+    public_key: Annotated[
+        list[str],
+        typer.Option("--public-key", help="A public key the checkpoint may be signed with."),
+    ],
+) -> None:
+    """Check a proof alone, with no database and no network: exit 0, or 1 naming what failed."""
+    from pathlib import Path
+
+    from ledger.proofs import ProofInvalid, check_proof
+
+    with _friendly_errors():
+        keys = _public_keys(public_key)
+        try:
+            document = Path(proof_file).read_bytes()
+        except OSError as error:
+            raise CliError(f"cannot read {proof_file}: {error.strerror or error}") from None
+    try:
+        summary = check_proof(document, keys)
+    except ProofInvalid as error:
+        out.print(f"proof FAILED: {error}", highlight=False, markup=False)
+        raise typer.Exit(1) from None
+    signed = summary.checkpoint
+    out.print(
+        f"proof OK: request {summary.request_id}: {len(summary.types)} events "
+        f"({', '.join(summary.types)}) are in the ledger's tree of size {signed.size}, "
+        f"signed by key {signed.key_id} at {signed.time}",
+        highlight=False,
+        markup=False,
+    )
+
+
+def _signing_key(path: str) -> Any:
+    from pathlib import Path
+
+    from ledger.checkpoints import KeyFileError, load_signing_key
+
+    try:
+        return load_signing_key(Path(path).read_bytes())
+    except OSError as error:
+        raise CliError(f"cannot read {path}: {error.strerror or error}") from None
+    except KeyFileError as error:
+        raise CliError(f"{path}: {error}") from None
+
+
+def _public_keys(paths: list[str]) -> Any:
+    from pathlib import Path
+
+    from ledger.checkpoints import KeyFileError, PublicKeys, load_public_key
+
+    keys = []
+    for path in paths:
+        try:
+            keys.append(load_public_key(Path(path).read_bytes()))
+        except OSError as error:
+            raise CliError(f"cannot read {path}: {error.strerror or error}") from None
+        except KeyFileError as error:
+            raise CliError(f"{path}: {error}") from None
+    return PublicKeys(keys)
+
+
+def _checkpoint_audit(directory: str | None, public_keys: list[str] | None) -> Any:
+    """The audit ``verify --checkpoints`` feeds, or None without the option."""
+    from pathlib import Path
+
+    from ledger.checkpoint_audit import CheckpointAudit
+    from ledger.sink import SinkError, TreeFiles, read_sink
+
+    if directory is None:
+        if public_keys:
+            err.print("[red]error:[/red] --public-key goes with --checkpoints DIR")
+            raise typer.Exit(2)
+        return None
+    if not public_keys:
+        err.print("[red]error:[/red] --checkpoints needs --public-key FILE (one per key)")
+        raise typer.Exit(2)
+    with _friendly_errors():
+        keys = _public_keys(public_keys)
+        try:
+            entries = read_sink(Path(directory), strict=True)
+        except SinkError as error:
+            raise CliError(str(error)) from None
+    tree = TreeFiles(Path(directory))
+    return CheckpointAudit(entries, keys, tree if tree.leaves else None)
+
+
+def _print_checkpoints(report: Any) -> None:
+    if report.ok:
+        out.print(
+            f"checkpoints OK: {report.verified} signed tree sizes up to {report.largest_size} "
+            f"(from {report.checkpoints} checkpoints, keys {', '.join(report.key_ids)}) are the "
+            "ledger's, each consistent with the one before",
+            highlight=False,
+        )
+        return
+    if report.failure is None:
+        out.print(
+            f"checkpoints NOT CHECKED: {report.unchecked} checkpoints lie beyond the break in "
+            "the hash chain",
+            highlight=False,
+        )
+        return
+    out.print(f"checkpoint FAILED: {report.failure.describe()}", highlight=False, markup=False)
 
 
 def main() -> None:

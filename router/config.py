@@ -41,6 +41,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from ledger.checkpoints import KeyFileError, SigningKey, load_signing_key
 from ledger.events import DataClass, FailureClass, data_class_rank
 from router import egress
 
@@ -50,6 +51,7 @@ __all__ = [
     "Breaker",
     "Budget",
     "BudgetWindow",
+    "Checkpoints",
     "Config",
     "ConfigError",
     "Defaults",
@@ -581,6 +583,77 @@ class Limits(_Frozen):
     max_n: _PositiveInt = 8
 
 
+def _base_dir(info: ValidationInfo) -> Path:
+    """What a relative path in the config is relative to: the config file's directory."""
+    context = info.context
+    if isinstance(context, dict) and context.get("base_dir") is not None:
+        return Path(context["base_dir"])
+    return Path.cwd()
+
+
+def _seconds(value: object) -> object:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _error("must be a number of seconds")
+    return value
+
+
+class Checkpoints(_Frozen):
+    """Signed checkpoints of the ledger's Merkle tree, written to a directory outside the
+    database (contract §2, §7) by ``waybill serve``, off the request path."""
+
+    # The private key's PEM, read at load from a file or a ${env:NAME} reference: never
+    # printed, recorded or sent anywhere (the summary names its key id only).
+    signing_key: SecretStr
+    out: Path  # the sink directory; its parent must exist
+    every_events: _PositiveInt = 10_000
+    every_seconds: Annotated[float, BeforeValidator(_seconds), Field(gt=0)] = 60.0
+
+    @field_validator("signing_key", mode="before")
+    @classmethod
+    def _read_signing_key(cls, value: object, info: ValidationInfo) -> object:
+        if not isinstance(value, str) or not value.strip():
+            raise _error("must be a key file's path or a ${env:NAME} reference")
+        reference = _ENV_REF.fullmatch(value.strip())
+        if reference is not None:
+            pem = _resolve_env(reference.group(1), _environ(info))
+        else:
+            path = _base_dir(info) / value
+            try:
+                pem = path.read_text(encoding="ascii")
+            except (OSError, UnicodeDecodeError) as error:
+                reason = getattr(error, "strerror", None) or "not a PEM text file"
+                raise _error(f"cannot read the key file {path}: {reason}") from None
+        try:
+            load_signing_key(pem.encode("ascii", errors="replace"))
+        except KeyFileError as error:
+            raise _error(f"must hold an Ed25519 private key: {error}") from None
+        return SecretStr(pem)
+
+    @field_validator("out", mode="before")
+    @classmethod
+    def _sink_directory(cls, value: object, info: ValidationInfo) -> object:
+        if not isinstance(value, str) or not value.strip():
+            raise _error("must be a directory path")
+        path = (_base_dir(info) / value).resolve()
+        if path.exists() and not path.is_dir():
+            raise _error(f"{path} is not a directory")
+        if not path.exists() and not path.parent.is_dir():
+            raise _error(f"{path.parent} does not exist (the sink directory's parent must)")
+        return path
+
+    @functools.cached_property
+    def key(self) -> SigningKey:
+        return load_signing_key(self.signing_key.get_secret_value().encode("ascii"))
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "out": str(self.out),
+            "key_id": self.key.key_id,
+            "every_events": self.every_events,
+            "every_seconds": self.every_seconds,
+        }
+
+
 class Config(_Frozen):
     """The whole config. Build it with `load_config` or `parse_config`: they also check
     cross-references and duplicate ids, which need the raw document and its paths."""
@@ -591,6 +664,7 @@ class Config(_Frozen):
     endpoints: Annotated[tuple[Endpoint, ...], _NonEmpty]
     models: Annotated[tuple[ModelGroup, ...], _NonEmpty]
     workspaces: Annotated[tuple[Workspace, ...], _NonEmpty]
+    checkpoints: Checkpoints | None = None
 
     @field_validator("generation", mode="before")
     @classmethod
@@ -628,7 +702,7 @@ class Config(_Frozen):
     def redacted_summary(self) -> dict[str, Any]:
         """What a `ConfigActivated` event records: JSON-able, deterministic, no secrets,
         no URL paths or queries (only the host), money as decimal strings."""
-        return {
+        summary = {
             "generation": self.generation,
             "defaults": self.defaults.model_dump(mode="json"),
             "limits": self.limits.model_dump(mode="json"),
@@ -677,6 +751,9 @@ class Config(_Frozen):
                 for w in self.workspaces
             ],
         }
+        if self.checkpoints is not None:  # absent, it leaves earlier summaries as they were
+            summary["checkpoints"] = self.checkpoints.summary()
+        return summary
 
 
 def _mapping_summary(m: Mapping) -> dict[str, Any]:
@@ -747,17 +824,24 @@ def load_config(
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError([(source, "not UTF-8 text")]) from None
-    return _build(text, raw, source, environ)
+    return _build(text, raw, source, environ, Path(source).resolve().parent)
 
 
 def parse_config(
     text: str, *, source: str = "<string>", environ: cabc.Mapping[str, str] | None = None
 ) -> Config:
-    """Parse and validate config text; `source` names it in error messages."""
-    return _build(text, text.encode("utf-8"), source, environ)
+    """Parse and validate config text; `source` names it in error messages (relative
+    paths in it are relative to the working directory)."""
+    return _build(text, text.encode("utf-8"), source, environ, None)
 
 
-def _build(text: str, raw: bytes, source: str, environ: cabc.Mapping[str, str] | None) -> Config:
+def _build(
+    text: str,
+    raw: bytes,
+    source: str,
+    environ: cabc.Mapping[str, str] | None,
+    base_dir: Path | None,
+) -> Config:
     document = _load_yaml(text, source)
     # The default generation names these exact bytes, so an unchanged file keeps it.
     data = {"generation": hashlib.sha256(raw).hexdigest()[:12], **document}
@@ -766,7 +850,7 @@ def _build(text: str, raw: bytes, source: str, environ: cabc.Mapping[str, str] |
     # Validated outside any `except` block so a ValidationError (whose text echoes input
     # values, possibly a pasted secret) is never chained to the ConfigError.
     try:
-        config = Config.model_validate(data, context={"environ": environ})
+        config = Config.model_validate(data, context={"environ": environ, "base_dir": base_dir})
     except ValidationError as exc:
         errors.extend((_path(e["loc"]), _message(e)) for e in exc.errors())
     errors.extend(_reference_errors(data))

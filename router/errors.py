@@ -43,6 +43,7 @@ __all__ = [
     "model_not_found",
     "no_eligible_route",
     "permission_denied",
+    "proof_unavailable",
     "reconciliation_not_found",
     "reload_unavailable",
     "request_not_found",
@@ -70,6 +71,7 @@ class ErrorCode(StrEnum):
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
     SETTLEMENT_CONFLICT = "settlement_conflict"
     RELOAD_UNAVAILABLE = "reload_unavailable"
+    PROOF_UNAVAILABLE = "proof_unavailable"
     NO_ELIGIBLE_ROUTE = "no_eligible_route"
     UPSTREAM_RATE_LIMITED = "upstream_rate_limited"
     CLIENT_CANCELED = "client_canceled"
@@ -117,6 +119,7 @@ ERRORS: Final[tuple[ErrorRow, ...]] = (
     ErrorRow(409, _E.IDEMPOTENCY_CONFLICT, "the Idempotency-Key is in flight or had another body"),
     ErrorRow(409, _E.SETTLEMENT_CONFLICT, "the settlement is no longer open"),
     ErrorRow(409, _E.RELOAD_UNAVAILABLE, "the gateway was not started from a config file"),
+    ErrorRow(409, _E.PROOF_UNAVAILABLE, "no signed checkpoint covers the request (yet)"),
     ErrorRow(413, _E.INVALID_REQUEST, "the body is too large"),
     ErrorRow(422, _E.NO_ELIGIBLE_ROUTE, "no candidate meets the requirements; nothing reserved"),
     ErrorRow(429, _E.UPSTREAM_RATE_LIMITED, "every candidate tried was rate-limited"),
@@ -282,6 +285,12 @@ def reconciliation_not_found(reconciliation_id: str, bucket: str | None = None) 
 
 def route_not_found() -> GatewayError:
     return GatewayError(_E.NOT_FOUND, "no such route")
+
+
+def proof_unavailable(message: str) -> GatewayError:
+    # The request exists and may be read, but no signed checkpoint covers it (yet), or this
+    # gateway keeps none (contract §3, §7).
+    return GatewayError(_E.PROOF_UNAVAILABLE, message)
 
 
 def permission_denied(message: str) -> GatewayError:

@@ -39,6 +39,7 @@ __all__ = [
     "READ_RECONCILIATION",
     "READ_RECONCILIATION_BUCKET",
     "REQUEST_EVENTS",
+    "REQUEST_PROOF",
     "REQUEST_VIEW",
     "SEARCH_REQUESTS",
     "SETTLE_UNKNOWN",
@@ -71,6 +72,7 @@ _MONEY: Final[Schema] = {
     "description": "A decimal amount in USD, as a string (never a float).",
 }
 _ITEMS: Final[Schema] = {"type": "object"}
+_HEX_HASH: Final[Schema] = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 _TOKENS: Final[Schema] = {"type": "integer", "minimum": 1, "maximum": MAX_JSON_INTEGER}
 
 
@@ -264,6 +266,36 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         metadata=_ITEMS,
         recorded_at=_STRING,
         hash=_STRING,
+    ),
+    "Proof": _object(
+        ["format", "request_id", "checkpoint", "events"],
+        format={"type": "string", "enum": ["waybill-proof/v1"]},
+        request_id=_STRING,
+        checkpoint=_object(
+            ["format", "size", "root", "head_hash", "time", "key_id", "signature"],
+            format={"type": "string", "enum": ["waybill-checkpoint/v1"]},
+            size={"type": "integer", "minimum": 1},
+            root=_HEX_HASH,
+            head_hash=_HEX_HASH,
+            time=_STRING,
+            key_id=_STRING,
+            signature=_STRING,
+        ),
+        events={
+            "type": "array",
+            "items": _object(
+                ["position", "version", "type", "leaf_hash", "payload", "inclusion_proof"],
+                position={"type": "integer", "minimum": 1},
+                version={"type": "integer", "minimum": 1},
+                type=_STRING,
+                leaf_hash=_HEX_HASH,
+                payload={
+                    "type": "string",
+                    "description": "The event's stored canonical bytes, standard base64.",
+                },
+                inclusion_proof={"type": "array", "items": _HEX_HASH},
+            ),
+        },
     ),
     "Explanation": _object(
         ["summary", "candidates", "attempts", "decision_path"],
@@ -591,6 +623,18 @@ REQUEST_EVENTS: Final[Schema] = {
     "summary": "A request's raw events, in order, with their hashes",
     "parameters": [_LIMIT, _CURSOR],
     "responses": {"200": _ok(_page(_ref("Event"))), **_error_responses(400, 404)},
+}
+REQUEST_PROOF: Final[Schema] = {
+    "summary": "A request's events with an inclusion proof of each against a signed "
+    "checkpoint (waybill verify-proof checks it offline)",
+    "parameters": [
+        _query(
+            "size",
+            {"type": "integer", "minimum": 1, "maximum": 2**63 - 1},
+            "The checkpoint's tree size; default: the latest checkpoint.",
+        )
+    ],
+    "responses": {"200": _ok(_ref("Proof")), **_error_responses(400, 404, 409)},
 }
 VERIFY_LEDGER: Final[Schema] = {
     "summary": "Verify the ledger's hash chain (admin and auditor keys)",

@@ -101,6 +101,7 @@ def config_text(
     endpoint_extra: dict[str, str] | None = None,
     dead_endpoints: Sequence[str] = (),
     limits: str = "",
+    checkpoints: str = "",
 ) -> str:
     drivers = drivers or {}
     endpoint_extra = endpoint_extra or {}
@@ -140,6 +141,8 @@ def config_text(
     settings = {**BASE_DEFAULTS, **(defaults or {})}
     defaults_yaml = "".join(f"  {key}: {value}\n" for key, value in settings.items())
     limits_yaml = f"limits: {limits}\n" if limits else ""
+    if checkpoints:
+        limits_yaml += f"checkpoints: {checkpoints}\n"
     return f"""generation: {generation}
 {limits_yaml}defaults:
 {defaults_yaml}

@@ -1,0 +1,393 @@
+"""Signed checkpoints outside the database (contract §7), on both backends: what the
+database's superuser can no longer rewrite unseen, and proofs anyone can check offline."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import AsyncIterator
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+from ledger.checkpoint_audit import CheckpointAudit
+from ledger.checkpointer import Checkpointer, LedgerMismatch, Schedule
+from ledger.checkpoints import Checkpoint, PublicKeys, SigningKey, generate_key
+from ledger.db import create_engine
+from ledger.merkle import Frontier, event_leaf_hash, hash_leaf
+from ledger.proofs import ProofInvalid, check_proof
+from ledger.sink import LEVELS, SinkBusy, find_checkpoint, read_sink
+from ledger.store import NO_STREAM, EventStore
+from tests.helpers import eventually
+from tests.ledger.factories import succeeded_trail
+from tests.ledger.tamper import cut_tail, rewrite_event
+from tests.ledger.test_cli import waybill
+
+
+@pytest.fixture
+async def store(database_url: str) -> AsyncIterator[EventStore]:
+    engine = create_engine(database_url)
+    store = EventStore(engine)
+    yield store
+    await store.close()
+    await engine.dispose()
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> tuple[SigningKey, Path, Path]:
+    key = generate_key()
+    private, public = tmp_path / "signing.key", tmp_path / "signing.pub"
+    private.write_bytes(key.private_pem())
+    public.write_bytes(key.public_pem())
+    return key, private, public
+
+
+async def _requests(store: EventStore, first: int, count: int) -> None:
+    for i in range(first, first + count):
+        await store.append(f"request-r{i}", NO_STREAM, succeeded_trail(f"r{i}"))
+
+
+async def _checkpoint(store: EventStore, key: SigningKey, sink: Path) -> Checkpoint:
+    checkpointer = Checkpointer(store, key, sink)
+    try:
+        await checkpointer.open()
+        return await checkpointer.take()
+    finally:
+        await checkpointer.close()
+
+
+async def _position_of(store: EventStore, request_id: str, event_type: str) -> int:
+    trail = await store.read_stream(f"request-{request_id}")
+    return next(e.position for e in trail if e.type == event_type)
+
+
+def _verify(url: str, sink: Path, *public: Path, as_json: bool = False) -> tuple[int, str]:
+    args = ["verify", "--checkpoints", str(sink)]
+    for key in public:
+        args += ["--public-key", str(key)]
+    result = waybill(*args, *(["--json"] if as_json else []), database_url=url)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.returncode, result.stdout
+
+
+def _settled_more(data: dict[str, str]) -> dict[str, str]:
+    return {**data, "settled_usd": str(Decimal(data["settled_usd"]) * 2)}
+
+
+@pytest.mark.parametrize("rewritten", ["before the first checkpoint", "after it"])
+async def test_a_superuser_rewrite_with_a_recomputed_chain_fails_the_checkpoints(
+    database_url: str, store: EventStore, keys, tmp_path: Path, rewritten: str
+) -> None:
+    key, _, public = keys
+    sink = tmp_path / "sink"
+    await _requests(store, 0, 4)
+    first = await _checkpoint(store, key, sink)
+    await _requests(store, 4, 4)
+    second = await _checkpoint(store, key, sink)
+    code, output = _verify(database_url, sink, public)
+    assert code == 0 and "checkpoints OK: 2 signed tree sizes" in output, output
+    assert "each consistent with the one before" in output
+
+    # A bill line rewritten: the settlement doubled, data and bytes alike, every later hash
+    # and the head recomputed. The hash chain cannot tell.
+    request = "r1" if rewritten == "before the first checkpoint" else "r6"
+    position = await _position_of(store, request, "BudgetSettled")
+    assert (position <= first.size) == (request == "r1")
+    rewrite_event(database_url, position, _settled_more)
+    plain = waybill("verify", database_url=database_url)
+    assert plain.returncode == 0 and "ledger OK" in plain.stdout
+
+    failing = first if request == "r1" else second
+    code, output = _verify(database_url, sink, public)
+    assert code == 1
+    assert f"checkpoint FAILED: checkpoints-{failing.time[:10]}.jsonl:" in output
+    assert f"(size {failing.size}, key {key.key_id})" in output
+    assert f"first differing position: {position}" in output
+    assert f"checkpoint signed {failing.root}" in output
+    assert "not consistent" not in output  # the signed checkpoints are one history
+
+    code, output = _verify(database_url, sink, public, as_json=True)
+    answer = json.loads(output)
+    assert code == 1 and answer["ok"] is False and answer["checked"] == second.size + 1
+    assert answer["checkpoints"]["failure"]["first_differing_position"] == position
+    assert answer["checkpoints"]["failure"]["size"] == failing.size
+
+    # A copy of the checkpoint lines alone (no tree files) narrows it down honestly.
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for line_file in sink.glob("*.jsonl"):
+        shutil.copy(line_file, copy)
+    code, output = _verify(database_url, copy, public)
+    assert code == 1
+    if failing is first:
+        assert f"the first differing position is between 1 and {failing.size} (no tree" in output
+    else:
+        assert (
+            f"the first differing position is between {first.size + 1} and {failing.size}, "
+            "if it extends the checkpoint before it (no tree files" in output
+        )
+
+
+async def test_a_cut_tail_with_the_head_moved_back_fails_the_checkpoints(
+    database_url: str, store: EventStore, keys, tmp_path: Path
+) -> None:
+    key, _, public = keys
+    sink = tmp_path / "sink"
+    await _requests(store, 0, 3)
+    checkpoint = await _checkpoint(store, key, sink)
+    keep = checkpoint.size - 5
+    cut_tail(database_url, keep)
+    plain = waybill("verify", database_url=database_url)
+    assert plain.returncode == 0 and f"head at position {keep}" in plain.stdout
+
+    code, output = _verify(database_url, sink, public)
+    assert code == 1
+    assert f"the ledger ends at position {keep}" in output
+    assert f"first differing position: {keep + 1}" in output
+
+
+async def test_checkpoints_need_a_given_key_and_every_byte_of_them_counts(
+    database_url: str, store: EventStore, keys, tmp_path: Path
+) -> None:
+    key, _, public = keys
+    sink = tmp_path / "sink"
+    await _requests(store, 0, 2)
+    await _checkpoint(store, key, sink)
+    rotated = generate_key()
+    rotated_public = tmp_path / "rotated.pub"
+    rotated_public.write_bytes(rotated.public_pem())
+    await _requests(store, 2, 1)
+    await _checkpoint(store, rotated, sink)
+
+    # Keys rotate: both given, both checkpoints hold; one missing, its checkpoint fails.
+    assert _verify(database_url, sink, public, rotated_public)[0] == 0
+    code, output = _verify(database_url, sink, public)
+    assert code == 1
+    assert f"signed by key {rotated.key_id}, which is not one of the public keys" in output
+    stranger = tmp_path / "stranger.pub"
+    stranger.write_bytes(generate_key().public_pem())
+    code, output = _verify(database_url, sink, stranger)
+    assert code == 1 and "not one of the public keys given" in output
+
+    # Any one byte of the checkpoint file changed, the newlines included: refused.
+    trusted = PublicKeys([key.public, rotated.public])
+    assert not CheckpointAudit(read_sink(sink, strict=True), trusted, None).refused
+    for line_file in sorted(sink.glob("*.jsonl")):
+        original = line_file.read_bytes()
+        for at in range(len(original)):
+            for flip in (0x01, 0x20):
+                changed = bytearray(original)
+                changed[at] ^= flip
+                line_file.write_bytes(bytes(changed))
+                audit = CheckpointAudit(read_sink(sink, strict=True), trusted, None)
+                assert audit.refused, (at, flip, bytes(changed))
+        line_file.write_bytes(original)
+    line_file = sorted(sink.glob("*.jsonl"))[0]
+    original = line_file.read_bytes()
+    changed = bytearray(original)
+    changed[original.index(b',"time":') - 1] ^= 0x01  # the last digit of the first size
+    line_file.write_bytes(bytes(changed))
+    code, output = _verify(database_url, sink, public, rotated_public)
+    assert code == 1 and "its signature does not verify" in output
+    line_file.write_bytes(original)
+    assert _verify(database_url, sink, public, rotated_public)[0] == 0
+
+
+async def test_a_checkpoint_over_a_forked_history_is_not_consistent_with_the_one_before(
+    database_url: str, store: EventStore, keys, tmp_path: Path
+) -> None:
+    key, _, public = keys
+    sink = tmp_path / "sink"
+    await _requests(store, 0, 3)
+    first = await _checkpoint(store, key, sink)
+    await _requests(store, 3, 2)
+    head, head_hash = await store.head()
+    # The operator's own key signs, with its tree files, a history in which position 3 was
+    # different: the two signed trees are not one history.
+    fork = tmp_path / "fork"
+    (fork / "tree").mkdir(parents=True)
+    shutil.copy(sink / f"checkpoints-{first.time[:10]}.jsonl", fork)
+    forked = Frontier(keep=LEVELS)
+    for event in await store.read_all(limit=10_000):
+        leaf = event_leaf_hash(event.position, event.payload)
+        forked.append(hash_leaf(b"forged") if event.position == 3 else leaf)
+    for level, nodes in forked.kept.items():
+        (fork / "tree" / f"{level:02d}.hashes").write_bytes(b"".join(nodes))
+    signed = key.sign(head, forked.root().hex(), head_hash, "2999-01-01T00:00:00.000000Z")
+    (fork / "checkpoints-2999-01-01.jsonl").write_bytes(signed.line())
+
+    code, output = _verify(database_url, fork, public)
+    assert code == 1
+    assert f"checkpoints-2999-01-01.jsonl:1 (size {head}" in output
+    before = f"checkpoints-{first.time[:10]}.jsonl:1 (size {first.size})"
+    assert f"it is not consistent with {before}: the two signed trees are not one" in output
+    assert "first differing position: 3" in output
+
+    # The checkpoint lines alone cannot show it, and the report says what it assumes.
+    shutil.rmtree(fork / "tree")
+    code, output = _verify(database_url, fork, public)
+    assert code == 1 and "not consistent" not in output
+    assert f"between {first.size + 1} and {head}, if it extends the checkpoint before" in output
+
+
+async def test_a_proof_verifies_offline_and_any_one_byte_change_in_it_fails(
+    database_url: str, store: EventStore, keys, tmp_path: Path
+) -> None:
+    key, _, public = keys
+    sink = tmp_path / "sink"
+    await _requests(store, 0, 5)
+    early = await _checkpoint(store, key, sink)
+    await _requests(store, 5, 3)
+    latest = await _checkpoint(store, key, sink)
+
+    proved = waybill("prove", "r6", "--checkpoints", str(sink), database_url=database_url)
+    assert proved.returncode == 0, proved.stderr
+    document = proved.stdout.encode()
+    proof = json.loads(document)
+    assert proof["checkpoint"]["size"] == latest.size
+    assert [e["version"] for e in proof["events"]] == list(range(1, len(proof["events"]) + 1))
+    proof_file = tmp_path / "proof.json"
+    proof_file.write_bytes(document)
+    checked = waybill(
+        "verify-proof", str(proof_file), "--public-key", str(public), database_url="x://"
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"proof OK: request r6: {len(proof['events'])} events" in checked.stdout
+    assert f"tree of size {latest.size}, signed by key {key.key_id}" in checked.stdout
+
+    # Without the tree files the proof is made by a pass over the ledger: the same bytes.
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for line_file in sink.glob("*.jsonl"):
+        shutil.copy(line_file, copy)
+    again = waybill("prove", "r6", "--checkpoints", str(copy), database_url=database_url)
+    assert again.returncode == 0 and again.stdout.encode() == document
+
+    trusted = PublicKeys([key.public])
+    assert check_proof(document, trusted).request_id == "r6"
+    for at in range(len(document)):
+        changed = bytearray(document)
+        changed[at] ^= 0x01
+        with pytest.raises(ProofInvalid):
+            check_proof(bytes(changed), trusted)
+    changed = bytearray(document)
+    changed[document.index(b'"payload":"') + 20] ^= 0x01
+    proof_file.write_bytes(bytes(changed))
+    failed = waybill(
+        "verify-proof", str(proof_file), "--public-key", str(public), database_url="x://"
+    )
+    assert failed.returncode == 1 and "proof FAILED: event " in failed.stdout
+    proof_file.write_bytes(document)
+    stranger = tmp_path / "stranger.pub"
+    stranger.write_bytes(generate_key().public_pem())
+    failed = waybill(
+        "verify-proof", str(proof_file), "--public-key", str(stranger), database_url="x://"
+    )
+    assert failed.returncode == 1 and "not one of the public keys given" in failed.stdout
+
+    # Against an earlier checkpoint that covers the request, and one that does not.
+    at_early = ("--checkpoints", str(sink), "--size", str(early.size))
+    older = waybill("prove", "r1", *at_early, database_url=database_url)
+    assert older.returncode == 0 and json.loads(older.stdout)["checkpoint"]["size"] == early.size
+    too_early = waybill("prove", "r6", *at_early, database_url=database_url)
+    assert too_early.returncode == 1
+    assert f"checkpoint of size {early.size} does not cover position" in too_early.stderr
+
+    # A rewritten event can no longer be proved.
+    rewrite_event(database_url, await _position_of(store, "r6", "BudgetSettled"), _settled_more)
+    refused = waybill("prove", "r6", "--checkpoints", str(sink), database_url=database_url)
+    assert refused.returncode == 1 and "is not the one the checkpoint" in refused.stderr
+
+
+async def test_the_writer_takes_up_from_its_last_checkpoint_and_drops_unsigned_tree_data(
+    database_url: str, store: EventStore, keys, tmp_path: Path
+) -> None:
+    key, _, public = keys
+    sink = tmp_path / "sink"
+    await _requests(store, 0, 40)  # over 256 events: a node of level 8 in the tree files
+    first = await _checkpoint(store, key, sink)
+    assert (sink / "tree" / "08.hashes").stat().st_size == 32 * (first.size >> 8)
+    # A crash after the tree files grew and before the checkpoint's line was written.
+    with (sink / "tree" / "00.hashes").open("ab") as file:
+        file.write(b"\x07" * 32 * 3 + b"\x01")
+    await _requests(store, 40, 2)
+    second = await _checkpoint(store, key, sink)
+    assert (sink / "tree" / "00.hashes").stat().st_size == 32 * second.size
+    assert len(read_sink(sink)) == 2
+    assert _verify(database_url, sink, public)[0] == 0
+
+    # One writer at a time.
+    holder = Checkpointer(store, key, sink)
+    await holder.open()
+    with pytest.raises(SinkBusy):
+        await Checkpointer(store, key, sink).open()
+    await holder.close()
+
+    # And never on top of a ledger rewritten under its last checkpoint.
+    rewrite_event(database_url, await _position_of(store, "r1", "BudgetSettled"), _settled_more)
+    with pytest.raises(LedgerMismatch, match=f"head hash {second.head_hash} at position"):
+        await Checkpointer(store, key, sink).open()
+
+
+async def test_the_schedule_counts_events_and_seconds_but_not_its_own_records(
+    store: EventStore, keys, tmp_path: Path
+) -> None:
+    key = keys[0]
+    sink = tmp_path / "sink"
+    per_request = len(succeeded_trail("r"))
+
+    def lines() -> list[int]:
+        return [e.checkpoint.size for e in read_sink(sink) if e.checkpoint] if sink.exists() else []
+
+    async def running(schedule: Schedule) -> tuple[asyncio.Event, asyncio.Task[None]]:
+        stop = asyncio.Event()
+        return stop, asyncio.create_task(Checkpointer(store, key, sink).run(schedule, stop))
+
+    # By events alone: the clock is never due.
+    stop, task = await running(Schedule(every_events=2 * per_request, every_seconds=3600))
+    await _requests(store, 0, 1)
+    await asyncio.sleep(1.5)  # nothing to await: a checkpoint must not come
+    assert lines() == []
+    await _requests(store, 1, 1)
+    await eventually(lambda: _true(len(lines()) == 1), within_s=5)
+    await asyncio.sleep(1.5)  # idle: its own CheckpointTaken is not worth a checkpoint
+    stop.set()
+    await task
+    assert lines() == [2 * per_request]
+
+    # By seconds alone, once anything was appended; and once more when it stops.
+    stop, task = await running(Schedule(every_events=10**6, every_seconds=0.2))
+    await _requests(store, 2, 1)
+    await eventually(lambda: _true(len(lines()) == 2), within_s=5)
+    await asyncio.sleep(0.6)
+    assert len(lines()) == 2
+    await _requests(store, 3, 1)
+    stop.set()
+    await task
+    head, _ = await store.head()
+    assert len(lines()) == 3 and lines()[-1] == head - 1  # all but its own last record
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+def test_a_sinks_checkpoint_is_found_without_reading_every_day_file(tmp_path: Path) -> None:
+    key = generate_key()
+    days = {"2026-01-01": [5, 9], "2026-01-02": [12, 20]}
+    for day, sizes in days.items():
+        lines = [
+            key.sign(size, "a" * 64, "b" * 64, f"{day}T00:00:0{i}.000000Z").line()
+            for i, size in enumerate(sizes)
+        ]
+        (tmp_path / f"checkpoints-{day}.jsonl").write_bytes(b"".join(lines) + b'{"size": 2')
+
+    def size(wanted: int | None) -> int | None:
+        found = find_checkpoint(tmp_path, wanted)
+        return None if found is None else found.size
+
+    assert size(None) == 20  # the unfinished line is passed over
+    assert [size(s) for s in (5, 9, 12, 20)] == [5, 9, 12, 20]
+    assert find_checkpoint(tmp_path, 10) is None and find_checkpoint(tmp_path, 21) is None
