@@ -39,10 +39,15 @@ from ledger.buckets import (
 )
 from ledger.projection import ProjectionRunner
 from ledger.provider_reports import ParsedReport, ReportFormat, parse_report
-from ledger.reconcile import ReconcileScope, find_reconciliation, money_fields
+from ledger.reconcile import (
+    ReconcileScope,
+    find_reconciliation,
+    money_fields,
+    record_reconciliation,
+)
 from ledger.schema import spend_attempts, unknown_settlements
 from ledger.settlements import SettlementError, settle_unknown
-from ledger.store import NO_STREAM, EventStore, WrongExpectedVersion
+from ledger.store import EventStore
 from ledger.types import money_str
 from ledger.usage_export import ExportError
 from ledger.views import all_projections
@@ -143,15 +148,7 @@ async def import_provider_report(
         unattributed_provider_usage=tuple(plan.unattributed),
         notes=tuple(plan.notes),
     )
-    try:
-        await store.append(f"reconciliation-{rec_id}", NO_STREAM, [event])
-    except WrongExpectedVersion:
-        # The same pages, imported at the same moment: the first report recorded stands.
-        recorded = await find_reconciliation(store, rec_id)
-        if recorded is None:  # pragma: no cover - the stream exists: the append said so
-            raise
-        return recorded
-    return event
+    return await record_reconciliation(store, event)
 
 
 async def _settle(

@@ -65,6 +65,7 @@ __all__ = [
     "judge",
     "money_fields",
     "reconciliation_id",
+    "record_reconciliation",
     "report_json",
     "unmatched_attempts",
     "within_tolerance",
@@ -388,11 +389,18 @@ async def import_reconciliation(
         overruns=_in_file_order(plan.overruns),
         imported_by=actor,
     )
+    return await record_reconciliation(store, event)
+
+
+async def record_reconciliation(
+    store: EventStore, event: ev.ReconciliationImported
+) -> ev.ReconciliationImported:
+    """Record a report once: the same input imported at the same moment by two callers
+    ends with the first report recorded, which both return."""
     try:
-        await store.append(f"reconciliation-{rec_id}", NO_STREAM, [event])
+        await store.append(f"reconciliation-{event.reconciliation_id}", NO_STREAM, [event])
     except WrongExpectedVersion:
-        # The same file, imported at the same moment: the first report recorded stands.
-        recorded = await find_reconciliation(store, rec_id)
+        recorded = await find_reconciliation(store, event.reconciliation_id)
         if recorded is None:  # pragma: no cover - the stream exists: the append said so
             raise
         return recorded

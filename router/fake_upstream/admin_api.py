@@ -17,12 +17,12 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from types import TracebackType
 from typing import Any, Self
 from urllib.parse import parse_qsl
 
 from router.fake_upstream._http import BadRequest, Connection, HttpRequest
 from router.fake_upstream._respond import send_json
+from router.fake_upstream._serving import Served
 
 __all__ = ["AdminRequest", "FakeAdminApi"]
 
@@ -56,7 +56,7 @@ class _Fault:
     retry_after: str | None
 
 
-class FakeAdminApi:
+class FakeAdminApi(Served):
     """Both providers' admin report endpoints, serving the buckets of ``reports`` (by
     format: ``openai-usage`` ... ``anthropic-costs``) to a caller with ``admin_key``."""
 
@@ -204,42 +204,6 @@ class FakeAdminApi:
         if server is not None:
             server.close()
             await server.wait_closed()
-
-    async def __aenter__(self) -> Self:
-        return await self.astart()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    def __enter__(self) -> Self:
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, name="fake-admin-api", daemon=True)
-        thread.start()
-        self._loop, self._thread = loop, thread
-        asyncio.run_coroutine_threadsafe(self.astart(), loop).result(timeout=10)
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        try:
-            asyncio.run_coroutine_threadsafe(self.aclose(), loop).result(timeout=10)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=10)
-            loop.close()
-            self._loop = self._thread = None
 
 
 def _instant(value: Any) -> datetime | None:

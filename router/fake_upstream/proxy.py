@@ -21,8 +21,9 @@ import asyncio
 import base64
 import contextlib
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Literal, Self
+
+from router.fake_upstream._serving import Served
 
 __all__ = ["FakeProxy", "ProxyMode", "RecordedConnect"]
 
@@ -39,7 +40,7 @@ class RecordedConnect:
     authorization: str | None  # the Proxy-Authorization header, as sent
 
 
-class FakeProxy:
+class FakeProxy(Served):
     """A CONNECT proxy with a mode (see the module). ``async with FakeProxy() as proxy:``."""
 
     def __init__(
@@ -92,17 +93,6 @@ class FakeProxy:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await server.wait_closed()
-
-    async def __aenter__(self) -> Self:
-        return await self.astart()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     # Serving
 

@@ -15,7 +15,6 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any, Self
 
 from router.fake_upstream._anthropic import ANTHROPIC
@@ -23,6 +22,7 @@ from router.fake_upstream._http import BadRequest, Connection, Headers, HttpRequ
 from router.fake_upstream._openai import OPENAI
 from router.fake_upstream._reply import Dialect
 from router.fake_upstream._respond import Exchange, respond, send_json
+from router.fake_upstream._serving import Served
 from router.fake_upstream.behavior import Behavior
 
 __all__ = ["FakeUpstream", "RecordedRequest"]
@@ -64,7 +64,7 @@ def _parse_json(body: bytes) -> Any:
         return None
 
 
-class FakeUpstream:
+class FakeUpstream(Served):
     """A fake OpenAI / Anthropic provider with a programmable plan of behaviors.
 
     Sync use runs the server on its own loop in a background thread::
@@ -293,61 +293,8 @@ class FakeUpstream:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await server.wait_closed()
 
-    async def __aenter__(self) -> Self:
-        return await self.astart()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    # Lifecycle: sync, on a private loop in a daemon thread
-
-    def start(self) -> Self:
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(
-            target=loop.run_forever, name=f"fake-upstream-{self.name}", daemon=True
-        )
-        thread.start()
-        self._loop, self._thread = loop, thread
-        try:
-            asyncio.run_coroutine_threadsafe(self.astart(), loop).result(timeout=10)
-        except BaseException:
-            self._stop_loop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        try:
-            asyncio.run_coroutine_threadsafe(self.aclose(), loop).result(timeout=10)
-        finally:
-            self._stop_loop()
-
-    def _stop_loop(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
-        loop.close()
-        self._loop = self._thread = None
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def thread_name(self) -> str:
+        return f"fake-upstream-{self.name}"
 
     # Serving
 
