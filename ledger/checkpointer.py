@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -41,9 +40,8 @@ from ledger.checkpoints import (
     format_time,
     load_signing_key,
 )
-from ledger.db import create_engine
 from ledger.events import CheckpointTaken
-from ledger.follow import exit_with_parent, supervise_child
+from ledger.follow import serve_as_child, supervise_child
 from ledger.merkle import Frontier, event_leaf_hash
 from ledger.process import run, tune_gc
 from ledger.sink import LEVELS, SinkBusy, SinkError, SinkWriter
@@ -313,20 +311,10 @@ def _frontier_at(writer: SinkWriter, size: int) -> Frontier:
 async def _checkpoint_in_child(
     database_url: str, parent: int, key: SigningKey, directory: Path, schedule: Schedule
 ) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    engine = create_engine(database_url)
-    store = EventStore(engine)
-    watching = asyncio.create_task(exit_with_parent(parent, stop))
-    try:
+    async def checkpoint(store: EventStore, stop: asyncio.Event) -> None:
         await Checkpointer(store, key, directory).run(schedule, stop)
-    finally:
-        stop.set()
-        await watching
-        await store.close()
-        await engine.dispose()
+
+    await serve_as_child(database_url, parent, checkpoint)
 
 
 def main() -> None:

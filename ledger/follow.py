@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 from ledger.db import create_engine
 from ledger.process import run, tune_gc
@@ -31,7 +32,7 @@ from ledger.store import EventStore
 from ledger.tail import Wakeup
 from ledger.views import all_projections
 
-__all__ = ["exit_with_parent", "follow_in_child", "supervise_child"]
+__all__ = ["exit_with_parent", "follow_in_child", "serve_as_child", "supervise_child"]
 
 _log = logging.getLogger(__name__)
 
@@ -130,17 +131,29 @@ async def _stop(child: asyncio.subprocess.Process) -> None:
 
 
 async def _follow(database_url: str, parent: int) -> None:
+    async def follow(store: EventStore, stop: asyncio.Event) -> None:
+        runner = ProjectionRunner(store, all_projections(), poll_interval_s=POLL_S)
+        await runner.run(stop, Wakeup(store, poll_interval_s=POLL_S, listen=False))
+
+    await serve_as_child(database_url, parent, follow)
+
+
+async def serve_as_child(
+    database_url: str,
+    parent: int,
+    work: Callable[[EventStore, asyncio.Event], Awaitable[None]],
+) -> None:
+    """A child process of ``waybill serve``: run ``work`` on the ledger until SIGTERM or
+    SIGINT, or until its parent is gone, then close the store and the engine."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-
     engine = create_engine(database_url)
     store = EventStore(engine)
     watching = asyncio.create_task(exit_with_parent(parent, stop))
     try:
-        runner = ProjectionRunner(store, all_projections(), poll_interval_s=POLL_S)
-        await runner.run(stop, Wakeup(store, poll_interval_s=POLL_S, listen=False))
+        await work(store, stop)
     finally:
         stop.set()
         await watching
