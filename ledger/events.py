@@ -325,6 +325,13 @@ class AttemptStarted(Event):
     server_address: str | None = None
     server_port: int | None = None
     stream: bool = False
+    # A resume continues a committed stream that broke (contract §5 "Resume"): the attempt
+    # it continues and how many characters of text the client already had (never the text).
+    # A hedge is a second way started while the first had not answered (§5 "Hedging").
+    kind: Literal["call", "resume", "hedge"] = "call"
+    resumed_from: Id | None = None
+    delivered_chars: NonNegInt | None = None
+    hedge_of: Id | None = None
 
 
 class StreamCommitted(Event):
@@ -373,7 +380,7 @@ class FailoverDecided(Event):
     after_attempt_id: Id
     failure_class: FailureClass
     evidence: Evidence
-    action: Literal["retry", "failover", "stop"]
+    action: Literal["retry", "failover", "resume", "stop"]
     allowed: bool
     reason: str  # a stable code, e.g. "quota_exhausted_stops"
     backoff_ms: NonNegInt | None = None

@@ -19,7 +19,7 @@ import re
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
@@ -487,6 +487,12 @@ class DatedPrice(Price):
     effective_from: date = Field(alias="from")
 
 
+ResumeMode: TypeAlias = Literal[
+    "none", "assistant_prefill", "prefix_flag", "continue_final_message"
+]
+"""How a mapping's upstream continues a partial assistant message (contract §5, "Resume")."""
+
+
 class Mapping(_Frozen):
     """One route of a model group: an endpoint and the upstream model it serves.
 
@@ -504,6 +510,8 @@ class Mapping(_Frozen):
     max_output_tokens: _PositiveInt
     price: Price
     price_history: tuple[DatedPrice, ...] = ()
+    # How the upstream continues a partial assistant message, for a stream resume.
+    resume: ResumeMode = "none"
 
     @model_validator(mode="before")
     @classmethod

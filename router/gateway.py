@@ -26,7 +26,8 @@ import functools
 import logging
 import random
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -78,18 +79,44 @@ from router.errors import (
     upstream_unavailable,
 )
 from router.ids import new_id
+from router.resume import Seam, continuation_body
 from router.routing import (
-    AttemptOutcome,
     Decision,
     RouteContext,
     WeightedRoundRobin,
-    decide,
     evaluate,
-    next_context,
     select,
 )
 from router.sse import DONE_FRAME, encode_json
-from router.worst_case import billed_usage, settlement_rates
+from router.walk import (
+    Answered,
+    ArmHedge,
+    Begin,
+    BudgetRaced,
+    Cancel,
+    Commit,
+    Content,
+    Decided,
+    Deliver,
+    Fail,
+    Failed,
+    Happening,
+    HedgeDue,
+    Kind,
+    Purpose,
+    Route,
+    Routed,
+    Run,
+    Start,
+    Started,
+    Target,
+    Unroutable,
+    Wait,
+    Walk,
+    WalkPolicy,
+    advance,
+)
+from router.worst_case import billed_usage, settlement_rates, worst_case_cost
 
 __all__ = ["Caller", "Completion", "Gateway", "KeyMoved", "StreamingCompletion"]
 
@@ -97,7 +124,7 @@ log = logging.getLogger("waybill.gateway")
 
 _T = TypeVar("_T")
 
-_MAX_BUDGET_RACES: Final = 5  # reservations lost to concurrent requests before giving up
+_HEDGE_LOST: Final = "hedge_lost"  # the error code of a hedged way that lost the race
 
 _DEADLINE: Final = Classification(
     failure_class=ev.FailureClass.DEADLINE_EXCEEDED,
@@ -156,7 +183,7 @@ class _Route:
     mapping: ModelMapping
     driver: Driver
     driver_name: DriverName  # the endpoint's `driver`: what it sends on, so may be billed
-    cause: Literal["first", "retry", "failover"]
+    cause: Literal["first", "retry", "failover", "hedge"]
     worst_case_usd: Decimal
 
 
@@ -166,7 +193,23 @@ class _Attempt:
     attempt_id: str
     started_at: float
     call: PreparedCall | None  # built while its start committed (None: build it to send)
+    kind: Kind = "call"
+    seam: Seam | None = None  # a resume's join to the text the client has
     stream_committed: bool = False
+    task: asyncio.Task[None] | None = None
+    # What its task found: an answer, a stream up to its first content, or a failure.
+    result: DriverResult | None = None
+    upstream: DriverStream | None = None
+    batches: AsyncIterator[list[dict[str, Any]]] | None = None
+    held: list[dict[str, Any]] = field(default_factory=list)
+    classification: Classification | None = None
+    failure: UpstreamFailure | None = None
+    error_code: str | None = None  # the gateway's own, where the upstream gave none
+    error: Exception | None = None  # not a failure of the upstream: raised by the request
+
+
+class _SeamBroken(Exception):
+    """A resume's continuation cannot be joined to the text the client has."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +379,26 @@ class _Run:
         )
         self.budget_denials = 0
         self._pending_effects: list[Effect] = []
-        self.in_flight: _Attempt | None = None  # started, not yet finished
+        self.open: dict[str, _Attempt] = {}  # started, their end not yet recorded
+        self.walk = Walk(policy=self._walk_policy())
+        self._targets = tuple(
+            Target(m.endpoint, i, m.model, m.context_window, m.resume)
+            for i, m in enumerate(group.mappings)
+        )
+        # What the attempts' tasks and the hedge timer (None) report, in order.
+        self._happenings: asyncio.Queue[_Attempt | None] = asyncio.Queue()
+        self._hedge_timer: asyncio.TimerHandle | None = None
+        self._routed: _Route | None = None  # the route the walk's next start takes
+        self._candidates: tuple[ev.Candidate, ...] = ()  # the last evaluation's
+        self._failures: dict[str, _Attempt] = {}  # failed attempts, for their decisions
+        self._decision: Decision | None = None  # the last one recorded
+        self._budget_refusal = ""
+        # The committed stream as the client has it: its text so far (for a resume),
+        # whether that can be continued, and the id and model its chunks carry.
+        self._delivered: list[str] = []
+        self._resumable = True
+        self._chunk_id: str | None = None
+        self._response_model: str | None = None
         self.ended = False  # RequestCompleted or RequestFailed is recorded (or on its way)
         self._stream_id = f"request-{request_id}"
         self._version = NO_STREAM
@@ -365,6 +427,17 @@ class _Run:
                 parent_span_id=caller_trace[1] if caller_trace else None,
             )
         ]
+
+    def _walk_policy(self) -> WalkPolicy:
+        """What the walk needs to know of the group's policy and the caller's narrowing."""
+        policy = self.defaults
+        hedge = policy.hedge
+        return WalkPolicy(
+            defaults=policy,
+            allow_failover=self.requirements.allow_failover,
+            hedge_after_ms=hedge.after_ms if hedge.enabled else None,
+            max_ways=hedge.max_ways if hedge.enabled else 1,
+        )
 
     # --- the ledger ---
 
@@ -517,10 +590,11 @@ class _Run:
         if self.ended:
             return
         self.ended = True
-        attempt, self.in_flight = self.in_flight, None
-        if attempt is not None:
+        self._stop_hedge_timer()
+        classification = _canceled_class(ev.Evidence.UNKNOWN)
+        for attempt in self._take_open():
+            self._discard(attempt)
             if canceled:
-                classification = _canceled_class(ev.Evidence.UNKNOWN)
                 self._pending.append(self._attempt_finished(attempt, classification, None))
             else:
                 self._pending.append(
@@ -546,32 +620,10 @@ class _Run:
             error = internal_error()
         self.gw._keep(self._flush_patiently(self._request_failed(error)))
 
-    async def _until_answered(
-        self, attempt_once: Callable[[_Route, _Attempt], Awaitable[_T]]
-    ) -> tuple[_Route, _Attempt, _T]:
-        """contract §4's loop: route, start an attempt, run it within the deadline; on a failure
-        decide, then retry the route, fail over, or stop (``_failed`` raises the final
-        error). Returns the attempt that answered and what it returned."""
-        route: _Route | None = None
-        while True:
-            route = route or await self._next_route()
-            attempt = await self._start(route)
-            if attempt is None:
-                route = None
-                continue
-            try:
-                async with asyncio.timeout_at(_loop_time(self.deadline)):
-                    return route, attempt, await attempt_once(route, attempt)
-            except UpstreamFailure as failure:
-                route = await self._failed(attempt, failure.classification, failure)
-            except TimeoutError:
-                route = await self._failed(attempt, _deadline_class(), None)
-
     async def _complete(self) -> Completion:
-        async def call(route: _Route, attempt: _Attempt) -> DriverResult:
-            return await route.driver.complete(self._call(attempt))
-
-        route, attempt, result = await self._until_answered(call)
+        attempt = await self._drive(Begin())
+        route, result = attempt.route, attempt.result
+        assert result is not None, "an answered attempt of a buffered request has its result"
         usage, cost = self._settlement(route, result.usage)
         await self._succeeded(
             attempt,
@@ -588,27 +640,179 @@ class _Run:
         )
 
     async def _stream(self) -> StreamingCompletion:
-        async def open_until_content(
-            route: _Route, attempt: _Attempt
-        ) -> tuple[DriverStream, AsyncIterator[list[dict[str, Any]]], list[dict[str, Any]]]:
-            upstream = await route.driver.stream(self._call(attempt))
-            try:
-                batches = upstream.batches()
-                return upstream, batches, await _first_content(batches)
-            except BaseException:
-                await upstream.aclose()
-                raise
+        attempt = await self._drive(Begin())  # returns once the stream is committed
+        return StreamingCompletion(
+            self.request_id,
+            attempt.route.choice.endpoint,
+            self.attempt_count,
+            self._stream_body(attempt),
+        )
 
-        route, attempt, (upstream, batches, held) = await self._until_answered(open_until_content)
+    # --- the driver: the walk (router.walk) decides, this executes and records ---
+
+    async def _drive(self, happening: Happening) -> _Attempt:
+        """Tell the walk ``happening`` and carry out what it asks, one action at a time,
+        until it hands an attempt to the client (a committed stream, an answer, a resumed
+        stream's continuation: returned) or ends the request (its error, recorded, raised)."""
+        queue: deque[Happening] = deque([happening])
+        while True:
+            if not queue:
+                queue.append(await self._next_happening())
+            step = advance(self.walk, queue.popleft(), self.gw._rng)
+            self.walk = step.walk
+            for action in step.actions:
+                match action:
+                    case Route():
+                        queue.append(await self._route(action))
+                    case Start():
+                        queue.append(await self._start(action))
+                    case Run(attempt_id=attempt_id):
+                        self._launch(self.open[attempt_id])
+                    case ArmHedge(after_ms=after_ms):
+                        self._arm_hedge(after_ms)
+                    case Wait(ms=ms):
+                        await asyncio.sleep(ms / 1000)
+                    case Decided(attempt_id=attempt_id, decision=decision):
+                        self._decided(attempt_id, decision)
+                    case Cancel(attempt_id=attempt_id):
+                        await self._cancel(attempt_id)
+                    case Commit(attempt_id=attempt_id):
+                        self._stop_hedge_timer()
+                        attempt = self.open[attempt_id]
+                        await self._commit(attempt)
+                        return attempt
+                    case Deliver(attempt_id=attempt_id):
+                        self._stop_hedge_timer()
+                        return self.open[attempt_id]
+                    case Fail():
+                        self._stop_hedge_timer()
+                        raise await self._fail(self._walk_error(action), **self._failed_stream())
+
+    async def _next_happening(self) -> Happening:
+        """What the running attempts (or the hedge timer) did next."""
+        while True:
+            attempt = await self._happenings.get()
+            if attempt is None:
+                return HedgeDue()
+            if attempt.attempt_id not in self.open:
+                continue  # a way cancelled after it had finished
+            if attempt.error is not None:
+                raise attempt.error
+            if attempt.classification is None:
+                answered = not self.call.stream
+                return Answered(attempt.attempt_id) if answered else Content(attempt.attempt_id)
+            return await self._attempt_failed(attempt)
+
+    def _launch(self, attempt: _Attempt) -> None:
+        attempt.task = asyncio.create_task(self._run_attempt(attempt))
+
+    async def _run_attempt(self, attempt: _Attempt) -> None:
+        """One attempt, in a task of its own, up to its answer (buffered) or its first
+        content (streams); then the driver hears of it."""
         try:
-            # The ledger learns that the stream is the client's before the client's first
-            # byte (its headers go out once this returns): a gateway that dies from here on
-            # leaves a partial failure, and crash recovery can tell (ledger.recovery).
+            async with asyncio.timeout_at(_loop_time(self.deadline)):
+                if self.call.stream:
+                    await self._open_stream(attempt)
+                else:
+                    attempt.result = await attempt.route.driver.complete(self._call(attempt))
+        except UpstreamFailure as failure:
+            attempt.classification, attempt.failure = failure.classification, failure
+        except _SeamBroken:
+            attempt.classification, attempt.error_code = _SEAM_BROKEN, "resume_seam_unverified"
+        except TimeoutError:
+            attempt.classification = _deadline_class()
+        except Exception as error:  # a bug or the ledger: the request's own task raises it
+            attempt.error = error
+        self._happenings.put_nowait(attempt)
+
+    async def _open_stream(self, attempt: _Attempt) -> None:
+        upstream = await attempt.route.driver.stream(self._call(attempt))
+        try:
+            batches = upstream.batches()
+            if attempt.seam is None:
+                held = await _first_content(batches)
+            else:
+                held = await _first_content(self._continuation(attempt, batches))
+                if attempt.seam.state != "joined" and not attempt.seam.end():
+                    raise _SeamBroken
+        except BaseException:
+            await upstream.aclose()
+            raise
+        attempt.upstream, attempt.batches, attempt.held = upstream, batches, held
+
+    async def _continuation(
+        self, attempt: _Attempt, batches: AsyncIterator[list[dict[str, Any]]]
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        """A resume's chunks as the client's stream goes on: what the client already has
+        stripped (router.resume.Seam), no second role preamble, the stream's own id."""
+        seam = attempt.seam
+        assert seam is not None
+        async for batch in batches:
+            joined = [c for c in (_continued(chunk, seam, self._chunk_id) for chunk in batch) if c]
+            if seam.state == "broken":
+                raise _SeamBroken
+            if joined:
+                yield joined
+
+    def _arm_hedge(self, after_ms: int) -> None:
+        self._stop_hedge_timer()
+        loop = asyncio.get_running_loop()
+        self._hedge_timer = loop.call_later(after_ms / 1000, self._happenings.put_nowait, None)
+
+    def _stop_hedge_timer(self) -> None:
+        if self._hedge_timer is not None:
+            self._hedge_timer.cancel()
+            self._hedge_timer = None
+
+    def _take_open(self) -> list[_Attempt]:
+        attempts = list(self.open.values())
+        self.open.clear()
+        return attempts
+
+    def _discard(self, attempt: _Attempt) -> None:
+        """Stop an attempt's task and let go of its upstream connection."""
+        if attempt.task is not None and not attempt.task.done():
+            attempt.task.cancel()
+        if attempt.upstream is not None:
+            self.gw._keep(attempt.upstream.aclose())
+
+    async def _cancel(self, attempt_id: str) -> None:
+        """A way that lost the race: its usage is settled if it answered in full, else held
+        unknown (contract §5 "Hedging")."""
+        attempt = self.open.pop(attempt_id)
+        self._discard(attempt)
+        result = attempt.result
+        usage = cost = None
+        if result is not None:
+            usage, cost = self._settlement(attempt.route, result.usage)
+        self._pending.append(
+            ev.AttemptFinished(
+                request_id=self.request_id,
+                attempt_id=attempt_id,
+                status="failed",
+                evidence=ev.Evidence.UNKNOWN if result is None else ev.Evidence.STARTED,
+                error_code=_HEDGE_LOST,
+                usage=usage,
+                duration_ms=round((time.monotonic() - attempt.started_at) * 1000),
+            )
+        )
+        if usage is not None and cost is not None:
+            self._record(self.budget.settle(attempt_id, cost, usage))
+        else:
+            self._record(self.budget.hold_unknown(attempt_id, _HEDGE_LOST))
+
+    async def _commit(self, attempt: _Attempt) -> None:
+        """The ledger learns that the stream is the client's before the client's first byte
+        (its headers go out once this returns): a gateway that dies from here on leaves a
+        partial failure, and crash recovery can tell (ledger.recovery)."""
+        upstream = attempt.upstream
+        assert upstream is not None
+        try:
             await self._flush(
                 ev.StreamCommitted(
                     request_id=self.request_id,
                     attempt_id=attempt.attempt_id,
-                    endpoint=route.choice.endpoint,
+                    endpoint=attempt.route.choice.endpoint,
                     time_to_first_chunk_ms=upstream.time_to_first_chunk_ms,
                 )
             )
@@ -620,18 +824,13 @@ class _Run:
             await upstream.aclose()
             raise
         attempt.stream_committed = True
-        return StreamingCompletion(
-            self.request_id,
-            route.choice.endpoint,
-            self.attempt_count,
-            self._stream_body(attempt, upstream, batches, held),
-        )
 
     def _not_committed(self, attempt: _Attempt, upstream: DriverStream) -> None:
         """The stream's commit could not be recorded (the ledger is unavailable): the client
         gets the 503, nothing of the stream. The upstream did start, so the attempt's hold
         stays counted as unknown usage; the end is recorded once the ledger is back."""
-        self.in_flight, self.ended = None, True
+        self.open.pop(attempt.attempt_id, None)
+        self.ended = True
         self._pending.append(
             ev.AttemptFinished(
                 request_id=self.request_id,
@@ -646,31 +845,50 @@ class _Run:
         self._record(self.budget.hold_unknown(attempt.attempt_id, "ledger_unavailable"))
         self.gw._keep(self._flush_patiently(self._request_failed(ledger_unavailable())))
 
-    async def _stream_body(
-        self,
-        attempt: _Attempt,
-        upstream: DriverStream,
-        batches: AsyncIterator[list[dict[str, Any]]],
-        held: list[dict[str, Any]],
-    ) -> AsyncGenerator[bytes, None]:
+    async def _stream_body(self, attempt: _Attempt) -> AsyncGenerator[bytes, None]:
         """The client's bytes: a read's chunks go out together, as one piece. The read that
         ended the upstream's stream (its finish chunk, usage and end) goes out with the
         gateway's own end, once the completion is recorded, as a buffered answer does: one
-        piece and one write fewer per stream."""
+        piece and one write fewer per stream. A stream that breaks is resumed where the walk
+        says so (router.walk): the continuation's chunks follow on the same stream."""
         include_usage = self.call.include_usage
         finished = False
         last = b""
         try:
-            batch: list[dict[str, Any]] | None = held
-            while batch is not None:
-                if not include_usage:
-                    batch = [chunk for chunk in batch if not _is_usage_chunk(chunk)]
-                if batch:
-                    if upstream.ended:
-                        last = encode_json(batch)
+            while True:
+                upstream, batches = attempt.upstream, attempt.batches
+                assert upstream is not None and batches is not None
+                if attempt.seam is not None:
+                    batches = self._continuation(attempt, batches)
+                try:
+                    batch: list[dict[str, Any]] | None = attempt.held
+                    while batch is not None:
+                        self._note_delivered(batch)
+                        if not include_usage:
+                            batch = [chunk for chunk in batch if not _is_usage_chunk(chunk)]
+                        if batch:
+                            if upstream.ended:
+                                last = encode_json(batch)
+                            else:
+                                yield encode_json(batch)
+                        batch = await anext(batches, None)
+                    if attempt.seam is not None and not attempt.seam.end():
+                        raise _SeamBroken
+                except (UpstreamFailure, _SeamBroken) as failure:
+                    if isinstance(failure, UpstreamFailure):
+                        attempt.classification, attempt.failure = failure.classification, failure
                     else:
-                        yield encode_json(batch)
-                batch = await anext(batches, None)
+                        attempt.classification = _SEAM_BROKEN
+                        attempt.error_code = "resume_seam_unverified"
+                    await upstream.aclose()
+                    try:
+                        attempt = await self._drive(await self._attempt_failed(attempt))
+                    except GatewayError as error:
+                        finished = True
+                        yield last + encode_json([{"error": _in_band(error, self.request_id)}])
+                        return
+                    continue
+                break
             usage, cost = self._settlement(attempt.route, upstream.usage)
             await self._succeeded(
                 attempt,
@@ -678,7 +896,7 @@ class _Run:
                 cost=cost,
                 finish_reason=upstream.finish_reason,
                 response_id=upstream.response_id,
-                response_model=None,
+                response_model=self._response_model,
                 upstream_request_id=upstream.upstream_request_id,
                 http_status=200,
                 time_to_first_chunk_ms=upstream.time_to_first_chunk_ms,
@@ -686,28 +904,136 @@ class _Run:
             )
             finished = True
             yield last + DONE_FRAME
-        except UpstreamFailure as failure:
-            finished = True
-            error = await self._broken_stream(attempt, failure.classification, failure, upstream)
-            detail = {
-                "code": error.code,
-                "message": error.message,
-                "type": error.error_type,
-                "request_id": self.request_id,
-            }
-            yield last + encode_json([{"error": detail}])
         finally:
             if not finished:
                 # The client went away (this task is being cancelled): record it anyway, in
                 # a task of its own that the cancellation does not reach.
-                self.gw._keep(self._broken_stream(attempt, _canceled_class(), None, upstream))
-            await upstream.aclose()
+                self.gw._keep(self._client_left(attempt))
+            if attempt.upstream is not None:
+                await attempt.upstream.aclose()
+
+    def _note_delivered(self, batch: list[dict[str, Any]]) -> None:
+        """Keep the text the client has, for a resume; anything but the text of one choice
+        (a tool call, a refusal, audio, a second choice) cannot be continued."""
+        for chunk in batch:
+            if self._chunk_id is None and isinstance(chunk.get("id"), str):
+                self._chunk_id = chunk["id"]
+            if self._response_model is None and isinstance(chunk.get("model"), str):
+                self._response_model = chunk["model"]
+            for choice in chunk.get("choices") or ():
+                if not isinstance(choice, dict):
+                    continue
+                delta = choice.get("delta")
+                if choice.get("index", 0) != 0:
+                    self._resumable = False
+                if not isinstance(delta, dict):
+                    continue
+                content = delta.get("content")
+                if isinstance(content, str):
+                    self._delivered.append(content)
+                if any(delta.get(key) for key in _CONTENT_KEYS if key != "content"):
+                    self._resumable = False
+
+    async def _attempt_failed(self, attempt: _Attempt) -> Failed:
+        """Record a failed attempt — its end, its hold's outcome, its breakers — and say so
+        to the walk."""
+        classification, failure = attempt.classification, attempt.failure
+        assert classification is not None
+        self.open.pop(attempt.attempt_id, None)
+        upstream = attempt.upstream
+        invalid = upstream.invalid_events if upstream is not None else 0
+        self._pending.append(
+            self._attempt_finished(attempt, classification, failure, invalid_events=invalid)
+        )
+        self._record(self._hold_outcome(attempt, classification))
+        if classification is not _SEAM_BROKEN:
+            await self._report_breakers(attempt.route, classification)
+        status = failure.outcome.http_status if failure else None
+        if status is None and attempt.stream_committed:
+            status = 200
+        self.tally.summaries.append(
+            AttemptSummary(attempt.route.choice.endpoint, status, classification.failure_class)
+        )
+        self.tally.classes.append(classification.failure_class)
+        if classification.retry_after_ms is not None:
+            self.tally.retry_after_ms = classification.retry_after_ms
+        self._failures[attempt.attempt_id] = attempt
+        delivered = "".join(self._delivered)
+        return Failed(
+            attempt.attempt_id,
+            classification,
+            self._remaining_ms(),
+            delivered_chars=len(delivered),
+            resumable=self._resumable and classification is not _SEAM_BROKEN,
+        )
+
+    def _decided(self, attempt_id: str, decision: Decision) -> None:
+        attempt = self._failures[attempt_id]
+        assert attempt.classification is not None
+        self._decision = decision
+        self._pending.append(self._failover_decided(attempt, attempt.classification, decision))
+
+    def _walk_error(self, fail: Fail) -> GatewayError:
+        """The error a request the walk ended is answered with."""
+        if self.walk.committed:
+            last = self.tally.classes[-1] if self.tally.classes else None
+            return stream_broken(last or ev.FailureClass.NETWORK_ERROR)
+        match fail.why:
+            case "no_route":
+                return self._no_route_error(self._candidates)
+            case "budget_raced":
+                return budget_exceeded(self._budget_refusal)
+            case "decision":
+                assert fail.attempt_id is not None and self._decision is not None
+                attempt = self._failures[fail.attempt_id]
+                assert attempt.classification is not None
+                return self._final_error(attempt.classification, attempt.failure, self._decision)
+
+    def _failed_stream(self) -> dict[str, Any]:
+        """The RequestFailed fields of a committed stream that ended in an error."""
+        if not self.walk.committed:
+            return {}
+        endpoint = self._failures[next(reversed(self._failures))].route.choice.endpoint
+        return {"endpoint": endpoint, "stream_started": True}
+
+    async def _client_left(self, attempt: _Attempt) -> None:
+        """The client closed a committed stream: a partial failure, never a success."""
+        if self.ended:  # the client left while the success was being recorded
+            return
+        self.ended = True
+        classification = _canceled_class()
+        for other in self._take_open():
+            self._discard(other)
+            self._pending.append(self._attempt_finished(other, classification, None))
+            if self.budget.has_hold(other.attempt_id):
+                self._record(self._hold_outcome(other, classification))
+        decision = Decision(action="stop", reason="stream_committed")
+        self.tally.summaries.append(
+            AttemptSummary(attempt.route.choice.endpoint, 200, classification.failure_class)
+        )
+        error = client_canceled("the client closed the stream")
+        await self._flush(
+            self._failover_decided(attempt, classification, decision),
+            self._request_failed(
+                error, endpoint=attempt.route.choice.endpoint, stream_started=True
+            ),
+        )
 
     # --- steps of the path ---
 
-    async def _next_route(self) -> _Route:
-        """Evaluate every mapping, choose one and bind the attempt to it (contract §4)."""
+    async def _route(self, action: Route) -> Routed | Unroutable:
+        """Find the mapping for the walk's next attempt: a retry or a resume asks only the
+        breakers of the targets it names; any other purpose evaluates every mapping and
+        chooses one (contract §4)."""
+        if action.only is not None:
+            for target in action.only:
+                mapping = self.group.mappings[target.mapping_index]
+                if await self._admitted(target.endpoint, mapping):
+                    self._routed = self._route_to(target, action.purpose)
+                    return Routed(target)
+            return Unroutable()
         config = self.gw.config
+        self.context = action.context
         keys = [BreakerKey.endpoint(m.endpoint) for m in self.group.mappings] + [
             BreakerKey.mapping(m.endpoint, m.model) for m in self.group.mappings
         ]
@@ -725,7 +1051,7 @@ class _Run:
                 self.caller.workspace,
                 group,
                 self.requirements,
-                self.context,
+                action.context,
                 breaker_open=breaker_open,
                 over_budget=await self.budget.over_budget_check(),
             )
@@ -736,25 +1062,51 @@ class _Run:
                     request_id=self.request_id,
                     sequence=self.sequence,
                     candidates=candidates,
-                    tried_endpoints=tuple(sorted(self.context.tried_endpoints)),
+                    tried_endpoints=tuple(sorted(action.context.tried_endpoints)),
                     chosen=choice,
                 )
             )
             if choice is None:
                 over = [c for c in candidates if c.reason_code is ev.ReasonCode.OVER_BUDGET]
-                if over:
+                if over and action.purpose != "hedge":
                     self._pending.append(self.budget.denied_candidate(over[0]))
-                raise await self._fail(self._no_route_error(candidates))
+                self._candidates = candidates
+                return Unroutable()
             mapping = group.mappings[choice.mapping_index]
             if await self._admitted(choice.endpoint, mapping):
                 driver = self.gw._drivers[choice.endpoint]
                 endpoint = config.endpoint(choice.endpoint)
                 assert endpoint is not None, "evaluate found the mapping's endpoint"
                 worst = candidates[choice.mapping_index].worst_case_usd or Decimal(0)
-                cause: Literal["first", "failover"] = (
-                    "first" if self.attempt_count == 0 else "failover"
-                )
-                return _Route(choice, mapping, driver, endpoint.driver, cause, worst)
+                self._routed = _Route(choice, mapping, driver, endpoint.driver, "first", worst)
+                return Routed(self._targets[choice.mapping_index])
+
+    def _route_to(self, target: Target, purpose: Purpose) -> _Route:
+        """The route of a retry (the failed attempt's own) or a resume (priced now, with the
+        delivered text counted in its input: it is sent back as the partial answer)."""
+        if purpose == "retry" and self._routed is not None:
+            return self._routed
+        group = self.group.priced_at(datetime.now(UTC))
+        mapping = group.mappings[target.mapping_index]
+        endpoint = self.gw.config.endpoint(target.endpoint)
+        assert endpoint is not None
+        requirements = self.requirements.model_copy(
+            update={
+                "estimated_input_tokens": self.requirements.estimated_input_tokens
+                + len("".join(self._delivered).encode())
+            }
+        )
+        worst = worst_case_cost(mapping, requirements, endpoint.driver)
+        choice = ev.RouteChoice(
+            endpoint=target.endpoint,
+            model=mapping.model,
+            mapping_index=target.mapping_index,
+            tier=mapping.tier,
+            weight=mapping.weight,
+            selection_position=0,
+        )
+        driver = self.gw._drivers[target.endpoint]
+        return _Route(choice, mapping, driver, endpoint.driver, "first", worst)
 
     def _breaker_lookup(
         self, blocked: Mapping[BreakerKey, bool]
@@ -784,9 +1136,11 @@ class _Run:
                 return False
         return True
 
-    async def _start(self, route: _Route) -> _Attempt | None:
-        """Reserve the attempt's worst case and record its start; None if the books refused
-        the reservation (another request got there first): evaluate again."""
+    async def _start(self, action: Start) -> Started | BudgetRaced:
+        """Reserve the attempt's worst case and record its start; BudgetRaced if the books
+        refused the reservation (another request got there first)."""
+        assert self._routed is not None, "a start follows its route"
+        route = replace(self._routed, cause=action.cause)
         attempt_id = new_id("att")
         endpoint = self.gw.config.endpoint(route.choice.endpoint)
         assert endpoint is not None
@@ -808,7 +1162,14 @@ class _Run:
             server_address=host,
             server_port=port,
             stream=self.call.stream,
+            kind=action.kind,
+            resumed_from=action.resumed_from,
+            delivered_chars=action.delivered_chars,
+            hedge_of=action.hedge_of,
         )
+        seam = None
+        if action.kind == "resume":
+            seam = Seam("".join(self._delivered))
         call = None
         try:
             submitted = await self._submit(started, step=reservation)
@@ -817,7 +1178,7 @@ class _Run:
             # start is durable. One that cannot be built fails where the attempt runs.
             await _let_the_appender_send()
             with contextlib.suppress(Exception):
-                call = self._prepare(route, attempt_id)
+                call = self._prepare(route, attempt_id, seam)
             await self._committed(submitted)
         except LedgerUnavailable:
             self.budget.forget(attempt_id)  # no reservation, so no upstream call
@@ -827,38 +1188,42 @@ class _Run:
             self._pending.append(
                 self.budget.denied(refusal, route.choice.endpoint, route.mapping.model)
             )
-            self.budget_denials += 1
-            if self.budget_denials > _MAX_BUDGET_RACES:
-                raise await self._fail(budget_exceeded(str(refusal))) from None
-            return None
+            self._budget_refusal = str(refusal)
+            return BudgetRaced()
         self.attempt_count += 1
-        attempt = _Attempt(route, attempt_id, time.monotonic(), call)
-        self.in_flight = attempt
-        return attempt
+        attempt = _Attempt(route, attempt_id, time.monotonic(), call, kind=action.kind, seam=seam)
+        attempt.stream_committed = action.kind == "resume"  # its text goes straight out
+        self.open[attempt_id] = attempt
+        return Started(attempt_id, action.target, action.kind)
 
-    def _chat_request(self, route: _Route) -> ChatRequest:
+    def _chat_request(self, route: _Route, seam: Seam | None = None) -> ChatRequest:
         max_tokens = self.call.max_tokens
         if max_tokens is None and route.driver.requires_max_tokens:
             # The bound the worst case reserved for, not a driver's default.
             max_tokens = route.mapping.max_output_tokens
+        body: Mapping[str, Any] = self.call.body
+        if seam is not None:
+            body = continuation_body(body, route.mapping.resume, seam.delivered)
         return ChatRequest(
-            body=self.call.body,
+            body=body,
             upstream_model=route.mapping.model,
             max_tokens=max_tokens,
             stream=self.call.stream,
         )
 
-    def _prepare(self, route: _Route, attempt_id: str) -> PreparedCall:
-        return route.driver.prepare(self._chat_request(route), self._binding(route, attempt_id))
+    def _prepare(self, route: _Route, attempt_id: str, seam: Seam | None = None) -> PreparedCall:
+        return route.driver.prepare(
+            self._chat_request(route, seam), self._binding(route, attempt_id)
+        )
 
     def _call(self, attempt: _Attempt) -> PreparedCall:
         """The attempt's upstream call: the one built while its start committed, else built
         now (raising what building raises)."""
-        return attempt.call or self._prepare(attempt.route, attempt.attempt_id)
+        return attempt.call or self._prepare(attempt.route, attempt.attempt_id, attempt.seam)
 
     def _binding(self, route: _Route, attempt_id: str) -> AttemptBinding:
         """The attempt's endpoint and timeouts, as of its start (the request's deadline
-        bounds the attempt all the same: ``_until_answered``)."""
+        bounds the attempt all the same: ``_run_attempt``)."""
         endpoint = self.gw.config.endpoint(route.choice.endpoint)
         assert endpoint is not None
         remaining_s = max(0.001, self.deadline - time.monotonic())
@@ -905,7 +1270,8 @@ class _Run:
         invalid_events: int = 0,
     ) -> None:
         route = attempt.route
-        self.in_flight, self.ended = None, True
+        self.open.pop(attempt.attempt_id, None)
+        self.ended = True
         duration = round((time.monotonic() - attempt.started_at) * 1000)
         self.tally.summaries.append(AttemptSummary(route.choice.endpoint, http_status, None))
         self._pending.append(
@@ -980,51 +1346,6 @@ class _Run:
             invalid_events=invalid_events,
         )
 
-    async def _failed(
-        self, attempt: _Attempt, classification: Classification, failure: UpstreamFailure | None
-    ) -> _Route | None:
-        """Record a failed attempt and decide: the route to retry, None to re-evaluate for a
-        failover, or raise the final (recorded) error."""
-        route = attempt.route
-        endpoint_id = route.choice.endpoint
-        self.in_flight = None
-        self._pending.append(self._attempt_finished(attempt, classification, failure))
-        self._record(self._hold_outcome(attempt, classification))
-        await self._report_breakers(route, classification)
-        status = failure.outcome.http_status if failure else None
-        self.tally.summaries.append(
-            AttemptSummary(endpoint_id, status, classification.failure_class.value)
-        )
-        self.tally.classes.append(classification.failure_class)
-        if classification.retry_after_ms is not None:
-            self.tally.retry_after_ms = classification.retry_after_ms
-        retries = self.tally.retries.get(endpoint_id, 0)
-        decision = decide(
-            AttemptOutcome(
-                classification=classification,
-                attempts_made=self.attempt_count,
-                retries_on_endpoint=retries,
-                remaining_ms=self._remaining_ms(),
-                allow_failover=self.requirements.allow_failover,
-                stream_committed=attempt.stream_committed,
-            ),
-            self.defaults,
-            self.gw._rng,
-        )
-        self._pending.append(self._failover_decided(attempt, classification, decision))
-        if decision.action == "stop":
-            raise await self._fail(self._final_error(classification, failure, decision))
-        self.context = next_context(
-            self.context, decision.action, endpoint_id, route.mapping, classification.failure_class
-        )
-        if decision.action == "retry":
-            self.tally.retries[endpoint_id] = retries + 1
-            if decision.backoff_ms:
-                await asyncio.sleep(decision.backoff_ms / 1000)
-            if await self._admitted(endpoint_id, route.mapping):
-                return replace(route, cause="retry")
-        return None
-
     def _hold_outcome(self, attempt: _Attempt, classification: Classification) -> StepRecord:
         """A failed attempt's hold: released if the upstream never started, otherwise kept
         as an unknown-usage settlement (contract §6) — a failover must fit in what is left."""
@@ -1050,50 +1371,19 @@ class _Run:
             policy=_policy_applied(classification, self.defaults),
         )
 
-    async def _broken_stream(
-        self,
-        attempt: _Attempt,
-        classification: Classification,
-        failure: UpstreamFailure | None,
-        upstream: DriverStream,
-    ) -> GatewayError:
-        """A committed stream that did not finish: a partial failure, never a success."""
-        if classification.failure_class is ev.FailureClass.CLIENT_CANCELED:
-            error = client_canceled("the client closed the stream")
-        else:
-            error = stream_broken(classification.failure_class)
-        if self.ended:  # the client left while the success was being recorded
-            return error
-        self.in_flight, self.ended = None, True
-        self.tally.summaries.append(
-            AttemptSummary(attempt.route.choice.endpoint, 200, classification.failure_class.value)
-        )
-        self._pending.append(
-            self._attempt_finished(
-                attempt, classification, failure, invalid_events=upstream.invalid_events
-            )
-        )
-        self._record(self._hold_outcome(attempt, classification))
-        decision = Decision(action="stop", reason="stream_committed")
-        await self._flush(
-            self._failover_decided(attempt, classification, decision),
-            self._request_failed(
-                error, endpoint=attempt.route.choice.endpoint, stream_started=True
-            ),
-        )
-        await self._report_breakers(attempt.route, classification)
-        return error
-
     # --- endings ---
 
-    async def _fail(self, error: GatewayError) -> GatewayError:
+    async def _fail(
+        self, error: GatewayError, *, endpoint: str | None = None, stream_started: bool = False
+    ) -> GatewayError:
         """Record the request's failure; returns the error for the caller to raise."""
         error.with_attempts(tuple(self.tally.summaries))
         self.ended = True
+        failed = self._request_failed(error, endpoint=endpoint, stream_started=stream_started)
         try:
-            await self._flush(self._request_failed(error))
+            await self._flush(failed)
         except LedgerUnavailable:
-            self.gw._keep(self._flush_patiently(self._request_failed(error)))
+            self.gw._keep(self._flush_patiently(failed))
             raise
         return error
 
@@ -1222,6 +1512,52 @@ def _is_usage_chunk(chunk: Mapping[str, Any]) -> bool:
 
 def _deadline_class() -> Classification:
     return _DEADLINE
+
+
+# A resume whose continuation cannot be joined to what the client has: the upstream did
+# answer (its usage is held unknown), and nothing more can be done for the stream.
+_SEAM_BROKEN: Final = Classification(
+    failure_class=ev.FailureClass.UPSTREAM_UNAVAILABLE,
+    evidence=ev.Evidence.STARTED,
+    breaker_scope=None,
+    breaker_opens_at_once=False,
+    may_fail_over="no",
+)
+
+
+def _continued(chunk: dict[str, Any], seam: Seam, chunk_id: str | None) -> dict[str, Any] | None:
+    """A continuation's chunk as the client's stream goes on (None: nothing left of it)."""
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return _with_id(chunk, chunk_id)  # the usage chunk
+    choice = choices[0]
+    if not isinstance(choice, dict) or not isinstance(choice.get("delta"), dict):
+        return _with_id(chunk, chunk_id)
+    delta = {k: v for k, v in choice["delta"].items() if k != "role"}
+    content = delta.get("content")
+    if isinstance(content, str):
+        delta["content"] = seam.feed(content)
+        if not delta["content"]:
+            del delta["content"]
+    if not delta and not choice.get("finish_reason") and chunk.get("usage") is None:
+        return None
+    return _with_id({**chunk, "choices": [{**choice, "delta": delta}, *choices[1:]]}, chunk_id)
+
+
+def _with_id(chunk: dict[str, Any], chunk_id: str | None) -> dict[str, Any]:
+    if chunk_id is None or "id" not in chunk:
+        return chunk
+    return {**chunk, "id": chunk_id}
+
+
+def _in_band(error: GatewayError, request_id: str) -> dict[str, Any]:
+    """The final SSE error event's ``error`` member."""
+    return {
+        "code": error.code,
+        "message": error.message,
+        "type": error.error_type,
+        "request_id": request_id,
+    }
 
 
 def _canceled_class(evidence: ev.Evidence = ev.Evidence.STARTED) -> Classification:

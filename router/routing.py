@@ -18,7 +18,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Final, Literal, TypeAlias
+from typing import Final, Literal, Protocol, TypeAlias
 
 from ledger.events import (
     Candidate,
@@ -37,11 +37,13 @@ from router.worst_case import input_tokens, output_tokens, unpriced, worst_case_
 __all__ = [
     "CHECK_ORDER",
     "DECISION_REASONS",
+    "WALK_REASONS",
     "Action",
     "AttemptOutcome",
     "BreakerOpen",
     "Decision",
     "OverBudget",
+    "Place",
     "RouteContext",
     "Scope",
     "TierKey",
@@ -57,7 +59,7 @@ __all__ = [
 TierKey: TypeAlias = tuple[str, str, str, int]
 """(workspace id, model group name, kind, tier): one smooth weighted round-robin each."""
 
-Action: TypeAlias = Literal["retry", "failover", "stop"]
+Action: TypeAlias = Literal["retry", "failover", "resume", "stop"]
 
 BreakerOpen: TypeAlias = Callable[[str, Mapping], "str | None"]
 """(endpoint id, mapping) → None if the breakers admit it, else their scope, e.g. "endpoint"."""
@@ -383,6 +385,14 @@ DECISION_REASONS: Final[tuple[str, ...]] = (
 )
 """Every reason :func:`decide` may give, a stable code recorded on ``FailoverDecided``."""
 
+WALK_REASONS: Final[tuple[str, ...]] = (
+    # a hedged request: another way still runs and carries it on
+    "other_way_running",
+    # a committed stream broke: continue it on the same upstream model
+    "resume_same_model",
+)
+"""The reasons only the request's walk (:mod:`router.walk`) gives, beside :func:`decide`'s."""
+
 
 @dataclass(frozen=True)
 class Decision:
@@ -391,7 +401,7 @@ class Decision:
     backoff_ms: int | None = None  # retry: how long to wait first
 
     def __post_init__(self) -> None:
-        if self.reason not in DECISION_REASONS:
+        if self.reason not in DECISION_REASONS and self.reason not in WALK_REASONS:
             raise ValueError(f"unknown decision reason {self.reason!r}")
 
     @property
@@ -498,24 +508,31 @@ def _failover_reason(c: Classification) -> str:
     return "class_allows_failover"
 
 
+class Place(Protocol):
+    """Where an attempt ran: a mapping of the config, or the walk's target for it."""
+
+    @property
+    def endpoint(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def context_window(self) -> int: ...
+
+
 def next_context(
-    context: RouteContext,
-    action: Action,
-    endpoint_id: str,
-    mapping: Mapping,
-    failure_class: FailureClass,
+    context: RouteContext, action: Action, place: Place, failure_class: FailureClass
 ) -> RouteContext:
-    """The context of the next evaluation after ``action`` on ``endpoint_id``/``mapping``."""
+    """The context of the next evaluation after ``action`` on ``place``'s endpoint and model."""
     if action != "failover":
         return context
-    tried = context.tried_endpoints | {endpoint_id}
+    tried = context.tried_endpoints | {place.endpoint}
     if failure_class is not FailureClass.CONTEXT_TOO_SMALL:
         return dataclasses.replace(context, tried_endpoints=tried)
     floor = context.larger_context_than
     return RouteContext(
         tried_endpoints=tried,
-        larger_context_than=mapping.context_window
+        larger_context_than=place.context_window
         if floor is None
-        else max(floor, mapping.context_window),
-        excluded_models=context.excluded_models | {mapping.model},
+        else max(floor, place.context_window),
+        excluded_models=context.excluded_models | {place.model},
     )

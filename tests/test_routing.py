@@ -985,7 +985,7 @@ def test_every_decision_reason_is_listed_once_and_reachable():
 
 def test_failover_adds_the_endpoint_to_the_tried_ones():
     small = _group().mappings[0]
-    context = next_context(RouteContext(), "failover", "east", small, FailureClass.RATE_LIMITED)
+    context = next_context(RouteContext(), "failover", small, FailureClass.RATE_LIMITED)
     assert context == RouteContext(tried_endpoints=frozenset({"east"}))
 
 
@@ -993,19 +993,20 @@ def test_failover_adds_the_endpoint_to_the_tried_ones():
 def test_retry_and_stop_leave_the_context_unchanged(action):
     start = RouteContext(tried_endpoints=frozenset({"west"}))
     small = _group().mappings[0]
-    assert next_context(start, action, "east", small, FailureClass.CONTEXT_TOO_SMALL) is start
+    assert next_context(start, action, small, FailureClass.CONTEXT_TOO_SMALL) is start
 
 
 def test_context_too_small_failover_asks_for_a_larger_window_and_excludes_the_model():
     small, large = _group().mappings[0], _group().mappings[1]
-    first = next_context(RouteContext(), "failover", "east", large, FailureClass.CONTEXT_TOO_SMALL)
+    first = next_context(RouteContext(), "failover", large, FailureClass.CONTEXT_TOO_SMALL)
     assert first == RouteContext(
         tried_endpoints=frozenset({"east"}),
         larger_context_than=128000,
         excluded_models=frozenset({"large"}),
     )
     # A later, smaller window never lowers the bar.
-    second = next_context(first, "failover", "west", small, FailureClass.CONTEXT_TOO_SMALL)
+    on_west = small.model_copy(update={"endpoint": "west"})
+    second = next_context(first, "failover", on_west, FailureClass.CONTEXT_TOO_SMALL)
     assert second.larger_context_than == 128000
     assert second.tried_endpoints == frozenset({"east", "west"})
     assert second.excluded_models == frozenset({"large", "small"})
@@ -1023,9 +1024,7 @@ def test_a_whole_request_walks_from_tier_0_to_the_fallback_and_then_runs_out():
         visited.append(choice.endpoint)
         decision = _decide(FIVE_XX, retries_on_endpoint=1)
         mapping = _group().mappings[choice.mapping_index]
-        context = next_context(
-            context, decision.action, choice.endpoint, mapping, FIVE_XX.failure_class
-        )
+        context = next_context(context, decision.action, mapping, FIVE_XX.failure_class)
     assert visited == ["east", "west"]
 
 
