@@ -8,9 +8,10 @@ an answer asked for as audio reported as audio tokens (OpenAI's usage details). 
 `python -m router.fake_upstream --port 8900`. `FakeProxy` is an HTTP CONNECT proxy beside
 it, with faults of its own (a refused, dropped or silent tunnel). `FakeAdminApi` serves both
 providers' usage and cost report endpoints (paging, auth, 429 / 401 / 5xx faults).
+`reply_pieces` is the answer's text, piece by piece, for tests that count what was sent.
 """
 
-from router.fake_upstream._reply import PART_TOKENS
+from router.fake_upstream._reply import PART_TOKENS, reply_pieces
 from router.fake_upstream.admin_api import AdminRequest, FakeAdminApi
 from router.fake_upstream.behavior import Behavior, Kind, LineEnding
 from router.fake_upstream.proxy import FakeProxy, ProxyMode, RecordedConnect
@@ -28,4 +29,5 @@ __all__ = [
     "ProxyMode",
     "RecordedConnect",
     "RecordedRequest",
+    "reply_pieces",
 ]

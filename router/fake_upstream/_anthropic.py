@@ -103,6 +103,7 @@ class _Anthropic(Dialect):
             event("content_block_start", index=0, content_block=block),
             event("ping"),
         ]
+        content_index = len(events)
         events += [event("content_block_delta", index=0, delta=delta) for delta in deltas]
         events.append(event("content_block_stop", index=0))
         finish_index = len(events)
@@ -114,7 +115,7 @@ class _Anthropic(Dialect):
             )
         )
         events.append(event("message_stop"))
-        return StreamScript(events, finish_index, len(events) - 1)
+        return StreamScript(events, finish_index, len(events) - 1, content_index)
 
     def malformed(self, reply: Reply) -> SseEvent:
         return SseEvent('{"type":"content_block_delta","index":0,"delta":{', "content_block_delta")

@@ -169,7 +169,7 @@ class _OpenAI(Dialect):
             }
             events.append(SseEvent(dumps(usage)))
         events.append(SseEvent("[DONE]"))
-        return StreamScript(events, finish_index, len(events) - 1)
+        return StreamScript(events, finish_index, len(events) - 1, content_index=len(choices))
 
     def malformed(self, reply: Reply) -> SseEvent:
         return SseEvent('{"id":"' + reply.message_id + '","object":"chat.completion.chunk",')

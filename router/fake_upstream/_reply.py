@@ -31,6 +31,7 @@ __all__ = [
     "json_object",
     "make_reply",
     "prompt_tokens",
+    "reply_pieces",
     "server_error_message",
 ]
 
@@ -68,11 +69,13 @@ def frame(event: SseEvent, line_ending: LineEnding) -> bytes:
 @dataclass(frozen=True)
 class StreamScript:
     """The events of one stream. Faults cut it before `finish_index` (the event carrying the
-    finish / stop reason) or drop `done_index` (`[DONE]` / `message_stop`)."""
+    finish / stop reason) or drop `done_index` (`[DONE]` / `message_stop`); content events
+    (text or tool-argument pieces) start at `content_index`, after the preamble."""
 
     events: list[SseEvent]
     finish_index: int
     done_index: int
+    content_index: int
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,13 @@ def json_object(text: str) -> Any:
 def _words(name: str, n: int) -> list[str]:
     base = ["Hello", " from", f" {name}:", " héllo", " 日本", " 🚀"]
     return [(" Hello" if i and i % len(base) == 0 else base[i % len(base)]) for i in range(n)]
+
+
+def reply_pieces(upstream: str, n_chunks: int = DEFAULT_CHUNKS) -> tuple[str, ...]:
+    """The text pieces (one a content event, one a token) of the answer an upstream named
+    `upstream` gives with `n_chunks` pieces and no output limit: what a test joins to know
+    what a stream cut after k content events delivered."""
+    return tuple(_words(upstream, n_chunks))
 
 
 def _split_arguments(arguments: str) -> list[str]:

@@ -82,7 +82,7 @@ async def respond(ex: Exchange) -> None:
     kind = behavior.kind
     if kind is Kind.RESET_BEFORE_BYTES:
         conn.reset()
-    elif kind is Kind.STALL and behavior.after_events is None:
+    elif kind is Kind.STALL and behavior.after_events is None and behavior.after_content is None:
         await _stall(ex)
     elif kind in ERROR_KINDS:
         error = ex.dialect.error(behavior, ex.prompt, ex.request_id)
@@ -152,8 +152,13 @@ async def _stream(ex: Exchange, reply: Reply) -> None:
     if kind is Kind.DISCONNECT_BEFORE_FIRST_EVENT:
         await conn.close()
         return
-    after = behavior.after_events
-    after = min(_DEFAULT_AFTER.get(kind, 0) if after is None else after, script.finish_index)
+    if behavior.after_content is not None:
+        after = script.content_index + behavior.after_content
+    elif behavior.after_events is not None:
+        after = behavior.after_events
+    else:
+        after = _DEFAULT_AFTER.get(kind, 0)
+    after = min(after, script.finish_index)
     cut = after if kind in _CUTTING or kind is Kind.ERROR_EVENT else None
     malformed_at = after if kind is Kind.MALFORMED_EVENT else None
     held: list[bytes] | None = [] if behavior.one_write else None
