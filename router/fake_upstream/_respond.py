@@ -43,6 +43,8 @@ class Exchange:
     request_id: str
     # Called when the client leaves before the response is complete.
     on_client_gone: Callable[[], None]
+    # The partial assistant text the request continues (a continuation the fake accepted).
+    partial: str | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -92,7 +94,7 @@ async def respond(ex: Exchange) -> None:
         )
     else:
         message_id = f"{ex.dialect.message_id_prefix}{ex.request_id.removeprefix('req_')}"
-        reply = make_reply(ex.upstream, ex.request_id, message_id, ex.prompt, behavior)
+        reply = make_reply(ex.upstream, ex.request_id, message_id, ex.prompt, behavior, ex.partial)
         if ex.prompt.stream:
             await _stream(ex, reply)
         else:

@@ -105,6 +105,16 @@ class Behavior:
     - overbill_output_tokens: ok and its streams; the usage reports this many output tokens
       more than were sent, whatever the request's bound: a provider whose bill exceeds
       anything the gateway could have reserved.
+    - repeat_prefix: continuations; the reply sends the partial assistant text again before
+      the continuation (cut where the answer's pieces are cut, billed as output), as an
+      upstream that echoes the prefill does.
+    - mismatched_continuation: continuations; the continuation starts with
+      `MISMATCHED_SEAM`, which neither repeats nor continues the partial text (after the
+      echo, with repeat_prefix), so a seam cannot be verified.
+
+    A continuation (a request ending with a partial assistant message, in the form the
+    fake's `continuation` rule takes) is answered with the rest of the answer; n_chunks is
+    the length of the whole answer, the partial text included.
     """
 
     kind: Kind = Kind.OK
@@ -127,6 +137,8 @@ class Behavior:
     reasoning_tokens: int = 0
     cached_tokens: int = 0
     overbill_output_tokens: int = 0
+    repeat_prefix: bool = False
+    mismatched_continuation: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", Kind(self.kind))
@@ -192,6 +204,8 @@ class Behavior:
         first_event_delay_ms: float = 0.0,
         reasoning_tokens: int = 0,
         cached_tokens: int = 0,
+        repeat_prefix: bool = False,
+        mismatched_continuation: bool = False,
     ) -> Behavior:
         return cls(
             Kind.OK,
@@ -201,6 +215,8 @@ class Behavior:
             first_event_delay_ms=first_event_delay_ms,
             reasoning_tokens=reasoning_tokens,
             cached_tokens=cached_tokens,
+            repeat_prefix=repeat_prefix,
+            mismatched_continuation=mismatched_continuation,
         )
 
     @classmethod
