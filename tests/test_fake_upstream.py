@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from router.fake_upstream import PART_TOKENS, Behavior, FakeUpstream, Kind
+from router.fake_upstream import PART_TOKENS, Behavior, FakeUpstream, Kind, reply_pieces
 
 REPLY = "Hello from east: héllo 日本 🚀"
 MESSAGES = [{"role": "user", "content": "x" * 40}]  # 40 chars -> 40 // 4 + 1 = 11 tokens
@@ -505,6 +505,64 @@ def test_anthropic_mid_stream_disconnect_never_sends_message_delta(up):
     assert types == ["message_start", "content_block_start", "ping", "content_block_delta"]
 
 
+def test_reply_pieces_are_the_content_events_of_the_answer(up):
+    events = data_lines(stream_bytes(up, Behavior.ok(n_chunks=8)))
+
+    contents = [json.loads(e)["choices"][0]["delta"].get("content") for e in events[1:9]]
+    assert tuple(contents) == reply_pieces("east", 8)
+    assert "".join(reply_pieces("east")) == REPLY
+
+
+def test_mid_stream_disconnect_after_content_delivers_that_many_pieces(up):
+    sse = stream_bytes(up, Behavior.mid_stream_disconnect(after_content=3))
+
+    parsed = [json.loads(e) for e in data_lines(sse)]
+    text = "".join(p["choices"][0]["delta"].get("content") or "" for p in parsed)
+    assert text == "".join(reply_pieces("east")[:3])
+    assert len(parsed) == 1 + 3  # the role preamble, then three pieces
+
+
+def test_anthropic_stall_after_content_counts_deltas_not_the_preamble(up):
+    up.set_plan([Behavior.stall(after_content=2, stall_s=0.01)])
+    raw = raw_exchange(up, "/v1/messages", {**ANTHROPIC, "stream": True})
+    sse, complete = dechunk(split_head(raw)[2])
+
+    parsed = [json.loads(d) for d in data_lines(sse)]
+    assert not complete
+    assert [p["type"] for p in parsed] == [
+        "message_start",
+        "content_block_start",
+        "ping",
+        "content_block_delta",
+        "content_block_delta",
+    ]
+    assert "".join(p["delta"]["text"] for p in parsed[3:]) == "".join(reply_pieces("east")[:2])
+
+
+def test_after_content_counts_every_choices_pieces_in_the_order_sent(up):
+    body = {**STREAM, "n": 2}
+    parsed = [
+        json.loads(e)
+        for e in data_lines(stream_bytes(up, Behavior.error_event(after_content=3), body))
+    ]
+
+    contents = [p for p in parsed if p.get("choices") and p["choices"][0]["delta"].get("content")]
+    assert [(p["choices"][0]["index"], p["choices"][0]["delta"]["content"]) for p in contents] == [
+        (0, "Hello"),
+        (1, "Hello"),
+        (0, " from"),
+    ]
+    assert "error" in parsed[-1]
+
+
+def test_after_content_beyond_the_answer_still_stops_before_the_finish(up):
+    sse = stream_bytes(up, Behavior.mid_stream_disconnect(after_content=99))
+
+    events = data_lines(sse)
+    assert len(events) == 7
+    assert all(json.loads(e)["choices"][0]["finish_reason"] is None for e in events)
+
+
 @pytest.mark.parametrize(
     "behavior",
     [
@@ -863,6 +921,7 @@ def test_behavior_round_trips_through_json_and_rejects_nonsense():
         {"kind": "line_endings", "line_ending": "nel"},
         {"kind": "server_error", "status": 99},
         {"kind": "ok", "latency_ms": -1},
+        {"kind": "stall", "after_events": 1, "after_content": 1},
         [1, 2],
     ):
         with pytest.raises(ValueError):

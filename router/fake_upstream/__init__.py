@@ -8,18 +8,28 @@ an answer asked for as audio reported as audio tokens (OpenAI's usage details). 
 `python -m router.fake_upstream --port 8900`. `FakeProxy` is an HTTP CONNECT proxy beside
 it, with faults of its own (a refused, dropped or silent tunnel). `FakeAdminApi` serves both
 providers' usage and cost report endpoints (paging, auth, 429 / 401 / 5xx faults).
+`reply_pieces` is the answer's text, piece by piece, for tests that count what was sent.
+
+It continues a partial assistant message as its `continuation` rule says (the form it takes
+on the OpenAI wire: `assistant_prefill`, `prefix_flag`, `continue_final_message`, or `none`;
+a trailing assistant message always on the Anthropic wire), answering the rest of the answer
+and refusing any other form with 400 `invalid_prefill`.
 """
 
-from router.fake_upstream._reply import PART_TOKENS
+from router.fake_upstream._continuation import CONTINUATIONS, MISMATCHED_SEAM, Continuation
+from router.fake_upstream._reply import PART_TOKENS, reply_pieces
 from router.fake_upstream.admin_api import AdminRequest, FakeAdminApi
 from router.fake_upstream.behavior import Behavior, Kind, LineEnding
 from router.fake_upstream.proxy import FakeProxy, ProxyMode, RecordedConnect
 from router.fake_upstream.server import FakeUpstream, RecordedRequest
 
 __all__ = [
+    "CONTINUATIONS",
+    "MISMATCHED_SEAM",
     "PART_TOKENS",
     "AdminRequest",
     "Behavior",
+    "Continuation",
     "FakeAdminApi",
     "FakeProxy",
     "FakeUpstream",
@@ -28,4 +38,5 @@ __all__ = [
     "ProxyMode",
     "RecordedConnect",
     "RecordedRequest",
+    "reply_pieces",
 ]

@@ -13,6 +13,7 @@ import json
 import signal
 import sys
 
+from router.fake_upstream._continuation import CONTINUATIONS, parse_continuation
 from router.fake_upstream.behavior import Behavior
 from router.fake_upstream.server import FakeUpstream
 
@@ -30,6 +31,12 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--plan", default="[]", help="JSON list of behaviors")
     parser.add_argument("--default", default='{"kind": "ok"}', help="JSON behavior")
+    parser.add_argument(
+        "--continuation",
+        default="none",
+        choices=CONTINUATIONS,
+        help="the form of partial assistant message continued on the OpenAI wire",
+    )
     return parser.parse_args(argv)
 
 
@@ -64,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host,
         port=args.port,
         models=[m for m in args.models.split(",") if m],
+        continuation=parse_continuation(args.continuation),
     )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_serve(upstream))

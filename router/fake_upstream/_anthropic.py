@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from router.fake_upstream._continuation import Partial, message_text
 from router.fake_upstream._reply import (
     Dialect,
     ErrorResponse,
@@ -28,6 +29,7 @@ class _Anthropic(Dialect):
     name = "anthropic"
     request_id_header = "request-id"
     message_id_prefix = "msg_"
+    continues_natively = True
 
     def parse(self, body: dict[str, Any]) -> Prompt:
         tools = body.get("tools")
@@ -44,6 +46,18 @@ class _Anthropic(Dialect):
             stream=body.get("stream") is True,
             include_usage=True,
         )
+
+    def partial(self, body: dict[str, Any]) -> Partial | None:
+        messages = body.get("messages")
+        last = messages[-1] if isinstance(messages, list) and messages else None
+        if not isinstance(last, dict) or last.get("role") != "assistant":
+            return None
+        content = last.get("content")
+        if isinstance(content, list) and any(
+            isinstance(block, dict) and block.get("type") == "tool_use" for block in content
+        ):
+            return None  # a tool call waiting for its result, not a partial answer
+        return Partial("assistant_prefill", message_text(content))
 
     @staticmethod
     def _input_usage(reply: Reply) -> dict[str, int]:
@@ -103,6 +117,7 @@ class _Anthropic(Dialect):
             event("content_block_start", index=0, content_block=block),
             event("ping"),
         ]
+        content_index = len(events)
         events += [event("content_block_delta", index=0, delta=delta) for delta in deltas]
         events.append(event("content_block_stop", index=0))
         finish_index = len(events)
@@ -114,7 +129,7 @@ class _Anthropic(Dialect):
             )
         )
         events.append(event("message_stop"))
-        return StreamScript(events, finish_index, len(events) - 1)
+        return StreamScript(events, finish_index, len(events) - 1, content_index)
 
     def malformed(self, reply: Reply) -> SseEvent:
         return SseEvent('{"type":"content_block_delta","index":0,"delta":{', "content_block_delta")
@@ -168,7 +183,10 @@ class _Anthropic(Dialect):
         }
         return ErrorResponse(status, body, error_headers(behavior))
 
-    def bad_request(self, message: str, request_id: str) -> ErrorResponse:
+    def bad_request(
+        self, message: str, request_id: str, *, code: str | None = None
+    ) -> ErrorResponse:
+        # Anthropic's errors carry a type, no code.
         error = {"type": "invalid_request_error", "message": message}
         return ErrorResponse(400, {"type": "error", "error": error, "request_id": request_id}, {})
 

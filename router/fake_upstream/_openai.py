@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from router.fake_upstream._continuation import Form, Partial, message_text
 from router.fake_upstream._reply import (
     Choice,
     Dialect,
@@ -60,6 +61,29 @@ class _OpenAI(Dialect):
             or modalities == "audio"
             or (isinstance(modalities, list) and "audio" in modalities),
         )
+
+    def partial(self, body: dict[str, Any]) -> Partial | None:
+        messages = body.get("messages")
+        last = messages[-1] if isinstance(messages, list) and messages else None
+        if not isinstance(last, dict) or last.get("role") != "assistant" or last.get("tool_calls"):
+            last = None  # a tool call waiting for its results is no partial answer
+        text = message_text(last.get("content")) if last is not None else ""
+        if body.get("continue_final_message") is True:
+            # vLLM's own complaints about an incomplete request.
+            problem = None
+            if last is None:
+                problem = (
+                    "continue_final_message is set but the final message is not the assistant's."
+                )
+            elif body.get("add_generation_prompt") is not False:
+                problem = (
+                    "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+                )
+            return Partial("continue_final_message", text, problem)
+        if last is None:
+            return None
+        form: Form = "prefix_flag" if last.get("prefix") is True else "assistant_prefill"
+        return Partial(form, text)
 
     @staticmethod
     def _usage(reply: Reply) -> dict[str, Any]:
@@ -169,7 +193,7 @@ class _OpenAI(Dialect):
             }
             events.append(SseEvent(dumps(usage)))
         events.append(SseEvent("[DONE]"))
-        return StreamScript(events, finish_index, len(events) - 1)
+        return StreamScript(events, finish_index, len(events) - 1, content_index=len(choices))
 
     def malformed(self, reply: Reply) -> SseEvent:
         return SseEvent('{"id":"' + reply.message_id + '","object":"chat.completion.chunk",')
@@ -252,8 +276,10 @@ class _OpenAI(Dialect):
         body = {"error": {"message": message, "type": type_, "param": param, "code": code}}
         return ErrorResponse(status, body, error_headers(behavior))
 
-    def bad_request(self, message: str, request_id: str) -> ErrorResponse:
-        error = {"message": message, "type": "invalid_request_error", "param": None, "code": None}
+    def bad_request(
+        self, message: str, request_id: str, *, code: str | None = None
+    ) -> ErrorResponse:
+        error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
         return ErrorResponse(400, {"error": error}, {})
 
 

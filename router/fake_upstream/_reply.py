@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from router.fake_upstream._continuation import Partial, continued
 from router.fake_upstream.behavior import Behavior, Kind, LineEnding
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "json_object",
     "make_reply",
     "prompt_tokens",
+    "reply_pieces",
     "server_error_message",
 ]
 
@@ -68,11 +70,13 @@ def frame(event: SseEvent, line_ending: LineEnding) -> bytes:
 @dataclass(frozen=True)
 class StreamScript:
     """The events of one stream. Faults cut it before `finish_index` (the event carrying the
-    finish / stop reason) or drop `done_index` (`[DONE]` / `message_stop`)."""
+    finish / stop reason) or drop `done_index` (`[DONE]` / `message_stop`); content events
+    (text or tool-argument pieces) start at `content_index`, after the preamble."""
 
     events: list[SseEvent]
     finish_index: int
     done_index: int
+    content_index: int
 
 
 @dataclass(frozen=True)
@@ -193,15 +197,32 @@ def _words(name: str, n: int) -> list[str]:
     return [(" Hello" if i and i % len(base) == 0 else base[i % len(base)]) for i in range(n)]
 
 
+def reply_pieces(upstream: str, n_chunks: int = DEFAULT_CHUNKS) -> tuple[str, ...]:
+    """The text pieces (one a content event, one a token) of the answer an upstream named
+    `upstream` gives with `n_chunks` pieces and no output limit: what a test joins to know
+    what a stream cut after k content events delivered."""
+    return tuple(_words(upstream, n_chunks))
+
+
 def _split_arguments(arguments: str) -> list[str]:
     step = max(1, math.ceil(len(arguments) / 3))
     return [arguments[i : i + step] for i in range(0, len(arguments), step)] or [""]
 
 
 def make_reply(
-    upstream: str, request_id: str, message_id: str, prompt: Prompt, behavior: Behavior
+    upstream: str,
+    request_id: str,
+    message_id: str,
+    prompt: Prompt,
+    behavior: Behavior,
+    partial: str | None = None,
 ) -> Reply:
     """The deterministic answer: words naming the upstream, never more tokens than asked.
+
+    A continuation of the partial assistant text `partial` sends what `continued` says (the
+    rest of the answer, by default), bounded and billed as any answer: the request's limit
+    bounds the pieces sent, the partial text is billed as input (it is in the prompt). A
+    tool call is made whole.
 
     Each of the request's ``n`` choices is its own answer: choice ``i`` wants ``i`` pieces
     more than the first. A choice reasons first (``behavior.reasoning_tokens``), and its
@@ -228,26 +249,37 @@ def make_reply(
         pieces = tuple(_split_arguments(behavior.tool_arguments))
         call = Choice(pieces, "tool", completion_tokens=len(pieces) + 1)
         return replace(base, choices=(call,) * max(1, prompt.choices), tool_name=name)
-    choices = [_choice(upstream, prompt, behavior, i) for i in range(max(1, prompt.choices))]
+    choices = [
+        _choice(upstream, prompt, behavior, i, partial) for i in range(max(1, prompt.choices))
+    ]
     return replace(base, choices=tuple(choices))
 
 
-def _choice(upstream: str, prompt: Prompt, behavior: Behavior, index: int) -> Choice:
+def _choice(
+    upstream: str, prompt: Prompt, behavior: Behavior, index: int, partial: str | None
+) -> Choice:
     limit = prompt.max_tokens
     reasoning = behavior.reasoning_tokens
     if limit is not None:
         reasoning = min(reasoning, max(limit, 0))
         limit = max(limit, 0) - reasoning
-    if behavior.kind is Kind.LARGE_BODY:
-        count = max(1, math.ceil(behavior.min_bytes / len(_FILLER.encode())))
-        words = [_FILLER] * count
-        tokens = count if limit is None else min(count, limit)
-        capped = tokens < count
+    large = behavior.kind is Kind.LARGE_BODY
+    if large:
+        words = [_FILLER] * max(1, math.ceil(behavior.min_bytes / len(_FILLER.encode())))
     else:
         wanted = (DEFAULT_CHUNKS if behavior.n_chunks is None else behavior.n_chunks) + index
-        tokens = wanted if limit is None else min(wanted, limit)
-        words = _words(upstream, tokens)
-        capped = tokens < wanted
+        words = _words(upstream, wanted)
+    if partial is not None:
+        words = continued(
+            words,
+            partial,
+            repeat_prefix=behavior.repeat_prefix,
+            mismatched=behavior.mismatched_continuation,
+        )
+    tokens = len(words) if limit is None else min(len(words), limit)
+    capped = tokens < len(words)
+    if not large:
+        words = words[:tokens]
     return Choice(
         pieces=tuple(words),
         finish="length" if capped else "stop",
@@ -263,10 +295,16 @@ class Dialect(ABC):
     name: str
     request_id_header: str
     message_id_prefix: str
+    # The wire continues a trailing assistant message whatever the fake's rule (Anthropic).
+    continues_natively: bool = False
 
     @abstractmethod
     def parse(self, body: dict[str, Any]) -> Prompt:
         """What the request asks for."""
+
+    @abstractmethod
+    def partial(self, body: dict[str, Any]) -> Partial | None:
+        """The partial assistant message the request asks to continue, if any."""
 
     @abstractmethod
     def body(self, reply: Reply) -> dict[str, Any]:
@@ -289,8 +327,11 @@ class Dialect(ABC):
         """The provider's error response for an error kind."""
 
     @abstractmethod
-    def bad_request(self, message: str, request_id: str) -> ErrorResponse:
-        """A 400 for a request the fake cannot read."""
+    def bad_request(
+        self, message: str, request_id: str, *, code: str | None = None
+    ) -> ErrorResponse:
+        """A 400 for a request the fake cannot read or will not answer; `code` where the
+        dialect's errors carry one."""
 
 
 def _retry_headers(behavior: Behavior) -> dict[str, str]:

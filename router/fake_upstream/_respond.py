@@ -43,6 +43,8 @@ class Exchange:
     request_id: str
     # Called when the client leaves before the response is complete.
     on_client_gone: Callable[[], None]
+    # The partial assistant text the request continues (a continuation the fake accepted).
+    partial: str | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -82,7 +84,7 @@ async def respond(ex: Exchange) -> None:
     kind = behavior.kind
     if kind is Kind.RESET_BEFORE_BYTES:
         conn.reset()
-    elif kind is Kind.STALL and behavior.after_events is None:
+    elif kind is Kind.STALL and behavior.after_events is None and behavior.after_content is None:
         await _stall(ex)
     elif kind in ERROR_KINDS:
         error = ex.dialect.error(behavior, ex.prompt, ex.request_id)
@@ -92,7 +94,7 @@ async def respond(ex: Exchange) -> None:
         )
     else:
         message_id = f"{ex.dialect.message_id_prefix}{ex.request_id.removeprefix('req_')}"
-        reply = make_reply(ex.upstream, ex.request_id, message_id, ex.prompt, behavior)
+        reply = make_reply(ex.upstream, ex.request_id, message_id, ex.prompt, behavior, ex.partial)
         if ex.prompt.stream:
             await _stream(ex, reply)
         else:
@@ -152,8 +154,13 @@ async def _stream(ex: Exchange, reply: Reply) -> None:
     if kind is Kind.DISCONNECT_BEFORE_FIRST_EVENT:
         await conn.close()
         return
-    after = behavior.after_events
-    after = min(_DEFAULT_AFTER.get(kind, 0) if after is None else after, script.finish_index)
+    if behavior.after_content is not None:
+        after = script.content_index + behavior.after_content
+    elif behavior.after_events is not None:
+        after = behavior.after_events
+    else:
+        after = _DEFAULT_AFTER.get(kind, 0)
+    after = min(after, script.finish_index)
     cut = after if kind in _CUTTING or kind is Kind.ERROR_EVENT else None
     malformed_at = after if kind is Kind.MALFORMED_EVENT else None
     held: list[bytes] | None = [] if behavior.one_write else None

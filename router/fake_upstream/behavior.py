@@ -7,7 +7,9 @@ API (`{"kind": "rate_limited", "retry_after": 2}`).
 Stream events are counted from the first SSE event the server writes, role preamble
 included: an OpenAI stream is `role, content x n, finish, [usage], [DONE]`; an Anthropic one
 is `message_start, content_block_start, ping, content_block_delta x n, content_block_stop,
-message_delta, message_stop`.
+message_delta, message_stop`. `after_content` counts the content events alone (the
+`content` chunks, the `content_block_delta`s), whatever the dialect's preamble: a stream cut
+after `after_content=k` has delivered the reply's first k pieces.
 """
 
 from __future__ import annotations
@@ -80,7 +82,11 @@ class Behavior:
     - chunk_delay_ms: streams; wait between events.
     - n_chunks: content pieces in the reply (default 6), capped by the request's max tokens.
     - after_events: mid_stream_disconnect / stall / malformed_event / error_event; how many
-      events go out first. For stall, None means "before the headers".
+      events go out first. For stall, None (and no after_content) means "before the
+      headers".
+    - after_content: the same kinds; how many content events go out first, after the
+      dialect's preamble (with `n`, the choices' content events in the order sent). Never
+      with after_events.
     - stall_s: how long a stall lasts before the server closes the connection (None: until
       the client goes away or the server stops).
     - line_ending: SSE line ending, for every streaming kind.
@@ -99,6 +105,16 @@ class Behavior:
     - overbill_output_tokens: ok and its streams; the usage reports this many output tokens
       more than were sent, whatever the request's bound: a provider whose bill exceeds
       anything the gateway could have reserved.
+    - repeat_prefix: continuations; the reply sends the partial assistant text again before
+      the continuation (cut where the answer's pieces are cut, billed as output), as an
+      upstream that echoes the prefill does.
+    - mismatched_continuation: continuations; the continuation starts with
+      `MISMATCHED_SEAM`, which neither repeats nor continues the partial text (after the
+      echo, with repeat_prefix), so a seam cannot be verified.
+
+    A continuation (a request ending with a partial assistant message, in the form the
+    fake's `continuation` rule takes) is answered with the rest of the answer; n_chunks is
+    the length of the whole answer, the partial text included.
     """
 
     kind: Kind = Kind.OK
@@ -110,6 +126,7 @@ class Behavior:
     chunk_delay_ms: float = 0.0
     n_chunks: int | None = None
     after_events: int | None = None
+    after_content: int | None = None
     stall_s: float | None = None
     line_ending: LineEnding = "lf"
     one_write: bool = False
@@ -120,6 +137,8 @@ class Behavior:
     reasoning_tokens: int = 0
     cached_tokens: int = 0
     overbill_output_tokens: int = 0
+    repeat_prefix: bool = False
+    mismatched_continuation: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", Kind(self.kind))
@@ -130,7 +149,9 @@ class Behavior:
         for name in ("latency_ms", "first_event_delay_ms", "chunk_delay_ms", "split_delay_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: must be >= 0")
-        for opt in ("retry_after", "n_chunks", "after_events", "stall_s"):
+        if self.after_events is not None and self.after_content is not None:
+            raise ValueError("after_events, after_content: give one or the other")
+        for opt in ("retry_after", "n_chunks", "after_events", "after_content", "stall_s"):
             value = getattr(self, opt)
             if value is not None and value < 0:
                 raise ValueError(f"{opt}: must be >= 0")
@@ -183,6 +204,8 @@ class Behavior:
         first_event_delay_ms: float = 0.0,
         reasoning_tokens: int = 0,
         cached_tokens: int = 0,
+        repeat_prefix: bool = False,
+        mismatched_continuation: bool = False,
     ) -> Behavior:
         return cls(
             Kind.OK,
@@ -192,6 +215,8 @@ class Behavior:
             first_event_delay_ms=first_event_delay_ms,
             reasoning_tokens=reasoning_tokens,
             cached_tokens=cached_tokens,
+            repeat_prefix=repeat_prefix,
+            mismatched_continuation=mismatched_continuation,
         )
 
     @classmethod
@@ -243,22 +268,57 @@ class Behavior:
         return cls(Kind.DISCONNECT_BEFORE_FIRST_EVENT)
 
     @classmethod
-    def mid_stream_disconnect(cls, after_events: int = 2) -> Behavior:
-        return cls(Kind.MID_STREAM_DISCONNECT, after_events=after_events)
+    def mid_stream_disconnect(
+        cls, after_events: int | None = None, *, after_content: int | None = None
+    ) -> Behavior:
+        """Close the stream after `after_events` events (default 2) or `after_content`
+        content events."""
+        if after_events is None and after_content is None:
+            after_events = 2
+        return cls(
+            Kind.MID_STREAM_DISCONNECT, after_events=after_events, after_content=after_content
+        )
 
     @classmethod
-    def stall(cls, after_events: int | None = None, stall_s: float | None = None) -> Behavior:
-        return cls(Kind.STALL, after_events=after_events, stall_s=stall_s)
+    def stall(
+        cls,
+        after_events: int | None = None,
+        stall_s: float | None = None,
+        *,
+        after_content: int | None = None,
+    ) -> Behavior:
+        """Go silent before the headers, or after `after_events` events or `after_content`
+        content events."""
+        return cls(
+            Kind.STALL, after_events=after_events, stall_s=stall_s, after_content=after_content
+        )
 
     @classmethod
-    def malformed_event(cls, after_events: int = 1) -> Behavior:
-        return cls(Kind.MALFORMED_EVENT, after_events=after_events)
+    def malformed_event(
+        cls, after_events: int | None = None, *, after_content: int | None = None
+    ) -> Behavior:
+        if after_events is None and after_content is None:
+            after_events = 1
+        return cls(Kind.MALFORMED_EVENT, after_events=after_events, after_content=after_content)
 
     @classmethod
-    def error_event(cls, after_events: int = 1, *, one_write: bool = False) -> Behavior:
+    def error_event(
+        cls,
+        after_events: int | None = None,
+        *,
+        after_content: int | None = None,
+        one_write: bool = False,
+    ) -> Behavior:
         """A 200 stream that reports a provider error in an event and ends there, as an
         overloaded provider does mid-stream; a buffered request gets the usual reply."""
-        return cls(Kind.ERROR_EVENT, after_events=after_events, one_write=one_write)
+        if after_events is None and after_content is None:
+            after_events = 1
+        return cls(
+            Kind.ERROR_EVENT,
+            after_events=after_events,
+            after_content=after_content,
+            one_write=one_write,
+        )
 
     @classmethod
     def no_done(cls) -> Behavior:

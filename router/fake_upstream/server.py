@@ -1,8 +1,10 @@
 """FakeUpstream: a fault-injecting LLM provider served over real HTTP on 127.0.0.1.
 
 Each inference request takes the next Behavior from the plan (FIFO), or the default when the
-plan is empty. The server records every request and counts hits and connections; tests read
-those from their own thread, so every piece of shared state sits behind one lock.
+plan is empty. A request that continues a partial assistant message in a form the fake's
+`continuation` rule does not take is refused (400 `invalid_prefill`) before it takes one. The
+server records every request and counts hits and connections; tests read those from their own
+thread, so every piece of shared state sits behind one lock.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from router.fake_upstream._anthropic import ANTHROPIC
+from router.fake_upstream._continuation import Continuation, Partial, parse_continuation, refusal
 from router.fake_upstream._http import BadRequest, Connection, Headers, HttpRequest
 from router.fake_upstream._openai import OPENAI
 from router.fake_upstream._reply import Dialect
@@ -32,7 +35,14 @@ _INFERENCE: dict[str, Dialect] = {"/v1/chat/completions": OPENAI, "/v1/messages"
 
 @dataclass(frozen=True)
 class RecordedRequest:
-    """One request as the fake received it. `behavior` is set for inference requests."""
+    """One request as the fake received it. `behavior` is set for inference requests the
+    fake answered from its plan.
+
+    A request ending with a partial assistant message records its form (`continuation`:
+    assistant_prefill, prefix_flag or continue_final_message) and the length of the partial
+    text in characters (`continuation_chars`); `continuation_refused` when the fake answered
+    it 400 `invalid_prefill` (it then took nothing from the plan: `behavior` is None).
+    """
 
     method: str
     path: str
@@ -43,6 +53,9 @@ class RecordedRequest:
     connection_id: int
     request_id: str
     behavior: Behavior | None
+    continuation: str | None = None
+    continuation_chars: int | None = None
+    continuation_refused: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -54,6 +67,9 @@ class RecordedRequest:
             "connection_id": self.connection_id,
             "request_id": self.request_id,
             "behavior": self.behavior.to_json() if self.behavior else None,
+            "continuation": self.continuation,
+            "continuation_chars": self.continuation_chars,
+            "continuation_refused": self.continuation_refused,
         }
 
 
@@ -73,6 +89,10 @@ class FakeUpstream(Served):
             client = openai.OpenAI(base_url=up.base_url, api_key="x")
 
     Async use runs it on the caller's loop: ``async with FakeUpstream() as up: ...``.
+
+    `continuation` is the form in which the fake continues a partial assistant message on
+    the OpenAI wire (`assistant_prefill`, `prefix_flag`, `continue_final_message`), or
+    `none`; like the models, it belongs to the provider: `reset()` leaves it.
     """
 
     def __init__(
@@ -85,6 +105,7 @@ class FakeUpstream(Served):
         port: int = 0,
         models: Sequence[str] = ("fake-model",),
         tls: ssl.SSLContext | None = None,
+        continuation: Continuation = "none",
     ) -> None:
         self.name = name
         self.host = host
@@ -98,6 +119,7 @@ class FakeUpstream(Served):
         self._async_waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
         self._plan: deque[Behavior] = deque(plan)
         self._default = default or Behavior.ok()
+        self._continuation = parse_continuation(continuation)
         self._hits = 0
         self._hits_by_path: Counter[str] = Counter()
         self._requests: list[RecordedRequest] = []
@@ -139,6 +161,12 @@ class FakeUpstream(Served):
         with self._lock:
             self._default = behavior
 
+    def set_continuation(self, continuation: Continuation) -> None:
+        """The form of partial assistant message the fake continues from now on."""
+        rule = parse_continuation(continuation)
+        with self._lock:
+            self._continuation = rule
+
     def reset(self) -> None:
         """Empty plan, default back to ok, counters and request log cleared."""
         with self._lock:
@@ -164,6 +192,11 @@ class FakeUpstream(Served):
     def default(self) -> Behavior:
         with self._lock:
             return self._default
+
+    @property
+    def continuation(self) -> Continuation:
+        with self._lock:
+            return self._continuation
 
     @property
     def hits(self) -> int:
@@ -203,6 +236,7 @@ class FakeUpstream(Served):
                 "client_gone": self._client_gone,
                 "plan_remaining": len(self._plan),
                 "default": self._default.to_json(),
+                "continuation": self._continuation,
             }
 
     def wait_for(self, predicate: Callable[[FakeUpstream], bool], timeout: float = 5.0) -> None:
@@ -242,7 +276,15 @@ class FakeUpstream(Served):
             with contextlib.suppress(RuntimeError):  # that waiter's loop is closed
                 loop.call_soon_threadsafe(event.set)
 
-    def _record(self, request: HttpRequest, connection_id: int, behavior: Behavior | None) -> str:
+    def _record(
+        self,
+        request: HttpRequest,
+        connection_id: int,
+        behavior: Behavior | None,
+        partial: Partial | None = None,
+        *,
+        refused: bool = False,
+    ) -> str:
         with self._lock:
             self._sequence += 1
             request_id = f"req_{self.name}_{self._sequence:06d}"
@@ -260,6 +302,9 @@ class FakeUpstream(Served):
                     connection_id,
                     request_id,
                     behavior,
+                    continuation=partial.form if partial else None,
+                    continuation_chars=len(partial.text) if partial else None,
+                    continuation_refused=refused,
                 )
             )
             self._notify()
@@ -355,8 +400,8 @@ class FakeUpstream(Served):
             body = {"object": "list", "data": models}
             await send_json(conn, 200, body, keep_alive=keep_alive, headers=headers)
             return
-        error = OPENAI.bad_request(f"Unknown request URL: {request.method} {request.path}", "")
-        error.body["error"]["code"] = "unknown_url"
+        url = f"{request.method} {request.path}"
+        error = OPENAI.bad_request(f"Unknown request URL: {url}", "", code="unknown_url")
         await send_json(conn, 404, error.body, keep_alive=keep_alive, headers=headers)
 
     async def _control(self, conn: Connection, request: HttpRequest) -> None:
@@ -371,6 +416,10 @@ class FakeUpstream(Served):
                 self.set_plan([Behavior.from_json(item) for item in body])
             elif route == ("POST", "/_fake/default"):
                 self.set_default(Behavior.from_json(body))
+            elif route == ("POST", "/_fake/continuation"):
+                if not isinstance(body, dict) or set(body) != {"continuation"}:
+                    raise ValueError('the continuation is {"continuation": RULE}')
+                self.set_continuation(parse_continuation(body["continuation"]))
             elif route == ("POST", "/_fake/reset"):
                 self.reset()
             elif route == ("GET", "/_fake/requests"):
@@ -397,9 +446,19 @@ class FakeUpstream(Served):
             headers = {dialect.request_id_header: request_id, "x-fake-upstream": self.name}
             await send_json(conn, 400, error.body, keep_alive=request.keep_alive, headers=headers)
             return
+        partial = dialect.partial(body)
+        native = dialect.continues_natively
+        refused = None if partial is None else refusal(partial, self.continuation, native=native)
+        if refused is not None:
+            # A provider's validation error: it takes nothing from the plan.
+            request_id = self._record(request, connection_id, None, partial, refused=True)
+            error = dialect.bad_request(refused, request_id, code="invalid_prefill")
+            headers = {dialect.request_id_header: request_id, "x-fake-upstream": self.name}
+            await send_json(conn, 400, error.body, keep_alive=request.keep_alive, headers=headers)
+            return
         behavior = self._next_behavior()
         # Recorded before answering, so a test can wait for a request that then stalls.
-        request_id = self._record(request, connection_id, behavior)
+        request_id = self._record(request, connection_id, behavior, partial)
         exchange = Exchange(
             conn=conn,
             request=request,
@@ -409,5 +468,6 @@ class FakeUpstream(Served):
             upstream=self.name,
             request_id=request_id,
             on_client_gone=self._count_client_gone,
+            partial=partial.text if partial else None,
         )
         await respond(exchange)
