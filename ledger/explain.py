@@ -282,6 +282,10 @@ def _attempt_json(trail: _Trail, attempt: _Attempt) -> dict[str, Any]:
         "attempt_id": s.attempt_id,
         "attempt_number": s.attempt_number,
         "cause": s.cause,
+        "kind": s.kind,
+        "resumed_from": s.resumed_from,
+        "delivered_chars": s.delivered_chars,
+        "hedge_of": s.hedge_of,
         "endpoint": s.endpoint,
         "model": s.model,
         "tier": s.tier,
@@ -487,11 +491,32 @@ def _money_clause(trail: _Trail) -> list[str]:
 def _summary(trail: _Trail) -> str:
     clauses = [
         _outcome(trail),
+        *_resumes_and_hedges(trail),
         *_not_chosen(trail),
         *_money_clause(trail),
         f"config generation {trail.received.config_generation}",
     ]
     return "; ".join(clauses) + "."
+
+
+def _resumes_and_hedges(trail: _Trail) -> list[str]:
+    """The attempts that were not a plain retry or failover, in words."""
+    started = [a.started for a in trail.attempts.values()]
+    clauses = []
+    resumes = [s for s in started if s.kind == "resume"]
+    if resumes:
+        times = "once" if len(resumes) == 1 else f"{len(resumes)} times"
+        clauses.append(
+            f"its stream broke and was resumed on the same upstream model {times}, the "
+            "client's text sent back as the partial answer and only the continuation forwarded"
+        )
+    for hedge in (s for s in started if s.kind == "hedge" and s.hedge_of is not None):
+        beside = trail.number(hedge.hedge_of or "")
+        clauses.append(
+            f"attempt {hedge.attempt_number} was a hedge beside {beside}, the first to answer "
+            "winning and the other cancelled"
+        )
+    return clauses
 
 
 # --- the decision path and the budget checks -------------------------------------------------
@@ -580,10 +605,21 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
                 f"${money_str(event.available_usd)} of ${money_str(event.limit_usd)} left"
             )
         case ev.AttemptStarted():
-            return (
+            started = (
                 f"attempt {event.attempt_number} ({event.cause}) started on "
                 f"{event.endpoint}/{event.model}, tier {event.tier}"
             )
+            if event.kind == "resume" and event.resumed_from is not None:
+                started += (
+                    f": a resume of {trail.number(event.resumed_from)}, continuing the "
+                    f"{event.delivered_chars} characters the client already had"
+                )
+            elif event.kind == "hedge" and event.hedge_of is not None:
+                started += (
+                    f": a hedge beside {trail.number(event.hedge_of)}, which had not "
+                    "answered yet; the first to answer wins"
+                )
+            return started
         case ev.StreamCommitted():
             first = (
                 f", {event.time_to_first_chunk_ms} ms to its first chunk"

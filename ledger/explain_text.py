@@ -103,8 +103,13 @@ def _attempt_lines(attempts: Sequence[Mapping[str, Any]]) -> list[str]:
         return ["  (no attempt was made)"]
     lines = []
     for a in attempts:
+        cause = a["cause"]
+        if a.get("kind") == "resume":
+            cause = f"resume of {a['resumed_from']} after {a['delivered_chars']} characters"
+        elif a.get("kind") == "hedge":
+            cause = f"hedge beside {a['hedge_of']}"
         head = (
-            f"  #{a['attempt_number']} {a['attempt_id']} ({a['cause']}) "
+            f"  #{a['attempt_number']} {a['attempt_id']} ({cause}) "
             f"{a['endpoint']}/{a['model']} tier {a['tier']} weight {a['weight']}: {a['status']}"
         )
         if a["failure_class"]:

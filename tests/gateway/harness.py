@@ -49,6 +49,7 @@ class Route:
     context_window: int = 128000
     max_output_tokens: int = 4096
     price: str = "{input_per_mtok: 1.0, output_per_mtok: 2.0}"
+    resume: str = "none"
 
 
 @dataclass
@@ -135,6 +136,7 @@ def config_text(
         capabilities: [{", ".join(route.capabilities)}]
         context_window: {route.context_window}
         max_output_tokens: {route.max_output_tokens}
+        resume: {route.resume}
         price: {route.price}
 """
         )
