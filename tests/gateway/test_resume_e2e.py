@@ -3,27 +3,41 @@ or stalls is continued by its own upstream model, and the client sees one stream
 
 from __future__ import annotations
 
+from typing import Any
+
 import openai
 import pytest
+from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
+from ledger.store import RecordedEvent
 from router.fake_upstream import Behavior, reply_pieces
-from tests.gateway.harness import Route, running_gateway
+from tests.gateway.harness import Gateway, Route, running_gateway
 
-MESSAGES = [{"role": "user", "content": "tell me a story"}]
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "tell me a story"}]
 
 
-def _text(chunks) -> str:
+def _text(chunks: list[ChatCompletionChunk]) -> str:
     return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
 
 
-async def _stream(gw, **kw):
+async def _stream(gw: Gateway, **kw: Any) -> tuple[Any, list[ChatCompletionChunk]]:
     stream = await gw.client().chat.completions.create(
         model="chat", messages=MESSAGES, stream=True, **kw
     )
     return stream, [chunk async for chunk in stream]
 
 
-def _started(events):
+async def _broken_stream(gw: Gateway) -> tuple[Any, list[ChatCompletionChunk]]:
+    """A stream that must end with its in-band error: the chunks received before it."""
+    stream = await gw.client().chat.completions.create(model="chat", messages=MESSAGES, stream=True)
+    received: list[ChatCompletionChunk] = []
+    with pytest.raises(openai.APIError):
+        async for chunk in stream:
+            received.append(chunk)
+    return stream, received
+
+
+def _started(events: list[RecordedEvent]) -> list[dict[str, Any]]:
     return [e.data for e in events if e.type == "AttemptStarted"]
 
 
@@ -97,12 +111,7 @@ async def test_a_resume_the_breaker_refuses_ends_the_stream_with_its_error(datab
         east = gw.upstreams["east"]
         east.set_continuation("assistant_prefill")
         east.set_plan([Behavior.stall(after_content=2, stall_s=5)] * 2)
-        stream = await gw.client().chat.completions.create(
-            model="chat", messages=MESSAGES, stream=True
-        )
-        with pytest.raises(openai.APIError):
-            async for _ in stream:
-                pass
+        stream, _ = await _broken_stream(gw)
         assert east.hits == 2
         events = await gw.events(stream.response.headers["x-request-id"])
         assert events[-1].type == "RequestFailed" and events[-1].data["stream_started"]
@@ -126,13 +135,7 @@ async def test_an_upstream_that_refuses_the_continuation_ends_the_stream(databas
     async with running_gateway(database_url, ["east"], [Route("east", resume="prefix_flag")]) as gw:
         east = gw.upstreams["east"]
         east.set_plan([Behavior.mid_stream_disconnect(after_content=3)])
-        stream = await gw.client().chat.completions.create(
-            model="chat", messages=MESSAGES, stream=True
-        )
-        received = []
-        with pytest.raises(openai.APIError):
-            async for chunk in stream:
-                received.append(chunk)
+        stream, received = await _broken_stream(gw)
         assert _text(received) == "".join(reply_pieces("east")[:3])  # nothing spliced on
         assert east.requests[-1].continuation_refused
         events = await gw.events(stream.response.headers["x-request-id"])
@@ -147,12 +150,7 @@ async def test_a_mapping_without_the_capability_is_never_sent_a_prefill(database
         database_url, ["east", "west"], [Route("east"), Route("west", tier=1, model="other")]
     ) as gw:
         gw.upstreams["east"].set_plan([Behavior.mid_stream_disconnect(after_content=3)])
-        stream = await gw.client().chat.completions.create(
-            model="chat", messages=MESSAGES, stream=True
-        )
-        with pytest.raises(openai.APIError):
-            async for _ in stream:
-                pass
+        await _broken_stream(gw)
         assert gw.upstreams["west"].hits == 0
         assert gw.upstreams["east"].hits == 1
 
