@@ -334,6 +334,10 @@ class AttemptStarted(Event):
     hedge_of: Id | None = None
 
 
+HEDGE_LOST: Final = "hedge_lost"
+"""``AttemptFinished.error_code`` of a hedged way that lost the race and was cancelled."""
+
+
 class StreamCommitted(Event):
     """A stream was committed to the client: appended, and durable, after its attempt's
     first content arrived and before the client's first byte (contract §5). From here on the

@@ -103,6 +103,18 @@ class LedgerMetrics:
             description="Provider-reported tokens on a mapped identity that no attempt "
             "explains, by endpoint and token type (from recorded reconciliations).",
         )
+        self._hedges = meter.create_counter(
+            sc.WAYBILL_HEDGES,
+            unit="{hedge}",
+            description="Hedged second ways: launched, and whether each race was won by the "
+            "hedge or lost to the way it hedged.",
+        )
+        self._loser_cost = meter.create_counter(
+            sc.WAYBILL_HEDGE_LOSER_COST,
+            unit="USD",
+            description="What the ways that lost a hedged race cost (settled, or held as "
+            "unknown usage until reconciled).",
+        )
         self._lag: dict[str, int] = {}
         meter.create_observable_gauge(
             sc.WAYBILL_LEDGER_LAG,
@@ -112,6 +124,9 @@ class LedgerMetrics:
         )
         # Attempt attributes from AttemptStarted, until the attempt's AttemptFinished.
         self._open: OrderedDict[str, Attributes] = OrderedDict()
+        # The hedges started, and the ways that lost a race (their settlement follows).
+        self._hedge_ways: OrderedDict[str, None] = OrderedDict()
+        self._losers: OrderedDict[str, None] = OrderedDict()
 
     def _reconciled(self, event: ev.ReconciliationImported) -> None:
         # Counted once: a re-import returns the recorded report and appends nothing.
@@ -140,8 +155,21 @@ class LedgerMetrics:
                 self._open[event.attempt_id] = _attempt_attributes(event)
                 while len(self._open) > _MAX_OPEN_ATTEMPTS:  # attempts a crash never finished
                     self._open.popitem(last=False)
+                if event.kind == "hedge":
+                    self._hedges.add(1, {sc.WAYBILL_HEDGE_OUTCOME: "launched"})
+                    _remember(self._hedge_ways, event.attempt_id, None)
             case ev.AttemptFinished():
                 self._attempt_finished(event)
+                if event.error_code == ev.HEDGE_LOST:
+                    hedge = event.attempt_id in self._hedge_ways
+                    self._hedges.add(1, {sc.WAYBILL_HEDGE_OUTCOME: "lost" if hedge else "won"})
+                    _remember(self._losers, event.attempt_id, None)
+            case ev.BudgetSettled() if self._losers.pop(event.attempt_id, 0) is None:
+                self._loser_cost.add(float(event.settled_usd), {sc.WAYBILL_SETTLEMENT: "settled"})
+            case ev.UnknownUsageOpened() if self._losers.pop(event.attempt_id, 0) is None:
+                self._unknown_usage.add(1, {sc.WAYBILL_ENDPOINT: event.endpoint})
+                held = {sc.WAYBILL_SETTLEMENT: "held_unknown"}
+                self._loser_cost.add(float(event.held_usd), held)
             case ev.RequestCompleted():
                 self._requests.add(1, {sc.WAYBILL_STATUS: "succeeded"})
             case ev.RequestFailed():
@@ -189,6 +217,12 @@ class LedgerMetrics:
         self._duration.record(event.duration_ms / 1000, attributes)
         if event.time_to_first_chunk_ms is not None:
             self._first_chunk.record(event.time_to_first_chunk_ms / 1000, attributes)
+
+
+def _remember(seen: OrderedDict[str, None], key: str, value: None) -> None:
+    seen[key] = value
+    while len(seen) > _MAX_OPEN_ATTEMPTS:  # a crash left its race unfinished
+        seen.popitem(last=False)
 
 
 def _attempt_attributes(event: ev.AttemptStarted) -> Attributes:

@@ -70,6 +70,9 @@ __all__ = [
     "WAYBILL_FAILOVERS",
     "WAYBILL_FAILURE_CLASS",
     "WAYBILL_FOLLOWER",
+    "WAYBILL_HEDGES",
+    "WAYBILL_HEDGE_LOSER_COST",
+    "WAYBILL_HEDGE_OUTCOME",
     "WAYBILL_HELD_UNKNOWN_USD",
     "WAYBILL_KEY_ID",
     "WAYBILL_LEDGER_LAG",
@@ -83,6 +86,7 @@ __all__ = [
     "WAYBILL_SELECTION_POSITION",
     "WAYBILL_SEQUENCE",
     "WAYBILL_SETTLED_USD",
+    "WAYBILL_SETTLEMENT",
     "WAYBILL_STATUS",
     "WAYBILL_STREAM_COMMITTED",
     "WAYBILL_TIER",
@@ -227,6 +231,12 @@ WAYBILL_UNKNOWN_USAGE_OPENED: Final = "waybill.unknown_usage.opened"
 # Provider usage a reconciliation found that no attempt explains (contract §3).
 WAYBILL_UNATTRIBUTED_TOKENS: Final = "waybill.reconciliation.unattributed_tokens"
 WAYBILL_LEDGER_LAG: Final = "waybill.ledger.lag"
+# Hedged requests (contract §5 "Hedging"): second ways launched, and how each race ended.
+WAYBILL_HEDGES: Final = "waybill.hedges"
+WAYBILL_HEDGE_OUTCOME: Final = "waybill.hedge.outcome"  # launched, won or lost
+# What the ways that lost a race cost: settled, or held as unknown usage until reconciled.
+WAYBILL_HEDGE_LOSER_COST: Final = "waybill.hedge.loser_cost"
+WAYBILL_SETTLEMENT: Final = "waybill.settlement"  # settled or held_unknown
 WAYBILL_BREAKER_SCOPE: Final = "waybill.breaker.scope"
 WAYBILL_BREAKER_STATE: Final = "waybill.breaker.to_state"
 WAYBILL_FOLLOWER: Final = "waybill.follower"

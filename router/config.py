@@ -234,19 +234,12 @@ class Breaker(_Frozen):
 
 
 class Hedge(_Frozen):
-    """Hedged requests are not built yet: a config may not ask for them (a setting the
-    config accepts must act)."""
+    """Hedged requests (contract §5 "Hedging"): a second way to the next failover candidate
+    when the first has not answered after ``after_ms`` (its first content, for a stream)."""
 
     enabled: StrictBool = False
     after_ms: _PositiveInt = 2000
     max_ways: Annotated[StrictInt, Field(ge=2)] = 2
-
-    @field_validator("enabled")
-    @classmethod
-    def _not_yet(cls, value: bool) -> bool:
-        if value:
-            raise _error("hedging is not available: set enabled: false or leave hedge out")
-        return value
 
 
 class Defaults(_Frozen):

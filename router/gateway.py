@@ -124,8 +124,6 @@ log = logging.getLogger("waybill.gateway")
 
 _T = TypeVar("_T")
 
-_HEDGE_LOST: Final = "hedge_lost"  # the error code of a hedged way that lost the race
-
 _DEADLINE: Final = Classification(
     failure_class=ev.FailureClass.DEADLINE_EXCEEDED,
     evidence=ev.Evidence.UNKNOWN,
@@ -791,7 +789,7 @@ class _Run:
                 attempt_id=attempt_id,
                 status="failed",
                 evidence=ev.Evidence.UNKNOWN if result is None else ev.Evidence.STARTED,
-                error_code=_HEDGE_LOST,
+                error_code=ev.HEDGE_LOST,
                 usage=usage,
                 duration_ms=round((time.monotonic() - attempt.started_at) * 1000),
             )
@@ -799,7 +797,7 @@ class _Run:
         if usage is not None and cost is not None:
             self._record(self.budget.settle(attempt_id, cost, usage))
         else:
-            self._record(self.budget.hold_unknown(attempt_id, _HEDGE_LOST))
+            self._record(self.budget.hold_unknown(attempt_id, ev.HEDGE_LOST))
 
     async def _commit(self, attempt: _Attempt) -> None:
         """The ledger learns that the stream is the client's before the client's first byte

@@ -764,14 +764,17 @@ def test_data_classes_rank_public_below_internal_below_restricted() -> None:
     assert DATA_CLASSES == ("public", "internal", "restricted")
 
 
-def test_a_hedge_the_gateway_would_not_perform_is_refused() -> None:
-    # A setting the config accepts must act: hedging is not built, so it cannot be enabled.
-    errors = _errors(
-        _mutated(lambda d: d.setdefault("defaults", {}).update(hedge={"enabled": True}))
+def test_hedging_is_configured_in_defaults() -> None:
+    config = _parse(
+        _mutated(
+            lambda d: d.setdefault("defaults", {}).update(
+                hedge={"enabled": True, "after_ms": 250, "max_ways": 3}
+            )
+        )
     )
-    assert len(errors) == 1 and errors[0].startswith("defaults.hedge.enabled: ")
-    assert "hedging is not available" in errors[0]
-    _parse(_mutated(lambda d: d.setdefault("defaults", {}).update(hedge={"enabled": False})))
+    assert config.defaults.hedge.enabled and config.defaults.hedge.after_ms == 250
+    errors = _errors(_mutated(lambda d: d.setdefault("defaults", {}).update(hedge={"max_ways": 1})))
+    assert len(errors) == 1 and errors[0].startswith("defaults.hedge.max_ways: ")
 
 
 # --- provider identity and admin key (reconciliation against provider reports) -------------
