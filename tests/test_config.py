@@ -128,6 +128,24 @@ def test_example_config_validates() -> None:
     assert config.workspaces[1].budget.window == "total"
 
 
+def test_failover_bench_example_gives_each_scenario_a_primary_endpoint_of_its_own() -> None:
+    config = load_config(EXAMPLE.parent / "examples" / "failoverbench.yaml", environ={})
+    scenarios = [g for g in config.models if g.name != "fb-ok"]
+    assert len(scenarios) == 16
+    primaries = [g.mappings[0] for g in scenarios]
+    assert all(m.tier == 0 and m.model == g.name for m, g in zip(primaries, scenarios, strict=True))
+    assert len({m.endpoint for m in primaries}) == 16  # no breaker is shared by two scenarios
+    fallbacks = {g.name: g.mappings[1] for g in scenarios}
+    assert {m.endpoint for m in fallbacks.values()} == {"wall-fallbacks"}
+    assert {name for name, m in fallbacks.items() if m.model == "fb-ok-noprefill"} == {
+        "fb-s14-stream-cut"
+    }
+    # S12 fails over only to a larger context window.
+    assert all(m.tier == 1 and m.context_window > 8192 for m in fallbacks.values())
+    assert config.defaults.breaker.max_cooldown_ms <= 15000  # S15's probe lands in time
+    assert [w.models for w in config.workspaces] == [tuple(g.name for g in config.models)]
+
+
 def test_base_config_validates_and_lookups_find_each_object() -> None:
     config = _parse(_base())
     assert config.endpoint("openai-east") is config.endpoints[0]
