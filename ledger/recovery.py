@@ -209,13 +209,17 @@ def recovery_events(hold: Hold, trail: Sequence[ev.Event]) -> list[ev.Event]:
     200 and some content, and ends as a partial failure on its endpoint; any other request
     got no answer, recorded as a 500. ``attempts`` is the number of attempts the ledger
     shows started. Durations are unknown (0): nobody saw the gateway stop."""
-    committed = next(
-        (
-            event
-            for event in trail
-            if isinstance(event, ev.StreamCommitted) and event.attempt_id == hold.attempt_id
-        ),
-        None,
+    # The client has the stream once any attempt committed it; the attempt that did, or a
+    # resume continuing it, was writing to the client when the gateway stopped.
+    stream = next((event for event in trail if isinstance(event, ev.StreamCommitted)), None)
+    resumed = any(
+        isinstance(event, ev.AttemptStarted)
+        and event.attempt_id == hold.attempt_id
+        and event.kind == "resume"
+        for event in trail
+    )
+    committed = (
+        stream if stream is not None and (stream.attempt_id == hold.attempt_id or resumed) else None
     )
     finished = any(
         isinstance(event, ev.AttemptFinished) and event.attempt_id == hold.attempt_id
@@ -233,7 +237,9 @@ def recovery_events(hold: Hold, trail: Sequence[ev.Event]) -> list[ev.Event]:
                 evidence=ev.Evidence.STARTED if committed else ev.Evidence.UNKNOWN,
                 error_code=GATEWAY_LOST,
                 duration_ms=0,
-                time_to_first_chunk_ms=committed.time_to_first_chunk_ms if committed else None,
+                time_to_first_chunk_ms=committed.time_to_first_chunk_ms
+                if committed and committed.attempt_id == hold.attempt_id
+                else None,
                 stream_committed=committed is not None,
             )
         )
@@ -262,7 +268,7 @@ def recovery_events(hold: Hold, trail: Sequence[ev.Event]) -> list[ev.Event]:
                 error_type="api_error",
                 message="the gateway stopped while streaming this request: the stream was cut",
                 attempts=len(started),
-                endpoint=committed.endpoint,
+                endpoint=hold.endpoint,
                 stream_started=True,
                 duration_ms=0,
             )

@@ -168,6 +168,27 @@ def test_an_earlier_attempts_commit_does_not_make_this_one_committed() -> None:
     assert finished.stream_committed is False and failed.stream_started is False
 
 
+def test_a_resume_in_flight_is_recovered_as_a_partial_failure_of_the_stream() -> None:
+    first, second = _hold("r5", 1), _hold("r5", 2)
+    broken = ev.AttemptFinished(
+        request_id="r5",
+        attempt_id=first.attempt_id,
+        status="failed",
+        failure_class=ev.FailureClass.NETWORK_ERROR,
+        evidence=ev.Evidence.UNKNOWN,
+        duration_ms=40,
+        stream_committed=True,
+    )
+    resume = _started(second, 2).model_copy(
+        update={"kind": "resume", "resumed_from": first.attempt_id, "delivered_chars": 12}
+    )
+    trail = [received("r5"), _reserved(first), _started(first, 1), _committed(first), broken]
+    finished, _, failed = recovery_events(second, [*trail, _reserved(second), resume])
+    assert isinstance(finished, ev.AttemptFinished) and isinstance(failed, ev.RequestFailed)
+    assert finished.stream_committed is True and finished.time_to_first_chunk_ms is None
+    assert (failed.http_status, failed.stream_started, failed.endpoint) == (200, True, "west")
+
+
 def test_a_request_that_has_ended_gets_no_second_end() -> None:
     hold = _hold("r4")
     ended = ev.RequestFailed(
