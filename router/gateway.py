@@ -313,7 +313,7 @@ class _Run:
         assert group is not None, "the app resolves the model group before routing"
         self.group = group
         self.requirements = call.requirements(caller.workspace, headers)
-        self.defaults = config.defaults
+        self.defaults = config.policy_for(group.name)
         deadline_ms = self.defaults.deadline_ms
         if headers.deadline_ms is not None:
             deadline_ms = min(deadline_ms, headers.deadline_ms)  # a header may only narrow
