@@ -49,7 +49,7 @@ from router.breakers import Admission, BreakerBoard, BreakerKey, Transition
 from router.budgets import RequestBudget, StepRecord
 from router.chat import ChatCall, HeaderNarrowing
 from router.classify import Classification
-from router.config import Config, Defaults, ModelGroup, Workspace
+from router.config import Config, ModelGroup, Workspace
 from router.config import Driver as DriverName
 from router.config import Mapping as ModelMapping
 from router.drivers import (
@@ -1007,6 +1007,8 @@ class _Run:
                 remaining_ms=self._remaining_ms(),
                 allow_failover=self.requirements.allow_failover,
                 stream_committed=attempt.stream_committed,
+                allow_unknown_execution=self.requirements.allow_unknown_execution,
+                server_side_effects=self.requirements.server_side_effects,
             ),
             self.defaults,
             self.gw._rng,
@@ -1047,7 +1049,7 @@ class _Run:
             backoff_ms=decision.backoff_ms,
             attempts_left=max(0, self.defaults.max_attempts - self.attempt_count),
             deadline_left_ms=self._remaining_ms(),
-            policy=_policy_applied(classification, self.defaults),
+            policy=decision.policy,
         )
 
     async def _broken_stream(
@@ -1271,15 +1273,6 @@ def _optional_str(value: object) -> str | None:
 def _log_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("recording the end of a request failed", exc_info=task.exception())
-
-
-def _policy_applied(classification: Classification, defaults: Defaults) -> str | None:
-    """The config policy a failover decision turned on, if the failure class defers to one."""
-    if classification.may_fail_over == "per_on_credentials_error":
-        return f"on_credentials_error={defaults.on_credentials_error}"
-    if classification.may_fail_over == "per_on_unknown_execution":
-        return f"on_unknown_execution={defaults.on_unknown_execution}"
-    return None
 
 
 def _failure_message(
