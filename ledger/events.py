@@ -209,6 +209,12 @@ class Requirements(_Record):
     allow_failover: bool = True
     max_cost_usd: Money | None = None
     deadline_ms: NonNegInt | None = None
+    # X-Waybill-Allow-Failover: unknown: an attempt of unknown execution may be followed by
+    # another even where the request is strict (contract §5 "Per on_unknown_execution").
+    allow_unknown_execution: bool = False
+    # The body asks the provider for effects of its own (server-side tools, web search):
+    # the request is strict whatever its model group's policy.
+    server_side_effects: bool = False
 
 
 class Candidate(_Record):

@@ -48,6 +48,23 @@ _EVIDENCE_PHRASE: Final[Mapping[str, str]] = {
     ev.Evidence.STARTED: "after starting work",
 }
 
+# The rules of contract §5 "Per on_unknown_execution" in plain words: whether an attempt that
+# may have run is followed by another. Other decision reasons read plainly as their codes.
+_RULE_WORDS: Final[Mapping[str, str]] = {
+    "on_unknown_execution_stop": (
+        "strict, as on_unknown_execution: stop says: a request whose attempt may have run "
+        "is never run again"
+    ),
+    "server_side_effects_strict": (
+        "strict, as every request asking the provider for server-side effects (server-side "
+        "tools, web search) is: it is never run again once an attempt may have run"
+    ),
+    "unknown_execution_allowed_by_header": (
+        "the caller's X-Waybill-Allow-Failover: unknown allowed running it again although "
+        "the attempt may have run"
+    ),
+}
+
 _BUDGET_TYPES: Final = frozenset(
     {
         ev.BudgetReserved.type,
@@ -318,6 +335,7 @@ def _attempt_json(trail: _Trail, attempt: _Attempt) -> dict[str, Any]:
             "action": d.action,
             "reason": d.reason,
             "backoff_ms": d.backoff_ms,
+            "policy": d.policy,
         },
     }
 
@@ -336,8 +354,14 @@ def _decision(d: ev.FailoverDecided | None) -> str:
     if d is None:
         return ""
     if d.action == "retry" and d.backoff_ms:
-        return f" (retry in {d.backoff_ms} ms: {d.reason})"
-    return f" ({d.action}: {d.reason})"
+        return f" (retry in {d.backoff_ms} ms: {_reason_words(d.reason)})"
+    return f" ({d.action}: {_reason_words(d.reason)})"
+
+
+def _reason_words(reason: str) -> str:
+    """A decision's reason code, with the rule behind it in plain words where it has one."""
+    words = _RULE_WORDS.get(reason)
+    return reason if words is None else f"{reason}, {words}"
 
 
 def _failure_name(finished: ev.AttemptFinished) -> str:
@@ -569,6 +593,16 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
                 f"workspace {event.workspace}: needs {needs}; data class {r.data_class}"
                 + (f"; regions {', '.join(r.regions)}" if r.regions is not None else "")
                 + ("" if r.allow_failover else "; failover forbidden by the caller")
+                + (
+                    "; asks the provider for server-side effects, so it is strict"
+                    if r.server_side_effects
+                    else ""
+                )
+                + (
+                    "; the caller allows running it again after an attempt that may have run"
+                    if r.allow_unknown_execution
+                    else ""
+                )
                 + f"; billable: {_billable(r)}"
                 + f"; config generation {event.config_generation}"
             )
@@ -651,7 +685,7 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
             wait = f" after {event.backoff_ms} ms" if event.backoff_ms else ""
             return (
                 f"after {where} ({event.failure_class.value}, {event.evidence.value}): "
-                f"{event.action}{wait}, {verdict}: {event.reason}"
+                f"{event.action}{wait}, {verdict}: {_reason_words(event.reason)}"
             )
         case ev.BudgetSettled():
             return (

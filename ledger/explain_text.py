@@ -132,5 +132,10 @@ def _attempt_lines(attempts: Sequence[Mapping[str, Any]]) -> list[str]:
         failover = a["failover"]
         if failover:
             verdict = "allowed" if failover["allowed"] else "not allowed"
-            lines.append(f"      then {failover['action']} ({verdict}): {failover['reason']}")
+            rule = f" (policy {failover['policy']})" if failover.get("policy") else ""
+            lines.append(
+                _wrapped(
+                    f"      then {failover['action']} ({verdict}): {failover['reason']}{rule}", 6
+                )
+            )
     return lines

@@ -435,7 +435,7 @@ async def _chat_completions(request: Request) -> Response:
         caller, unconfirmed = await reread(), False
     claim: Claim | None = None
     if headers.idempotency_key is not None:
-        lease_s = config.defaults.deadline_ms / 1000 + 30
+        lease_s = config.policy_for(call.model_group).deadline_ms / 1000 + 30
         claimed = await state.idempotency.claim(
             caller.workspace.id,
             caller.key_id,

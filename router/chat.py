@@ -24,6 +24,7 @@ from router.config import Limits, Workspace
 from router.errors import GatewayError, invalid_request
 
 __all__ = [
+    "ALLOW_FAILOVER_VALUES",
     "DEFAULT_LIMITS",
     "MAX_BODY_BYTES",
     "MAX_JSON_INTEGER",
@@ -57,6 +58,27 @@ _PART_KINDS: Final = {
     "file": "file",
     "input_file": "file",
 }
+# Tools a client runs itself: the model only asks for a call (OpenAI's `function` and `custom`;
+# a tool without a type is a function, as the Anthropic driver reads it). Any other type
+# (`web_search`, `file_search`, `code_interpreter`, `mcp`, Anthropic's `web_search_20250305`,
+# `code_execution_*`, ...) may act on the provider's side; so may these body fields (OpenAI's
+# search, Anthropic's MCP connector). The gateway cannot tell which such effects an attempt
+# of unknown outcome had, so a request asking for them is strict (contract §5).
+_CLIENT_TOOL_TYPES: Final = frozenset({"function", "custom"})
+_SERVER_SIDE_FIELDS: Final = ("web_search_options", "mcp_servers")
+# X-Waybill-Allow-Failover, trimmed and lowercased: (failover allowed, a possible duplicate
+# execution allowed).
+_ALLOW_FAILOVER: Final[Mapping[str, tuple[bool, bool]]] = {
+    "true": (True, False),
+    "1": (True, False),
+    "yes": (True, False),
+    "false": (False, False),
+    "0": (False, False),
+    "no": (False, False),
+    "unknown": (True, True),
+}
+ALLOW_FAILOVER_VALUES: Final = tuple(_ALLOW_FAILOVER)
+"""What X-Waybill-Allow-Failover may say (trimmed, any case)."""
 # I-JSON (RFC 7493): the largest integer every JSON parser reads exactly (orjson reads larger
 # ones as floats, and cannot write integers beyond 64 bits into an event at all). Token counts
 # and deadlines beyond it are refused rather than guessed at.
@@ -75,6 +97,7 @@ class HeaderNarrowing:
     max_cost_usd: Decimal | None = None
     deadline_ms: int | None = None
     allow_failover: bool = True
+    allow_unknown_execution: bool = False  # X-Waybill-Allow-Failover: unknown
     capabilities: tuple[str, ...] = ()
     regions: tuple[str, ...] | None = None
     data_class: DataClass | None = None
@@ -97,6 +120,7 @@ class ChatCall:
     message_count: int
     estimated_input_tokens: int
     billed: _Billed
+    server_side_effects: bool  # server-side tools or fields: the request is strict
 
     def body_sha256(self) -> str:
         """The body's hash, sorted-key JSON: what an ``Idempotency-Key`` is bound to. Only
@@ -129,6 +153,8 @@ class ChatCall:
             allow_failover=headers.allow_failover,
             max_cost_usd=headers.max_cost_usd,
             deadline_ms=headers.deadline_ms,
+            allow_unknown_execution=headers.allow_unknown_execution,
+            server_side_effects=self.server_side_effects,
         )
 
 
@@ -210,6 +236,7 @@ def parse_body(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> ChatCall:
         message_count=len(messages),
         estimated_input_tokens=estimate,
         billed=billed,
+        server_side_effects=_server_side_effects(body),
     )
 
 
@@ -263,6 +290,18 @@ def _billed(body: Mapping[str, Any], parts: _Parts, limits: Limits) -> _Billed:
         or (isinstance(modalities, list) and "audio" in modalities),
         web_search=body.get("web_search_options") is not None,
         unknown_inputs=tuple(sorted(parts.unknown)) if parts.unknown else (),
+    )
+
+
+def _server_side_effects(body: Mapping[str, Any]) -> bool:
+    """Whether the request asks the provider for effects of its own (``_CLIENT_TOOL_TYPES``).
+    ``tools`` is known to be an array or absent (``_inferred_capabilities``)."""
+    if any(body.get(name) is not None for name in _SERVER_SIDE_FIELDS):
+        return True
+    tools = body.get("tools") or ()
+    return any(
+        isinstance(tool, dict) and tool.get("type", "function") not in _CLIENT_TOOL_TYPES
+        for tool in tools
     )
 
 
@@ -347,11 +386,15 @@ def _inferred_capabilities(
 
 def read_headers(headers: Mapping[str, str]) -> HeaderNarrowing:
     """The optional contract §3 request headers; a bad value is a 400 naming the header."""
+    allow_failover, allow_unknown_execution = _allow_failover(
+        headers.get("x-waybill-allow-failover")
+    )
     return HeaderNarrowing(
         idempotency_key=_idempotency_key(headers.get("idempotency-key")),
         max_cost_usd=_max_cost(headers.get("x-waybill-max-cost-usd")),
         deadline_ms=_positive_int(headers.get("x-waybill-deadline-ms"), "X-Waybill-Deadline-Ms"),
-        allow_failover=_boolean(headers.get("x-waybill-allow-failover")),
+        allow_failover=allow_failover,
+        allow_unknown_execution=allow_unknown_execution,
         capabilities=_csv(headers.get("x-waybill-capabilities"), "X-Waybill-Capabilities") or (),
         regions=_csv(headers.get("x-waybill-regions"), "X-Waybill-Regions"),
         data_class=_data_class(headers.get("x-waybill-data-class")),
@@ -394,15 +437,16 @@ def _positive_int(value: str | None, name: str) -> int | None:
     return int(text)
 
 
-def _boolean(value: str | None) -> bool:
+def _allow_failover(value: str | None) -> tuple[bool, bool]:
+    """(failover allowed, a possible duplicate execution allowed); absent: failover allowed."""
     if value is None:
-        return True
-    text = value.strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise _bad_header("X-Waybill-Allow-Failover", "must be true or false")
+        return True, False
+    allowed = _ALLOW_FAILOVER.get(value.strip().lower())
+    if allowed is None:
+        raise _bad_header(
+            "X-Waybill-Allow-Failover", "must be true, false or unknown (also 1, 0, yes, no)"
+        )
+    return allowed
 
 
 def _csv(value: str | None, name: str) -> tuple[str, ...] | None:

@@ -19,7 +19,7 @@ import re
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
@@ -65,6 +65,7 @@ __all__ = [
     "PartPrice",
     "Price",
     "Proxy",
+    "ResumeMode",
     "RetryRule",
     "RetrySameEndpoint",
     "SearchPrice",
@@ -75,6 +76,13 @@ __all__ = [
 
 Driver = Literal["openai", "anthropic"]
 BudgetWindow = Literal["day", "month", "total"]
+# How a mapping's upstream continues a partial assistant message: not at all; a trailing
+# assistant message it continues natively (Anthropic); a `prefix: true` flag on that message
+# (DeepSeek, Mistral); `continue_final_message` in the body (vLLM).
+ResumeMode = Literal["none", "assistant_prefill", "prefix_flag", "continue_final_message"]
+"""How a mapping's upstream continues a partial assistant message (contract §5, "Resume")."""
+# The two conventions of OpenAI-compatible servers: an Anthropic endpoint knows neither.
+_OPENAI_WIRE_RESUME: frozenset[str] = frozenset({"prefix_flag", "continue_final_message"})
 
 # `retry_same_endpoint` takes exactly the failure classes of contract §5, as the classifier
 # names them (its fields are made from the enum below).
@@ -239,10 +247,15 @@ class Hedge(_Frozen):
 
     enabled: StrictBool = False
     after_ms: _PositiveInt = 2000
+    # Instead of after_ms: after the group's observed p95 time to first byte.
+    after_p95: StrictBool = False
     max_ways: Annotated[StrictInt, Field(ge=2)] = 2
 
 
 class Defaults(_Frozen):
+    """How one request walks its model group (contract §2 `defaults`, §4): a model group's
+    `policy:` is read into one of these too, its keys laid over `defaults`."""
+
     max_attempts: _PositiveInt = 4
     deadline_ms: _PositiveInt = 60000
     attempt_timeout_ms: _PositiveInt = 30000
@@ -480,12 +493,6 @@ class DatedPrice(Price):
     effective_from: date = Field(alias="from")
 
 
-ResumeMode: TypeAlias = Literal[
-    "none", "assistant_prefill", "prefix_flag", "continue_final_message"
-]
-"""How a mapping's upstream continues a partial assistant message (contract §5, "Resume")."""
-
-
 class Mapping(_Frozen):
     """One route of a model group: an endpoint and the upstream model it serves.
 
@@ -503,7 +510,8 @@ class Mapping(_Frozen):
     max_output_tokens: _PositiveInt
     price: Price
     price_history: tuple[DatedPrice, ...] = ()
-    # How the upstream continues a partial assistant message, for a stream resume.
+    # `prefix_flag` and `continue_final_message` need an OpenAI-compatible endpoint
+    # (refused on an Anthropic one by _reference_errors, which knows the endpoint's driver).
     resume: ResumeMode = "none"
 
     @model_validator(mode="before")
@@ -555,6 +563,10 @@ class ModelGroup(_Frozen):
     name: _Name
     kind: Literal["chat"] = "chat"
     mappings: Annotated[tuple[Mapping, ...], _NonEmpty]
+    # The group's whole policy, when it has a `policy:` block: `Config` lays the block's keys
+    # over `defaults` before this is validated (see Config._policies_over_defaults). None:
+    # `defaults` as they are. Read it through Config.policy_for.
+    policy: Defaults | None = None
 
     def priced_at(self, at: datetime) -> ModelGroup:
         """The group with each mapping priced as at ``at`` (:meth:`Mapping.priced_at`)."""
@@ -676,6 +688,29 @@ class Config(_Frozen):
             return value.strip()
         raise _error("must be an integer or a non-empty string")
 
+    @field_validator("models", mode="before")
+    @classmethod
+    def _policies_over_defaults(cls, value: object, info: ValidationInfo) -> object:
+        """Each group's `policy:` block laid over `defaults` key by key, nested blocks too
+        (`hedge`, `retry_same_endpoint` and its rules): a key the block leaves out keeps the
+        value `defaults` gives it. The result is validated as a whole `Defaults`, by the same
+        rules and with paths under `models[i].policy`. `defaults` come validated (fields are
+        validated in order); when they are invalid (reported at `defaults.*`) the built-in
+        ones stand in. A group's `breaker` is refused by _reference_errors: breakers belong to
+        endpoints and mappings, which groups share."""
+        if not isinstance(value, list):
+            return value
+        defaults = info.data.get("defaults")
+        base = (defaults if isinstance(defaults, Defaults) else Defaults()).model_dump()
+        groups = []
+        for group in value:
+            policy = group.get("policy") if isinstance(group, dict) else None
+            if isinstance(policy, dict):
+                own = {k: v for k, v in policy.items() if k != "breaker"}
+                group = {**group, "policy": _laid_over(base, own)}
+            groups.append(group)
+        return groups
+
     # Lookups are computed once: the request path never scans lists. Cached properties, not
     # private attributes: reading one of those goes through pydantic's __getattr__, which
     # cost 4 us a lookup on a slow day, several lookups a request.
@@ -700,12 +735,18 @@ class Config(_Frozen):
     def workspace(self, workspace_id: str) -> Workspace | None:
         return self._workspaces.get(workspace_id)
 
+    def policy_for(self, group_name: str) -> Defaults:
+        """The policy a request to this model group walks by: the group's `policy:` laid
+        over `defaults`, or `defaults` when it has none. KeyError for an unknown group."""
+        group = self._model_groups[group_name]
+        return self.defaults if group.policy is None else group.policy
+
     def redacted_summary(self) -> dict[str, Any]:
         """What a `ConfigActivated` event records: JSON-able, deterministic, no secrets,
         no URL paths or queries (only the host), money as decimal strings."""
         summary = {
             "generation": self.generation,
-            "defaults": self.defaults.model_dump(mode="json"),
+            "defaults": _policy_summary(self.defaults),
             "limits": self.limits.model_dump(mode="json"),
             "endpoints": [
                 {
@@ -732,14 +773,7 @@ class Config(_Frozen):
                 }
                 for e in self.endpoints
             ],
-            "models": [
-                {
-                    "name": g.name,
-                    "kind": g.kind,
-                    "mappings": [_mapping_summary(m) for m in g.mappings],
-                }
-                for g in self.models
-            ],
+            "models": [_group_summary(g) for g in self.models],
             "workspaces": [
                 {
                     "id": w.id,
@@ -757,8 +791,27 @@ class Config(_Frozen):
         return summary
 
 
+def _group_summary(g: ModelGroup) -> dict[str, Any]:
+    summary: dict[str, Any] = {
+        "name": g.name,
+        "kind": g.kind,
+        "mappings": [_mapping_summary(m) for m in g.mappings],
+    }
+    if g.policy is not None:  # absent, it leaves earlier summaries as they were
+        # The whole policy the group's requests walk by; breakers are the endpoints'.
+        summary["policy"] = _policy_summary(g.policy, breaker=False)
+    return summary
+
+
+def _policy_summary(policy: Defaults, *, breaker: bool = True) -> dict[str, Any]:
+    summary = policy.model_dump(mode="json", exclude=None if breaker else {"breaker"})
+    if not policy.hedge.after_p95:  # the default leaves earlier summaries as they were
+        del summary["hedge"]["after_p95"]
+    return summary
+
+
 def _mapping_summary(m: Mapping) -> dict[str, Any]:
-    return {
+    summary = {
         "endpoint": m.endpoint,
         "model": m.model,
         "tier": m.tier,
@@ -774,6 +827,20 @@ def _mapping_summary(m: Mapping) -> dict[str, Any]:
         if m.price_history
         else _price_summary(m.price),
     }
+    if m.resume != "none":  # the default leaves earlier summaries as they were
+        summary["resume"] = m.resume
+    return summary
+
+
+def _laid_over(base: cabc.Mapping[str, Any], over: cabc.Mapping[str, Any]) -> dict[str, Any]:
+    """``over``'s keys laid over ``base``'s, key by key wherever both hold a mapping."""
+    merged = dict(base)
+    for key, value in over.items():
+        below = merged.get(key)
+        if isinstance(below, dict) and isinstance(value, dict):
+            value = _laid_over(below, value)
+        merged[key] = value
+    return merged
 
 
 def _proxy_summary(proxy: Proxy | None) -> dict[str, Any] | None:
@@ -930,6 +997,10 @@ def _message(error: ErrorDetails) -> str:
     kind, ctx, loc = error["type"], error.get("ctx", {}), error["loc"]
     if kind == "extra_forbidden" and len(loc) >= 2 and loc[-2] == "retry_same_endpoint":
         return "unknown failure class; expected one of " + ", ".join(FAILURE_CLASSES)
+    if kind == "extra_forbidden" and len(loc) == 4 and loc[0] == "models" and loc[2] == "policy":
+        return "unknown key; a model group's policy takes the keys of defaults: " + ", ".join(
+            _GROUP_POLICY_KEYS
+        )
     if kind in _SIMPLE_MESSAGES:
         return _SIMPLE_MESSAGES[kind]
     if kind == "greater_than":
@@ -943,6 +1014,10 @@ def _message(error: ErrorDetails) -> str:
     if kind == "too_long":
         return f"must have at most {ctx['max_length']} items"
     return error["msg"]  # our own PydanticCustomError messages, already in this style
+
+
+# What a group's `policy:` may set: every key of `defaults` but the breakers' settings.
+_GROUP_POLICY_KEYS: tuple[str, ...] = tuple(k for k in Defaults.model_fields if k != "breaker")
 
 
 def _items(container: object, key: str) -> cabc.Iterator[tuple[int, dict[str, Any]]]:
@@ -977,11 +1052,36 @@ def _reference_errors(data: dict[str, Any]) -> list[tuple[str, str]]:
     endpoint_ids = _unique(data, "endpoints", "id", "id", errors)
     group_names = _unique(data, "models", "name", "name", errors)
     _unique(data, "workspaces", "id", "id", errors)
+    drivers = {
+        e["id"]: e.get("driver")
+        for _, e in _items(data, "endpoints")
+        if isinstance(e.get("id"), str)
+    }
     for i, group in _items(data, "models"):
+        policy = group.get("policy")
+        if isinstance(policy, dict) and "breaker" in policy:
+            errors.append(
+                (
+                    f"models[{i}].policy.breaker",
+                    "breakers belong to endpoints and mappings, which model groups share: "
+                    "set breaker under defaults",
+                )
+            )
         for j, mapping in _items(group, "mappings"):
             ref = mapping.get("endpoint")
             if endpoint_ids is not None and isinstance(ref, str) and ref not in endpoint_ids:
                 errors.append((f"models[{i}].mappings[{j}].endpoint", f"unknown endpoint '{ref}'"))
+            resume = mapping.get("resume")
+            wire_only = isinstance(resume, str) and resume in _OPENAI_WIRE_RESUME
+            if wire_only and isinstance(ref, str) and drivers.get(ref) == "anthropic":
+                errors.append(
+                    (
+                        f"models[{i}].mappings[{j}].resume",
+                        f"{resume} is an OpenAI-compatible server's convention; endpoint "
+                        f"'{ref}' (driver anthropic) continues a trailing assistant message "
+                        "itself: use assistant_prefill",
+                    )
+                )
     for i, workspace in _items(data, "workspaces"):
         names = workspace.get("models")
         if group_names is None or not isinstance(names, list):

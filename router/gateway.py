@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import random
 import time
 from collections import deque
@@ -50,7 +51,7 @@ from router.breakers import Admission, BreakerBoard, BreakerKey, Transition
 from router.budgets import RequestBudget, StepRecord
 from router.chat import ChatCall, HeaderNarrowing
 from router.classify import Classification
-from router.config import Config, Defaults, ModelGroup, Workspace
+from router.config import Config, ModelGroup, Workspace
 from router.config import Driver as DriverName
 from router.config import Mapping as ModelMapping
 from router.drivers import (
@@ -123,6 +124,9 @@ __all__ = ["Caller", "Completion", "Gateway", "KeyMoved", "StreamingCompletion"]
 log = logging.getLogger("waybill.gateway")
 
 _T = TypeVar("_T")
+
+_LATENCY_WINDOW: Final = 200  # the answers a group's p95 is taken over
+_LATENCY_MIN_SAMPLES: Final = 20  # fewer: hedge.after_ms stands
 
 _DEADLINE: Final = Classification(
     failure_class=ev.FailureClass.DEADLINE_EXCEEDED,
@@ -241,6 +245,28 @@ class _Tally:
     retries: dict[str, int] = field(default_factory=dict)  # endpoint -> same-endpoint retries
 
 
+class FirstAnswerTimes:
+    """How long a model group's attempts took to answer (a stream: to its first content), the
+    last :data:`_LATENCY_WINDOW` of each group and shape, for ``hedge.after_p95``."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, bool], deque[int]] = {}
+
+    def add(self, group: str, stream: bool, ms: int) -> None:
+        window = self._seen.get((group, stream))
+        if window is None:
+            window = self._seen[(group, stream)] = deque(maxlen=_LATENCY_WINDOW)
+        window.append(ms)
+
+    def p95(self, group: str, stream: bool) -> int | None:
+        """The 95th percentile, once :data:`_LATENCY_MIN_SAMPLES` were seen (else None)."""
+        window = self._seen.get((group, stream))
+        if window is None or len(window) < _LATENCY_MIN_SAMPLES:
+            return None
+        ordered = sorted(window)
+        return max(1, ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)])
+
+
 class Gateway:
     """Everything one config generation needs to serve requests."""
 
@@ -263,6 +289,7 @@ class Gateway:
             if endpoint.id not in self._drivers:
                 self._drivers[endpoint.id] = driver_for(endpoint.driver)
         self._rr = WeightedRoundRobin()
+        self.latencies = FirstAnswerTimes()
         self._rng = rng or random.Random()
         self._background: set[asyncio.Task[None]] = set()
         self._active = 0
@@ -354,7 +381,7 @@ class _Run:
         assert group is not None, "the app resolves the model group before routing"
         self.group = group
         self.requirements = call.requirements(caller.workspace, headers)
-        self.defaults = config.defaults
+        self.defaults = config.policy_for(group.name)
         deadline_ms = self.defaults.deadline_ms
         if headers.deadline_ms is not None:
             deadline_ms = min(deadline_ms, headers.deadline_ms)  # a header may only narrow
@@ -428,13 +455,22 @@ class _Run:
 
     def _walk_policy(self) -> WalkPolicy:
         """What the walk needs to know of the group's policy and the caller's narrowing."""
-        policy = self.defaults
+        policy, requirements = self.defaults, self.requirements
         hedge = policy.hedge
+        # A request that asks the provider for server-side effects is never sent twice.
+        hedged = hedge.enabled and not requirements.server_side_effects
+        after_ms = None
+        if hedged:
+            after_ms = hedge.after_ms
+            if hedge.after_p95:
+                after_ms = self.gw.latencies.p95(self.group.name, self.call.stream) or after_ms
         return WalkPolicy(
             defaults=policy,
-            allow_failover=self.requirements.allow_failover,
-            hedge_after_ms=hedge.after_ms if hedge.enabled else None,
-            max_ways=hedge.max_ways if hedge.enabled else 1,
+            allow_failover=requirements.allow_failover,
+            allow_unknown_execution=requirements.allow_unknown_execution,
+            server_side_effects=requirements.server_side_effects,
+            hedge_after_ms=after_ms,
+            max_ways=hedge.max_ways if hedged else 1,
         )
 
     # --- the ledger ---
@@ -697,6 +733,9 @@ class _Run:
             if attempt.error is not None:
                 raise attempt.error
             if attempt.classification is None:
+                if attempt.kind != "resume":
+                    waited = round((time.monotonic() - attempt.started_at) * 1000)
+                    self.gw.latencies.add(self.group.name, self.call.stream, waited)
                 answered = not self.call.stream
                 return Answered(attempt.attempt_id) if answered else Content(attempt.attempt_id)
             return await self._attempt_failed(attempt)
@@ -1366,7 +1405,7 @@ class _Run:
             backoff_ms=decision.backoff_ms,
             attempts_left=max(0, self.defaults.max_attempts - self.attempt_count),
             deadline_left_ms=self._remaining_ms(),
-            policy=_policy_applied(classification, self.defaults),
+            policy=decision.policy,
         )
 
     # --- endings ---
@@ -1605,15 +1644,6 @@ def _optional_str(value: object) -> str | None:
 def _log_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("recording the end of a request failed", exc_info=task.exception())
-
-
-def _policy_applied(classification: Classification, defaults: Defaults) -> str | None:
-    """The config policy a failover decision turned on, if the failure class defers to one."""
-    if classification.may_fail_over == "per_on_credentials_error":
-        return f"on_credentials_error={defaults.on_credentials_error}"
-    if classification.may_fail_over == "per_on_unknown_execution":
-        return f"on_unknown_execution={defaults.on_unknown_execution}"
-    return None
 
 
 def _failure_message(

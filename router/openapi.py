@@ -21,7 +21,7 @@ from ledger.events import DATA_CLASSES, FailureClass, ReasonCode
 from ledger.queries import REQUEST_STATUSES
 from ledger.spend import GROUP_KEYS
 from ledger.types import MONEY_PATTERN
-from router.chat import MAX_JSON_INTEGER
+from router.chat import ALLOW_FAILOVER_VALUES, MAX_JSON_INTEGER
 from router.config import Limits
 from router.errors import ERRORS, sent_codes
 
@@ -516,8 +516,12 @@ _CHAT_HEADERS: Final = [
     ),
     _header(
         "X-Waybill-Allow-Failover",
-        {"type": "boolean"},
-        "false forbids switching endpoints for this request (also 0/1, no/yes).",
+        {"type": "string", "enum": list(ALLOW_FAILOVER_VALUES)},
+        "false (also 0, no) forbids switching endpoints for this request; true (also 1, "
+        "yes) or absent allows it; unknown also allows it and lets an attempt whose "
+        "execution is unknown be followed by another (a retry or a failover: a possible "
+        "duplicate execution) where the request is strict (on_unknown_execution: stop, or "
+        "server-side tools or web search in the body). Any case.",
     ),
     _header(
         "X-Waybill-Capabilities",

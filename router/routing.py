@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Final, Literal, Protocol, TypeAlias
 
@@ -371,6 +371,7 @@ DECISION_REASONS: Final[tuple[str, ...]] = (
     "policy_denied_never_routed_around",
     "on_credentials_error_stop",
     "on_unknown_execution_stop",
+    "server_side_effects_strict",
     # retry the same endpoint
     "retry_after_honoured",
     "retry_with_backoff",
@@ -381,6 +382,7 @@ DECISION_REASONS: Final[tuple[str, ...]] = (
     "credentials_policy_failover",
     "not_started_failover",
     "unknown_execution_policy_failover",
+    "unknown_execution_allowed_by_header",
     "class_allows_failover",
 )
 """Every reason :func:`decide` may give, a stable code recorded on ``FailoverDecided``."""
@@ -399,6 +401,10 @@ class Decision:
     action: Action
     reason: str  # one of DECISION_REASONS
     backoff_ms: int | None = None  # retry: how long to wait first
+    # The rule the failure class defers to, as it stood for this request, e.g.
+    # "on_unknown_execution=stop" (recorded as FailoverDecided.policy); None: the class does
+    # not defer to one.
+    policy: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.reason not in DECISION_REASONS and self.reason not in WALK_REASONS:
@@ -417,6 +423,12 @@ class AttemptOutcome:
     remaining_ms: int  # whole-request deadline left
     allow_failover: bool = True  # X-Waybill-Allow-Failover
     stream_committed: bool = False  # an event reached the client: the endpoint is fixed
+    # X-Waybill-Allow-Failover: unknown: the caller accepts that an attempt of unknown
+    # execution is followed by another (a possible duplicate), even where the policy is strict.
+    allow_unknown_execution: bool = False
+    # The request asks the provider for effects of its own (server-side tools, web search):
+    # strict whatever the policy says, for such effects cannot be taken back.
+    server_side_effects: bool = False
 
 
 def _stop(reason: str) -> Decision:
@@ -426,8 +438,14 @@ def _stop(reason: str) -> Decision:
 def decide(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> Decision:
     """What follows a failed attempt (contract §4 "Retry and failover are different acts", §5).
 
-    Whether a candidate is left to fail over to is the next evaluation's question.
+    ``defaults`` is the policy of the request's model group (``Config.policy_for``). Whether a
+    candidate is left to fail over to is the next evaluation's question.
     """
+    decision = _decide(outcome, defaults, rng)
+    return dataclasses.replace(decision, policy=_policy(outcome, defaults))
+
+
+def _decide(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> Decision:
     c = outcome.classification
     # 1. Limits of the whole request.
     if outcome.stream_committed:
@@ -439,7 +457,7 @@ def decide(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> D
     if outcome.attempts_made >= defaults.max_attempts:
         return _stop("max_attempts_reached")
     # 2. May this class go on at all?
-    stop_reason = _class_stops(c, defaults)
+    stop_reason = _class_stops(outcome, defaults)
     if stop_reason is not None:
         return _stop(stop_reason)
     # 3. Retry the same endpoint first, where the config allows it.
@@ -449,11 +467,23 @@ def decide(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> D
     # 4. Otherwise move to another endpoint, if the caller lets us.
     if not outcome.allow_failover:
         return _stop("failover_forbidden_by_header")
-    return Decision("failover", _failover_reason(c))
+    return Decision("failover", _failover_reason(outcome, defaults))
 
 
-def _class_stops(c: Classification, defaults: Defaults) -> str | None:
+def _strict(outcome: AttemptOutcome, defaults: Defaults) -> str | None:
+    """Why an attempt of unknown execution may not be followed by another (contract §5
+    "Per on_unknown_execution"), as the stop's reason; None if the request is not strict.
+    The group's policy comes first: it would stop the request whatever its body asks for."""
+    if defaults.on_unknown_execution == "stop":
+        return "on_unknown_execution_stop"
+    if outcome.server_side_effects:
+        return "server_side_effects_strict"
+    return None
+
+
+def _class_stops(outcome: AttemptOutcome, defaults: Defaults) -> str | None:
     """None if contract §5's "may fail over" column lets the request go on, else why not."""
+    c = outcome.classification
     match c.may_fail_over:
         case "yes" | "larger_context_only":
             return None
@@ -466,9 +496,11 @@ def _class_stops(c: Classification, defaults: Defaults) -> str | None:
                 return None
             return "on_credentials_error_stop"
         case "per_on_unknown_execution":
-            if c.evidence is Evidence.NOT_STARTED or defaults.on_unknown_execution == "failover":
+            # Not-started evidence makes another execution safe, whatever the policy; a strict
+            # request goes on only where its caller allowed a possible duplicate.
+            if c.evidence is Evidence.NOT_STARTED or outcome.allow_unknown_execution:
                 return None
-            return "on_unknown_execution_stop"
+            return _strict(outcome, defaults)
 
 
 def _retry(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> Decision | None:
@@ -494,7 +526,8 @@ def _retry(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> D
     return Decision("retry", "retry_with_backoff", backoff_ms=backoff)
 
 
-def _failover_reason(c: Classification) -> str:
+def _failover_reason(outcome: AttemptOutcome, defaults: Defaults) -> str:
+    c = outcome.classification
     if c.may_fail_over == "larger_context_only":
         return "larger_context_failover"
     if c.may_fail_over == "per_on_credentials_error":
@@ -502,10 +535,33 @@ def _failover_reason(c: Classification) -> str:
     if c.evidence is Evidence.NOT_STARTED:
         return "not_started_failover"
     if c.may_fail_over == "per_on_unknown_execution":
-        # The attempt may have run: the core holds its reservation as unknown usage.
+        # The attempt may have run: the core holds its reservation as unknown usage. A
+        # strict request got here only because its caller allowed it (step 2).
+        if _strict(outcome, defaults) is not None:
+            return "unknown_execution_allowed_by_header"
         return "unknown_execution_policy_failover"
     # "yes" with the work started (response_too_large): the table allows it outright.
     return "class_allows_failover"
+
+
+def _policy(outcome: AttemptOutcome, defaults: Defaults) -> str | None:
+    """The rule the failure class defers to, as it stood for this request: the group's
+    ``on_credentials_error`` or ``on_unknown_execution``, the strictness a request with
+    server-side effects gets, or the caller's ``X-Waybill-Allow-Failover: unknown`` that
+    lifted a strict one."""
+    c = outcome.classification
+    if c.may_fail_over == "per_on_credentials_error":
+        return f"on_credentials_error={defaults.on_credentials_error}"
+    if c.may_fail_over != "per_on_unknown_execution":
+        return None
+    strict = _strict(outcome, defaults)
+    if strict is None or c.evidence is Evidence.NOT_STARTED:
+        return f"on_unknown_execution={defaults.on_unknown_execution}"
+    if outcome.allow_unknown_execution:
+        return "X-Waybill-Allow-Failover=unknown"
+    if strict == "server_side_effects_strict":
+        return "server_side_effects=strict"
+    return "on_unknown_execution=stop"
 
 
 class Place(Protocol):

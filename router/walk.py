@@ -487,6 +487,8 @@ def _outcome(walk: Walk, way: _Way, failed: Failed) -> AttemptOutcome:
         retries_on_endpoint=walk.retries_on(way.target.endpoint),
         remaining_ms=failed.remaining_ms,
         allow_failover=policy.allow_failover,
+        allow_unknown_execution=policy.allow_unknown_execution,
+        server_side_effects=policy.server_side_effects,
     )
 
 

@@ -399,6 +399,80 @@ ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "models[0].mappings[0].price.web_search.per_choice_usd: must be >= 0",
     ),
     (
+        "unknown_group_policy_key",
+        lambda d: d["models"][0].update(policy={"max_attempt": 2}),
+        "models[0].policy.max_attempt: unknown key; a model group's policy takes the keys of "
+        "defaults: max_attempts, deadline_ms, attempt_timeout_ms, first_token_timeout_ms, "
+        "stream_idle_timeout_ms, retry_same_endpoint, on_credentials_error, "
+        "on_unknown_execution, hedge",
+    ),
+    (
+        "group_policy_breaker",
+        lambda d: d["models"][0].update(policy={"breaker": {"failure_threshold": 1}}),
+        "models[0].policy.breaker: breakers belong to endpoints and mappings, which model groups "
+        "share: set breaker under defaults",
+    ),
+    (
+        "group_policy_bad_value",
+        lambda d: d["models"][0].update(policy={"on_unknown_execution": "halt"}),
+        "models[0].policy.on_unknown_execution: must be 'failover' or 'stop'",
+    ),
+    (
+        "group_policy_zero_deadline",
+        lambda d: d["models"][0].update(policy={"deadline_ms": 0}),
+        "models[0].policy.deadline_ms: must be > 0",
+    ),
+    (
+        "group_policy_unknown_failure_class",
+        lambda d: d["models"][0].update(policy={"retry_same_endpoint": {"busy": {"max": 1}}}),
+        "models[0].policy.retry_same_endpoint.busy: unknown failure class; expected one of "
+        + ", ".join(FAILURE_CLASSES),
+    ),
+    (
+        "group_policy_merged_backoff_out_of_order",
+        # The group's lo above the defaults' hi: checked on the merged rule.
+        lambda d: d["models"][0].update(
+            policy={"retry_same_endpoint": {"upstream_unavailable": {"backoff_ms": [900, 100]}}}
+        ),
+        "models[0].policy.retry_same_endpoint.upstream_unavailable.backoff_ms: "
+        "must be [lo, hi] with lo <= hi",
+    ),
+    (
+        "group_policy_not_a_mapping",
+        lambda d: d["models"][0].update(policy=["stop"]),
+        "models[0].policy: must be a mapping",
+    ),
+    (
+        "group_policy_hedge_max_ways",
+        lambda d: d["models"][0].update(policy={"hedge": {"enabled": True, "max_ways": 1}}),
+        "models[0].policy.hedge.max_ways: must be >= 2",
+    ),
+    (
+        "after_p95_not_a_boolean",
+        lambda d: d.update(defaults={"hedge": {"after_p95": "yes"}}),
+        "defaults.hedge.after_p95: must be a boolean (true or false)",
+    ),
+    (
+        "unknown_resume",
+        lambda d: _mapping(d).update(resume="prefill"),
+        "models[0].mappings[0].resume: must be 'none', 'assistant_prefill', 'prefix_flag' or "
+        "'continue_final_message'",
+    ),
+    (
+        "prefix_flag_on_anthropic",
+        lambda d: _mapping(d, 1).update(resume="prefix_flag"),
+        "models[0].mappings[1].resume: prefix_flag is an OpenAI-compatible server's convention; "
+        "endpoint 'anthropic-eu' (driver anthropic) continues a trailing assistant message "
+        "itself: use assistant_prefill",
+    ),
+    (
+        "continue_final_message_on_anthropic",
+        lambda d: _mapping(d, 1).update(resume="continue_final_message"),
+        "models[0].mappings[1].resume: continue_final_message is an OpenAI-compatible server's "
+        "convention; endpoint 'anthropic-eu' (driver anthropic) continues a trailing assistant "
+        "message itself: use assistant_prefill",
+    ),
+    (
         "unknown_priced_dimension",
         lambda d: _mapping(d)["price"].update(video_input={"tokens": 1}),
         "models[0].mappings[0].price.video_input: unknown key",
@@ -838,3 +912,109 @@ def test_a_literal_admin_key_or_an_id_the_provider_does_not_report_is_refused() 
     assert _errors(_mutated(lambda d: _endpoint(d).update(admin_base_url="ftp://x"))) == [
         "endpoints[0].admin_base_url: must be an http:// or https:// URL"
     ]
+
+
+# --- a model group's policy ------------------------------------------------------------------
+
+
+def _with_policy(policy: Any, defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    data = _base()
+    second = copy.deepcopy(data["models"][0])
+    second["name"] = "chat-plain"
+    data["models"].append(second)
+    data["models"][0]["policy"] = policy
+    data["workspaces"][0]["models"].append("chat-plain")
+    if defaults is not None:
+        data["defaults"] = defaults
+    return data
+
+
+def test_a_group_policy_overrides_defaults_for_that_group_only() -> None:
+    config = _parse(
+        _with_policy(
+            {"on_unknown_execution": "stop", "max_attempts": 2},
+            defaults={"deadline_ms": 9000, "on_credentials_error": "failover"},
+        )
+    )
+    policy = config.policy_for("chat-default")
+    assert (policy.on_unknown_execution, policy.max_attempts) == ("stop", 2)
+    # Keys the block leaves out keep the defaults' values, not the built-in ones.
+    assert (policy.deadline_ms, policy.on_credentials_error) == (9000, "failover")
+    assert policy.breaker == config.defaults.breaker
+    assert config.policy_for("chat-plain") is config.defaults
+    assert config.defaults.on_unknown_execution == "failover"
+    with pytest.raises(KeyError):
+        config.policy_for("nope")
+
+
+def test_nested_blocks_of_a_group_policy_merge_key_by_key() -> None:
+    config = _parse(
+        _with_policy(
+            {
+                "retry_same_endpoint": {"upstream_unavailable": {"max": 3}},
+                "hedge": {"after_p95": True},
+            },
+            defaults={
+                "retry_same_endpoint": {
+                    "upstream_unavailable": {"max": 1, "backoff_ms": [10, 20]},
+                    "network_error": {"max": 2},
+                },
+                "hedge": {"after_ms": 700, "max_ways": 3},
+            },
+        )
+    )
+    retry = config.policy_for("chat-default").retry_same_endpoint
+    unavailable = retry.rule(FailureClass.UPSTREAM_UNAVAILABLE)
+    assert (unavailable.max, unavailable.backoff_ms) == (3, (10, 20))
+    assert retry.rule(FailureClass.NETWORK_ERROR).max == 2  # the defaults' rule, kept whole
+    assert retry.rule(FailureClass.RATE_LIMITED).max == 1  # the built-in default
+    hedge = config.policy_for("chat-default").hedge
+    assert (hedge.enabled, hedge.after_ms, hedge.after_p95, hedge.max_ways) == (
+        False,
+        700,
+        True,
+        3,
+    )
+    assert config.defaults.hedge.after_p95 is False
+
+
+def test_an_empty_group_policy_is_the_defaults() -> None:
+    config = _parse(_with_policy({}, defaults={"max_attempts": 7}))
+    assert config.policy_for("chat-default") == config.defaults
+    assert _parse(_with_policy(None)).models[0].policy is None
+
+
+def test_invalid_defaults_are_reported_once_not_again_under_each_group_policy() -> None:
+    data = _with_policy({"on_unknown_execution": "stop"}, defaults={"max_attempts": 0})
+    assert _errors(data) == ["defaults.max_attempts: must be > 0"]
+
+
+def test_the_summary_records_a_group_policy_only_when_there_is_one() -> None:
+    summary = _parse(_with_policy({"on_unknown_execution": "stop"})).redacted_summary()
+    groups = {g["name"]: g for g in summary["models"]}
+    assert groups["chat-default"]["policy"]["on_unknown_execution"] == "stop"
+    assert "breaker" not in groups["chat-default"]["policy"]
+    assert "policy" not in groups["chat-plain"]
+    # Defaults' after_p95 appears only when set, so an unchanged config keeps its summary.
+    assert "after_p95" not in summary["defaults"]["hedge"]
+    with_p95 = _parse(_mutated(lambda d: d.update(defaults={"hedge": {"after_p95": True}})))
+    assert with_p95.redacted_summary()["defaults"]["hedge"]["after_p95"] is True
+
+
+# --- a mapping's resume ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "resume", ["none", "assistant_prefill", "prefix_flag", "continue_final_message"]
+)
+def test_an_openai_endpoint_takes_every_resume(resume: str) -> None:
+    config = _parse(_mutated(lambda d: _mapping(d).update(resume=resume)))
+    assert config.models[0].mappings[0].resume == resume
+
+
+def test_resume_defaults_to_none_and_an_anthropic_endpoint_prefills() -> None:
+    config = _parse(_mutated(lambda d: _mapping(d, 1).update(resume="assistant_prefill")))
+    assert config.models[0].mappings[0].resume == "none"
+    assert config.models[0].mappings[1].resume == "assistant_prefill"
+    summary = config.redacted_summary()["models"][0]["mappings"]
+    assert "resume" not in summary[0] and summary[1]["resume"] == "assistant_prefill"

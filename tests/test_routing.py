@@ -840,6 +840,185 @@ def test_unknown_execution_not_started_goes_on_even_with_the_stop_policy():
         assert (decision.action, decision.reason) == ("failover", "not_started_failover")
 
 
+# --- strict evidence mode: on_unknown_execution: stop, server-side effects, the header -------
+
+# X-Waybill-Allow-Failover as the request carries it: (allow_failover, allow_unknown_execution).
+HEADER = {"true": (True, False), "unknown": (True, True), "false": (False, False)}
+UNKNOWN_503 = FIVE_XX
+NOT_STARTED_503 = _from(trust=True, http_status=503, execution_state_header="not-started")
+
+# (policy, server-side effects, header) → (action, reason, FailoverDecided.policy), for a 503 of
+# unknown execution whose same-endpoint retries are used up. Every combination is listed.
+_BY_POLICY = ("unknown_execution_policy_failover", "on_unknown_execution=failover")
+_BY_HEADER = ("unknown_execution_allowed_by_header", "X-Waybill-Allow-Failover=unknown")
+_FORBIDDEN = ("failover_forbidden_by_header", "on_unknown_execution=failover")
+_EFFECTS = ("server_side_effects_strict", "server_side_effects=strict")
+_STOP = ("on_unknown_execution_stop", "on_unknown_execution=stop")
+STRICT_TABLE = [
+    ("failover", False, "true",    "failover", *_BY_POLICY),
+    ("failover", False, "unknown", "failover", *_BY_POLICY),
+    ("failover", False, "false",   "stop",     *_FORBIDDEN),
+    ("failover", True,  "true",    "stop",     *_EFFECTS),
+    ("failover", True,  "unknown", "failover", *_BY_HEADER),
+    ("failover", True,  "false",   "stop",     *_EFFECTS),
+    ("stop",     False, "true",    "stop",     *_STOP),
+    ("stop",     False, "unknown", "failover", *_BY_HEADER),
+    ("stop",     False, "false",   "stop",     *_STOP),
+    ("stop",     True,  "true",    "stop",     *_STOP),
+    ("stop",     True,  "unknown", "failover", *_BY_HEADER),
+    ("stop",     True,  "false",   "stop",     *_STOP),
+]  # fmt: skip
+
+
+def _strict_outcome(effects: bool, header: str, **outcome: Any) -> dict[str, Any]:
+    allow_failover, allow_unknown = HEADER[header]
+    return {
+        "allow_failover": allow_failover,
+        "allow_unknown_execution": allow_unknown,
+        "server_side_effects": effects,
+        **outcome,
+    }
+
+
+def test_the_strict_table_lists_every_combination_once():
+    combos = [(p, e, h) for p, e, h, *_ in STRICT_TABLE]
+    assert sorted(combos) == sorted(
+        itertools.product(("failover", "stop"), (False, True), tuple(HEADER))
+    )
+
+
+@pytest.mark.parametrize(
+    ("policy", "effects", "header", "action", "reason", "rule"),
+    STRICT_TABLE,
+    ids=[f"{p}-{'effects' if e else 'plain'}-header_{h}" for p, e, h, *_ in STRICT_TABLE],
+)
+def test_an_attempt_of_unknown_execution_after_its_retries(
+    policy, effects, header, action, reason, rule
+):
+    decision = _decide(
+        UNKNOWN_503,
+        _defaults(on_unknown_execution=policy),
+        **_strict_outcome(effects, header, retries_on_endpoint=1),
+    )
+    assert (decision.action, decision.reason, decision.policy) == (action, reason, rule)
+
+
+@pytest.mark.parametrize(
+    ("policy", "effects", "header"),
+    [(p, e, h) for p, e, h, *_ in STRICT_TABLE],
+    ids=[f"{p}-{'effects' if e else 'plain'}-header_{h}" for p, e, h, *_ in STRICT_TABLE],
+)
+def test_a_strict_request_is_not_retried_in_place_unless_the_header_allows_it(
+    policy, effects, header
+):
+    # upstream_unavailable retries once by default: only strictness stands in the way.
+    decision = _decide(
+        UNKNOWN_503, _defaults(on_unknown_execution=policy), **_strict_outcome(effects, header)
+    )
+    strict = policy == "stop" or effects
+    if strict and header != "unknown":
+        assert decision.action == "stop"
+        assert decision.reason in ("on_unknown_execution_stop", "server_side_effects_strict")
+    else:
+        assert (decision.action, decision.reason) == ("retry", "retry_with_backoff")
+
+
+@pytest.mark.parametrize(
+    ("policy", "effects", "header"),
+    [(p, e, h) for p, e, h, *_ in STRICT_TABLE],
+    ids=[f"{p}-{'effects' if e else 'plain'}-header_{h}" for p, e, h, *_ in STRICT_TABLE],
+)
+def test_not_started_evidence_always_moves_on_whatever_the_strictness(policy, effects, header):
+    hand_built = _cls(FailureClass.NETWORK_ERROR, "per_on_unknown_execution", Evidence.NOT_STARTED)
+    for classification in (NOT_STARTED_503, hand_built):
+        decision = _decide(
+            classification,
+            _defaults(on_unknown_execution=policy),
+            **_strict_outcome(effects, header, retries_on_endpoint=1),
+        )
+        if header == "false":
+            assert (decision.action, decision.reason) == ("stop", "failover_forbidden_by_header")
+        else:
+            assert (decision.action, decision.reason) == ("failover", "not_started_failover")
+
+
+@pytest.mark.parametrize(
+    "facts",
+    [
+        {"transport": "sent_then_reset"},
+        {"transport": "timeout_before_headers"},
+        {"transport": "first_token_timeout"},
+        {"transport": "broken_stream"},
+        {"transport": "invalid_response"},
+        {"http_status": 502},
+        {"http_status": 408},
+        {"http_status": 302},
+    ],
+)
+def test_every_row_of_unknown_execution_is_strict_for_server_side_effects(facts):
+    classification = _from(**facts)
+    assert classification.may_fail_over == "per_on_unknown_execution"
+    decision = _decide(classification, server_side_effects=True)
+    assert (decision.action, decision.reason) == ("stop", "server_side_effects_strict")
+    allowed = _decide(
+        classification,
+        server_side_effects=True,
+        allow_unknown_execution=True,
+        retries_on_endpoint=1,
+    )
+    assert (allowed.action, allowed.reason) == ("failover", "unknown_execution_allowed_by_header")
+
+
+@pytest.mark.parametrize(
+    ("facts", "outcome"),
+    [
+        ({"http_status": 429}, {}),  # rate_limited: not started
+        ({"http_status": 404, "error_code": "model_not_found"}, {}),
+        ({"transport": "connect_error"}, {}),
+        ({"transport": "response_too_large"}, {}),  # the table allows it outright
+        ({"http_status": 400, "error_code": "context_length_exceeded"}, {}),
+    ],
+)
+def test_strictness_leaves_the_other_rows_as_they_were(facts, outcome):
+    classification = _from(**facts)
+    plain = _decide(classification, **outcome)
+    strict = _decide(
+        classification,
+        _defaults(on_unknown_execution="stop"),
+        server_side_effects=True,
+        **outcome,
+    )
+    assert (strict.action, strict.reason, strict.policy) == (
+        plain.action,
+        plain.reason,
+        plain.policy,
+    )
+
+
+def test_the_header_authorises_nothing_the_failure_class_forbids():
+    for facts in (
+        {"http_status": 429, "error_code": "insufficient_quota"},
+        {"http_status": 400, "error_code": "content_policy_violation"},
+        {"http_status": 401},
+    ):
+        plain = _decide(_from(**facts))
+        allowed = _decide(_from(**facts), allow_unknown_execution=True)
+        assert (
+            (allowed.action, allowed.reason)
+            == (plain.action, plain.reason)
+            == (
+                "stop",
+                plain.reason,
+            )
+        )
+
+
+def test_credentials_decisions_name_their_policy():
+    assert _decide(_from(http_status=401)).policy == "on_credentials_error=stop"
+    failover = _decide(_from(http_status=401), _defaults(on_credentials_error="failover"))
+    assert failover.policy == "on_credentials_error=failover"
+
+
 def test_unknown_execution_fails_over_by_policy_after_its_retries():
     decision = _decide(FIVE_XX, retries_on_endpoint=1)
     assert (decision.action, decision.reason) == ("failover", "unknown_execution_policy_failover")
@@ -969,6 +1148,12 @@ def test_every_decision_reason_is_listed_once_and_reachable():
                 {},
                 {"retries_on_endpoint": 1},
                 {"retries_on_endpoint": 1, "allow_failover": False},
+                {"retries_on_endpoint": 1, "server_side_effects": True},
+                {
+                    "retries_on_endpoint": 1,
+                    "server_side_effects": True,
+                    "allow_unknown_execution": True,
+                },
                 {"stream_committed": True},
                 {"remaining_ms": 0},
                 {"attempts_made": 4},

@@ -103,8 +103,12 @@ def config_text(
     dead_endpoints: Sequence[str] = (),
     limits: str = "",
     checkpoints: str = "",
+    policies: dict[str, str] | None = None,
 ) -> str:
+    """``policies``: model group name → its ``policy:`` block (a YAML flow mapping). ``chat``
+    always exists; any other name is one more group with the same mappings."""
     drivers = drivers or {}
+    policies = policies or {}
     endpoint_extra = endpoint_extra or {}
     endpoints = []
     bases = {
@@ -145,23 +149,28 @@ def config_text(
     limits_yaml = f"limits: {limits}\n" if limits else ""
     if checkpoints:
         limits_yaml += f"checkpoints: {checkpoints}\n"
+    names = ["chat", *(name for name in policies if name != "chat")]
+    groups = "".join(
+        f"  - name: {name}\n"
+        + (f"    policy: {policies[name]}\n" if name in policies else "")
+        + f"    mappings:\n{''.join(mappings)}"
+        for name in names
+    )
     return f"""generation: {generation}
 {limits_yaml}defaults:
 {defaults_yaml}
 endpoints:
 {"".join(endpoints)}
 models:
-  - name: chat
-    mappings:
-{"".join(mappings)}
+{groups}
 workspaces:
   - id: acme
-    models: [chat]
+    models: [{", ".join(names)}]
     regions: [us-east]
     data_class: internal
 {workspace_extra}
   - id: other
-    models: [chat]
+    models: [{", ".join(names)}]
     regions: [us-east]
     data_class: internal
 """

@@ -97,3 +97,64 @@ async def test_a_hedged_way_that_fails_leaves_the_request_to_the_other(database_
         events = await gw.events(raw.headers["x-request-id"])
         decided = _of(events, "FailoverDecided")
         assert [(d["action"], d["reason"]) for d in decided] == [("failover", "other_way_running")]
+
+
+async def test_a_group_policy_hedges_that_group_alone(database_url):
+    async with running_gateway(
+        database_url,
+        ["east", "west"],
+        ROUTES,
+        policies={"hedged": "{hedge: {enabled: true, after_ms: 200}}"},
+    ) as gw:
+        gw.upstreams["east"].set_default(Behavior.ok(latency_ms=1500))
+        client = gw.client()
+        hedged = await client.chat.completions.with_raw_response.create(
+            model="hedged", messages=MESSAGES
+        )
+        assert hedged.headers["x-waybill-endpoint"] == "west"
+        plain = await client.chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES
+        )
+        assert plain.headers["x-waybill-endpoint"] == "east"
+        events = await gw.events(plain.headers["x-request-id"])
+        assert [s["kind"] for s in _of(events, "AttemptStarted")] == ["call"]
+
+
+async def test_a_request_with_server_side_effects_is_never_hedged(database_url):
+    async with running_gateway(database_url, ["east", "west"], ROUTES, defaults=HEDGE) as gw:
+        gw.upstreams["east"].set_default(Behavior.ok(latency_ms=1000))
+        async with gw.http() as http:
+            response = await http.post(
+                "/v1/chat/completions",
+                json={
+                    "model": "chat",
+                    "messages": MESSAGES,
+                    "tools": [{"type": "web_search_preview"}],
+                },
+            )
+        assert response.status_code == 200, response.text
+        assert response.headers["x-waybill-endpoint"] == "east"
+        assert gw.upstreams["west"].hits == 0
+
+
+async def test_after_p95_waits_what_the_group_usually_takes(database_url):
+    hedge = {"hedge": "{enabled: true, after_ms: 100, after_p95: true}"}
+    async with running_gateway(database_url, ["east", "west"], ROUTES, defaults=hedge) as gw:
+        client = gw.client()
+        gw.upstreams["east"].set_default(Behavior.ok(latency_ms=400))
+        # Until 20 answers were seen, after_ms stands: this one is hedged.
+        first = await client.chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES
+        )
+        assert first.headers["x-waybill-endpoint"] == "west"
+        for _ in range(20):  # the group's answers take ~400 ms from now on...
+            gw.upstreams["west"].set_default(Behavior.ok(latency_ms=400))
+            await client.chat.completions.create(model="chat", messages=MESSAGES)
+        gw.upstreams["east"].set_default(Behavior.ok(latency_ms=200))
+        # ... so one of 200 ms is waited for, not hedged after 100 ms.
+        later = await client.chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES
+        )
+        assert later.headers["x-waybill-endpoint"] == "east"
+        events = await gw.events(later.headers["x-request-id"])
+        assert [s["kind"] for s in _of(events, "AttemptStarted")] == ["call"]

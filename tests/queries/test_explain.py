@@ -113,7 +113,8 @@ def test_an_unknown_attempt_that_stopped_names_class_evidence_decision_and_the_h
     assert x["summary"].startswith(
         "Request r1 (model group chat-default) failed with 503 upstream_unavailable after "
         "tier 0's east/gpt-4o-mini answered 502 upstream_unavailable with execution unknown "
-        "(stop: on_unknown_execution_stop)"
+        "(stop: on_unknown_execution_stop, strict, as on_unknown_execution: stop says: a "
+        "request whose attempt may have run is never run again)"
     )
     assert "$0.005000 held as unknown usage" in x["summary"]
     [attempt] = x["attempts"]
@@ -122,9 +123,72 @@ def test_an_unknown_attempt_that_stopped_names_class_evidence_decision_and_the_h
         "action": "stop",
         "reason": "on_unknown_execution_stop",
         "backoff_ms": None,
+        "policy": None,
     }
     assert (attempt["held_unknown_usd"], attempt["reservation"]) == ("0.005000", "held_unknown")
     assert x["held_unknown_usd"] == "0.005000"
+
+
+def _strict_trail(
+    reason: str, policy: str, action: str = "stop", **requirements: bool
+) -> list[ev.Event]:
+    """The unknown-then-failed trail of a request with ``requirements``, its decision
+    ``action`` for ``reason``."""
+    trail = unknown_then_failed_trail("r1")
+    first = trail[0]
+    assert isinstance(first, ev.RequestReceived)
+    trail[0] = first.model_copy(
+        update={"requirements": first.requirements.model_copy(update=requirements)}
+    )
+    index, decided = next((i, e) for i, e in enumerate(trail) if isinstance(e, ev.FailoverDecided))
+    trail[index] = decided.model_copy(
+        update={"reason": reason, "policy": policy, "action": action, "allowed": action != "stop"}
+    )
+    return trail
+
+
+def test_a_request_strict_for_its_server_side_effects_names_that_rule_in_plain_words() -> None:
+    x = explain(
+        recorded(
+            _strict_trail(
+                "server_side_effects_strict", "server_side_effects=strict", server_side_effects=True
+            )
+        )
+    )
+    words = (
+        "strict, as every request asking the provider for server-side effects (server-side "
+        "tools, web search) is: it is never run again once an attempt may have run"
+    )
+    assert f"(stop: server_side_effects_strict, {words})" in x["summary"]
+    received_step, decided_step = (
+        next(s["text"] for s in x["decision_path"] if s["event"] == name)
+        for name in ("RequestReceived", "FailoverDecided")
+    )
+    assert "asks the provider for server-side effects, so it is strict" in received_step
+    assert decided_step.endswith(f"stop, not allowed: server_side_effects_strict, {words}")
+    assert x["attempts"][0]["failover"]["policy"] == "server_side_effects=strict"
+    assert x["requirements"]["server_side_effects"] is True
+    text = " ".join(render_text(x).split())
+    assert (
+        "then stop (not allowed): server_side_effects_strict (policy server_side_effects=strict)"
+        in text
+    )
+
+
+def test_a_caller_allowing_a_second_execution_is_named_in_the_explanation() -> None:
+    trail = _strict_trail(
+        "unknown_execution_allowed_by_header",
+        "X-Waybill-Allow-Failover=unknown",
+        "failover",
+        allow_unknown_execution=True,
+    )
+    x = explain(recorded(trail))
+    assert (
+        "unknown_execution_allowed_by_header, the caller's X-Waybill-Allow-Failover: unknown "
+        "allowed running it again although the attempt may have run" in x["summary"]
+    )
+    received_step = x["decision_path"][0]["text"]
+    assert "the caller allows running it again after an attempt that may have run" in received_step
 
 
 def test_an_operator_settlement_of_unknown_usage_is_part_of_the_story() -> None:

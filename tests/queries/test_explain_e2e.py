@@ -82,7 +82,8 @@ async def test_each_failure_path_is_explained_with_its_exact_codes(
     summary = x["summary"]
     assert "tier 0's east/fake-model " in summary
     assert f"{row.failure_class} {EVIDENCE_PHRASE[row.evidence]} ({row.action}" in summary
-    assert f": {row.reason})" in summary
+    # The reason code, then the rule behind it in plain words where it has one.
+    assert f": {row.reason})" in summary or f": {row.reason}, " in summary
     assert "config generation test-1" in summary
     if row.code is None:
         served = x["attempts"][-1]

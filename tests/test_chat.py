@@ -1,0 +1,124 @@
+"""A chat request read at the edge (router/chat.py): X-Waybill-Allow-Failover and what makes a
+request strict, carried into its requirements."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from router.chat import ALLOW_FAILOVER_VALUES, HeaderNarrowing, parse_body, read_headers
+from router.config import Workspace
+from router.errors import GatewayError
+
+WORKSPACE = Workspace(id="acme", models=("chat",), regions=frozenset({"us"}), data_class="public")
+MESSAGES = [{"role": "user", "content": "hi"}]
+FUNCTION = {"type": "function", "function": {"name": "get_weather"}}
+
+
+@pytest.mark.parametrize(
+    ("value", "allow_failover", "allow_unknown_execution"),
+    [
+        (None, True, False),
+        ("true", True, False),
+        ("1", True, False),
+        ("yes", True, False),
+        ("false", False, False),
+        ("0", False, False),
+        ("no", False, False),
+        ("unknown", True, True),
+        (" Unknown ", True, True),
+        ("FALSE", False, False),
+    ],
+)
+def test_allow_failover_header(
+    value: str | None, allow_failover: bool, allow_unknown_execution: bool
+) -> None:
+    headers = read_headers({} if value is None else {"x-waybill-allow-failover": value})
+    assert (headers.allow_failover, headers.allow_unknown_execution) == (
+        allow_failover,
+        allow_unknown_execution,
+    )
+
+
+@pytest.mark.parametrize("value", ["maybe", "", "unknown,true", "2", "unknowns"])
+def test_a_bad_allow_failover_value_is_a_400_listing_the_values(value: str) -> None:
+    with pytest.raises(GatewayError) as caught:
+        read_headers({"x-waybill-allow-failover": value})
+    error = caught.value
+    assert (error.status, error.code, error.param) == (
+        400,
+        "invalid_request",
+        "X-Waybill-Allow-Failover",
+    )
+    assert "true, false or unknown" in error.message
+
+
+def test_the_documented_values_are_the_ones_read() -> None:
+    assert set(ALLOW_FAILOVER_VALUES) == {"true", "false", "unknown", "1", "0", "yes", "no"}
+    for value in ALLOW_FAILOVER_VALUES:
+        read_headers({"x-waybill-allow-failover": value})
+
+
+def _requirements(headers: dict[str, str] | None = None, **body: Any) -> Any:
+    call = parse_body(orjson.dumps({"model": "chat", "messages": MESSAGES, **body}))
+    return call.requirements(WORKSPACE, read_headers(headers or {}))
+
+
+def test_the_header_reaches_the_requirements() -> None:
+    assert _requirements().allow_unknown_execution is False
+    allowed = _requirements({"x-waybill-allow-failover": "unknown"})
+    assert (allowed.allow_failover, allowed.allow_unknown_execution) == (True, True)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"tools": [{"type": "web_search"}]},
+        {"tools": [{"type": "web_search_preview"}]},
+        {"tools": [{"type": "file_search", "vector_store_ids": ["vs_1"]}]},
+        {"tools": [{"type": "code_interpreter", "container": {"type": "auto"}}]},
+        {"tools": [{"type": "mcp", "server_label": "x", "server_url": "https://x.invalid"}]},
+        {"tools": [FUNCTION, {"type": "web_search_20250305", "name": "web_search"}]},
+        {"tools": [{"type": "code_execution_20250825", "name": "code_execution"}]},
+        {"web_search_options": {}},
+        {"web_search_options": {"search_context_size": "low"}},
+        {"mcp_servers": [{"type": "url", "url": "https://x.invalid", "name": "x"}]},
+    ],
+    ids=[
+        "web_search",
+        "web_search_preview",
+        "file_search",
+        "code_interpreter",
+        "mcp",
+        "anthropic-web_search",
+        "anthropic-code_execution",
+        "web_search_options",
+        "web_search_options-low",
+        "mcp_servers",
+    ],
+)
+def test_server_side_tools_and_fields_make_the_request_strict(body: dict[str, Any]) -> None:
+    assert _requirements(**body).server_side_effects is True
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"tools": []},
+        {"tools": [FUNCTION]},
+        {"tools": [{"type": "custom", "custom": {"name": "grammar"}}]},
+        {"tools": [{"name": "get_weather", "input_schema": {"type": "object"}}]},  # no type
+        {"web_search_options": None},
+    ],
+    ids=["none", "empty", "function", "custom", "untyped", "null-search"],
+)
+def test_client_run_tools_leave_the_request_as_its_policy_says(body: dict[str, Any]) -> None:
+    assert _requirements(**body).server_side_effects is False
+
+
+def test_header_narrowing_defaults_allow_failover_but_no_duplicate() -> None:
+    narrowing = HeaderNarrowing()
+    assert (narrowing.allow_failover, narrowing.allow_unknown_execution) == (True, False)
