@@ -28,6 +28,7 @@ from router.fake_upstream._reply import make_reply
 from router.worst_case import (
     billed_usage,
     input_tokens,
+    output_tokens,
     settlement_rates,
     unpriced,
     worst_case_cost,
@@ -464,7 +465,7 @@ def _within_bounds(draw: st.DrawFn, mapping: Mapping) -> tuple[Requirements, Usa
     audio_in = draw(st.integers(0, audio_bound))
     prompt = draw(st.integers(0, r.estimated_input_tokens)) + audio_in
     prompt += draw(st.integers(0, parts - audio_bound))  # images and files, as input tokens
-    per_choice = (r.max_output_tokens or mapping.max_output_tokens) + r.prediction_tokens
+    per_choice = output_tokens(mapping, r) + r.prediction_tokens  # a limit of 0 is a limit
     output = draw(st.integers(0, r.choices * per_choice))
     usage = Usage(
         input_tokens=prompt,
