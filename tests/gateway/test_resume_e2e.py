@@ -184,3 +184,28 @@ async def test_explain_tells_the_resume(database_url):
         assert attempts[1]["resumed_from"] == attempts[0]["attempt_id"]
         assert any("a resume of attempt 1" in step["text"] for step in explained["decision_path"])
         assert "resumed on the same upstream model once" in explained["summary"]
+
+
+async def test_a_strict_request_is_not_resumed_unless_it_allows_unknown_execution(
+    database_url,
+):
+    async with running_gateway(
+        database_url,
+        ["east"],
+        [Route("east", resume="assistant_prefill")],
+        # Both requests' breaks count against the endpoint's breaker: let it stay closed.
+        defaults={"on_unknown_execution": "stop", "breaker": "{failure_threshold: 3}"},
+    ) as gw:
+        east = gw.upstreams["east"]
+        east.set_continuation("assistant_prefill")
+        east.set_plan([Behavior.mid_stream_disconnect(after_content=3)])
+        stream, _ = await _broken_stream(gw)
+        assert east.hits == 1
+        events = await gw.events(stream.response.headers["x-request-id"])
+        decided = next(e.data for e in events if e.type == "FailoverDecided")
+        assert (decided["action"], decided["reason"]) == ("stop", "on_unknown_execution_stop")
+
+        east.set_plan([Behavior.mid_stream_disconnect(after_content=3)])
+        _, chunks = await _stream(gw, extra_headers={"X-Waybill-Allow-Failover": "unknown"})
+        assert _text(chunks) == "".join(reply_pieces("east"))
+        assert east.hits == 3
