@@ -229,6 +229,9 @@ class Candidate(_Record):
     reason_code: ReasonCode | None = None
     detail: str | None = None  # e.g. the missing capability, the region, the breaker scope
     worst_case_usd: Money | None = None
+    # The mapping's moving average of time to first content / answer when it was evaluated
+    # (the least_latency strategy reads it); None: not measured yet.
+    latency_ms: NonNegInt | None = None
 
 
 class RouteChoice(_Record):
@@ -284,6 +287,8 @@ class RouteEvaluated(Event):
     candidates: tuple[Candidate, ...]
     tried_endpoints: tuple[str, ...] = ()
     chosen: RouteChoice | None = None  # None: nothing eligible is left
+    # How the choice inside the tier was made (contract §4 "Selection").
+    strategy: Literal["weighted", "least_latency", "least_cost"] = "weighted"
 
 
 class BudgetReserved(Event):

@@ -265,6 +265,27 @@ def _totals(trail: _Trail) -> dict[str, str | None]:
     }
 
 
+def _by_strategy(evaluation: ev.RouteEvaluated) -> str:
+    """The figures a least_cost or least_latency choice compared, in words ("" if weighted)."""
+    chosen = evaluation.chosen
+    if chosen is None or evaluation.strategy == "weighted":
+        return ""
+    rivals = [c for c in evaluation.candidates if c.eligible and c.tier == chosen.tier]
+    if evaluation.strategy == "least_cost":
+        figures = ", ".join(
+            f"{c.endpoint}/{c.model} ${money_str(c.worst_case_usd)}"
+            for c in rivals
+            if c.worst_case_usd is not None
+        )
+        return f"least worst-case cost of {figures}; "
+    figures = ", ".join(
+        f"{c.endpoint}/{c.model} "
+        + ("not measured yet" if c.latency_ms is None else f"{c.latency_ms} ms")
+        for c in rivals
+    )
+    return f"least latency of {figures}; "
+
+
 def _candidates(trail: _Trail) -> list[dict[str, Any]]:
     rows = []
     for evaluation in trail.evaluations:
@@ -283,6 +304,8 @@ def _candidates(trail: _Trail) -> list[dict[str, Any]]:
                     "reason_code": c.reason_code.value if c.reason_code else None,
                     "detail": c.detail,
                     "worst_case_usd": _money(c.worst_case_usd),
+                    "latency_ms": c.latency_ms,
+                    "strategy": evaluation.strategy,
                     "chosen": is_chosen,
                     "selection_position": chosen.selection_position
                     if chosen is not None and is_chosen
@@ -455,9 +478,14 @@ def _not_chosen(trail: _Trail) -> list[str]:
         rivals = [e.chosen for e, c in views if c.eligible and e.chosen and e.chosen.tier == c.tier]
         if rivals:
             winner = rivals[0]
+            how = {
+                "weighted": "the weighted round-robin",
+                "least_cost": "the least-cost strategy",
+                "least_latency": "the least-latency strategy",
+            }[next(e.strategy for e, c in views if c.eligible and e.chosen)]
             clauses.append(
-                f"{name} was eligible on tier {c0.tier} (weight {c0.weight}) but the weighted "
-                f"round-robin chose {winner.endpoint}/{winner.model} (weight {winner.weight})"
+                f"{name} was eligible on tier {c0.tier} (weight {c0.weight}) but {how} chose "
+                f"{winner.endpoint}/{winner.model} (weight {winner.weight})"
             )
         else:
             clauses.append(f"{name} on tier {c0.tier} was eligible but never needed")
@@ -624,7 +652,8 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
             ch = event.chosen
             return (
                 f"{text}; chose {ch.endpoint}/{ch.model} on tier {ch.tier} "
-                f"(weight {ch.weight}, round-robin position {ch.selection_position})"
+                f"({_by_strategy(event)}weight {ch.weight}, round-robin position "
+                f"{ch.selection_position})"
             )
         case ev.BudgetReserved():
             accounts = ", ".join(a.account_id for a in event.accounts) or "no budget account"

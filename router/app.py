@@ -78,6 +78,7 @@ from router.errors import (
 from router.gateway import Caller, Gateway, KeyMoved
 from router.idempotency import Claim, IdempotencyStore, RecordedAnswer
 from router.ids import new_id
+from router.latency import latency_board
 from router.proof_api import proof_router
 from router.queries import queries_router
 from router.reconcile_api import reconcile_router
@@ -265,7 +266,8 @@ def create_app(settings: AppSettings) -> FastAPI:
         store = EventStore(engine)
         breakers = breaker_board(config.defaults.breaker, config.generation, settings.redis_url)
         owner = incarnation_owner(settings.instance_id or new_id("gw"), new_id("inc"))
-        gateway = Gateway(config, store, breakers, instance_id=owner)
+        latency = latency_board(config.generation, settings.redis_url)
+        gateway = Gateway(config, store, breakers, instance_id=owner, latency=latency)
         await register_instance(engine, owner)
         if settings.instance_id is not None:
             # Before serving: an earlier run of this instance is dead (we replaced it), so
@@ -780,7 +782,10 @@ async def reload_config(app: FastAPI) -> tuple[str, str]:
     old: Gateway = app.state.gateway
     store: EventStore = app.state.store
     breakers = breaker_board(config.defaults.breaker, config.generation, settings.redis_url)
-    app.state.gateway = Gateway(config, store, breakers, instance_id=old.instance_id)
+    latency = latency_board(config.generation, settings.redis_url)
+    app.state.gateway = Gateway(
+        config, store, breakers, instance_id=old.instance_id, latency=latency
+    )
     retiring = asyncio.create_task(old.retire())
     app.state.retiring.add(retiring)
     retiring.add_done_callback(app.state.retiring.discard)

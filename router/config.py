@@ -563,6 +563,8 @@ class ModelGroup(_Frozen):
     name: _Name
     kind: Literal["chat"] = "chat"
     mappings: Annotated[tuple[Mapping, ...], _NonEmpty]
+    # How the mapping inside the best tier is chosen (contract §4 "Selection").
+    strategy: Literal["weighted", "least_latency", "least_cost"] = "weighted"
     # The group's whole policy, when it has a `policy:` block: `Config` lays the block's keys
     # over `defaults` before this is validated (see Config._policies_over_defaults). None:
     # `defaults` as they are. Read it through Config.policy_for.

@@ -80,6 +80,7 @@ from router.errors import (
     upstream_unavailable,
 )
 from router.ids import new_id
+from router.latency import InProcessLatency, LatencyBoard
 from router.resume import Seam, continuation_body
 from router.routing import (
     Decision,
@@ -279,10 +280,12 @@ class Gateway:
         drivers: Mapping[str, Driver] | None = None,
         rng: random.Random | None = None,
         instance_id: str | None = None,
+        latency: LatencyBoard | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.breakers = breakers
+        self.latency = latency or InProcessLatency()  # for the least_latency strategy
         self.instance_id = instance_id or new_id("gw")  # owner of the holds it takes
         self._drivers = dict(drivers) if drivers else {}
         for endpoint in config.endpoints:
@@ -317,6 +320,7 @@ class Gateway:
         for driver in self._drivers.values():
             await driver.aclose()
         await self.breakers.aclose()
+        await self.latency.aclose()
 
     def models_for(self, workspace: Workspace) -> list[ModelGroup]:
         return [g for g in self.config.models if g.name in workspace.models]
@@ -406,6 +410,7 @@ class _Run:
         self._pending_effects: list[Effect] = []
         self.open: dict[str, _Attempt] = {}  # started, their end not yet recorded
         self.walk = Walk(policy=self._walk_policy())
+        self._places = tuple((m.endpoint, m.model) for m in group.mappings)
         self._targets = tuple(
             Target(m.endpoint, i, m.model, m.context_window, m.resume)
             for i, m in enumerate(group.mappings)
@@ -736,6 +741,9 @@ class _Run:
                 if attempt.kind != "resume":
                     waited = round((time.monotonic() - attempt.started_at) * 1000)
                     self.gw.latencies.add(self.group.name, self.call.stream, waited)
+                    if self.group.strategy == "least_latency":
+                        mapping = attempt.route.mapping
+                        await self.gw.latency.observe((mapping.endpoint, mapping.model), waited)
                 answered = not self.call.stream
                 return Answered(attempt.attempt_id) if answered else Content(attempt.attempt_id)
             return await self._attempt_failed(attempt)
@@ -1080,6 +1088,9 @@ class _Run:
                 # evaluation reads must include that.
                 await self._flush()
             breaker_open = self._breaker_lookup(await self.gw.breakers.blocked(keys))
+            latencies = None
+            if self.group.strategy == "least_latency":
+                latencies = await self.gw.latency.read(self._places)
             # Priced as at this attempt's start: its reservation and its settlement use the
             # price in force now (contract §2, price history), whenever it ends.
             group = self.group.priced_at(datetime.now(UTC))
@@ -1091,6 +1102,7 @@ class _Run:
                 action.context,
                 breaker_open=breaker_open,
                 over_budget=await self.budget.over_budget_check(),
+                latencies=latencies,
             )
             choice = select(candidates, self.gw._rr, self.caller.workspace.id, group)
             self.sequence += 1
@@ -1101,6 +1113,7 @@ class _Run:
                     candidates=candidates,
                     tried_endpoints=tuple(sorted(action.context.tried_endpoints)),
                     chosen=choice,
+                    strategy=group.strategy,
                 )
             )
             if choice is None:

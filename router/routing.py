@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections.abc import Callable, Sequence
+from collections.abc import Mapping as AbcMapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Final, Literal, Protocol, TypeAlias
@@ -218,9 +219,12 @@ def evaluate(
     *,
     breaker_open: BreakerOpen,
     over_budget: OverBudget | None = None,
+    latencies: AbcMapping[tuple[str, str], float] | None = None,
 ) -> tuple[Candidate, ...]:
     """One candidate per mapping of ``group``, in mapping order: eligible, or excluded with
-    the reason code of the first failing check in :data:`CHECK_ORDER`.
+    the reason code of the first failing check in :data:`CHECK_ORDER`. ``latencies``: each
+    (endpoint, upstream model)'s moving average of time to first content, where measured,
+    recorded on its candidate for the ``least_latency`` strategy.
 
     ``breaker_open`` and ``over_budget`` are called at most once per mapping, in mapping
     order, and only for a mapping that passed every check before theirs.
@@ -262,9 +266,17 @@ def evaluate(
                 reason_code=reason,
                 detail=detail,
                 worst_case_usd=subject.worst_case_usd,
+                latency_ms=_latency(latencies, mapping),
             )
         )
     return tuple(candidates)
+
+
+def _latency(latencies: AbcMapping[tuple[str, str], float] | None, mapping: Mapping) -> int | None:
+    if latencies is None:
+        return None
+    figure = latencies.get((mapping.endpoint, mapping.model))
+    return None if figure is None else max(0, round(figure))
 
 
 def _first_failure(subject: _Subject) -> tuple[ReasonCode | None, str | None]:
@@ -331,15 +343,21 @@ def select(
     workspace_id: str,
     group: ModelGroup,
 ) -> RouteChoice | None:
-    """The lowest tier with an eligible candidate, then SWRR inside it; None if none is."""
+    """The lowest tier with an eligible candidate, then the group's strategy inside it; None
+    if none is eligible.
+
+    ``weighted``: smooth weighted round-robin over the tier. ``least_cost``: the candidates
+    with the lowest worst-case cost for this request. ``least_latency``: the candidates not
+    measured yet (each mapping is tried before figures rank it), else those with the lowest
+    ``latency_ms``. Ties share the round-robin, so the choice is deterministic for a given
+    state and spread over equals."""
     eligible = [c for c in candidates if c.eligible]
     if not eligible:
         return None
     # contract §4: a lower tier is never chosen while a higher-priority one has a candidate.
     tier = min(c.tier for c in eligible)
-    chosen, position = rr.choose(
-        (workspace_id, group.name, group.kind, tier), [c for c in eligible if c.tier == tier]
-    )
+    pool = _best_by_strategy([c for c in eligible if c.tier == tier], group.strategy)
+    chosen, position = rr.choose((workspace_id, group.name, group.kind, tier), pool)
     return RouteChoice(
         endpoint=chosen.endpoint,
         model=chosen.model,
@@ -348,6 +366,23 @@ def select(
         weight=chosen.weight,
         selection_position=position,
     )
+
+
+def _best_by_strategy(tier: list[Candidate], strategy: str) -> list[Candidate]:
+    match strategy:
+        case "least_cost":
+            # Eligible candidates are priced (unpriced_input is checked before).
+            costs = [c.worst_case_usd for c in tier if c.worst_case_usd is not None]
+            if not costs:
+                return tier
+            return [c for c in tier if c.worst_case_usd == min(costs)]
+        case "least_latency":
+            unmeasured = [c for c in tier if c.latency_ms is None]
+            if unmeasured:
+                return unmeasured
+            fastest = min(c.latency_ms for c in tier if c.latency_ms is not None)
+            return [c for c in tier if c.latency_ms == fastest]
+    return tier
 
 
 # --- after a failed attempt: retry, failover or stop ----------------------------------------

@@ -578,6 +578,52 @@ def test_select_from_a_real_evaluation_stays_in_tier_0_until_it_is_tried():
     assert (after.endpoint, after.model, after.tier, after.weight) == ("west", "claude", 1, 2)
 
 
+# --- selection: strategies ------------------------------------------------------------------
+
+
+def _priced(index: int, cost: str, latency: int | None = None, tier: int = 0) -> Candidate:
+    return _candidate(index, tier=tier).model_copy(
+        update={"worst_case_usd": Decimal(cost), "latency_ms": latency}
+    )
+
+
+def _choose(candidates: list[Candidate], strategy: str, rounds: int = 1) -> list[int]:
+    rr, group = WeightedRoundRobin(), _group().model_copy(update={"strategy": strategy})
+    picks = [select(candidates, rr, "acme", group) for _ in range(rounds)]
+    return [p.mapping_index for p in picks if p is not None]
+
+
+def test_least_cost_chooses_the_cheapest_worst_case_and_spreads_over_equals():
+    candidates = [_priced(0, "0.004"), _priced(1, "0.001"), _priced(2, "0.001")]
+    assert _choose(candidates, "least_cost", rounds=4) == [1, 2, 1, 2]
+
+
+def test_least_latency_measures_every_mapping_before_ranking_them():
+    candidates = [_priced(0, "1", latency=90), _priced(1, "1"), _priced(2, "1", latency=40)]
+    assert _choose(candidates, "least_latency", rounds=3) == [1, 1, 1]
+    measured = [_priced(0, "1", latency=90), _priced(1, "1", latency=120), _priced(2, "1", 40)]
+    assert _choose(measured, "least_latency", rounds=3) == [2, 2, 2]
+
+
+@pytest.mark.parametrize("strategy", ["least_cost", "least_latency"])
+def test_a_strategy_chooses_inside_the_best_tier_only(strategy):
+    candidates = [_priced(0, "9", latency=900), _priced(1, "0.1", latency=1, tier=1)]
+    assert _choose(candidates, strategy, rounds=3) == [0, 0, 0]
+
+
+@pytest.mark.parametrize("strategy", ["weighted", "least_cost", "least_latency"])
+def test_a_strategys_choice_is_the_same_for_the_same_state(strategy):
+    candidates = [_priced(i, str(i % 2 + 1), latency=(i % 3) * 10) for i in range(5)]
+    assert _choose(candidates, strategy, rounds=7) == _choose(candidates, strategy, rounds=7)
+
+
+def test_evaluation_records_each_mappings_latency_figure():
+    candidates = _evaluate(latencies={("east", "small"): 87.6})
+    figures = {(c.endpoint, c.model): c.latency_ms for c in candidates}
+    assert figures[("east", "small")] == 88
+    assert all(v is None for k, v in figures.items() if k != ("east", "small"))
+
+
 def test_select_returns_none_when_nothing_is_eligible():
     candidates = [_candidate(0, eligible=False), _candidate(1, tier=1, eligible=False)]
     assert select(candidates, WeightedRoundRobin(), "acme", _group()) is None

@@ -104,9 +104,11 @@ def config_text(
     limits: str = "",
     checkpoints: str = "",
     policies: dict[str, str] | None = None,
+    strategies: dict[str, str] | None = None,
 ) -> str:
-    """``policies``: model group name → its ``policy:`` block (a YAML flow mapping). ``chat``
-    always exists; any other name is one more group with the same mappings."""
+    """``policies``, ``strategies``: model group name → its ``policy:`` block (a YAML flow
+    mapping), its ``strategy``. ``chat`` always exists; any other name is one more group
+    with the same mappings."""
     drivers = drivers or {}
     policies = policies or {}
     endpoint_extra = endpoint_extra or {}
@@ -149,10 +151,12 @@ def config_text(
     limits_yaml = f"limits: {limits}\n" if limits else ""
     if checkpoints:
         limits_yaml += f"checkpoints: {checkpoints}\n"
-    names = ["chat", *(name for name in policies if name != "chat")]
+    strategies = strategies or {}
+    names = list(dict.fromkeys(["chat", *policies, *strategies]))
     groups = "".join(
         f"  - name: {name}\n"
         + (f"    policy: {policies[name]}\n" if name in policies else "")
+        + (f"    strategy: {strategies[name]}\n" if name in strategies else "")
         + f"    mappings:\n{''.join(mappings)}"
         for name in names
     )
