@@ -113,6 +113,7 @@ class FailureClass(StrEnum):
     NETWORK_ERROR = "network_error"
     TIMEOUT = "timeout"
     RESPONSE_TOO_LARGE = "response_too_large"
+    INVALID_OUTPUT = "invalid_output"  # an answer that breaks the shape the request demanded
     NON_RETRYABLE = "non_retryable"
     CLIENT_CANCELED = "client_canceled"
     DEADLINE_EXCEEDED = "deadline_exceeded"
@@ -385,6 +386,10 @@ class AttemptFinished(Event):
     time_to_first_chunk_ms: NonNegInt | None = None
     stream_committed: bool = False  # at least one event reached the client
     invalid_events: NonNegInt = 0  # stream events skipped as not valid JSON
+    # What in the answer broke the shape the request demanded (contract §5 "Output
+    # validation"): where and which rule, never the content. Set on a failed attempt
+    # (invalid_output) and on one returned as it was (on_invalid_output: return).
+    invalid_output: str | None = None
     response_bytes: NonNegInt = 0
 
 

@@ -46,6 +46,7 @@ MayFailOver: TypeAlias = Literal[
     "never",  # no routing around a control, whatever the config says
     "per_on_credentials_error",
     "per_on_unknown_execution",
+    "per_on_invalid_output",
     "larger_context_only",
 ]
 

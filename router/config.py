@@ -265,6 +265,9 @@ class Defaults(_Frozen):
     breaker: Breaker = Breaker()
     on_credentials_error: Literal["stop", "failover"] = "stop"
     on_unknown_execution: Literal["failover", "stop"] = "failover"
+    # A buffered answer that breaks the shape the request demanded (contract §5 "Output
+    # validation"): another mapping answers, or the client gets it as it is.
+    on_invalid_output: Literal["failover", "return"] = "failover"
     hedge: Hedge = Hedge()
 
 

@@ -81,6 +81,7 @@ from router.errors import (
 )
 from router.ids import new_id
 from router.latency import InProcessLatency, LatencyBoard
+from router.output_check import INVALID_OUTPUT, demands_a_shape, output_violation
 from router.resume import Seam, continuation_body
 from router.routing import (
     Decision,
@@ -198,6 +199,7 @@ class _Attempt:
     call: PreparedCall | None  # built while its start committed (None: build it to send)
     kind: Kind = "call"
     seam: Seam | None = None  # a resume's join to the text the client has
+    invalid_output: str | None = None  # how its answer broke the shape demanded
     stream_committed: bool = False
     task: asyncio.Task[None] | None = None
     # What its task found: an answer, a stream up to its first content, or a failure.
@@ -409,6 +411,7 @@ class _Run:
         self.budget_denials = 0
         self._pending_effects: list[Effect] = []
         self.open: dict[str, _Attempt] = {}  # started, their end not yet recorded
+        self._demands_shape = not call.stream and demands_a_shape(call.body)
         self.walk = Walk(policy=self._walk_policy())
         self._places = tuple((m.endpoint, m.model) for m in group.mappings)
         self._targets = tuple(
@@ -759,7 +762,10 @@ class _Run:
                 if self.call.stream:
                     await self._open_stream(attempt)
                 else:
-                    attempt.result = await attempt.route.driver.complete(self._call(attempt))
+                    result = await attempt.route.driver.complete(self._call(attempt))
+                    attempt.result = result
+                    if self._demands_shape:
+                        self._check_output(attempt, result)
         except UpstreamFailure as failure:
             attempt.classification, attempt.failure = failure.classification, failure
         except _SeamBroken:
@@ -798,6 +804,14 @@ class _Run:
                 raise _SeamBroken
             if joined:
                 yield joined
+
+    def _check_output(self, attempt: _Attempt, result: DriverResult) -> None:
+        """Hold a buffered answer to the shape its request demanded (contract §5 "Output
+        validation"): one that breaks it fails as ``invalid_output`` for the walk to fail
+        over, or, with ``on_invalid_output: return``, is answered as it is, recorded so."""
+        attempt.invalid_output = output_violation(self.call.body, result.response)
+        if attempt.invalid_output is not None and self.defaults.on_invalid_output == "failover":
+            attempt.classification = INVALID_OUTPUT
 
     def _arm_hedge(self, after_ms: int) -> None:
         self._stop_hedge_timer()
@@ -1340,6 +1354,7 @@ class _Run:
                 time_to_first_chunk_ms=time_to_first_chunk_ms,
                 stream_committed=attempt.stream_committed,
                 invalid_events=invalid_events,
+                invalid_output=attempt.invalid_output,
             )
         )
         if usage is not None and cost is not None:
@@ -1381,19 +1396,27 @@ class _Run:
         invalid_events: int = 0,
     ) -> ev.AttemptFinished:
         outcome = failure.outcome if failure is not None else None
+        result = attempt.result  # an answer that failed its request's output validation
         return ev.AttemptFinished(
             request_id=self.request_id,
             attempt_id=attempt.attempt_id,
             status="failed",
             failure_class=classification.failure_class,
             evidence=classification.evidence,
-            http_status=outcome.http_status if outcome else None,
+            http_status=outcome.http_status if outcome else result.status if result else None,
             error_code=(outcome.error_code or outcome.error_type) if outcome else None,
-            upstream_request_id=failure.upstream_request_id if failure else None,
+            usage=self._settlement(attempt.route, result.usage)[0] if result else None,
+            upstream_request_id=failure.upstream_request_id
+            if failure
+            else result.upstream_request_id
+            if result
+            else None,
+            response_id=result.response_id if result else None,
             retry_after_ms=classification.retry_after_ms,
             duration_ms=round((time.monotonic() - attempt.started_at) * 1000),
             stream_committed=attempt.stream_committed,
             invalid_events=invalid_events,
+            invalid_output=attempt.invalid_output,
         )
 
     def _hold_outcome(self, attempt: _Attempt, classification: Classification) -> StepRecord:
@@ -1401,6 +1424,10 @@ class _Run:
         as an unknown-usage settlement (contract §6) — a failover must fit in what is left."""
         if classification.evidence is ev.Evidence.NOT_STARTED:
             return self.budget.release(attempt.attempt_id, "not_started")
+        if attempt.result is not None:  # it answered (invalid_output), and said what it used
+            usage, cost = self._settlement(attempt.route, attempt.result.usage)
+            if usage is not None and cost is not None:
+                return self.budget.settle(attempt.attempt_id, cost, usage)
         cause = "broken_stream" if attempt.stream_committed else classification.failure_class
         return self.budget.hold_unknown(attempt.attempt_id, cause)
 

@@ -415,6 +415,7 @@ DECISION_REASONS: Final[tuple[str, ...]] = (
     # failover
     "larger_context_failover",
     "credentials_policy_failover",
+    "invalid_output_policy_failover",
     "not_started_failover",
     "unknown_execution_policy_failover",
     "unknown_execution_allowed_by_header",
@@ -536,6 +537,10 @@ def _class_stops(outcome: AttemptOutcome, defaults: Defaults) -> str | None:
             if c.evidence is Evidence.NOT_STARTED or outcome.allow_unknown_execution:
                 return None
             return _strict(outcome, defaults)
+        case "per_on_invalid_output":
+            # With `return` the gateway gives the answer as it is and never asks; here for
+            # completeness of the table.
+            return None if defaults.on_invalid_output == "failover" else "invalid_output_stops"
 
 
 def _retry(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> Decision | None:
@@ -567,6 +572,8 @@ def _failover_reason(outcome: AttemptOutcome, defaults: Defaults) -> str:
         return "larger_context_failover"
     if c.may_fail_over == "per_on_credentials_error":
         return "credentials_policy_failover"
+    if c.may_fail_over == "per_on_invalid_output":
+        return "invalid_output_policy_failover"
     if c.evidence is Evidence.NOT_STARTED:
         return "not_started_failover"
     if c.may_fail_over == "per_on_unknown_execution":
@@ -587,6 +594,8 @@ def _policy(outcome: AttemptOutcome, defaults: Defaults) -> str | None:
     c = outcome.classification
     if c.may_fail_over == "per_on_credentials_error":
         return f"on_credentials_error={defaults.on_credentials_error}"
+    if c.may_fail_over == "per_on_invalid_output":
+        return f"on_invalid_output={defaults.on_invalid_output}"
     if c.may_fail_over != "per_on_unknown_execution":
         return None
     strict = _strict(outcome, defaults)

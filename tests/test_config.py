@@ -404,7 +404,7 @@ ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "models[0].policy.max_attempt: unknown key; a model group's policy takes the keys of "
         "defaults: max_attempts, deadline_ms, attempt_timeout_ms, first_token_timeout_ms, "
         "stream_idle_timeout_ms, retry_same_endpoint, on_credentials_error, "
-        "on_unknown_execution, hedge",
+        "on_unknown_execution, on_invalid_output, hedge",
     ),
     (
         "group_policy_breaker",

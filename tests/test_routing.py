@@ -1183,6 +1183,7 @@ def test_every_decision_reason_is_listed_once_and_reachable():
         "never",
         "per_on_credentials_error",
         "per_on_unknown_execution",
+        "per_on_invalid_output",
         "larger_context_only",
     )
     for fc, mfo, evidence, defaults in itertools.product(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -266,6 +267,8 @@ def _choice(
     large = behavior.kind is Kind.LARGE_BODY
     if large:
         words = [_FILLER] * max(1, math.ceil(behavior.min_bytes / len(_FILLER.encode())))
+    elif behavior.text is not None:
+        words = re.findall(r"\s*\S+", behavior.text) or [behavior.text]
     else:
         wanted = (DEFAULT_CHUNKS if behavior.n_chunks is None else behavior.n_chunks) + index
         words = _words(upstream, wanted)

@@ -108,6 +108,9 @@ class Behavior:
     - repeat_prefix: continuations; the reply sends the partial assistant text again before
       the continuation (cut where the answer's pieces are cut, billed as output), as an
       upstream that echoes the prefill does.
+    - text: ok and its streams; the answer's text instead of the words naming the upstream,
+      one piece (a content event, a token) per word with the whitespace before it (for a
+      test that needs, say, JSON that satisfies or breaks a schema).
     - mismatched_continuation: continuations; the continuation starts with
       `MISMATCHED_SEAM`, which neither repeats nor continues the partial text (after the
       echo, with repeat_prefix), so a seam cannot be verified.
@@ -139,6 +142,7 @@ class Behavior:
     overbill_output_tokens: int = 0
     repeat_prefix: bool = False
     mismatched_continuation: bool = False
+    text: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", Kind(self.kind))
@@ -206,9 +210,11 @@ class Behavior:
         cached_tokens: int = 0,
         repeat_prefix: bool = False,
         mismatched_continuation: bool = False,
+        text: str | None = None,
     ) -> Behavior:
         return cls(
             Kind.OK,
+            text=text,
             latency_ms=latency_ms,
             chunk_delay_ms=chunk_delay_ms,
             n_chunks=n_chunks,
