@@ -98,6 +98,7 @@ class ReasonCode(StrEnum):
     OVER_BUDGET = "over_budget"
     SCOPE_EMPTY = "scope_empty"
     UNPRICED_INPUT = "unpriced_input"  # a billable input or output the mapping has no price for
+    ENDPOINT_SATURATED = "endpoint_saturated"  # its max_in_flight attempts are in flight
 
 
 class FailureClass(StrEnum):

@@ -79,6 +79,7 @@ from router.gateway import Caller, Gateway, KeyMoved
 from router.idempotency import Claim, IdempotencyStore, RecordedAnswer
 from router.ids import new_id
 from router.latency import latency_board
+from router.slots import endpoint_slots
 from router.proof_api import proof_router
 from router.queries import queries_router
 from router.reconcile_api import reconcile_router
@@ -267,7 +268,9 @@ def create_app(settings: AppSettings) -> FastAPI:
         breakers = breaker_board(config.defaults.breaker, config.generation, settings.redis_url)
         owner = incarnation_owner(settings.instance_id or new_id("gw"), new_id("inc"))
         latency = latency_board(config.generation, settings.redis_url)
-        gateway = Gateway(config, store, breakers, instance_id=owner, latency=latency)
+        slots = endpoint_slots(settings.redis_url)  # one for the app: every generation's
+        app.state.slots = slots
+        gateway = Gateway(config, store, breakers, instance_id=owner, latency=latency, slots=slots)
         await register_instance(engine, owner)
         if settings.instance_id is not None:
             # Before serving: an earlier run of this instance is dead (we replaced it), so
@@ -314,6 +317,7 @@ def create_app(settings: AppSettings) -> FastAPI:
             telemetry.shutdown()
             await asyncio.gather(*app.state.retiring, return_exceptions=True)
             await app.state.gateway.aclose()
+            await slots.aclose()
             await stop_instance(engine, owner)
             await store.close()
             await engine.dispose()
@@ -784,7 +788,12 @@ async def reload_config(app: FastAPI) -> tuple[str, str]:
     breakers = breaker_board(config.defaults.breaker, config.generation, settings.redis_url)
     latency = latency_board(config.generation, settings.redis_url)
     app.state.gateway = Gateway(
-        config, store, breakers, instance_id=old.instance_id, latency=latency
+        config,
+        store,
+        breakers,
+        instance_id=old.instance_id,
+        latency=latency,
+        slots=app.state.slots,
     )
     retiring = asyncio.create_task(old.retire())
     app.state.retiring.add(retiring)

@@ -304,6 +304,9 @@ class Endpoint(_Frozen):
     data_classes: Annotated[frozenset[DataClass], _NonEmpty]
     trust_not_started: StrictBool = False
     enabled: StrictBool = True
+    # At most this many attempts in flight to the endpoint at once (per process, or across
+    # replicas through Redis when configured); a saturated endpoint is excluded. None: no limit.
+    max_in_flight: _PositiveInt | None = None
     max_response_bytes: _PositiveInt = 8 * 1024 * 1024
     anthropic_version: StrictStr | None = None  # the driver's default when omitted
     # Resolved at load: `environment` (the default) follows HTTPS_PROXY / HTTP_PROXY and

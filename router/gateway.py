@@ -90,6 +90,7 @@ from router.routing import (
     evaluate,
     select,
 )
+from router.slots import EndpointSlots, InProcessSlots
 from router.sse import DONE_FRAME, encode_json
 from router.walk import (
     Answered,
@@ -200,6 +201,7 @@ class _Attempt:
     kind: Kind = "call"
     seam: Seam | None = None  # a resume's join to the text the client has
     invalid_output: str | None = None  # how its answer broke the shape demanded
+    slot: str | None = None  # the endpoint slot it holds (max_in_flight), until it ends
     stream_committed: bool = False
     task: asyncio.Task[None] | None = None
     # What its task found: an answer, a stream up to its first content, or a failure.
@@ -283,11 +285,15 @@ class Gateway:
         rng: random.Random | None = None,
         instance_id: str | None = None,
         latency: LatencyBoard | None = None,
+        slots: EndpointSlots | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.breakers = breakers
         self.latency = latency or InProcessLatency()  # for the least_latency strategy
+        # Endpoints' max_in_flight: owned by the app, shared by every config generation (a
+        # retiring one's attempts still load the upstreams).
+        self.slots = slots or InProcessSlots()
         self.instance_id = instance_id or new_id("gw")  # owner of the holds it takes
         self._drivers = dict(drivers) if drivers else {}
         for endpoint in config.endpoints:
@@ -422,6 +428,14 @@ class _Run:
         self._happenings: asyncio.Queue[_Attempt | None] = asyncio.Queue()
         self._hedge_timer: asyncio.TimerHandle | None = None
         self._routed: _Route | None = None  # the route the walk's next start takes
+        self._routed_slot: str | None = None  # the endpoint slot taken for it
+        self.saturated: set[str] = set()  # endpoints whose slot this request was refused
+        self._limits = {
+            m.endpoint: limit
+            for m in group.mappings
+            if (endpoint := config.endpoint(m.endpoint)) is not None
+            and (limit := endpoint.max_in_flight) is not None
+        }
         self._candidates: tuple[ev.Candidate, ...] = ()  # the last evaluation's
         self._failures: dict[str, _Attempt] = {}  # failed attempts, for their decisions
         self._decision: Decision | None = None  # the last one recorded
@@ -824,9 +838,25 @@ class _Run:
             self._hedge_timer = None
 
     def _take_open(self) -> list[_Attempt]:
-        attempts = list(self.open.values())
-        self.open.clear()
-        return attempts
+        return [self._close(attempt_id) for attempt_id in list(self.open)]
+
+    def _close(self, attempt_id: str) -> _Attempt:
+        """The attempt's end is being recorded: it is no longer open, and gives its endpoint
+        slot back (``max_in_flight``)."""
+        attempt = self.open.pop(attempt_id)
+        if attempt.slot is not None:
+            self._give_back(attempt.route.choice.endpoint, attempt.slot)
+            attempt.slot = None
+        return attempt
+
+    def _give_back_routed(self, route: _Route) -> None:
+        """A start that did not happen: the slot its route took goes back."""
+        if self._routed_slot is not None:
+            self._give_back(route.choice.endpoint, self._routed_slot)
+            self._routed_slot = None
+
+    def _give_back(self, endpoint: str, slot: str) -> None:
+        self.gw._keep(self.gw.slots.give_back(endpoint, slot))
 
     def _discard(self, attempt: _Attempt) -> None:
         """Stop an attempt's task and let go of its upstream connection."""
@@ -838,7 +868,7 @@ class _Run:
     async def _cancel(self, attempt_id: str) -> None:
         """A way that lost the race: its usage is settled if it answered in full, else held
         unknown (contract §5 "Hedging")."""
-        attempt = self.open.pop(attempt_id)
+        attempt = self._close(attempt_id)
         self._discard(attempt)
         result = attempt.result
         usage = cost = None
@@ -888,7 +918,7 @@ class _Run:
         """The stream's commit could not be recorded (the ledger is unavailable): the client
         gets the 503, nothing of the stream. The upstream did start, so the attempt's hold
         stays counted as unknown usage; the end is recorded once the ledger is back."""
-        self.open.pop(attempt.attempt_id, None)
+        self._close(attempt.attempt_id)
         self.ended = True
         self._pending.append(
             ev.AttemptFinished(
@@ -998,7 +1028,7 @@ class _Run:
         to the walk."""
         classification, failure = attempt.classification, attempt.failure
         assert classification is not None
-        self.open.pop(attempt.attempt_id, None)
+        self._close(attempt.attempt_id)
         upstream = attempt.upstream
         invalid = upstream.invalid_events if upstream is not None else 0
         self._pending.append(
@@ -1087,7 +1117,7 @@ class _Run:
         if action.only is not None:
             for target in action.only:
                 mapping = self.group.mappings[target.mapping_index]
-                if await self._admitted(target.endpoint, mapping):
+                if await self._acquire(target.endpoint, mapping):
                     self._routed = self._route_to(target, action.purpose)
                     return Routed(target)
             return Unroutable()
@@ -1102,6 +1132,7 @@ class _Run:
                 # evaluation reads must include that.
                 await self._flush()
             breaker_open = self._breaker_lookup(await self.gw.breakers.blocked(keys))
+            saturated = await self._saturation_lookup()
             latencies = None
             if self.group.strategy == "least_latency":
                 latencies = await self.gw.latency.read(self._places)
@@ -1117,6 +1148,7 @@ class _Run:
                 breaker_open=breaker_open,
                 over_budget=await self.budget.over_budget_check(),
                 latencies=latencies,
+                saturated=saturated,
             )
             choice = select(candidates, self.gw._rr, self.caller.workspace.id, group)
             self.sequence += 1
@@ -1137,7 +1169,7 @@ class _Run:
                 self._candidates = candidates
                 return Unroutable()
             mapping = group.mappings[choice.mapping_index]
-            if await self._admitted(choice.endpoint, mapping):
+            if await self._acquire(choice.endpoint, mapping):
                 driver = self.gw._drivers[choice.endpoint]
                 endpoint = config.endpoint(choice.endpoint)
                 assert endpoint is not None, "evaluate found the mapping's endpoint"
@@ -1145,11 +1177,51 @@ class _Run:
                 self._routed = _Route(choice, mapping, driver, endpoint.driver, "first", worst)
                 return Routed(self._targets[choice.mapping_index])
 
+    async def _saturation_lookup(self) -> Callable[[str], str | None] | None:
+        """Which of the group's endpoints have their ``max_in_flight`` attempts in flight (a
+        read; the slot is taken atomically at admission)."""
+        if not self._limits:
+            return None
+        in_use = await self.gw.slots.in_use(list(self._limits))
+
+        def saturated(endpoint_id: str) -> str | None:
+            limit = self._limits.get(endpoint_id)
+            if limit is None:
+                return None
+            taken = in_use.get(endpoint_id, 0)
+            if endpoint_id not in self.saturated and taken < limit:
+                return None
+            return f"{max(taken, limit)} of {limit} in flight"
+
+        return saturated
+
+    async def _acquire(self, endpoint_id: str, mapping: ModelMapping) -> bool:
+        """Take a slot of the endpoint (its ``max_in_flight``), then its breakers' admission;
+        False (nothing kept) if either refuses: evaluate again with it counted as such."""
+        limit = self._limits.get(endpoint_id)
+        slot = None
+        if limit is not None:
+            slot = new_id("slot")
+            if not await self.gw.slots.take(endpoint_id, slot, limit):
+                self.saturated.add(endpoint_id)
+                return False
+        if not await self._admitted(endpoint_id, mapping):
+            if slot is not None:
+                self._give_back(endpoint_id, slot)
+            return False
+        self._routed_slot = slot
+        return True
+
     def _route_to(self, target: Target, purpose: Purpose) -> _Route:
         """The route of a retry (the failed attempt's own) or a resume (priced now, with the
         delivered text counted in its input: it is sent back as the partial answer)."""
-        if purpose == "retry" and self._routed is not None:
-            return self._routed
+        if purpose == "retry":
+            failed = next(
+                a.route
+                for a in reversed(self._failures.values())
+                if a.route.choice.mapping_index == target.mapping_index
+            )
+            return failed
         group = self.group.priced_at(datetime.now(UTC))
         mapping = group.mappings[target.mapping_index]
         endpoint = self.gw.config.endpoint(target.endpoint)
@@ -1246,9 +1318,11 @@ class _Run:
             await self._committed(submitted)
         except LedgerUnavailable:
             self.budget.forget(attempt_id)  # no reservation, so no upstream call
+            self._give_back_routed(route)
             raise
         except BudgetDenied as refusal:
             self.budget.forget(attempt_id)
+            self._give_back_routed(route)
             self._pending.append(
                 self.budget.denied(refusal, route.choice.endpoint, route.mapping.model)
             )
@@ -1257,6 +1331,7 @@ class _Run:
         self.attempt_count += 1
         attempt = _Attempt(route, attempt_id, time.monotonic(), call, kind=action.kind, seam=seam)
         attempt.stream_committed = action.kind == "resume"  # its text goes straight out
+        attempt.slot, self._routed_slot = self._routed_slot, None
         self.open[attempt_id] = attempt
         return Started(attempt_id, action.target, action.kind)
 
@@ -1334,7 +1409,7 @@ class _Run:
         invalid_events: int = 0,
     ) -> None:
         route = attempt.route
-        self.open.pop(attempt.attempt_id, None)
+        self._close(attempt.attempt_id)
         self.ended = True
         duration = round((time.monotonic() - attempt.started_at) * 1000)
         self.tally.summaries.append(AttemptSummary(route.choice.endpoint, http_status, None))

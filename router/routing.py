@@ -46,6 +46,7 @@ __all__ = [
     "OverBudget",
     "Place",
     "RouteContext",
+    "Saturated",
     "Scope",
     "TierKey",
     "WeightedRoundRobin",
@@ -64,6 +65,9 @@ Action: TypeAlias = Literal["retry", "failover", "resume", "stop"]
 
 BreakerOpen: TypeAlias = Callable[[str, Mapping], "str | None"]
 """(endpoint id, mapping) → None if the breakers admit it, else their scope, e.g. "endpoint"."""
+
+Saturated: TypeAlias = Callable[[str], "str | None"]
+"""endpoint id → None if it has a slot free, else how many attempts are in flight there."""
 
 OverBudget: TypeAlias = Callable[[Decimal], "str | None"]
 """worst-case cost → None if every account can cover it, else the account, e.g. "workspace:acme"."""
@@ -120,6 +124,7 @@ class _Subject:
     unpriced: str | None  # the dimensions the mapping has no price for
     worst_case_usd: Decimal | None  # None while something is unpriced
     breaker_open: BreakerOpen
+    saturated: Saturated | None
     over_budget: OverBudget | None
 
 
@@ -179,6 +184,10 @@ def _breaker_open(s: _Subject) -> str | None:
     return s.breaker_open(s.endpoint.id, s.mapping)
 
 
+def _endpoint_saturated(s: _Subject) -> str | None:
+    return None if s.saturated is None else s.saturated(s.endpoint.id)
+
+
 def _over_budget(s: _Subject) -> str | None:
     if s.over_budget is None or s.worst_case_usd is None:
         return None  # a mapping without a worst case was excluded as unpriced_input before
@@ -203,6 +212,7 @@ _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.UNPRICED_INPUT, _unpriced_input),
     (ReasonCode.CONTEXT_TOO_SMALL, _context_too_small),
     (ReasonCode.BREAKER_OPEN, _breaker_open),
+    (ReasonCode.ENDPOINT_SATURATED, _endpoint_saturated),
     (ReasonCode.OVER_BUDGET, _over_budget),
 )
 
@@ -220,14 +230,15 @@ def evaluate(
     breaker_open: BreakerOpen,
     over_budget: OverBudget | None = None,
     latencies: AbcMapping[tuple[str, str], float] | None = None,
+    saturated: Saturated | None = None,
 ) -> tuple[Candidate, ...]:
     """One candidate per mapping of ``group``, in mapping order: eligible, or excluded with
     the reason code of the first failing check in :data:`CHECK_ORDER`. ``latencies``: each
     (endpoint, upstream model)'s moving average of time to first content, where measured,
     recorded on its candidate for the ``least_latency`` strategy.
 
-    ``breaker_open`` and ``over_budget`` are called at most once per mapping, in mapping
-    order, and only for a mapping that passed every check before theirs.
+    ``breaker_open``, ``saturated`` and ``over_budget`` are called at most once per mapping,
+    in mapping order, and only for a mapping that passed every check before theirs.
     """
     scope = effective_scope(workspace, requirements)
     candidates = []
@@ -252,6 +263,7 @@ def evaluate(
             if missing is not None
             else worst_case_cost(mapping, requirements, endpoint.driver),
             breaker_open=breaker_open,
+            saturated=saturated,
             over_budget=over_budget,
         )
         reason, detail = _first_failure(subject)

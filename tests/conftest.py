@@ -16,10 +16,16 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hypothesis import settings
 from sqlalchemy.engine import make_url
 
 from ledger.db import create_engine, migrate
 from ledger.store import EventStore
+
+# No per-example deadline: the machines that run the suite are shared and noisy, and a
+# property test's examples are judged by what they assert, never by how long they took.
+settings.register_profile("waybill", deadline=None)
+settings.load_profile("waybill")
 
 PG_ADMIN_URL = os.environ.get(
     "WAYBILL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"

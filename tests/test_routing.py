@@ -441,6 +441,7 @@ SPEC_ORDER = (
     R.UNPRICED_INPUT,
     R.CONTEXT_TOO_SMALL,
     R.BREAKER_OPEN,
+    R.ENDPOINT_SATURATED,
     R.OVER_BUDGET,
 )
 
@@ -494,6 +495,10 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
         called.append("breaker")
         return "endpoint" if R.BREAKER_OPEN in failing else None
 
+    def saturated(endpoint_id: str) -> str | None:
+        called.append("saturated")
+        return "2 of 2 in flight" if R.ENDPOINT_SATURATED in failing else None
+
     def budget(worst: Decimal) -> str | None:
         called.append("budget")
         return "request" if R.OVER_BUDGET in failing else None
@@ -515,6 +520,7 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
         requirements,
         RouteContext(tried_endpoints=tried),
         breaker_open=breaker,
+        saturated=saturated,
         over_budget=budget,
     )
     return candidate, called
@@ -535,7 +541,7 @@ def test_the_first_failing_check_is_the_reason_for_every_combination():
             assert candidate.reason_code is combination[0], combination
             # Live state is asked only about a mapping that passed every earlier check.
             passed = SPEC_ORDER.index(combination[0]) - SPEC_ORDER.index(R.BREAKER_OPEN)
-            expected_calls = ["breaker", "budget"][: max(0, passed + 1)]
+            expected_calls = ["breaker", "saturated", "budget"][: max(0, passed + 1)]
             assert called == expected_calls, combination
 
 
