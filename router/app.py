@@ -79,11 +79,11 @@ from router.gateway import Caller, Gateway, KeyMoved
 from router.idempotency import Claim, IdempotencyStore, RecordedAnswer
 from router.ids import new_id
 from router.latency import latency_board
-from router.slots import endpoint_slots
 from router.proof_api import proof_router
 from router.queries import queries_router
 from router.reconcile_api import reconcile_router
 from router.serving import HANGUP_EXTENSION, Hangup
+from router.slots import endpoint_slots
 from router.spend_api import spend_router
 
 __all__ = ["AppSettings", "authenticate", "create_app", "default_instance_id"]
