@@ -36,7 +36,8 @@ Transport: TypeAlias = Literal[
     "timeout_before_headers",  # the request left; no response headers within the attempt
     "first_token_timeout",  # stream: headers came, no first event in time
     "response_too_large",  # the body went over the endpoint's max_response_bytes
-    "broken_stream",  # a 200 stream that ended, was cut or went idle without a finish reason
+    "stream_stalled",  # a 200 stream silent for longer than stream_idle_timeout_ms after content
+    "broken_stream",  # a 200 stream that ended or was cut without a finish reason
     "invalid_response",  # a 200 whose body is not a usable completion
 ]
 BreakerScope: TypeAlias = Literal["endpoint", "mapping"]
@@ -122,6 +123,7 @@ _connect_error = _transport("connect_error")
 _reset_after_send = _transport("sent_then_reset")
 _timeout_after_send = _transport("timeout_before_headers")
 _no_first_event = _transport("first_token_timeout")
+_stream_stalled = _transport("stream_stalled")
 _broken_stream = _transport("broken_stream")
 _too_large = _transport("response_too_large")
 _invalid_response = _transport("invalid_response")
@@ -210,6 +212,7 @@ RULES: Final[tuple[Rule, ...]] = (
     Rule(_reset_after_send,    _F.NETWORK_ERROR,        _E,   False, _UNK,     _EXEC),
     Rule(_timeout_after_send,  _F.TIMEOUT,              _E,   False, _UNK,     _EXEC),
     Rule(_no_first_event,      _F.TIMEOUT,              _E,   False, _UNK,     _EXEC),
+    Rule(_stream_stalled,      _F.TIMEOUT,              _E,   False, _UNK,     _EXEC),
     Rule(_broken_stream,       _F.NETWORK_ERROR,        _E,   False, _UNK,     _EXEC),
     Rule(_too_large,           _F.RESPONSE_TOO_LARGE,   _M,   False, _ST,      "yes"),
     Rule(_invalid_response,    _F.UPSTREAM_UNAVAILABLE, _E,   False, _ST,      _EXEC),

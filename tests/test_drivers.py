@@ -460,11 +460,23 @@ async def test_an_error_event_first_fails_with_nothing_yielded(driver, kind):
     assert failure.events_yielded is False
 
 
-async def test_idle_stream_after_events_is_a_broken_stream(driver, kind):
+async def test_idle_stream_after_events_is_a_stalled_stream(driver, kind):
     async with FakeUpstream("east", plan=[Behavior.stall(after_events=5, stall_s=2)]) as up:
         failure = await _stream_failure(driver, _binding(up, kind, first=0.2, idle=0.2))
-    assert failure.outcome.transport == "broken_stream"
+    assert failure.outcome.transport == "stream_stalled"
+    assert failure.classification.failure_class == "timeout"
     assert failure.outcome.error_message == "stream idle"  # not the close after the stall
+    assert failure.events_yielded is True
+
+
+async def test_after_content_the_idle_limit_bounds_every_silence_not_the_first_token_one(
+    driver, kind
+):
+    # A first-token limit far above the idle one must not stretch the silences after content.
+    stall = Behavior.stall(after_content=2, stall_s=5)
+    async with FakeUpstream("east", plan=[stall]) as up:
+        failure = await _stream_failure(driver, _binding(up, kind, first=10.0, idle=0.3))
+    assert failure.outcome.transport == "stream_stalled"
     assert failure.events_yielded is True
 
 

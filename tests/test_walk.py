@@ -132,6 +132,10 @@ EXPECTED: tuple[tuple[tuple[str, str], tuple[str, str]], ...] = (
         ("failover", "unknown_execution_policy_failover"),
         ("stop", "on_unknown_execution_stop"),
     ),
+    (  # a stream stalled before it was committed
+        ("failover", "unknown_execution_policy_failover"),
+        ("stop", "on_unknown_execution_stop"),
+    ),
     (  # a stream broken before it was committed
         ("failover", "unknown_execution_policy_failover"),
         ("stop", "on_unknown_execution_stop"),

@@ -575,7 +575,8 @@ class SSEDriverStream(DriverStream):
                     if not yielded:
                         self.time_to_first_chunk_ms = elapsed_ms(self._started_at)
                         yielded = True
-                        sse.idle_timeout_s = idle
+                        # From here every silence is bounded by the idle limit itself.
+                        sse.idle_timeout_s = timeouts.stream_idle_timeout_s
                     yield chunks
                 if error is not None:
                     raise error
@@ -590,7 +591,7 @@ class SSEDriverStream(DriverStream):
         except _TooLarge:
             raise self._fail("response_too_large", yielded, "over max_response_bytes") from None
         except SSEIdleTimeout as exc:
-            kind: Transport = "broken_stream" if yielded else "first_token_timeout"
+            kind: Transport = "stream_stalled" if yielded else "first_token_timeout"
             raise self._fail(kind, yielded, "stream idle") from exc
         except TimeoutError as exc:
             raise self._fail("first_token_timeout", yielded, "no first event in time") from exc
