@@ -345,6 +345,9 @@ class AttemptStarted(Event):
     resumed_from: Id | None = None
     delivered_chars: NonNegInt | None = None
     hedge_of: Id | None = None
+    # What the breakers admitted it under: "closed", or "probe:endpoint" / "probe:mapping"
+    # (/ both) when it carried a half-open breaker's one probe (contract §5).
+    admitted_as: str | None = None
 
 
 HEDGE_LOST: Final = "hedge_lost"

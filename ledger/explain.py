@@ -326,6 +326,7 @@ def _attempt_json(trail: _Trail, attempt: _Attempt) -> dict[str, Any]:
         "resumed_from": s.resumed_from,
         "delivered_chars": s.delivered_chars,
         "hedge_of": s.hedge_of,
+        "admitted_as": s.admitted_as,
         "endpoint": s.endpoint,
         "model": s.model,
         "tier": s.tier,
@@ -672,6 +673,9 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
                 f"attempt {event.attempt_number} ({event.cause}) started on "
                 f"{event.endpoint}/{event.model}, tier {event.tier}"
             )
+            if event.admitted_as is not None and event.admitted_as.startswith("probe"):
+                scope = event.admitted_as.removeprefix("probe:").replace("+", " and ")
+                started += f", as the half-open {scope} breaker's one probe"
             if event.kind == "resume" and event.resumed_from is not None:
                 started += (
                     f": a resume of {trail.number(event.resumed_from)}, continuing the "

@@ -429,6 +429,7 @@ class _Run:
         self._hedge_timer: asyncio.TimerHandle | None = None
         self._routed: _Route | None = None  # the route the walk's next start takes
         self._routed_slot: str | None = None  # the endpoint slot taken for it
+        self._admitted_as = "closed"  # the breakers' admission of it
         self.saturated: set[str] = set()  # endpoints whose slot this request was refused
         self._limits = {
             m.endpoint: limit
@@ -1261,6 +1262,7 @@ class _Run:
     async def _admitted(self, endpoint_id: str, mapping: ModelMapping) -> bool:
         # blocked() was a read; the half-open probe is taken atomically here, and a lost
         # race for it sends us back to evaluation with that breaker counted as open.
+        probes: list[str] = []
         for key in (
             BreakerKey.endpoint(endpoint_id),
             BreakerKey.mapping(endpoint_id, mapping.model),
@@ -1270,6 +1272,10 @@ class _Run:
             if admission is Admission.DENIED:
                 self.denied.add(key)
                 return False
+            if admission is Admission.PROBE:
+                probes.append(key.scope)
+        # What the attempt was admitted under, for its start: closed, or the half-open probe.
+        self._admitted_as = "probe:" + "+".join(probes) if probes else "closed"
         return True
 
     async def _start(self, action: Start) -> Started | BudgetRaced:
@@ -1302,6 +1308,7 @@ class _Run:
             resumed_from=action.resumed_from,
             delivered_chars=action.delivered_chars,
             hedge_of=action.hedge_of,
+            admitted_as=self._admitted_as,
         )
         seam = None
         if action.kind == "resume":
@@ -1472,6 +1479,7 @@ class _Run:
     ) -> ev.AttemptFinished:
         outcome = failure.outcome if failure is not None else None
         result = attempt.result  # an answer that failed its request's output validation
+        upstream = attempt.upstream  # a stream, broken after its first content
         return ev.AttemptFinished(
             request_id=self.request_id,
             attempt_id=attempt.attempt_id,
@@ -1486,9 +1494,15 @@ class _Run:
             else result.upstream_request_id
             if result
             else None,
-            response_id=result.response_id if result else None,
+            response_id=result.response_id
+            if result
+            else upstream.response_id
+            if upstream
+            else None,
+            response_model=self._response_model if attempt.stream_committed else None,
             retry_after_ms=classification.retry_after_ms,
             duration_ms=round((time.monotonic() - attempt.started_at) * 1000),
+            time_to_first_chunk_ms=upstream.time_to_first_chunk_ms if upstream else None,
             stream_committed=attempt.stream_committed,
             invalid_events=invalid_events,
             invalid_output=attempt.invalid_output,

@@ -320,6 +320,9 @@ async def test_a_stream_broken_after_content_ends_with_an_error_event_and_a_part
         finished = next(e for e in events if e.type == "AttemptFinished").data
         assert finished["status"] == "failed" and finished["stream_committed"] is True
         assert finished["usage"] is None
+        # What the stream showed before it broke is on its record all the same.
+        assert finished["time_to_first_chunk_ms"] is not None
+        assert finished["response_id"] and finished["response_model"]
 
 
 async def test_models_lists_the_groups_the_key_may_call(database_url):
