@@ -247,8 +247,8 @@ async def test_s01_429_with_retry_after_is_waited_out_and_retried_in_place(
         started = [e.recorded_at for e in await bench.events(got) if e.type == "AttemptStarted"]
         assert (started[1] - started[0]).total_seconds() >= 0.3  # not one moment sooner
         # The 429 opened the endpoint's breaker at once; the retry was its probe, and closed it.
-        started = await bench.of_type(got, "AttemptStarted")
-        assert [s["admitted_as"] for s in started] == ["closed", "probe:endpoint"]
+        admitted = [s["admitted_as"] for s in await bench.of_type(got, "AttemptStarted")]
+        assert admitted == ["closed", "probe:endpoint"]
         assert await bench.primary_breaker() == [
             ("closed", "open"),
             ("open", "half_open"),
