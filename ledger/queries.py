@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ledger.db import READ_ONLY
@@ -132,10 +132,9 @@ async def search_request_views(
     if search.until is not None:
         conditions.append(t.created_at < _utc(search.until))
     if after is not None:
-        created, request_id = _utc(after[0]), after[1]
-        conditions.append(
-            or_(t.created_at < created, and_(t.created_at == created, t.request_id < request_id))
-        )
+        # A row comparison, not "a < x OR (a = x AND b < y)": an index on (created_at,
+        # request_id) starts its scan at the cursor instead of filtering every row above it.
+        conditions.append(tuple_(t.created_at, t.request_id) < tuple_(_utc(after[0]), after[1]))
     query = (
         select(request_views)
         .where(*conditions)

@@ -28,7 +28,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from ledger import apikeys
 from ledger.db import (
@@ -44,7 +44,7 @@ from ledger.db import (
 from ledger.process import tune_gc
 from ledger.projection import ProjectionRunner
 from ledger.store import EventStore
-from ledger.verify import verify_chain
+from ledger.verify import record_verification, verify_chain
 from ledger.views import all_projections
 
 __all__ = ["app", "main"]
@@ -216,6 +216,7 @@ def verify_command(
         audited = None
         if audit is not None:
             audited = await audit.finish(store.engine, complete=result.ok)
+        await _record_verification(store, result, report, audited)
         return result, report, audited
 
     result, report, audited = _with_store(database_url, work)
@@ -241,6 +242,26 @@ def verify_command(
     if audited is not None:
         _print_checkpoints(audited)
     raise typer.Exit(0 if ok else 1)
+
+
+async def _record_verification(store: EventStore, result: Any, report: Any, audited: Any) -> None:
+    """Keep the run's outcome for the console's Health page. A ledger this command may only
+    read (a replica, a restored backup) is still verified: the record is then skipped,
+    saying so on stderr."""
+    try:
+        await record_verification(
+            store.engine,
+            result,
+            verified_by="cli",
+            books_ok=None if report is None else report.ok,
+            checkpoints_ok=None if audited is None else audited.ok,
+        )
+    except DBAPIError as error:
+        err.print(
+            f"this verification was not recorded: {type(error.orig).__name__}",
+            highlight=False,
+            markup=False,
+        )
 
 
 def _print_books(report: Any) -> None:

@@ -34,7 +34,7 @@ from ledger.queries import (
     search_request_views,
 )
 from ledger.store import EventStore, RecordedEvent
-from ledger.verify import verify_chain
+from ledger.verify import record_verification, verify_chain
 from router import openapi as api_doc
 from router.access import can_read_request, can_verify_ledger, narrowed
 from router.errors import GatewayError, invalid_request, permission_denied, request_not_found
@@ -121,7 +121,9 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
         caller = await authenticate(request)
         if not can_verify_ledger(caller):
             raise permission_denied("verifying the ledger needs an admin or auditor key")
-        result = await verify_chain(_store(request))
+        store = _store(request)
+        result = await verify_chain(store)
+        await record_verification(store.engine, result, verified_by=caller.key_id)
         return _json(result.as_json())
 
     return router
