@@ -248,7 +248,7 @@ budget_accounts = Table(
 # own account (one per request with a budget) is left out of it.
 Index(
     "ix_budget_accounts_listed",
-    budget_accounts.c.window_start,
+    budget_accounts.c.window_start.desc(),
     budget_accounts.c.account_id,
     postgresql_where=text("kind IN ('key', 'workspace')"),
     sqlite_where=text("kind IN ('key', 'workspace')"),

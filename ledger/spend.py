@@ -28,6 +28,7 @@ __all__ = [
     "DayRouting",
     "SettlementPage",
     "SpendScope",
+    "attempt_owner",
     "budget_balances",
     "routing_by_day",
     "spend_csv",
@@ -290,12 +291,28 @@ def spend_csv(rows: Sequence[dict[str, Any]], group_by: Sequence[str]) -> str:
     return out.getvalue()
 
 
+async def attempt_owner(engine: AsyncEngine, attempt_id: str) -> tuple[str, str, str] | None:
+    """The request, workspace and key of an attempt (by its hold), or None if unknown."""
+    t = spend_attempts.c
+    query = select(t.request_id, t.workspace, t.key_id).where(t.attempt_id == attempt_id)
+    async with engine.connect() as conn:
+        row = (await conn.execute(query.limit(1))).first()
+    return None if row is None else (str(row[0]), str(row[1]), str(row[2]))
+
+
 async def budget_balances(
-    engine: AsyncEngine, *, scope: SpendScope, kinds: Sequence[str] = ("key", "workspace")
+    engine: AsyncEngine,
+    *,
+    scope: SpendScope,
+    kinds: Sequence[str] = ("key", "workspace"),
+    limit: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Live account balances (the books themselves, not a projection), newest window first."""
+    """Live account balances (the books themselves, not a projection), newest window first;
+    the first ``limit`` of them if given."""
     table = budget_accounts
     query = select(table).where(table.c.kind.in_(list(kinds)))
+    if limit is not None:
+        query = query.limit(limit)
     if scope.workspace is not None:
         query = query.where(table.c.workspace == scope.workspace)
     if scope.key_id is not None:

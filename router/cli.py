@@ -536,6 +536,7 @@ def serve_command(
         config = _load_config(config_file)
         heartbeat_s = _heartbeat_s()
         instance = _instance_id(instance_id, host, port)
+        console_secret = _console_secret()
         if no_migrate:
             _require_sqlite_file(url)
             _run(_check_ledger(url))
@@ -551,8 +552,21 @@ def serve_command(
         config_path=config_file,
         follower_process=True,
         instance_id=instance,
+        console_secret=console_secret,
     )
     _serve(settings, host, port, listening)
+
+
+def _console_secret() -> bytes:
+    """The console's session secret: WAYBILL_CONSOLE_SECRET, else random for this run."""
+    import os
+
+    from router.console import secret_from
+
+    try:
+        return secret_from(os.environ.get("WAYBILL_CONSOLE_SECRET"))
+    except ValueError as error:
+        raise CliError(str(error)) from None
 
 
 def _instance_id(given: str | None, host: str, port: int) -> str:

@@ -43,6 +43,7 @@ from router.gateway import Caller
 __all__ = [
     "DEFAULT_LIMIT",
     "MAX_LIMIT",
+    "check_readable",
     "decode_cursor",
     "encode_cursor",
     "instant_param",
@@ -94,7 +95,7 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
         caller = await authenticate(request)
         text = _format(request.query_params)
         trail = await read_request_events(_store(request).engine, request_id)
-        _check_readable(caller, request_id, trail[:1])
+        check_readable(caller, request_id, trail[:1])
         explanation = explain(trail)
         if text:
             return Response(render_text(explanation).encode(), media_type=_TEXT)
@@ -108,7 +109,7 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
         after = _events_cursor(params.get("cursor"))
         engine = _store(request).engine
         first = await read_request_events(engine, request_id, limit=1)
-        _check_readable(caller, request_id, first)
+        check_readable(caller, request_id, first)
         page = await read_request_events(engine, request_id, after_version=after, limit=limit + 1)
         next_cursor = None
         if len(page) > limit:
@@ -138,7 +139,7 @@ def _json(body: Any) -> Response:
     return Response(orjson.dumps(body), media_type=_JSON)
 
 
-def _check_readable(caller: Caller, request_id: str, first: list[RecordedEvent]) -> None:
+def check_readable(caller: Caller, request_id: str, first: list[RecordedEvent]) -> None:
     """404 unless the request exists and ``caller`` may read it (the same 404 either way)."""
     received = first[0].event() if first else None
     if not isinstance(received, RequestReceived) or not can_read_request(

@@ -54,7 +54,7 @@ def upgrade() -> None:
     op.create_index(
         "ix_budget_accounts_listed",
         "budget_accounts",
-        ["window_start", "account_id"],
+        [sa.text("window_start DESC"), "account_id"],
         postgresql_where=sa.text(_ACCOUNTS_LISTED),
         sqlite_where=sa.text(_ACCOUNTS_LISTED),
     )
