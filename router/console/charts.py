@@ -17,9 +17,9 @@ from markupsafe import Markup
 
 __all__ = ["Bar", "TimelineBar", "bar_chart", "line_chart", "timeline_chart"]
 
-_WIDTH: Final = 640
-_HEIGHT: Final = 180
-_LEFT: Final = 64
+_WIDTH: Final = 420
+_HEIGHT: Final = 190
+_LEFT: Final = 56
 _RIGHT: Final = 12
 _TOP: Final = 14
 _BOTTOM: Final = 30
@@ -27,14 +27,15 @@ _INK: Final = "#1f2933"
 _GRID: Final = "#d9e2ec"
 _BAR: Final = "#2f6fb0"
 _LINE: Final = "#b4452f"
-_MAX_LABELS: Final = 8
+_MAX_LABELS: Final = 6
+_TIMELINE_WIDTH: Final = 1100
 _OUTCOME_COLOURS: Final = {"succeeded": "#2e7d4f", "failed": "#b4452f", "in_progress": "#8a94a6"}
 
 
 @dataclass(frozen=True, slots=True)
 class Bar:
     label: str  # the x axis: a day
-    value: Decimal | float | int
+    value: Decimal | float | int | None  # None: no value that day (a line has a gap)
     tip: str  # what its tooltip says
 
 
@@ -86,7 +87,7 @@ def bar_chart(title: str, bars: Sequence[Bar], *, fmt: str = "{:.0f}") -> Markup
     """One bar per point, scaled to the largest; ``fmt`` formats the axis values."""
     if not bars:
         return _svg(_WIDTH, _HEIGHT, title, [_empty()])
-    top = max(float(b.value) for b in bars) or 1.0
+    top = max(float(b.value or 0) for b in bars) or 1.0
     plot_width = _WIDTH - _LEFT - _RIGHT
     plot_height = _HEIGHT - _TOP - _BOTTOM
     slot = plot_width / len(bars)
@@ -94,7 +95,7 @@ def bar_chart(title: str, bars: Sequence[Bar], *, fmt: str = "{:.0f}") -> Markup
     parts = _axis(top, fmt)
     centres = []
     for i, bar in enumerate(bars):
-        height = plot_height * float(bar.value) / top
+        height = plot_height * float(bar.value or 0) / top
         x = _LEFT + slot * i + (slot - width) / 2
         centres.append(x + width / 2)
         parts.append(
@@ -106,27 +107,35 @@ def bar_chart(title: str, bars: Sequence[Bar], *, fmt: str = "{:.0f}") -> Markup
 
 
 def line_chart(title: str, points: Sequence[Bar], *, fmt: str = "{:.0%}") -> Markup:
-    """A line through the points (a rate from 0 to its largest value, at least 10%)."""
-    if not points:
+    """A line through the points that have a value (a rate, from 0 to its largest value and
+    at least 10%), each at its place on the axis; a point without a value breaks the line."""
+    valued = [float(p.value) for p in points if p.value is not None]
+    if not valued:
         return _svg(_WIDTH, _HEIGHT, title, [_empty()])
-    top = max(0.1, *(float(p.value) for p in points))
+    top = max(0.1, *valued)
     plot_width = _WIDTH - _LEFT - _RIGHT
     plot_height = _HEIGHT - _TOP - _BOTTOM
     slot = plot_width / len(points)
     parts = _axis(top, fmt)
-    coords = []
-    for i, point in enumerate(points):
-        x = _LEFT + slot * (i + 0.5)
-        y = _TOP + plot_height * (1 - float(point.value) / top)
-        coords.append((x, y, point))
-    path = " ".join(f"{x:.1f},{y:.1f}" for x, y, _ in coords)
-    parts.append(f'<polyline points="{path}" fill="none" stroke="{_LINE}" stroke-width="2"/>')
-    for x, y, point in coords:
-        parts.append(
-            f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{_LINE}">'
-            f"<title>{escape(point.tip)}</title></circle>"
-        )
-    parts += _x_labels([p.label for p in points], [x for x, _, _ in coords])
+    centres = [_LEFT + slot * (i + 0.5) for i in range(len(points))]
+    runs: list[list[tuple[float, float, Bar]]] = [[]]
+    for x, point in zip(centres, points, strict=True):
+        if point.value is None:
+            runs.append([])
+            continue
+        runs[-1].append((x, _TOP + plot_height * (1 - float(point.value) / top), point))
+    for run in runs:
+        if len(run) > 1:
+            path = " ".join(f"{x:.1f},{y:.1f}" for x, y, _ in run)
+            parts.append(
+                f'<polyline points="{path}" fill="none" stroke="{_LINE}" stroke-width="2"/>'
+            )
+        for x, y, point in run:
+            parts.append(
+                f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{_LINE}">'
+                f"<title>{escape(point.tip)}</title></circle>"
+            )
+    parts += _x_labels([p.label for p in points], centres)
     return _svg(_WIDTH, _HEIGHT, title, parts)
 
 
@@ -135,7 +144,8 @@ def timeline_chart(title: str, bars: Sequence[TimelineBar], total_ms: int) -> Ma
     row, label_width, right = 26, 220, 16
     height = _TOP + row * max(1, len(bars)) + _BOTTOM
     span = max(1, total_ms)
-    plot = _WIDTH - label_width - right
+    width = _TIMELINE_WIDTH
+    plot = width - label_width - right
     parts = []
     for tick in (0.0, 0.5, 1.0):
         x = label_width + plot * tick
@@ -149,18 +159,18 @@ def timeline_chart(title: str, bars: Sequence[TimelineBar], total_ms: int) -> Ma
         y = _TOP + row * i
         start = label_width + plot * min(bar.start_ms, span) / span
         length = (span - bar.start_ms) if bar.duration_ms is None else bar.duration_ms
-        width = max(2.0, plot * max(0, length) / span)
+        length_px = max(2.0, plot * max(0, length) / span)
         colour = _OUTCOME_COLOURS.get(bar.outcome, _OUTCOME_COLOURS["in_progress"])
         tip = f"{bar.label}: {bar.note}, from {bar.start_ms} ms for {length} ms"
         parts.append(
             f'<text x="{label_width - 8}" y="{y + 15}" text-anchor="end" font-size="12" '
             f'fill="{_INK}">{escape(bar.label)}</text>'
-            f'<rect x="{start:.1f}" y="{y + 3}" width="{width:.1f}" height="16" rx="2" '
+            f'<rect x="{start:.1f}" y="{y + 3}" width="{length_px:.1f}" height="16" rx="2" '
             f'fill="{colour}"><title>{escape(tip)}</title></rect>'
-            f'<text x="{min(start + width + 6, _WIDTH - right):.1f}" y="{y + 15}" '
+            f'<text x="{min(start + length_px + 6, width - 160):.1f}" y="{y + 15}" '
             f'font-size="11" fill="{_INK}">{escape(bar.note)}</text>'
         )
-    return _svg(_WIDTH, height, title, parts)
+    return _svg(width, height, title, parts)
 
 
 def _empty() -> str:

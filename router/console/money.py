@@ -19,6 +19,7 @@ from starlette.datastructures import UploadFile
 
 from ledger.bucket_reconcile import bucket_json, find_bucket
 from ledger.explain import explain
+from ledger.projection import ProjectionRunner
 from ledger.provider_reports import REPORT_FORMATS
 from ledger.queries import read_request_trails
 from ledger.reconcile import list_reconciliations, report_json
@@ -31,6 +32,7 @@ from ledger.spend import (
 )
 from ledger.store import EventStore
 from ledger.types import MONEY_LIMIT, money_str, parse_money
+from ledger.views import all_projections
 from router.access import can_reconcile, read_scope, spend_scope
 from router.console.charts import Bar, bar_chart, line_chart
 from router.console.web import PREFIX, Console, Visit, form_text, query_values
@@ -102,6 +104,10 @@ def add_money_pages(router: APIRouter, console: Console) -> None:
             return await _unknown(
                 console, request, visit, problem=(settlement_id, error), status=error.status
             )
+        # The list the browser is sent back to reads the spend read model: bring it up to
+        # the settlement first, so the settled one is gone from it.
+        runner = ProjectionRunner(_store(request), all_projections())
+        await runner.catch_up(runner.get("spend"))
         return RedirectResponse(f"{PREFIX}/unknown?settled={settlement_id}", status_code=303)
 
     async def reconciliations(request: Request, visit: Visit) -> Response:
