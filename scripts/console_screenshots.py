@@ -33,6 +33,7 @@ import ledger.store
 from ledger import apikeys
 from ledger.db import create_engine, migrate
 from ledger.store import EventStore
+from ledger.verify import record_verification, verify_chain
 from router.app import AppSettings, create_app
 from router.config import parse_config
 from router.fake_upstream import Behavior, FakeUpstream
@@ -163,6 +164,10 @@ async def main(out: Path, days: int) -> None:
             try:
                 failed_over = await _traffic(url, clients, primary, days)
                 await asyncio.sleep(1.5)  # the read models follow within moments
+                # As `waybill verify` would, so that Health shows its last result.
+                await record_verification(
+                    engine, await verify_chain(store), verified_by="cli", books_ok=True
+                )
                 await _shoot(url, admin.secret, failed_over[-1], out, days)
             finally:
                 server.should_exit = True

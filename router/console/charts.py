@@ -167,10 +167,21 @@ def timeline_chart(title: str, bars: Sequence[TimelineBar], total_ms: int) -> Ma
             f'fill="{_INK}">{escape(bar.label)}</text>'
             f'<rect x="{start:.1f}" y="{y + 3}" width="{length_px:.1f}" height="16" rx="2" '
             f'fill="{colour}"><title>{escape(tip)}</title></rect>'
-            f'<text x="{min(start + length_px + 6, width - 160):.1f}" y="{y + 15}" '
-            f'font-size="11" fill="{_INK}">{escape(bar.note)}</text>'
+            + _note(bar.note, start, start + length_px, width, y + 15)
         )
     return _svg(width, height, title, parts)
+
+
+def _note(text: str, start: float, end: float, width: int, y: float) -> str:
+    """A bar's note after it, or before it where a bar reaches the right edge."""
+    if end + 170 <= width:
+        x, anchor = end + 6, "start"
+    else:
+        x, anchor = start - 6, "end"
+    return (
+        f'<text x="{x:.1f}" y="{y}" text-anchor="{anchor}" font-size="11" '
+        f'fill="{_INK}">{escape(text)}</text>'
+    )
 
 
 def _empty() -> str:
