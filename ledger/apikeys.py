@@ -7,7 +7,7 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Literal, TypeGuard
+from typing import Any, Literal, TypeGuard
 
 from ledger.events import KeyCreated, KeyRevoked
 from ledger.projection import ProjectionRunner
@@ -21,6 +21,7 @@ __all__ = [
     "UnknownKey",
     "create_key",
     "find_key",
+    "find_key_by_id",
     "key_stream",
     "revoke_key",
     "secret_digest",
@@ -115,15 +116,17 @@ async def revoke_key(
 # The key's row in the read model, and its stream in the ledger read in the same snapshot:
 # the stream's version (what an append can require) and whether it records a revocation
 # (which the read model may not show yet if the revoking command died before projecting).
-_FIND_KEY = (
+_SELECT_KEY = (
     "SELECT k.key_id, k.workspace, k.role, k.revoked_at, k.budget_limit_usd, "
     "k.budget_window, "
     "(SELECT max(e.version) FROM events e WHERE e.stream_id = 'key-' || k.key_id) "
     "AS version, "
     "EXISTS (SELECT 1 FROM events e WHERE e.stream_id = 'key-' || k.key_id "
     "AND e.type = 'KeyRevoked') AS revoked_in_ledger "
-    "FROM api_keys k WHERE k.secret_sha256 = :digest"
+    "FROM api_keys k "
 )
+_FIND_KEY = _SELECT_KEY + "WHERE k.secret_sha256 = :digest"
+_FIND_KEY_BY_ID = _SELECT_KEY + "WHERE k.key_id = :key_id"
 
 
 async def find_key(store: EventStore, secret: str) -> ApiKey | None:
@@ -131,8 +134,17 @@ async def find_key(store: EventStore, secret: str) -> ApiKey | None:
     return await _find_key(store, secret_digest(secret))
 
 
+async def find_key_by_id(store: EventStore, key_id: str) -> ApiKey | None:
+    """The key ``key_id``, read as :func:`find_key` reads one: for a session that holds the
+    key's id and never its secret (the console), checked again on every request."""
+    return _key_of(await store.hot.first(_FIND_KEY_BY_ID, {"key_id": key_id}))
+
+
 async def _find_key(store: EventStore, digest: str) -> ApiKey | None:
-    row = await store.hot.first(_FIND_KEY, {"digest": digest})
+    return _key_of(await store.hot.first(_FIND_KEY, {"digest": digest}))
+
+
+def _key_of(row: Any) -> ApiKey | None:
     if row is None:
         return None
     budget = None

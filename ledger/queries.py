@@ -9,26 +9,29 @@ a request's events by their version in its stream.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ledger.db import READ_ONLY
-from ledger.schema import events, request_views
+from ledger.schema import events, request_views, spend_attempts
 from ledger.store import RecordedEvent, decode_payload
 from ledger.types import money_str
 
 __all__ = [
     "REQUEST_STATUSES",
+    "RecentFailures",
     "RequestKey",
     "RequestSearch",
     "find_request_view",
     "read_request_events",
+    "read_request_trails",
+    "recent_failures",
     "request_stream_id",
     "request_view_json",
     "search_request_views",
@@ -132,10 +135,9 @@ async def search_request_views(
     if search.until is not None:
         conditions.append(t.created_at < _utc(search.until))
     if after is not None:
-        created, request_id = _utc(after[0]), after[1]
-        conditions.append(
-            or_(t.created_at < created, and_(t.created_at == created, t.request_id < request_id))
-        )
+        # A row comparison, not "a < x OR (a = x AND b < y)": an index on (created_at,
+        # request_id) starts its scan at the cursor instead of filtering every row above it.
+        conditions.append(tuple_(t.created_at, t.request_id) < tuple_(_utc(after[0]), after[1]))
     query = (
         select(request_views)
         .where(*conditions)
@@ -168,3 +170,73 @@ async def read_request_events(
     async with _reading(engine) as conn:
         result = await conn.execute(query)
         return [decode_payload(r.position, r.hash, r.payload) for r in result]
+
+
+async def read_request_trails(
+    engine: AsyncEngine, request_ids: Sequence[str]
+) -> dict[str, list[RecordedEvent]]:
+    """The whole event streams of several requests at once (by the stream index), each in
+    order: a page of unknown-usage settlements tells each attempt's story from them."""
+    if not request_ids:
+        return {}
+    streams = {request_stream_id(r): r for r in request_ids}
+    query = (
+        select(events.c.stream_id, events.c.position, events.c.hash, events.c.payload)
+        .where(events.c.stream_id.in_(list(streams)))
+        .order_by(events.c.stream_id, events.c.version)
+    )
+    trails: dict[str, list[RecordedEvent]] = {r: [] for r in request_ids}
+    async with _reading(engine) as conn:
+        for row in await conn.execute(query):
+            trails[streams[row.stream_id]].append(
+                decode_payload(row.position, row.hash, row.payload)
+            )
+    return trails
+
+
+@dataclass(frozen=True, slots=True)
+class RecentFailures:
+    """Failed attempts among the ledger's latest attempt outcomes, by endpoint and failure
+    class; ``since``: when the oldest outcome looked at was recorded (None: no outcome)."""
+
+    counts: dict[tuple[str, str], int]
+    outcomes: int
+    since: datetime | None
+
+
+async def recent_failures(
+    engine: AsyncEngine, *, workspace: str | None, window: int = 2000
+) -> RecentFailures:
+    """The failure classes of the latest ``window`` attempt outcomes of the ledger (the
+    events index by type, newest first: a bounded read however long the ledger), those of
+    ``workspace``'s requests only unless None (every workspace)."""
+    latest = (
+        select(events.c.data, events.c.recorded_at)
+        .where(events.c.type == "AttemptFinished")
+        .order_by(events.c.position.desc())
+        .limit(window)
+        .subquery()
+    )
+    attempt = spend_attempts.c
+    query = select(
+        attempt.endpoint,
+        latest.c.data["failure_class"].as_string(),
+        latest.c.data["status"].as_string(),
+        attempt.workspace,
+        latest.c.recorded_at,
+    ).join_from(
+        latest, spend_attempts, attempt.attempt_id == latest.c.data["attempt_id"].as_string()
+    )
+    counts: dict[tuple[str, str], int] = {}
+    outcomes, since = 0, None
+    async with _reading(engine) as conn:
+        for endpoint, failure_class, status, owner, recorded_at in await conn.execute(query):
+            moment = _utc(recorded_at)
+            since = moment if since is None else min(since, moment)
+            if workspace is not None and owner != workspace:
+                continue
+            outcomes += 1
+            if status == "failed":
+                key = (str(endpoint), str(failure_class or "unclassified"))
+                counts[key] = counts.get(key, 0) + 1
+    return RecentFailures(counts, outcomes, since)

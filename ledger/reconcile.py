@@ -57,12 +57,14 @@ __all__ = [
     "Classification",
     "ExportError",
     "ReconcileScope",
+    "RecordedReport",
     "Settlement",
     "classify",
     "find_reconciliation",
     "import_reconciliation",
     "is_reconciliation_id",
     "judge",
+    "list_reconciliations",
     "money_fields",
     "reconciliation_id",
     "record_reconciliation",
@@ -417,6 +419,42 @@ async def find_reconciliation(
         if isinstance(event, ev.ReconciliationImported):
             return event
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedReport:
+    """A recorded reconciliation, as a list shows it."""
+
+    position: int
+    recorded_at: datetime
+    report: ev.ReconciliationImported
+
+
+async def list_reconciliations(
+    engine: AsyncEngine, *, workspace: str | None, limit: int, before: int | None = None
+) -> list[RecordedReport]:
+    """Recorded reconciliations, newest first, ``limit`` of them before ledger position
+    ``before``: those of ``workspace`` only (a finance key's), or every one (None, an
+    admin's). Read through the events' index by type: reports are few among the events."""
+    query = (
+        select(events.c.position, events.c.recorded_at, events.c.schema_version, events.c.data)
+        .where(events.c.type == ev.ReconciliationImported.type)
+        .order_by(events.c.position.desc())
+        .limit(limit)
+    )
+    if before is not None:
+        query = query.where(events.c.position < before)
+    if workspace is not None:
+        query = query.where(events.c.data["workspace"].as_string() == workspace)
+    async with engine.connect() as conn:
+        rows = (await conn.execute(query)).all()
+    found = []
+    for position, recorded_at, version, data in rows:
+        event = ev.decode_event(ev.ReconciliationImported.type, version, data)
+        assert isinstance(event, ev.ReconciliationImported)
+        moment = recorded_at if recorded_at.tzinfo else recorded_at.replace(tzinfo=UTC)
+        found.append(RecordedReport(int(position), moment, event))
+    return found
 
 
 def report_json(event: ev.ReconciliationImported) -> dict[str, Any]:

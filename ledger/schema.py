@@ -10,6 +10,7 @@ from __future__ import annotations
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -22,6 +23,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
@@ -36,6 +38,7 @@ __all__ = [
     "gateway_instances",
     "idempotency_records",
     "ledger_head",
+    "ledger_verifications",
     "metadata",
     "projection_checkpoints",
     "request_views",
@@ -126,6 +129,9 @@ request_views = Table(
     Column("last_position", BigInteger, nullable=False),
 )
 Index("ix_request_views_workspace_created", request_views.c.workspace, request_views.c.created_at)
+Index("ix_request_views_created", request_views.c.created_at, request_views.c.request_id)
+Index("ix_request_views_status_created", request_views.c.status, request_views.c.created_at)
+Index("ix_request_views_key_created", request_views.c.key_id, request_views.c.created_at)
 
 
 # One row per attempt's hold: what it reserved, settled, or still holds as unknown usage.
@@ -158,6 +164,7 @@ spend_attempts = Table(
 Index("ix_spend_attempts_workspace_day", spend_attempts.c.workspace, spend_attempts.c.day)
 Index("ix_spend_attempts_attempt", spend_attempts.c.attempt_id)
 Index("ix_spend_attempts_upstream_request", spend_attempts.c.upstream_request_id)
+Index("ix_spend_attempts_day", spend_attempts.c.day)
 
 unknown_settlements = Table(
     "unknown_settlements",
@@ -182,6 +189,12 @@ Index(
     "ix_unknown_settlements_workspace_state",
     unknown_settlements.c.workspace,
     unknown_settlements.c.state,
+)
+Index(
+    "ix_unknown_settlements_state_opened",
+    unknown_settlements.c.state,
+    unknown_settlements.c.opened_at,
+    unknown_settlements.c.settlement_id,
 )
 
 # --- gateway state (not a projection: the recorded answers to Idempotency-Key retries) ---
@@ -229,6 +242,16 @@ budget_accounts = Table(
     # On PostgreSQL the migrations add CHECK (held + settled - overrun <= limit): the
     # invariant is the database's own. It is not declared here because SQLite keeps money
     # as text.
+)
+
+# Key and workspace accounts, newest window first (GET /v1/budgets, the console); a request's
+# own account (one per request with a budget) is left out of it.
+Index(
+    "ix_budget_accounts_listed",
+    budget_accounts.c.window_start.desc(),
+    budget_accounts.c.account_id,
+    postgresql_where=text("kind IN ('key', 'workspace')"),
+    sqlite_where=text("kind IN ('key', 'workspace')"),
 )
 
 budget_holds = Table(
@@ -281,4 +304,22 @@ gateway_instances = Table(
     Column("started_at", DateTime(timezone=True), nullable=False),
     Column("heartbeat_at", DateTime(timezone=True), nullable=False),
     Column("stopped_at", DateTime(timezone=True)),
+)
+
+# One row per run of the hash-chain check (`waybill verify`, GET /v1/ledger/verify): what the
+# console's Health page shows as the last verify. Outside the chain it checks, on purpose: a
+# record inside it would change what the next check and the next checkpoint read.
+ledger_verifications = Table(
+    "ledger_verifications",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("verified_at", DateTime(timezone=True), nullable=False),
+    Column("verified_by", String(200), nullable=False),  # "cli", or the API key's id
+    Column("ok", Boolean, nullable=False),
+    Column("checked", BigInteger, nullable=False),
+    Column("head_position", BigInteger, nullable=False),
+    Column("first_bad_position", BigInteger),
+    Column("problem", Text),
+    Column("books_ok", Boolean),  # --books: None when not asked
+    Column("checkpoints_ok", Boolean),  # --checkpoints: None when not asked
 )

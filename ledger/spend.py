@@ -1,7 +1,8 @@
 """Spend and unknown-usage queries over the spend read models (``ledger.views.spend``).
 
-Totals are summed in exact decimals in Python, the same way on both backends (SQLite keeps
-money as text, so its SQL ``SUM`` would be a float): they add up to the settled events.
+Totals are exact decimals on both backends: PostgreSQL sums its NUMERIC columns in the
+database; SQLite keeps money as text, which its SQL ``SUM`` would add as floats, so its rows
+are summed in Python. Either way they add up to the settled events.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, Final
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import ColumnElement, and_, case, distinct, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ledger import events as ev
@@ -24,9 +25,12 @@ from ledger.types import money_str
 __all__ = [
     "ADJUSTMENT_COLUMNS",
     "GROUP_KEYS",
+    "DayRouting",
     "SettlementPage",
     "SpendScope",
+    "attempt_owner",
     "budget_balances",
+    "routing_by_day",
     "spend_csv",
     "spend_report",
     "unknown_settlements_page",
@@ -70,55 +74,134 @@ async def spend_report(
     unknown = [k for k in group_by if k not in GROUP_KEYS]
     if unknown:
         raise ValueError(f"cannot group by {', '.join(unknown)}")
-    query = select(spend_attempts)
-    if scope.workspace is not None:
-        query = query.where(spend_attempts.c.workspace == scope.workspace)
-    if scope.key_id is not None:
-        query = query.where(spend_attempts.c.key_id == scope.key_id)
-    if since is not None:
-        query = query.where(spend_attempts.c.day >= since.isoformat())
-    if until is not None:
-        query = query.where(spend_attempts.c.day <= until.isoformat())
-    totals: dict[tuple[str, ...], dict[str, Any]] = {}
+    conditions = _conditions(since, until, scope)
     async with engine.connect() as conn:
         adjusted = await _adjustments(conn)
-        result = await conn.stream(query)
-        async for row in result:
-            group = tuple(str(getattr(row, GROUP_KEYS[k])) for k in group_by)
-            entry = totals.get(group)
-            if entry is None:
-                entry = totals[group] = {
-                    "settled": Decimal(0),
-                    "held": Decimal(0),
-                    "overrun": Decimal(0),
-                    "requests": set(),
-                    "attempts": 0,
-                    "adjustment": [Decimal(0)] * 3,
-                }
-            adjustment = adjusted.get(row.reservation_id, _NO_ADJUSTMENT)
-            entry["settled"] += row.settled_usd - adjustment[0]
-            entry["held"] += row.held_unknown_usd - adjustment[1]
-            entry["overrun"] += row.overrun_usd - adjustment[2]
-            entry["adjustment"] = [
-                a + b for a, b in zip(entry["adjustment"], adjustment, strict=True)
-            ]
-            entry["requests"].add(row.request_id)
-            entry["attempts"] += 1
+        if conn.dialect.name == "postgresql":
+            totals = await _summed_in_sql(conn, group_by, conditions, adjusted)
+        else:
+            totals = await _summed_in_python(conn, group_by, conditions, adjusted)
     return [
         {
             **dict(zip(group_by, group, strict=True)),
-            "settled_usd": money_str(entry["settled"]),
-            "held_unknown_usd": money_str(entry["held"]),
-            "overrun_usd": money_str(entry["overrun"]),
-            "requests": len(entry["requests"]),
-            "attempts": entry["attempts"],
+            "settled_usd": money_str(entry.settled),
+            "held_unknown_usd": money_str(entry.held),
+            "overrun_usd": money_str(entry.overrun),
+            "requests": entry.requests,
+            "attempts": entry.attempts,
             **{
                 column: money_str(amount)
-                for column, amount in zip(ADJUSTMENT_COLUMNS, entry["adjustment"], strict=True)
+                for column, amount in zip(ADJUSTMENT_COLUMNS, entry.adjustment, strict=True)
             },
         }
         for group, entry in sorted(totals.items())
     ]
+
+
+@dataclass
+class _Total:
+    settled: Decimal = Decimal(0)
+    held: Decimal = Decimal(0)
+    overrun: Decimal = Decimal(0)
+    requests: int = 0
+    attempts: int = 0
+    adjustment: tuple[Decimal, Decimal, Decimal] = (Decimal(0), Decimal(0), Decimal(0))
+
+    def adjust(self, by: tuple[Decimal, Decimal, Decimal]) -> None:
+        """An attempt of a closed period counts as it stood at the close: what moved it since
+        leaves the live figures for the adjustment columns."""
+        self.settled -= by[0]
+        self.held -= by[1]
+        self.overrun -= by[2]
+        self.adjustment = (
+            self.adjustment[0] + by[0],
+            self.adjustment[1] + by[1],
+            self.adjustment[2] + by[2],
+        )
+
+
+def _conditions(
+    since: date | None, until: date | None, scope: SpendScope
+) -> list[ColumnElement[bool]]:
+    t = spend_attempts.c
+    conditions = []
+    if scope.workspace is not None:
+        conditions.append(t.workspace == scope.workspace)
+    if scope.key_id is not None:
+        conditions.append(t.key_id == scope.key_id)
+    if since is not None:
+        conditions.append(t.day >= since.isoformat())
+    if until is not None:
+        conditions.append(t.day <= until.isoformat())
+    return conditions
+
+
+async def _summed_in_python(
+    conn: AsyncConnection,
+    group_by: Sequence[str],
+    conditions: list[ColumnElement[bool]],
+    adjusted: dict[str, tuple[Decimal, Decimal, Decimal]],
+) -> dict[tuple[str, ...], _Total]:
+    """SQLite keeps money as text, which its SUM would add as floats: rows summed here."""
+    totals: dict[tuple[str, ...], _Total] = {}
+    requests: dict[tuple[str, ...], set[str]] = {}
+    result = await conn.stream(select(spend_attempts).where(*conditions))
+    async for row in result:
+        group = tuple(str(getattr(row, GROUP_KEYS[k])) for k in group_by)
+        entry = totals.get(group)
+        if entry is None:
+            entry = totals[group] = _Total()
+            requests[group] = set()
+        entry.settled += row.settled_usd
+        entry.held += row.held_unknown_usd
+        entry.overrun += row.overrun_usd
+        entry.attempts += 1
+        requests[group].add(row.request_id)
+        adjustment = adjusted.get(row.reservation_id)
+        if adjustment is not None:
+            entry.adjust(adjustment)
+    for group, entry in totals.items():
+        entry.requests = len(requests[group])
+    return totals
+
+
+async def _summed_in_sql(
+    conn: AsyncConnection,
+    group_by: Sequence[str],
+    conditions: list[ColumnElement[bool]],
+    adjusted: dict[str, tuple[Decimal, Decimal, Decimal]],
+) -> dict[tuple[str, ...], _Total]:
+    """PostgreSQL sums NUMERIC exactly: grouped in the database, one row per group out of
+    however many attempts (a month of a busy ledger), then the few adjusted attempts moved
+    to their adjustment columns."""
+    t = spend_attempts.c
+    keys = [t[GROUP_KEYS[k]] for k in group_by]
+    query = (
+        select(
+            *keys,
+            func.sum(t.settled_usd),
+            func.sum(t.held_unknown_usd),
+            func.sum(t.overrun_usd),
+            func.count(distinct(t.request_id)),
+            func.count(),
+        )
+        .where(*conditions)
+        .group_by(*keys)
+    )
+    totals: dict[tuple[str, ...], _Total] = {}
+    width = len(keys)
+    for row in await conn.execute(query):
+        group = tuple(str(value) for value in row[:width])
+        settled, held, overrun, requests, attempts = row[width:]
+        totals[group] = _Total(settled, held, overrun, int(requests), int(attempts))
+    if adjusted:
+        located = select(t.reservation_id, *keys).where(
+            *conditions, t.reservation_id.in_(list(adjusted))
+        )
+        for row in await conn.execute(located):
+            group = tuple(str(value) for value in row[1:])
+            totals[group].adjust(adjusted[row[0]])
+    return totals
 
 
 ADJUSTMENT_COLUMNS: Final = (
@@ -147,6 +230,49 @@ async def _adjustments(conn: AsyncConnection) -> dict[str, tuple[Decimal, Decima
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class DayRouting:
+    """One day's requests (by the day of their first reservation) and how many of them
+    were served or tried on more than one endpoint: failed over, or hedged."""
+
+    day: str
+    requests: int
+    failed_over: int
+
+
+async def routing_by_day(
+    engine: AsyncEngine,
+    *,
+    since: date | None = None,
+    until: date | None = None,
+    scope: SpendScope = SpendScope(),
+) -> list[DayRouting]:
+    """Per UTC day, the requests that reserved an attempt and those whose attempts went to
+    more than one endpoint; oldest day first. Counts only: the same SQL on both backends."""
+    t = spend_attempts.c
+    per_request = (
+        select(
+            func.min(t.day).label("day"),
+            func.count(distinct(t.endpoint)).label("endpoints"),
+        )
+        .where(*_conditions(since, until, scope))
+        .group_by(t.request_id)
+        .subquery()
+    )
+    query = (
+        select(
+            per_request.c.day,
+            func.count(),
+            func.sum(case((per_request.c.endpoints > 1, 1), else_=0)),
+        )
+        .group_by(per_request.c.day)
+        .order_by(per_request.c.day)
+    )
+    async with engine.connect() as conn:
+        rows = (await conn.execute(query)).all()
+    return [DayRouting(str(day), int(requests), int(moved or 0)) for day, requests, moved in rows]
+
+
 def spend_csv(rows: Sequence[dict[str, Any]], group_by: Sequence[str]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
@@ -165,12 +291,28 @@ def spend_csv(rows: Sequence[dict[str, Any]], group_by: Sequence[str]) -> str:
     return out.getvalue()
 
 
+async def attempt_owner(engine: AsyncEngine, attempt_id: str) -> tuple[str, str, str] | None:
+    """The request, workspace and key of an attempt (by its hold), or None if unknown."""
+    t = spend_attempts.c
+    query = select(t.request_id, t.workspace, t.key_id).where(t.attempt_id == attempt_id)
+    async with engine.connect() as conn:
+        row = (await conn.execute(query.limit(1))).first()
+    return None if row is None else (str(row[0]), str(row[1]), str(row[2]))
+
+
 async def budget_balances(
-    engine: AsyncEngine, *, scope: SpendScope, kinds: Sequence[str] = ("key", "workspace")
+    engine: AsyncEngine,
+    *,
+    scope: SpendScope,
+    kinds: Sequence[str] = ("key", "workspace"),
+    limit: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Live account balances (the books themselves, not a projection), newest window first."""
+    """Live account balances (the books themselves, not a projection), newest window first;
+    the first ``limit`` of them if given."""
     table = budget_accounts
     query = select(table).where(table.c.kind.in_(list(kinds)))
+    if limit is not None:
+        query = query.limit(limit)
     if scope.workspace is not None:
         query = query.where(table.c.workspace == scope.workspace)
     if scope.key_id is not None:

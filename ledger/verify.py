@@ -13,12 +13,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ledger.schema import events, ledger_head
+from ledger.schema import events, ledger_head, ledger_verifications
 from ledger.store import GENESIS_HASH, EventStore, chain_hash
 
-__all__ = ["VerifyResult", "verify_chain"]
+__all__ = [
+    "RecordedVerification",
+    "VerifyResult",
+    "last_verification",
+    "record_verification",
+    "verify_chain",
+]
 
 _PAGE = 5000
 
@@ -116,3 +123,63 @@ async def verify_chain(
             f"ledger head says position {head_position}, chain ends at {last}",
         )
     return VerifyResult(True, checked, head_position)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedVerification:
+    """One recorded run of the check: when, by whom (``cli`` or an API key's id), and what
+    it found. ``books_ok`` / ``checkpoints_ok``: None where the run did not check them."""
+
+    verified_at: datetime
+    verified_by: str
+    result: VerifyResult
+    books_ok: bool | None = None
+    checkpoints_ok: bool | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.result.ok and self.books_ok is not False and self.checkpoints_ok is not False
+
+
+async def record_verification(
+    engine: AsyncEngine,
+    result: VerifyResult,
+    *,
+    verified_by: str,
+    books_ok: bool | None = None,
+    checkpoints_ok: bool | None = None,
+) -> None:
+    """Keep what a run of the check found (``ledger_verifications``, outside the chain)."""
+    async with engine.begin() as conn:
+        await conn.execute(
+            insert(ledger_verifications).values(
+                verified_at=datetime.now(UTC),
+                verified_by=verified_by,
+                ok=result.ok,
+                checked=result.checked,
+                head_position=result.head_position,
+                first_bad_position=result.first_bad_position,
+                problem=result.problem,
+                books_ok=books_ok,
+                checkpoints_ok=checkpoints_ok,
+            )
+        )
+
+
+async def last_verification(engine: AsyncEngine) -> RecordedVerification | None:
+    """The latest recorded run of the check, or None if none was ever recorded."""
+    t = ledger_verifications
+    async with engine.connect() as conn:
+        row = (await conn.execute(select(t).order_by(t.c.id.desc()).limit(1))).first()
+    if row is None:
+        return None
+    result = VerifyResult(
+        bool(row.ok),
+        int(row.checked),
+        int(row.head_position),
+        row.first_bad_position,
+        row.problem,
+    )
+    return RecordedVerification(
+        _utc(row.verified_at), row.verified_by, result, row.books_ok, row.checkpoints_ok
+    )

@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from ledger import events as ev
-from ledger.apikeys import ApiKey, KeyCache, find_key
+from ledger.apikeys import ApiKey, KeyCache, find_key, find_key_by_id
 from ledger.checkpointer import CheckpointTask, Schedule
 from ledger.db import create_engine, current_revision, head_revision, is_unavailable
 from ledger.follow import SETTLE_S, follow_in_child
@@ -62,6 +62,7 @@ from router import openapi as api_doc
 from router.breakers import breaker_board
 from router.chat import MAX_BODY_BYTES, parse_body, read_headers
 from router.config import Checkpoints, Config, ConfigError, load_config
+from router.console import Identify, console_router, secret_from
 from router.errors import (
     GatewayError,
     capacity_error,
@@ -114,6 +115,9 @@ class AppSettings:
     # Who this gateway is across restarts (ledger.recovery): at start-up it recovers the
     # holds its own earlier incarnations left. None: a new id, so it has no earlier ones.
     instance_id: str | None = None
+    # Signs the console's session cookies (WAYBILL_CONSOLE_SECRET). None: a random secret
+    # of this process, so sessions end when it does.
+    console_secret: bytes | None = None
 
 
 def default_instance_id(host_name: str, bind_host: str, port: int) -> str:
@@ -212,6 +216,18 @@ async def authenticate(request: Request) -> Caller:
 
 async def _authenticate(request: Request, config: Config) -> Caller:
     return _caller(await find_key(request.app.state.store, _secret(request)), config)
+
+
+async def _caller_of_secret(request: Request, secret: str) -> Caller:
+    """The console's sign-in: the key given in its form, read as a Bearer key is."""
+    gateway: Gateway = request.app.state.gateway
+    return _caller(await find_key(request.app.state.store, secret), gateway.config)
+
+
+async def _caller_of_key_id(request: Request, key_id: str) -> Caller:
+    """A console session's key, read again on each request (a revoked key: 401)."""
+    gateway: Gateway = request.app.state.gateway
+    return _caller(await find_key_by_id(request.app.state.store, key_id), gateway.config)
 
 
 def _secret(request: Request) -> str:
@@ -408,6 +424,13 @@ def create_app(settings: AppSettings) -> FastAPI:
     app.include_router(spend_router(authenticate))
     app.include_router(reconcile_router(authenticate))
     app.include_router(proof_router(authenticate, lambda: _serving_config(app, settings)))
+    app.include_router(
+        console_router(
+            Identify(by_secret=_caller_of_secret, by_key_id=_caller_of_key_id),
+            settings.console_secret or secret_from(None),
+            lambda: _serving_config(app, settings),
+        )
+    )
     return _Edge(app)  # type: ignore[return-value]
 
 

@@ -28,7 +28,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from ledger import apikeys
 from ledger.db import (
@@ -44,7 +44,7 @@ from ledger.db import (
 from ledger.process import tune_gc
 from ledger.projection import ProjectionRunner
 from ledger.store import EventStore
-from ledger.verify import verify_chain
+from ledger.verify import record_verification, verify_chain
 from ledger.views import all_projections
 
 __all__ = ["app", "main"]
@@ -216,6 +216,7 @@ def verify_command(
         audited = None
         if audit is not None:
             audited = await audit.finish(store.engine, complete=result.ok)
+        await _record_verification(store, result, report, audited)
         return result, report, audited
 
     result, report, audited = _with_store(database_url, work)
@@ -241,6 +242,26 @@ def verify_command(
     if audited is not None:
         _print_checkpoints(audited)
     raise typer.Exit(0 if ok else 1)
+
+
+async def _record_verification(store: EventStore, result: Any, report: Any, audited: Any) -> None:
+    """Keep the run's outcome for the console's Health page. A ledger this command may only
+    read (a replica, a restored backup) is still verified: the record is then skipped,
+    saying so on stderr."""
+    try:
+        await record_verification(
+            store.engine,
+            result,
+            verified_by="cli",
+            books_ok=None if report is None else report.ok,
+            checkpoints_ok=None if audited is None else audited.ok,
+        )
+    except DBAPIError as error:
+        err.print(
+            f"this verification was not recorded: {type(error.orig).__name__}",
+            highlight=False,
+            markup=False,
+        )
 
 
 def _print_books(report: Any) -> None:
@@ -515,6 +536,7 @@ def serve_command(
         config = _load_config(config_file)
         heartbeat_s = _heartbeat_s()
         instance = _instance_id(instance_id, host, port)
+        console_secret = _console_secret()
         if no_migrate:
             _require_sqlite_file(url)
             _run(_check_ledger(url))
@@ -530,8 +552,21 @@ def serve_command(
         config_path=config_file,
         follower_process=True,
         instance_id=instance,
+        console_secret=console_secret,
     )
     _serve(settings, host, port, listening)
+
+
+def _console_secret() -> bytes:
+    """The console's session secret: WAYBILL_CONSOLE_SECRET, else random for this run."""
+    import os
+
+    from router.console import secret_from
+
+    try:
+        return secret_from(os.environ.get("WAYBILL_CONSOLE_SECRET"))
+    except ValueError as error:
+        raise CliError(str(error)) from None
 
 
 def _instance_id(given: str | None, host: str, port: int) -> str:

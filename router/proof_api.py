@@ -30,7 +30,7 @@ from router.config import Config
 from router.errors import invalid_request, proof_unavailable, request_not_found
 from router.gateway import Caller
 
-__all__ = ["proof_router"]
+__all__ = ["proof_router", "prove_as"]
 
 _MAX_SIZE: Final = 2**63 - 1
 
@@ -45,22 +45,31 @@ def proof_router(authenticate: Authenticate, serving_config: Callable[[], Config
         caller = await authenticate(request)
         size = _size(request.query_params)
         store: EventStore = request.app.state.store
-        trail = await read_request_events(store.engine, request_id)
-        received = trail[0].event() if trail else None
-        if not isinstance(received, RequestReceived) or not can_read_request(
-            caller, received.workspace, received.key_id
-        ):
-            raise request_not_found(request_id)
-        settings = serving_config().checkpoints
-        if settings is None:
-            raise proof_unavailable("this gateway takes no checkpoints (config: checkpoints)")
-        try:
-            document = await asyncio.to_thread(_prove, request_id, trail, settings.out, size)
-        except (SinkError, ProofUnavailable) as error:
-            raise proof_unavailable(f"no proof of request {request_id!r}: {error}") from None
+        document = await prove_as(caller, store, serving_config(), request_id, size)
         return Response(document, media_type="application/json")
 
     return router
+
+
+async def prove_as(
+    caller: Caller, store: EventStore, config: Config, request_id: str, size: int | None
+) -> bytes:
+    """The request's proof document, if ``caller`` may read the request (the same 404 as for
+    one that does not exist otherwise); 409 ``proof_unavailable`` when no checkpoint of this
+    gateway's sink covers it."""
+    trail = await read_request_events(store.engine, request_id)
+    received = trail[0].event() if trail else None
+    if not isinstance(received, RequestReceived) or not can_read_request(
+        caller, received.workspace, received.key_id
+    ):
+        raise request_not_found(request_id)
+    settings = config.checkpoints
+    if settings is None:
+        raise proof_unavailable("this gateway takes no checkpoints (config: checkpoints)")
+    try:
+        return await asyncio.to_thread(_prove, request_id, trail, settings.out, size)
+    except (SinkError, ProofUnavailable) as error:
+        raise proof_unavailable(f"no proof of request {request_id!r}: {error}") from None
 
 
 def _prove(request_id: str, trail: Sequence[RecordedEvent], sink: Path, size: int | None) -> bytes:

@@ -34,19 +34,23 @@ from ledger.queries import (
     search_request_views,
 )
 from ledger.store import EventStore, RecordedEvent
-from ledger.verify import verify_chain
+from ledger.verify import record_verification, verify_chain
 from router import openapi as api_doc
-from router.access import can_read_request, can_verify_ledger, read_scope
+from router.access import can_read_request, can_verify_ledger, narrowed
 from router.errors import GatewayError, invalid_request, permission_denied, request_not_found
 from router.gateway import Caller
 
 __all__ = [
     "DEFAULT_LIMIT",
     "MAX_LIMIT",
+    "check_readable",
     "decode_cursor",
     "encode_cursor",
+    "instant_param",
     "limit_param",
     "queries_router",
+    "request_cursor",
+    "request_search",
 ]
 
 DEFAULT_LIMIT: Final = 100
@@ -67,7 +71,7 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
         params = request.query_params
         limit = limit_param(params)
         search = _search(caller, params)
-        after = _request_cursor(params.get("cursor"))
+        after = request_cursor(params.get("cursor"))
         if search is None:  # the caller asked for a workspace or key it may not read
             return _json({"data": [], "next_cursor": None})
         rows, next_key = await search_request_views(
@@ -91,7 +95,7 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
         caller = await authenticate(request)
         text = _format(request.query_params)
         trail = await read_request_events(_store(request).engine, request_id)
-        _check_readable(caller, request_id, trail[:1])
+        check_readable(caller, request_id, trail[:1])
         explanation = explain(trail)
         if text:
             return Response(render_text(explanation).encode(), media_type=_TEXT)
@@ -105,7 +109,7 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
         after = _events_cursor(params.get("cursor"))
         engine = _store(request).engine
         first = await read_request_events(engine, request_id, limit=1)
-        _check_readable(caller, request_id, first)
+        check_readable(caller, request_id, first)
         page = await read_request_events(engine, request_id, after_version=after, limit=limit + 1)
         next_cursor = None
         if len(page) > limit:
@@ -118,7 +122,9 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
         caller = await authenticate(request)
         if not can_verify_ledger(caller):
             raise permission_denied("verifying the ledger needs an admin or auditor key")
-        result = await verify_chain(_store(request))
+        store = _store(request)
+        result = await verify_chain(store)
+        await record_verification(store.engine, result, verified_by=caller.key_id)
         return _json(result.as_json())
 
     return router
@@ -133,7 +139,7 @@ def _json(body: Any) -> Response:
     return Response(orjson.dumps(body), media_type=_JSON)
 
 
-def _check_readable(caller: Caller, request_id: str, first: list[RecordedEvent]) -> None:
+def check_readable(caller: Caller, request_id: str, first: list[RecordedEvent]) -> None:
     """404 unless the request exists and ``caller`` may read it (the same 404 either way)."""
     received = first[0].event() if first else None
     if not isinstance(received, RequestReceived) or not can_read_request(
@@ -165,7 +171,7 @@ def _format(params: Mapping[str, str]) -> bool:
     return value == "text"
 
 
-def _instant(params: Mapping[str, str], name: str) -> datetime | None:
+def instant_param(params: Mapping[str, str], name: str) -> datetime | None:
     raw = params.get(name)
     if raw is None:
         return None
@@ -188,25 +194,46 @@ def _utc(moment: datetime) -> datetime:
 def _search(caller: Caller, params: Mapping[str, str]) -> RequestSearch | None:
     """The search the caller asked for, narrowed to its read scope; None if the filters it
     gave fall wholly outside that scope."""
-    status = params.get("status")
+    return request_search(
+        caller,
+        status=params.get("status"),
+        model=params.get("model"),
+        endpoint=params.get("endpoint"),
+        workspace=params.get("workspace"),
+        key_id=params.get("key_id"),
+        since=instant_param(params, "since"),
+        until=instant_param(params, "until"),
+    )
+
+
+def request_search(
+    caller: Caller,
+    *,
+    status: str | None = None,
+    model: str | None = None,
+    endpoint: str | None = None,
+    workspace: str | None = None,
+    key_id: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> RequestSearch | None:
+    """A search of request views as ``caller`` may run it (the API's and the console's):
+    its scope from :func:`router.access.narrowed`; None when the workspace or key asked for
+    lies outside it. A status that is not one of ``REQUEST_STATUSES`` is a 400."""
     if status is not None and status not in REQUEST_STATUSES:
         raise invalid_request(
             f"status must be one of {', '.join(REQUEST_STATUSES)}, not {status!r}",
             param="status",
         )
-    since, until = _instant(params, "since"), _instant(params, "until")
-    scope = read_scope(caller)
-    workspace, key_id = params.get("workspace"), params.get("key_id")
-    if scope.workspace is not None and workspace not in (None, scope.workspace):
-        return None
-    if scope.key_id is not None and key_id not in (None, scope.key_id):
+    scope = narrowed(caller, workspace, key_id)
+    if scope is None:
         return None
     return RequestSearch(
-        workspace=scope.workspace or workspace,
-        key_id=scope.key_id or key_id,
+        workspace=scope.workspace,
+        key_id=scope.key_id,
         status=status,
-        model=params.get("model"),
-        endpoint=params.get("endpoint"),
+        model=model,
+        endpoint=endpoint,
         since=since,
         until=until,
     )
@@ -233,7 +260,7 @@ def decode_cursor(kind: str, cursor: str) -> list[Any]:
     return decoded[1:]
 
 
-def _request_cursor(cursor: str | None) -> RequestKey | None:
+def request_cursor(cursor: str | None) -> RequestKey | None:
     if cursor is None:
         return None
     values = decode_cursor("requests", cursor)

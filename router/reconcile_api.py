@@ -32,7 +32,13 @@ from ledger.reconcile import (
 from ledger.store import EventStore
 from ledger.usage_export import ExportFormat
 from router import openapi as api_doc
-from router.access import read_scope
+from router.access import (
+    can_import_provider_report,
+    can_read_reconciliation,
+    can_reconcile,
+    read_scope,
+)
+from router.config import Config
 from router.errors import (
     invalid_request,
     permission_denied,
@@ -41,14 +47,19 @@ from router.errors import (
 from router.gateway import Caller
 from router.provider_reports import identities_of, rates_of
 
-__all__ = ["MAX_EXPORT_BYTES", "reconcile_router"]
+__all__ = [
+    "MAX_EXPORT_BYTES",
+    "import_as",
+    "input_format_param",
+    "readable_reconciliation",
+    "reconcile_router",
+]
 
 Authenticate = Callable[[Request], Awaitable[Caller]]
 InputFormat = ReportFormat | Literal["lines"]
 
 MAX_EXPORT_BYTES: Final = 32 * 1024 * 1024
 _JSON: Final = "application/json"
-_RECONCILERS: Final = frozenset({"admin", "finance"})
 _FORMATS: Final[dict[str, ExportFormat]] = {
     "text/csv": "csv",
     "application/csv": "csv",
@@ -73,26 +84,20 @@ def reconcile_router(authenticate: Authenticate) -> APIRouter:
     @router.post("/v1/reconciliations", openapi_extra=api_doc.IMPORT_RECONCILIATION)
     async def import_export(request: Request) -> Response:
         caller = _reconciler(await authenticate(request))
-        provider = request.query_params.get("provider") or None
-        force = _force(request.query_params.get("force"))
-        named = _input_format(request.query_params.get("format"))
+        params = request.query_params
+        force = _force(params.get("force"))
+        named = input_format_param(params.get("format"))
         data = await _read_export(request)
-        chosen = named or await asyncio.to_thread(detect_format, data)
-        if chosen != "lines":
-            as_named = None if named == "lines" else named
-            report = await _import_report(request, caller, data, as_named, provider, force)
-            return Response(orjson.dumps(report_json(report)), media_type=_JSON)
-        try:
-            report = await import_reconciliation(
-                _store(request),
-                data,
-                actor=caller.key_id,
-                scope=ReconcileScope(workspace=read_scope(caller).workspace, provider=provider),
-                export_format=_format(request.headers.get("content-type")),
-                force=force,
-            )
-        except ExportError as error:
-            raise invalid_request(str(error), param=error.field) from None
+        report = await import_as(
+            caller,
+            _store(request),
+            request.app.state.gateway.config,
+            data,
+            provider=params.get("provider") or None,
+            named=named,
+            content_type=request.headers.get("content-type"),
+            force=force,
+        )
         return Response(orjson.dumps(report_json(report)), media_type=_JSON)
 
     @router.get(
@@ -100,10 +105,7 @@ def reconcile_router(authenticate: Authenticate) -> APIRouter:
     )
     async def read(reconciliation_id: str, request: Request) -> Response:
         caller = _reconciler(await authenticate(request))
-        report = await find_reconciliation(_store(request), reconciliation_id)
-        workspace = read_scope(caller).workspace
-        if report is None or workspace not in (None, report.workspace):
-            raise reconciliation_not_found(reconciliation_id)
+        report = await readable_reconciliation(caller, _store(request), reconciliation_id)
         return Response(orjson.dumps(report_json(report)), media_type=_JSON)
 
     @router.get(
@@ -112,10 +114,8 @@ def reconcile_router(authenticate: Authenticate) -> APIRouter:
     )
     async def read_bucket(reconciliation_id: str, bucket: str, request: Request) -> Response:
         caller = _reconciler(await authenticate(request))
-        report = await find_reconciliation(_store(request), reconciliation_id)
+        report = await readable_reconciliation(caller, _store(request), reconciliation_id)
         workspace = read_scope(caller).workspace
-        if report is None or workspace not in (None, report.workspace):
-            raise reconciliation_not_found(reconciliation_id)
         found = find_bucket(
             report,
             bucket,
@@ -130,7 +130,52 @@ def reconcile_router(authenticate: Authenticate) -> APIRouter:
     return router
 
 
-def _input_format(value: str | None) -> InputFormat | None:
+async def import_as(
+    caller: Caller,
+    store: EventStore,
+    config: Config,
+    data: bytes,
+    *,
+    provider: str | None,
+    named: InputFormat | None,
+    content_type: str | None,
+    force: bool,
+) -> ReconciliationImported:
+    """Import a usage export or a provider report's pages as ``caller`` (the API's route and
+    the console's upload form): a finance key reconciles its own workspace, a provider
+    report takes an admin key. ``named``: the format asked for; None: told from the
+    content. A bad file is a 400 naming the line and the field."""
+    _reconciler(caller)
+    chosen = named or await asyncio.to_thread(detect_format, data)
+    if chosen != "lines":
+        as_named = None if named == "lines" else named
+        return await _import_report(store, config, caller, data, as_named, provider, force)
+    try:
+        return await import_reconciliation(
+            store,
+            data,
+            actor=caller.key_id,
+            scope=ReconcileScope(workspace=read_scope(caller).workspace, provider=provider),
+            export_format=_format(content_type),
+            force=force,
+        )
+    except ExportError as error:
+        raise invalid_request(str(error), param=error.field) from None
+
+
+async def readable_reconciliation(
+    caller: Caller, store: EventStore, reconciliation_id: str
+) -> ReconciliationImported:
+    """The recorded report, if ``caller`` may read it; the same 404 otherwise as for one that
+    does not exist."""
+    _reconciler(caller)
+    report = await find_reconciliation(store, reconciliation_id)
+    if report is None or not can_read_reconciliation(caller, report.workspace):
+        raise reconciliation_not_found(reconciliation_id)
+    return report
+
+
+def input_format_param(value: str | None) -> InputFormat | None:
     if value is None or value == "":
         return None
     if value == "lines":
@@ -143,7 +188,8 @@ def _input_format(value: str | None) -> InputFormat | None:
 
 
 async def _import_report(
-    request: Request,
+    store: EventStore,
+    config: Config,
     caller: Caller,
     data: bytes,
     named: ReportFormat | None,
@@ -152,14 +198,13 @@ async def _import_report(
 ) -> ReconciliationImported:
     """A provider report's pages: its usage counts every workspace's traffic on an
     identity, so only an admin (who sees every workspace) imports one."""
-    if read_scope(caller).workspace is not None:
+    if not can_import_provider_report(caller):
         raise permission_denied(
             "a provider report counts every workspace's traffic: import it with an admin key"
         )
-    config = request.app.state.gateway.config
     try:
         return await import_provider_report(
-            _store(request),
+            store,
             [(None, data)],
             actor=caller.key_id,
             identities=identities_of(config),
@@ -173,7 +218,7 @@ async def _import_report(
 
 
 def _reconciler(caller: Caller) -> Caller:
-    if caller.role not in _RECONCILERS:
+    if not can_reconcile(caller):
         raise permission_denied("reconciliation takes an admin or finance key")
     return caller
 

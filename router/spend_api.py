@@ -14,6 +14,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from ledger.events import BudgetOverrun, UnknownUsageSettled
 from ledger.settlements import SettlementError, SettlementRefused, settle_unknown
 from ledger.spend import (
     GROUP_KEYS,
@@ -26,7 +27,7 @@ from ledger.spend import (
 from ledger.store import EventStore
 from ledger.types import MONEY_LIMIT, money_str, parse_money
 from router import openapi as api_doc
-from router.access import read_scope
+from router.access import can_settle, spend_scope
 from router.errors import (
     invalid_request,
     permission_denied,
@@ -36,7 +37,7 @@ from router.errors import (
 from router.gateway import Caller
 from router.queries import decode_cursor, encode_cursor, limit_param
 
-__all__ = ["spend_router"]
+__all__ = ["group_by_param", "settle_as", "spend_router"]
 
 Authenticate = Callable[[Request], Awaitable[Caller]]
 
@@ -48,7 +49,7 @@ def spend_router(authenticate: Authenticate) -> APIRouter:
     async def spend(request: Request) -> Response:
         caller = await authenticate(request)
         params = request.query_params
-        group_by = _group_by(params.get("group_by", "workspace"))
+        group_by = group_by_param(params.get("group_by", "workspace"))
         output = params.get("format", "json")
         if output not in ("json", "csv"):
             raise invalid_request(f"format must be json or csv, not {output!r}", param="format")
@@ -98,33 +99,12 @@ def spend_router(authenticate: Authenticate) -> APIRouter:
     async def settle(settlement_id: str, request: Request) -> Response:
         """An operator settles unknown usage by hand: ``{"settled_usd", "reason"}``."""
         caller = await authenticate(request)
-        if caller.role not in ("admin", "finance"):
+        if not can_settle(caller):
             raise permission_denied("settling unknown usage takes an admin or finance key")
-        body = _settle_body(await request.body())
-        scope = read_scope(caller)
-        page = await unknown_settlements_page(
-            _store(request).engine,
-            state=None,
-            scope=SpendScope(scope.workspace),
-            limit=1,
-            settlement_id=settlement_id,
+        amount, reason, force = _settle_body(await request.body())
+        event, overrun = await settle_as(
+            caller, _store(request), settlement_id, amount, reason=reason, force=force
         )
-        if not page.data:
-            raise settlement_not_found(settlement_id)
-        amount, reason, force = body
-        try:
-            event, overrun = await settle_unknown(
-                _store(request),
-                settlement_id,
-                amount,
-                actor=caller.key_id,
-                reason=reason,
-                force=force,
-            )
-        except SettlementRefused as error:
-            raise invalid_request(str(error), param="settled_usd") from None
-        except SettlementError as error:
-            raise settlement_conflict(str(error)) from None
         answer = event.model_dump(mode="json")
         answer["overrun_usd"] = money_str(overrun.excess_usd if overrun else Decimal(0))
         return Response(orjson.dumps(answer), media_type=_JSON)
@@ -133,6 +113,40 @@ def spend_router(authenticate: Authenticate) -> APIRouter:
 
 
 _JSON = "application/json"
+
+
+async def settle_as(
+    caller: Caller,
+    store: EventStore,
+    settlement_id: str,
+    amount: Decimal,
+    *,
+    reason: str,
+    force: bool,
+) -> tuple[UnknownUsageSettled, BudgetOverrun | None]:
+    """Settle an open unknown-usage settlement by hand as ``caller`` (the API's route and the
+    console's form): 403 for a role that may not settle, the same 404 for a settlement that
+    does not exist as for one outside the caller's scope, 400 for an amount the books refuse,
+    409 for one no longer open. Recorded with the caller's key id as the actor."""
+    if not can_settle(caller):
+        raise permission_denied("settling unknown usage takes an admin or finance key")
+    page = await unknown_settlements_page(
+        store.engine,
+        state=None,
+        scope=SpendScope(spend_scope(caller).workspace),
+        limit=1,
+        settlement_id=settlement_id,
+    )
+    if not page.data:
+        raise settlement_not_found(settlement_id)
+    try:
+        return await settle_unknown(
+            store, settlement_id, amount, actor=caller.key_id, reason=reason, force=force
+        )
+    except SettlementRefused as error:
+        raise invalid_request(str(error), param="settled_usd") from None
+    except SettlementError as error:
+        raise settlement_conflict(str(error)) from None
 
 
 def _settle_body(raw: bytes) -> tuple[Decimal, str, bool]:
@@ -162,13 +176,10 @@ def _store(request: Request) -> EventStore:
 
 
 def _scope(caller: Caller, params: Mapping[str, str]) -> SpendScope:
-    scope = read_scope(caller)
-    # An admin may narrow to one workspace; nobody may widen their scope.
-    workspace = scope.workspace if scope.workspace is not None else params.get("workspace")
-    return SpendScope(workspace=workspace, key_id=scope.key_id)
+    return spend_scope(caller, params.get("workspace"))
 
 
-def _group_by(raw: str) -> list[str]:
+def group_by_param(raw: str) -> list[str]:
     keys = [k.strip() for k in raw.split(",") if k.strip()]
     unknown = [k for k in keys if k not in GROUP_KEYS]
     if not keys or unknown or len(set(keys)) != len(keys):

@@ -1,0 +1,395 @@
+"""Console benchmark: each page's time on a ledger of a million requests, and the plan of
+every query a page runs.
+
+    .venv/bin/python bench/console_bench.py [--requests 1000000] [--runs 5] [--json]
+
+On a fresh PostgreSQL database (``console_bench``, dropped at the end unless ``--keep``):
+
+1. the gateway (in this process, two fake providers) serves a few real requests, among them
+   a failover and an unknown usage: their trails are what the request pages explain;
+2. the read models the console pages through are filled with ``--requests`` synthetic
+   requests in SQL (``generate_series``): request views over 90 days in 20 workspaces and
+   200 keys, one spend row per attempt (8% of requests fail over: two attempts), 1% of the
+   attempts of unknown usage (a third still open), key and workspace budget windows, one
+   budget account per request of a fifth of them, one ``AttemptFinished`` event per request
+   and 50 recorded reconciliations; the head and the read models' checkpoints are moved past
+   them, so no follower reads them (they are no real trails), then ``ANALYZE``;
+3. a signed-in browser session (an admin, then a workspace's finance key) fetches each page
+   ``--runs`` times: the median and the slowest are printed;
+4. every statement a page sent through the app's SQLAlchemy engine is explained with its own
+   parameters; a sequential scan of one of the large tables is reported (``seq scans``),
+   and the run exits 1. (A session's key check goes through the asyncpg pool: one primary
+   key read, not explained here.)
+
+A benchmark, not a test: the times depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import uvicorn
+from sqlalchemy import event
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.databases import PG_ADMIN, fresh_postgres
+from ledger import apikeys
+from ledger import events as ev
+from ledger.db import create_engine, migrate
+from ledger.store import EventStore
+from router.app import AppSettings, create_app
+from router.config import parse_config
+from router.fake_upstream import Behavior, FakeUpstream
+from router.serving import UVICORN_OPTIONS
+
+DATABASE = "console_bench"
+LARGE_TABLES = (
+    "request_views",
+    "spend_attempts",
+    "unknown_settlements",
+    "budget_accounts",
+    "events",
+)
+BODY = {"model": "group-0", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _config(primary: str, fallback: str) -> str:
+    endpoints = [
+        f'  - {{id: ep-0, driver: openai, base_url: "{primary}", region: r, '
+        f"data_classes: [public, internal], proxy: none}}",
+        f'  - {{id: ep-1, driver: openai, base_url: "{fallback}", region: r, '
+        f"data_classes: [public, internal], proxy: none}}",
+    ]
+    endpoints += [
+        f'  - {{id: ep-{i}, driver: openai, base_url: "http://127.0.0.1:9/v1", region: r, '
+        f"data_classes: [public, internal], proxy: none}}"
+        for i in range(2, 6)
+    ]
+    groups = []
+    for g in range(4):
+        first, second = (0, 1) if g == 0 else (2 + g % 4, 2 + (g + 1) % 4)
+        groups.append(
+            f"  - name: group-{g}\n    mappings:\n"
+            + "".join(
+                f"      - {{endpoint: ep-{e}, model: m-{e}, tier: {tier}, weight: 1, "
+                "capabilities: [text, stream], context_window: 128000, max_output_tokens: 4096, "
+                "price: {input_per_mtok: 1.0, output_per_mtok: 2.0}}\n"
+                for tier, e in enumerate((first, second))
+            )
+        )
+    workspaces = [
+        f"  - {{id: ws_{w:02d}, models: [group-0, group-1, group-2, group-3], regions: [r], "
+        "data_class: internal, budget: {limit_usd: 100000, window: month}}"
+        for w in range(20)
+    ]
+    return (
+        "generation: console-bench\ndefaults:\n"
+        "  retry_same_endpoint: {rate_limited: {max: 0}, upstream_unavailable: {max: 0}}\n"
+        "  breaker: {failure_threshold: 5, base_cooldown_ms: 10, max_cooldown_ms: 20}\n"
+        "endpoints:\n"
+        + "\n".join(endpoints)
+        + "\nmodels:\n"
+        + "".join(groups)
+        + "workspaces:\n"
+        + "\n".join(workspaces)
+        + "\n"
+    )
+
+
+_FILL = """
+INSERT INTO request_views (request_id, workspace, key_id, model, status, endpoint,
+    upstream_model, attempts, reserved_usd, settled_usd, held_unknown_usd, http_status,
+    error_code, input_tokens, output_tokens, duration_ms, created_at, completed_at,
+    last_position)
+SELECT 'req_' || lpad(i::text, 28, '0'), 'ws_' || lpad((i % 20)::text, 2, '0'),
+       'key_' || lpad((i % 200)::text, 16, '0'), 'group-' || (i % 4),
+       CASE WHEN i % 50 = 0 THEN 'failed' WHEN i % 97 = 0 THEN 'partial_failure'
+            ELSE 'succeeded' END,
+       'ep-' || (i % 6), 'm-' || (i % 6), CASE WHEN i % 13 = 0 THEN 2 ELSE 1 END,
+       0.002, 0.0011, CASE WHEN i % 100 = 0 THEN 0.002 ELSE 0 END,
+       CASE WHEN i % 50 = 0 THEN 502 ELSE 200 END, CASE WHEN i % 50 = 0 THEN 'upstream_error' END,
+       120, 40, 800, ts, ts + interval '800 milliseconds', 0
+FROM (SELECT i, now() - interval '90 days' * (1 - i::float / %(n)s) AS ts
+      FROM generate_series(1, %(n)s) AS i) AS r;
+
+INSERT INTO spend_attempts (reservation_id, request_id, attempt_id, workspace, key_id,
+    model_group, endpoint, model, day, state, reserved_usd, settled_usd, held_unknown_usd,
+    overrun_usd, reserved_at, upstream_request_id, response_id, input_tokens, output_tokens,
+    cached_input_tokens, last_position)
+SELECT 'res_' || lpad(i::text, 26, '0') || '_' || a, 'req_' || lpad(i::text, 28, '0'),
+       'att_' || lpad(i::text, 26, '0') || '_' || a, 'ws_' || lpad((i % 20)::text, 2, '0'),
+       'key_' || lpad((i % 200)::text, 16, '0'), 'group-' || (i % 4), 'ep-' || ((i + a) % 6),
+       'm-' || ((i + a) % 6), to_char(ts, 'YYYY-MM-DD'),
+       CASE WHEN i % 300 = 0 AND a = 1 THEN 'unknown'
+            WHEN i % 100 = 0 AND a = 1 THEN 'unknown_settled' ELSE 'settled' END,
+       0.002, CASE WHEN i % 300 = 0 AND a = 1 THEN 0 ELSE 0.0011 END,
+       CASE WHEN i % 300 = 0 AND a = 1 THEN 0.002 ELSE 0 END, 0, ts, NULL, NULL, 120, 40, 0, 0
+FROM (SELECT i, now() - interval '90 days' * (1 - i::float / %(n)s) AS ts
+      FROM generate_series(1, %(n)s) AS i) AS r
+CROSS JOIN LATERAL generate_series(1, CASE WHEN i % 13 = 0 THEN 2 ELSE 1 END) AS a;
+
+INSERT INTO unknown_settlements (settlement_id, request_id, attempt_id, reservation_id,
+    workspace, key_id, endpoint, model, cause, held_usd, state, settled_usd, opened_at,
+    settled_at, last_position)
+SELECT 'unk_' || lpad(i::text, 26, '0') || '_1', 'req_' || lpad(i::text, 28, '0'),
+       'att_' || lpad(i::text, 26, '0') || '_1', 'res_' || lpad(i::text, 26, '0') || '_1',
+       'ws_' || lpad((i % 20)::text, 2, '0'), 'key_' || lpad((i % 200)::text, 16, '0'),
+       'ep-' || ((i + 1) % 6), 'm-' || ((i + 1) % 6), 'upstream_unavailable', 0.002,
+       CASE WHEN i % 300 = 0 THEN 'open' ELSE 'settled' END,
+       CASE WHEN i % 300 = 0 THEN NULL ELSE 0.0011 END, ts,
+       CASE WHEN i % 300 = 0 THEN NULL ELSE ts + interval '1 day' END, 0
+FROM (SELECT i, now() - interval '90 days' * (1 - i::float / %(n)s) AS ts
+      FROM generate_series(100, %(n)s, 100) AS i) AS r;
+
+INSERT INTO budget_accounts (account_id, kind, workspace, key_id, window_start, limit_usd,
+    held_usd, settled_usd, overrun_usd, updated_at)
+SELECT 'key:key_' || lpad(k::text, 16, '0') || ':' || d, 'key',
+       'ws_' || lpad((k % 20)::text, 2, '0'),
+       'key_' || lpad(k::text, 16, '0'), d, 50, 0, 11.5, 0, now()
+FROM generate_series(0, 199) AS k,
+     LATERAL (SELECT to_char(now() - interval '1 day' * x, 'YYYY-MM-DD') AS d
+              FROM generate_series(0, 89) AS x) AS days;
+INSERT INTO budget_accounts (account_id, kind, workspace, key_id, window_start, limit_usd,
+    held_usd, settled_usd, overrun_usd, updated_at)
+SELECT 'request:req_' || lpad(i::text, 28, '0'), 'request', 'ws_' || lpad((i % 20)::text, 2, '0'),
+       NULL, NULL, 0.01, 0, 0.0011, 0, now()
+FROM generate_series(5, %(n)s, 5) AS i;
+
+INSERT INTO events (position, stream_id, version, type, schema_version, data, metadata,
+                    recorded_at, payload, hash)
+SELECT %(base)s + i, 'bench-' || lpad(i::text, 28, '0'), 1, 'AttemptFinished', 1,
+       jsonb_build_object('attempt_id', 'att_' || lpad(i::text, 26, '0') || '_1',
+                          'status', CASE WHEN i % 13 = 0 THEN 'failed' ELSE 'succeeded' END,
+                          'failure_class', CASE WHEN i % 13 = 0 THEN 'rate_limited' END),
+       '{}'::jsonb, now() - interval '90 days' * (1 - i::float / %(n)s), '\\x7b7d'::bytea,
+       repeat('0', 64)
+FROM generate_series(1, %(n)s) AS i;
+"""
+
+
+@dataclass
+class Page:
+    name: str
+    path: str
+    times_ms: list[float] = field(default_factory=list)
+    statements: int = 0
+    seq_scans: list[str] = field(default_factory=list)
+
+
+@contextmanager
+def captured(engine: Any) -> Iterator[list[tuple[str, Any]]]:
+    """Every statement the engine sends while the block runs, with its parameters."""
+    seen: list[tuple[str, Any]] = []
+
+    def before(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if statement.lstrip().upper().startswith(("SELECT", "WITH")):
+            seen.append((statement, parameters))
+
+    event.listen(engine.sync_engine, "before_cursor_execute", before)
+    try:
+        yield seen
+    finally:
+        event.remove(engine.sync_engine, "before_cursor_execute", before)
+
+
+def seq_scans(url: str, statements: list[tuple[str, Any]]) -> list[str]:
+    """The large tables a sequential scan reads in the plans of these statements."""
+    found = []
+    with psycopg.connect(url) as conn:
+        conn.execute("SET plan_cache_mode = force_custom_plan")
+        for statement, parameters in statements:
+            plan = "\n".join(
+                row[0] for row in conn.execute(f"EXPLAIN {statement}", parameters).fetchall()
+            )
+            for table in LARGE_TABLES:
+                if re.search(rf"Seq Scan on {table}\b", plan):
+                    found.append(f"{table}: {statement.split(chr(10))[0][:90]}")
+    return found
+
+
+async def _serve(
+    settings: AppSettings,
+) -> tuple[uvicorn.Server, asyncio.Task[None], str, Any]:
+    app = create_app(settings)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, **UVICORN_OPTIONS))
+    task = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to await
+        await asyncio.sleep(0.05)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    return server, task, f"http://127.0.0.1:{port}", app
+
+
+async def _sign_in(http: httpx.AsyncClient, secret: str) -> None:
+    http.cookies.clear()
+    form = await http.get("/console/sign-in")
+    token = re.search(r'name="csrf_token" value="([^"]+)"', form.text)
+    assert token
+    signed = await http.post("/console/sign-in", data={"api_key": secret, "csrf_token": token[1]})
+    assert signed.status_code == 303, signed.text
+
+
+async def run(requests: int, runs: int, keep: bool) -> tuple[list[Page], dict[str, Any]]:
+    url = fresh_postgres(DATABASE)
+    database_url = url.replace("postgresql://", "postgresql+psycopg://", 1)
+    migrate(database_url)
+    engine = create_engine(database_url)
+    store = EventStore(engine)
+    admin = await apikeys.create_key(store, "ws_00", "admin")
+    finance = await apikeys.create_key(store, "ws_03", "finance")
+    client = await apikeys.create_key(store, "ws_00", "client")
+    async with FakeUpstream("ep-0") as primary, FakeUpstream("ep-1") as fallback:
+        config = parse_config(_config(primary.base_url, fallback.base_url))
+        settings = AppSettings(config, database_url)
+        server, task, base, _ = await _serve(settings)
+        primary.set_plan([Behavior.rate_limited(), Behavior.server_error()] + [Behavior.ok()] * 8)
+        async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+            ids = []
+            for _ in range(10):
+                answer = await http.post(
+                    "/v1/chat/completions",
+                    json=BODY,
+                    headers={"Authorization": f"Bearer {client.secret}"},
+                )
+                ids.append(answer.headers["x-request-id"])
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(1)
+        server.should_exit = True
+        await task
+
+        started = time.perf_counter()
+        with psycopg.connect(url, autocommit=True) as conn:
+            head = conn.execute("SELECT position FROM ledger_head").fetchone()
+            assert head is not None
+            base_position = int(head[0]) + 1000
+            # Integers only, put in the text: several statements go in one simple query.
+            fill = _FILL.replace("%(n)s", str(int(requests)))
+            conn.execute(fill.replace("%(base)s", str(base_position)))
+            reports = [
+                ev.ReconciliationImported(
+                    reconciliation_id=f"rec_{i:024d}",
+                    workspace=f"ws_{i % 20:02d}",
+                    file_sha256="0" * 64,
+                    lines=1000,
+                    imported_by=finance.key_id,
+                ).model_dump(mode="json")
+                for i in range(50)
+            ]
+            top = base_position + requests
+            for i, data in enumerate(reports):
+                conn.execute(
+                    "INSERT INTO events VALUES (%s, %s, 1, 'ReconciliationImported', 1, %s, '{}',"
+                    " now(), '\\x7b7d', repeat('0', 64))",
+                    (top + 1 + i, f"reconciliation-{data['reconciliation_id']}", json.dumps(data)),
+                )
+            last = top + len(reports)
+            conn.execute("UPDATE ledger_head SET position = %s", (last,))
+            conn.execute(
+                "INSERT INTO projection_checkpoints (name, position, updated_at) "
+                "SELECT n, %s, now() "
+                "FROM unnest(ARRAY['keys', 'requests', 'spend', 'otel_traces']) AS n "
+                "ON CONFLICT (name) DO UPDATE SET position = EXCLUDED.position",
+                (last,),
+            )
+            conn.execute("ANALYZE")
+        fill_s = time.perf_counter() - started
+
+        server, task, base, app = await _serve(settings)
+        served_engine = app.app.state.store.engine
+        pages = [
+            Page("requests, newest first (admin)", "/console/requests"),
+            Page("requests, failed only", "/console/requests?status=failed"),
+            Page("requests, one key", "/console/requests?key_id=key_0000000000000042"),
+            Page(
+                "requests, one endpoint and a day",
+                "/console/requests?endpoint=ep-3&since=2026-01-01&until=2099-01-01",
+            ),
+            Page("a request's timeline", f"/console/requests/{ids[0]}"),
+            Page("spend, 30 days by model group (admin)", "/console/spend"),
+            Page("spend, 30 days by endpoint", "/console/spend?group=endpoint"),
+            Page("unknown usage, oldest open (admin)", "/console/unknown"),
+            Page("reconciliations (admin)", "/console/reconciliations"),
+            Page("health (admin)", "/console/health"),
+        ]
+        finance_pages = [
+            Page("requests of a workspace (finance)", "/console/requests"),
+            Page("spend of a workspace (finance)", "/console/spend"),
+            Page("unknown usage of a workspace (finance)", "/console/unknown"),
+        ]
+        try:
+            async with httpx.AsyncClient(base_url=base, timeout=120) as http:
+                for secret, group in ((admin.secret, pages), (finance.secret, finance_pages)):
+                    await _sign_in(http, secret)
+                    for page in group:
+                        second = None
+                        for i in range(runs + 1):
+                            with captured(served_engine) as statements:
+                                begun = time.perf_counter()
+                                answer = await http.get(page.path)
+                                elapsed = (time.perf_counter() - begun) * 1000
+                            assert answer.status_code == 200, (page.path, answer.status_code)
+                            if i == 0:
+                                second = answer.text  # the first run warms the caches
+                                page.statements = len(statements)
+                                page.seq_scans = seq_scans(url, statements)
+                            else:
+                                page.times_ms.append(elapsed)
+                        if page.path == "/console/requests?status=failed" and second:
+                            cursor = re.search(r'href="([^"]*cursor=[^"]+)"', second)
+                            if cursor:
+                                group.append(
+                                    Page("requests, a later page", cursor[1].replace("&amp;", "&"))
+                                )
+        finally:
+            server.should_exit = True
+            await task
+            await store.close()
+            await engine.dispose()
+    if not keep:
+        with psycopg.connect(
+            PG_ADMIN.replace("postgresql+psycopg://", "postgresql://"), autocommit=True
+        ) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+    return pages + finance_pages, {"requests": requests, "fill_s": round(fill_s, 1), "runs": runs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    parser.add_argument("--json", action="store_true")
+    arguments = parser.parse_args()
+    pages, facts = asyncio.run(run(arguments.requests, arguments.runs, arguments.keep))
+    if arguments.json:
+        print(json.dumps({**facts, "pages": [p.__dict__ for p in pages]}, indent=2))
+    else:
+        print(
+            f"{facts['requests']:,} requests filled in {facts['fill_s']} s; "
+            f"{facts['runs']} runs a page"
+        )
+        print(f"{'page':44} {'median ms':>10} {'max ms':>8} {'queries':>8}  seq scans")
+        for p in pages:
+            print(
+                f"{p.name:44} {statistics.median(p.times_ms):10.1f} {max(p.times_ms):8.1f} "
+                f"{p.statements:8d}  {'; '.join(p.seq_scans) or 'none'}"
+            )
+    if any(p.seq_scans for p in pages):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""The console in a real browser (headless Chromium): sign in, read why a request failed over,
+look at spend, settle an unknown usage, sign out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from ledger import apikeys
+from tests.console.support import traffic
+
+pytestmark = pytest.mark.browser
+
+
+async def test_an_operator_signs_in_reads_a_failover_settles_unknown_usage_and_signs_out(
+    sqlite_url: str, chromium: Any
+) -> None:
+    async with traffic(sqlite_url) as t:
+        context = await chromium.new_context(java_script_enabled=False)  # reading needs none
+        page = await context.new_page()
+        url = t.gateway.url
+
+        # A deep link before signing in goes through the sign-in form and comes back.
+        await page.goto(f"{url}/console/requests/{t.failed_over}")
+        assert page.url.startswith(f"{url}/console/sign-in")
+        await page.fill("#api_key", t.secrets["finance"])
+        await page.click("button[type=submit]")
+        await page.wait_for_url(f"{url}/console/requests/{t.failed_over}")
+
+        # The request's page: the summary on top, then its timeline.
+        summary = await page.inner_text("p.summary")
+        assert "rate_limited" in summary and "west" in summary
+        steps = await page.locator("ol.timeline > li").all_inner_texts()
+        assert any("attempt 1: east/fake-model" in s and "rate_limited" in s for s in steps)
+        assert any("after attempt 1: failover" in s for s in steps)
+        assert any("attempt 2: west/fake-model" in s and "succeeded" in s for s in steps)
+        assert await page.locator("figure.timeline-chart svg rect").count() == 2
+        await page.click("text=Raw events")
+        assert "RequestReceived" in await page.inner_text("main")
+
+        # Spend: three charts and the table by day, here by endpoint.
+        await page.click("nav >> text=Spend")
+        assert await page.locator(".charts svg").count() == 3
+        await page.select_option("select[name=group]", "endpoint")
+        await page.click("button:text('Show')")
+        await page.wait_for_url("**/console/spend?*group=endpoint*")
+        table = await page.inner_text("table.data")
+        assert "east" in table and "west" in table
+
+        # Unknown usage: the attempt's story, then the form.
+        await page.click("nav >> text=Unknown usage")
+        card = page.locator("section.settlement")
+        assert await card.count() == 1
+        assert "upstream_unavailable" in await card.inner_text()
+        await card.locator("input[name=settled_usd]").fill("0.000042")
+        await card.locator("input[name=reason]").fill("provider invoice 2026-11, line 7")
+        await card.locator("button[type=submit]").click()
+        await page.wait_for_url("**/console/unknown?settled=*")
+        assert "No unknown usage is open" in await page.inner_text("main")
+        finance = await apikeys.find_key(t.gateway.store, t.secrets["finance"])
+        assert finance is not None
+        settled = [e.event() for e in await t.gateway.events(t.unknown)]
+        assert [
+            (e.actor, e.reason)  # type: ignore[attr-defined]
+            for e in settled
+            if e.type == "UnknownUsageSettled"
+        ] == [(finance.key_id, "provider invoice 2026-11, line 7")]
+
+        # Sign out: the session is over, pages send the browser to sign in again.
+        await page.click("button:text('Sign out')")
+        await page.wait_for_url("**/console/sign-in**")
+        await page.goto(f"{url}/console/spend")
+        assert page.url.startswith(f"{url}/console/sign-in")
+        await context.close()
+
+
+async def test_a_client_key_is_refused_at_sign_in_and_an_auditor_cannot_settle(
+    sqlite_url: str, chromium: Any
+) -> None:
+    async with traffic(sqlite_url) as t:
+        page = await chromium.new_page()
+        await page.goto(f"{t.gateway.url}/console/sign-in")
+        await page.fill("#api_key", t.secrets["client"])
+        await page.click("button[type=submit]")
+        assert "a client key cannot sign in" in await page.inner_text("[role=alert]")
+
+        await page.fill("#api_key", t.secrets["auditor"])
+        await page.click("button[type=submit]")
+        await page.wait_for_url("**/console/requests")
+        await page.goto(f"{t.gateway.url}/console/unknown")
+        assert await page.locator("section.settlement").count() == 1
+        assert await page.locator("form.settle").count() == 0
+        async with httpx.AsyncClient(base_url=t.gateway.url) as api:
+            still = await api.get(
+                "/v1/settlements/unknown",
+                params={"state": "open"},
+                headers={"Authorization": f"Bearer {t.secrets['admin']}"},
+            )
+        assert len(still.json()["data"]) == 1
