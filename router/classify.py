@@ -210,7 +210,7 @@ RULES: Final[tuple[Rule, ...]] = (
     Rule(_timeout_after_send,  _F.TIMEOUT,              _E,   False, _UNK,     _EXEC),
     Rule(_no_first_event,      _F.TIMEOUT,              _E,   False, _UNK,     _EXEC),
     Rule(_broken_stream,       _F.NETWORK_ERROR,        _E,   False, _UNK,     _EXEC),
-    Rule(_too_large,           _F.RESPONSE_TOO_LARGE,   _M,   False, _ST,      "yes"),
+    Rule(_too_large,           _F.RESPONSE_TOO_LARGE,   _M,   True,  _ST,      "yes"),
     Rule(_invalid_response,    _F.UPSTREAM_UNAVAILABLE, _E,   False, _ST,      _EXEC),
     Rule(_quota_exhausted,     _F.QUOTA_EXHAUSTED,      _E,   False, _NS,      "no"),
     Rule(_rate_limited,        _F.RATE_LIMITED,         _E,   True,  _NS,      "yes"),

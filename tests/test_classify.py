@@ -174,6 +174,9 @@ def test_response_too_large_is_started_on_the_mapping_and_may_fail_over():
     c = _c(transport="response_too_large", http_status=200)
     assert c.failure_class is FailureClass.RESPONSE_TOO_LARGE
     assert (c.evidence, c.breaker_scope, c.may_fail_over) == (Evidence.STARTED, "mapping", "yes")
+    # A mapping that answers beyond the endpoint's limit will do so again: like a missing
+    # model, its breaker opens on the first failure.
+    assert c.breaker_opens_at_once
 
 
 @pytest.mark.parametrize("status", [400, 405, 409, 422])
