@@ -503,7 +503,20 @@ class RequestFailed(Event):
     duration_ms: NonNegInt
 
 
+Rate = Annotated[
+    Decimal,
+    BeforeValidator(_refuse_float),
+    Field(ge=0, le=1, allow_inf_nan=False),
+    PlainSerializer(lambda d: format(d, "f"), return_type=str, when_used="json"),
+]
+"""A share of calls, 0 to 1, exact (a decimal string, like money), e.g. ``"0.5000"``."""
+
+
 class BreakerTransitioned(Event):
+    """A breaker changed state (contract §5 "Circuit breakers"), with what made it: the
+    policy, the reason (a threshold, a probe), and for a rolling breaker that opened the
+    window's figures. The rolling figures are absent from consecutive breakers' events."""
+
     type: ClassVar[str] = "BreakerTransitioned"
 
     scope: Literal["endpoint", "mapping"]
@@ -515,6 +528,16 @@ class BreakerTransitioned(Event):
     cooldown_ms: NonNegInt | None = None
     config_generation: str
     request_id: Id | None = None
+    policy: Literal["consecutive", "rolling"] | None = None
+    # failure_threshold, opens_at_once, failure_rate, slow_call_rate, probe, probe_failed,
+    # probe_slow, probe_succeeded (router.breaker_policy.StepReason)
+    reason: str | None = None
+    duration_ms: NonNegInt | None = None  # the latency of the call that caused it
+    calls: NonNegInt | None = None  # in the rolling window, that call included
+    failed_calls: NonNegInt | None = None
+    slow_calls: NonNegInt | None = None
+    failure_rate: Rate | None = None  # failed_calls / calls, rounded down to 4 places
+    slow_call_rate: Rate | None = None
 
 
 class ReconciliationLine(_Record):

@@ -47,6 +47,7 @@ from ledger.store import (
     WrongExpectedVersion,
 )
 from otel.ids import attempt_span_id, request_trace_id, upstream_traceparent
+from router.breaker_policy import Figures
 from router.breakers import Admission, BreakerBoard, BreakerKey, Transition
 from router.budgets import RequestBudget, StepRecord
 from router.chat import ChatCall, HeaderNarrowing
@@ -355,6 +356,10 @@ class Gateway:
                 cooldown_ms=t.cooldown_ms,
                 config_generation=self.config.generation,
                 request_id=request_id,
+                policy=self.breakers.settings.policy,
+                reason=t.reason,
+                duration_ms=t.duration_ms,
+                **_window_figures(t.figures),
             )
             for t in transitions
         ]
@@ -984,7 +989,8 @@ class _Run:
         )
         self._record(self._hold_outcome(attempt, classification))
         if classification is not _SEAM_BROKEN:
-            await self._report_breakers(attempt.route, classification)
+            first = upstream.time_to_first_chunk_ms if upstream is not None else None
+            await self._report_breakers(attempt.route, classification, _latency_ms(attempt, first))
         status = failure.outcome.http_status if failure else None
         if status is None and attempt.stream_committed:
             status = 200
@@ -1350,7 +1356,9 @@ class _Run:
                 # While it commits, the breakers hear of the success: the upstream answered,
                 # whatever the ledger says next.
                 await _let_the_appender_send()
-                await self._report_breakers(route, None)
+                await self._report_breakers(
+                    route, None, _latency_ms(attempt, time_to_first_chunk_ms)
+                )
             finally:
                 await self._committed(submitted)
         except LedgerUnavailable:
@@ -1483,14 +1491,18 @@ class _Run:
             + _exclusions(candidates, None)
         )
 
-    async def _report_breakers(self, route: _Route, classification: Classification | None) -> None:
+    async def _report_breakers(
+        self, route: _Route, classification: Classification | None, latency_ms: int
+    ) -> None:
+        """Tell the breakers an attempt's outcome (None: a success) and its latency, which
+        makes a call slow under a rolling policy (contract §5)."""
         endpoint_key = BreakerKey.endpoint(route.choice.endpoint)
         mapping_key = BreakerKey.mapping(route.choice.endpoint, route.mapping.model)
         transitions: list[Transition] = []
         breakers = self.gw.breakers
         if classification is None:
-            transitions += await breakers.record_success(endpoint_key)
-            transitions += await breakers.record_success(mapping_key)
+            transitions += await breakers.record_success(endpoint_key, duration_ms=latency_ms)
+            transitions += await breakers.record_success(mapping_key, duration_ms=latency_ms)
         elif classification.breaker_scope is not None:
             key = endpoint_key if classification.breaker_scope == "endpoint" else mapping_key
             transitions += await breakers.record_failure(
@@ -1498,6 +1510,7 @@ class _Run:
                 classification.failure_class.value,
                 opens_at_once=classification.breaker_opens_at_once,
                 retry_after_ms=classification.retry_after_ms,
+                duration_ms=latency_ms,
             )
         await self.gw._record_transitions(transitions, self.request_id)
 
@@ -1644,6 +1657,27 @@ def _optional_str(value: object) -> str | None:
 def _log_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("recording the end of a request failed", exc_info=task.exception())
+
+
+def _latency_ms(attempt: _Attempt, time_to_first_chunk_ms: int | None) -> int:
+    """What makes a call slow for the breakers: a stream's time to its first chunk; a
+    buffered call's (or a stream's that never had one) time until it ended."""
+    if time_to_first_chunk_ms is not None:
+        return time_to_first_chunk_ms
+    return round((time.monotonic() - attempt.started_at) * 1000)
+
+
+def _window_figures(figures: Figures | None) -> dict[str, Any]:
+    """A rolling window's figures as ``BreakerTransitioned`` fields (none: absent)."""
+    if figures is None:
+        return {}
+    return {
+        "calls": figures.calls,
+        "failed_calls": figures.failed,
+        "slow_calls": figures.slow,
+        "failure_rate": figures.failure_rate(),
+        "slow_call_rate": figures.slow_call_rate(),
+    }
 
 
 def _failure_message(
