@@ -48,6 +48,8 @@ __all__ = [
     "CheckpointTaken",
     "ConfigActivated",
     "DataClass",
+    "EndpointDisabled",
+    "EndpointEnabled",
     "Event",
     "EventValidationError",
     "Evidence",
@@ -60,6 +62,7 @@ __all__ = [
     "PeriodAdjusted",
     "PeriodClosed",
     "PeriodTotal",
+    "Rate",
     "ReasonCode",
     "ReconciliationImported",
     "RequestCompleted",
@@ -540,6 +543,35 @@ class BreakerTransitioned(Event):
     slow_call_rate: Rate | None = None
 
 
+class EndpointDisabled(Event):
+    """An upstream refused an endpoint's credentials (401/403, failure class ``credentials``):
+    the endpoint is disabled until an operator enables it or its key changes (contract §5
+    "Disabled endpoints"). On stream ``endpoints``. The key itself is never recorded:
+    ``key_check`` only tells a later config whether its key for the endpoint is this one."""
+
+    type: ClassVar[str] = "EndpointDisabled"
+
+    endpoint: Id
+    http_status: int | None = None
+    error_code: str | None = None  # the provider's error code (or type), as it gave it
+    key_check: str | None = None  # router.disabling.key_check; None: the endpoint has no key
+    request_id: Id | None = None
+    attempt_id: Id | None = None
+    config_generation: str
+
+
+class EndpointEnabled(Event):
+    """A disabled endpoint is enabled again: by an operator (``actor``: the admin key id, or
+    ``cli``), or because the config now gives it another key. On stream ``endpoints``."""
+
+    type: ClassVar[str] = "EndpointEnabled"
+
+    endpoint: Id
+    cause: Literal["operator", "key_changed"]
+    actor: str | None = None
+    config_generation: str | None = None  # None: enabled from the CLI
+
+
 class ReconciliationLine(_Record):
     """One entry of a reconciliation report: a provider line, an attempt, or both."""
 
@@ -749,6 +781,8 @@ CATALOGUE: Mapping[str, type[Event]] = {
         RequestCompleted,
         RequestFailed,
         BreakerTransitioned,
+        EndpointDisabled,
+        EndpointEnabled,
         ReconciliationImported,
         KeyCreated,
         KeyRevoked,
