@@ -101,6 +101,7 @@ class ReasonCode(StrEnum):
     OVER_BUDGET = "over_budget"
     SCOPE_EMPTY = "scope_empty"
     UNPRICED_INPUT = "unpriced_input"  # a billable input or output the mapping has no price for
+    CREDENTIALS_DISABLED = "credentials_disabled"  # its key was refused: EndpointDisabled
 
 
 class FailureClass(StrEnum):

@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 from ledger import events as ev
 from ledger.accounting import BudgetDenied, Effect, HoldStateError, Reserve, usage_cost
 from ledger.apikeys import key_stream
+from ledger.endpoints import DisabledEndpoint
 from ledger.store import (
     ANY_VERSION,
     NO_STREAM,
@@ -55,6 +56,7 @@ from router.classify import Classification
 from router.config import Config, ModelGroup, Workspace
 from router.config import Driver as DriverName
 from router.config import Mapping as ModelMapping
+from router.disabling import Disabling, key_check
 from router.drivers import (
     AttemptBinding,
     AttemptTimeouts,
@@ -280,10 +282,14 @@ class Gateway:
         drivers: Mapping[str, Driver] | None = None,
         rng: random.Random | None = None,
         instance_id: str | None = None,
+        disabling: Disabling | None = None,
     ) -> None:
         self.config = config
         self.store = store
         self.breakers = breakers
+        # The disabled endpoints outlive a generation: one view per process (the app's).
+        self.disabling = disabling or Disabling(store)
+        self._key_checks: dict[str, asyncio.Task[str | None]] = {}
         self.instance_id = instance_id or new_id("gw")  # owner of the holds it takes
         self._drivers = dict(drivers) if drivers else {}
         for endpoint in config.endpoints:
@@ -341,6 +347,38 @@ class Gateway:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_log_failure)
+
+    async def key_check(self, endpoint_id: str) -> str | None:
+        """This generation's key check of an endpoint (``disabling.key_check``), computed
+        once, in a thread: it is deliberately slow."""
+        task = self._key_checks.get(endpoint_id)
+        if task is None:
+            endpoint = self.config.endpoint(endpoint_id)
+            assert endpoint is not None, "an endpoint of this generation's config"
+            task = asyncio.create_task(asyncio.to_thread(key_check, endpoint))
+            self._key_checks[endpoint_id] = task
+        return await asyncio.shield(task)
+
+    async def disabled(self) -> dict[str, DisabledEndpoint]:
+        """The endpoints of this config that a credentials failure disabled for the keys
+        this config gives them (contract §5 "Disabled endpoints")."""
+        found: dict[str, DisabledEndpoint] = {}
+        for endpoint_id, disabled in self.disabling.states.disabled.items():
+            if self.config.endpoint(endpoint_id) is None:
+                continue
+            if await self.key_check(endpoint_id) == disabled.key_check:
+                found[endpoint_id] = disabled
+        return found
+
+    async def disable(self, disabled: ev.EndpointDisabled) -> bool:
+        """Disable an endpoint whose key was refused; False if the ledger cannot record it
+        now (the caller opens its breaker instead, so the key is not tried on and on)."""
+        try:
+            await self.disabling.disable(disabled)
+        except (LedgerUnavailable, WrongExpectedVersion) as error:
+            log.warning("cannot record endpoint %s disabled: %s", disabled.endpoint, error)
+            return False
+        return True
 
     async def _record_transitions(self, transitions: list[Transition], request_id: str) -> None:
         if not transitions:
@@ -988,7 +1026,9 @@ class _Run:
             self._attempt_finished(attempt, classification, failure, invalid_events=invalid)
         )
         self._record(self._hold_outcome(attempt, classification))
-        if classification is not _SEAM_BROKEN:
+        if classification.disables_endpoint and await self._disable(attempt, failure):
+            pass  # disabled: no breaker of its endpoint counts a refused key
+        elif classification is not _SEAM_BROKEN:
             first = upstream.time_to_first_chunk_ms if upstream is not None else None
             await self._report_breakers(attempt.route, classification, _latency_ms(attempt, first))
         status = failure.outcome.http_status if failure else None
@@ -1008,6 +1048,21 @@ class _Run:
             self._remaining_ms(),
             delivered_chars=len(delivered),
             resumable=self._resumable and classification is not _SEAM_BROKEN,
+        )
+
+    async def _disable(self, attempt: _Attempt, failure: UpstreamFailure | None) -> bool:
+        endpoint_id = attempt.route.choice.endpoint
+        outcome = failure.outcome if failure is not None else None
+        return await self.gw.disable(
+            ev.EndpointDisabled(
+                endpoint=endpoint_id,
+                http_status=outcome.http_status if outcome else None,
+                error_code=(outcome.error_code or outcome.error_type) if outcome else None,
+                key_check=await self.gw.key_check(endpoint_id),
+                request_id=self.request_id,
+                attempt_id=attempt.attempt_id,
+                config_generation=self.gw.config.generation,
+            )
         )
 
     def _decided(self, attempt_id: str, decision: Decision) -> None:
@@ -1069,8 +1124,11 @@ class _Run:
         breakers of the targets it names; any other purpose evaluates every mapping and
         chooses one (contract §4)."""
         if action.only is not None:
+            disabled = await self.gw.disabled()
             for target in action.only:
                 mapping = self.group.mappings[target.mapping_index]
+                if target.endpoint in disabled:
+                    continue
                 if await self._admitted(target.endpoint, mapping):
                     self._routed = self._route_to(target, action.purpose)
                     return Routed(target)
@@ -1086,6 +1144,7 @@ class _Run:
                 # evaluation reads must include that.
                 await self._flush()
             breaker_open = self._breaker_lookup(await self.gw.breakers.blocked(keys))
+            disabled = await self.gw.disabled()
             # Priced as at this attempt's start: its reservation and its settlement use the
             # price in force now (contract §2, price history), whenever it ends.
             group = self.group.priced_at(datetime.now(UTC))
@@ -1097,6 +1156,7 @@ class _Run:
                 action.context,
                 breaker_open=breaker_open,
                 over_budget=await self.budget.over_budget_check(),
+                credentials_disabled=functools.partial(_disabled_detail, disabled),
             )
             choice = select(candidates, self.gw._rr, self.caller.workspace.id, group)
             self.sequence += 1
@@ -1478,6 +1538,17 @@ class _Run:
                 )
             last = self.tally.classes[-1]
             return error_for_failure(last, f"no endpoint left to fail over to after {last}")
+        if ev.ReasonCode.CREDENTIALS_DISABLED in reasons and reasons <= {
+            ev.ReasonCode.CREDENTIALS_DISABLED,
+            ev.ReasonCode.BREAKER_OPEN,
+            ev.ReasonCode.ALREADY_TRIED,
+        }:
+            # Never "all busy": the cause is a refused key, which only an operator fixes.
+            return error_for_failure(
+                ev.FailureClass.CREDENTIALS,
+                "the upstream refused the credentials of every endpoint left: "
+                + _exclusions(candidates, ev.ReasonCode.CREDENTIALS_DISABLED),
+            )
         if ev.ReasonCode.BREAKER_OPEN in reasons and reasons <= {
             ev.ReasonCode.BREAKER_OPEN,
             ev.ReasonCode.ALREADY_TRIED,
@@ -1665,6 +1736,18 @@ def _latency_ms(attempt: _Attempt, time_to_first_chunk_ms: int | None) -> int:
     if time_to_first_chunk_ms is not None:
         return time_to_first_chunk_ms
     return round((time.monotonic() - attempt.started_at) * 1000)
+
+
+def _disabled_detail(disabled: Mapping[str, DisabledEndpoint], endpoint_id: str) -> str | None:
+    """A disabled endpoint's reason detail: what the upstream answered, and the way out."""
+    found = disabled.get(endpoint_id)
+    if found is None:
+        return None
+    answered = " ".join(str(part) for part in (found.http_status, found.error_code) if part)
+    return (
+        f"the upstream answered {answered or 'a credentials failure'}; "
+        f"enable it with: waybill endpoints enable {endpoint_id}"
+    )
 
 
 def _window_figures(figures: Figures | None) -> dict[str, Any]:

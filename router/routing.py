@@ -41,6 +41,7 @@ __all__ = [
     "Action",
     "AttemptOutcome",
     "BreakerOpen",
+    "CredentialsDisabled",
     "Decision",
     "OverBudget",
     "Place",
@@ -66,6 +67,9 @@ BreakerOpen: TypeAlias = Callable[[str, Mapping], "str | None"]
 
 OverBudget: TypeAlias = Callable[[Decimal], "str | None"]
 """worst-case cost → None if every account can cover it, else the account, e.g. "workspace:acme"."""
+
+CredentialsDisabled: TypeAlias = Callable[[str], "str | None"]
+"""endpoint id → None unless a credentials failure disabled it, else what was refused."""
 
 
 # --- the request's policy scope ----------------------------------------------------------
@@ -120,6 +124,7 @@ class _Subject:
     worst_case_usd: Decimal | None  # None while something is unpriced
     breaker_open: BreakerOpen
     over_budget: OverBudget | None
+    credentials_disabled: CredentialsDisabled | None
 
 
 def _endpoint_disabled(s: _Subject) -> str | None:
@@ -174,6 +179,10 @@ def _unpriced_input(s: _Subject) -> str | None:
     return s.unpriced
 
 
+def _credentials_disabled(s: _Subject) -> str | None:
+    return None if s.credentials_disabled is None else s.credentials_disabled(s.endpoint.id)
+
+
 def _breaker_open(s: _Subject) -> str | None:
     return s.breaker_open(s.endpoint.id, s.mapping)
 
@@ -188,8 +197,9 @@ def _over_budget(s: _Subject) -> str | None:
 # is the reason recorded on the candidate. The config's static facts come first, then the
 # request's history, its policy scope and its needs (a mapping must price every billable
 # dimension of the request before its input can be counted against its context window); live
-# state (breakers, budgets) last, so their callbacks are asked only about mappings that could
-# otherwise carry the attempt.
+# state (disabled endpoints, breakers, budgets) last, so their callbacks are asked only about
+# mappings that could otherwise carry the attempt. A disabled endpoint is named before its
+# breaker: only an operator or a new key lifts it, whatever its breaker says.
 _Check: TypeAlias = Callable[[_Subject], "str | None"]
 _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.ENDPOINT_DISABLED, _endpoint_disabled),
@@ -201,6 +211,7 @@ _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.MISSING_CAPABILITY, _missing_capability),
     (ReasonCode.UNPRICED_INPUT, _unpriced_input),
     (ReasonCode.CONTEXT_TOO_SMALL, _context_too_small),
+    (ReasonCode.CREDENTIALS_DISABLED, _credentials_disabled),
     (ReasonCode.BREAKER_OPEN, _breaker_open),
     (ReasonCode.OVER_BUDGET, _over_budget),
 )
@@ -218,12 +229,14 @@ def evaluate(
     *,
     breaker_open: BreakerOpen,
     over_budget: OverBudget | None = None,
+    credentials_disabled: CredentialsDisabled | None = None,
 ) -> tuple[Candidate, ...]:
     """One candidate per mapping of ``group``, in mapping order: eligible, or excluded with
     the reason code of the first failing check in :data:`CHECK_ORDER`.
 
-    ``breaker_open`` and ``over_budget`` are called at most once per mapping, in mapping
-    order, and only for a mapping that passed every check before theirs.
+    ``credentials_disabled``, ``breaker_open`` and ``over_budget`` are called at most once
+    per mapping, in mapping order, and only for a mapping that passed every check before
+    theirs.
     """
     scope = effective_scope(workspace, requirements)
     candidates = []
@@ -249,6 +262,7 @@ def evaluate(
             else worst_case_cost(mapping, requirements, endpoint.driver),
             breaker_open=breaker_open,
             over_budget=over_budget,
+            credentials_disabled=credentials_disabled,
         )
         reason, detail = _first_failure(subject)
         candidates.append(
