@@ -28,7 +28,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Final, Literal
 
 import redis.asyncio as aioredis
@@ -42,10 +42,10 @@ from ledger.endpoints import (
     record_disabled,
     record_enabled,
 )
-from ledger.store import EventStore, LedgerUnavailable
+from ledger.store import EventStore, LedgerUnavailable, WrongExpectedVersion
 from router.config import Config, Endpoint
 
-__all__ = ["DOORBELL_CHANNEL", "Disabling", "key_check", "ring_doorbell"]
+__all__ = ["DOORBELL_CHANNEL", "ConfigView", "Disabling", "detail", "key_check", "ring_doorbell"]
 
 log = logging.getLogger("waybill.disabling")
 
@@ -162,6 +162,10 @@ class Disabling:
                 lifted.append(endpoint_id)
         return lifted
 
+    def view(self, config: Config) -> ConfigView:
+        """The disabled endpoints as a config generation sees them."""
+        return ConfigView(self, config)
+
     async def _ring(self) -> None:
         if self._redis is not None:
             await ring_doorbell(self._redis, self._channel, self.states.version)
@@ -181,6 +185,77 @@ class Disabling:
     async def aclose(self) -> None:
         if self._redis is not None:
             await self._redis.aclose()
+
+
+class ConfigView:
+    """The disabled endpoints as one config generation sees them: its endpoints disabled
+    for the keys it gives them (a replica on another key during a rotation sees its own)."""
+
+    def __init__(self, disabling: Disabling, config: Config) -> None:
+        self.disabling = disabling
+        self._config = config
+        self._key_checks: dict[str, asyncio.Task[str | None]] = {}
+
+    async def key_check(self, endpoint_id: str) -> str | None:
+        """The config's key check of an endpoint, computed once, in a thread (slow on
+        purpose)."""
+        task = self._key_checks.get(endpoint_id)
+        if task is None:
+            endpoint = self._config.endpoint(endpoint_id)
+            assert endpoint is not None, "an endpoint of this config"
+            task = asyncio.create_task(asyncio.to_thread(key_check, endpoint))
+            self._key_checks[endpoint_id] = task
+        return await asyncio.shield(task)
+
+    async def current(self) -> dict[str, DisabledEndpoint]:
+        """This config's endpoints disabled now (nothing to wait for when none is)."""
+        found: dict[str, DisabledEndpoint] = {}
+        for endpoint_id, disabled in self.disabling.states.disabled.items():
+            if self._config.endpoint(endpoint_id) is None:
+                continue
+            if await self.key_check(endpoint_id) == disabled.key_check:
+                found[endpoint_id] = disabled
+        return found
+
+    async def disable(
+        self,
+        endpoint_id: str,
+        *,
+        http_status: int | None,
+        error_code: str | None,
+        request_id: str,
+        attempt_id: str,
+    ) -> bool:
+        """Disable an endpoint whose key was refused; False if the ledger cannot record it
+        now (the caller opens its breaker instead, so the key is not tried on and on)."""
+        disabled = ev.EndpointDisabled(
+            endpoint=endpoint_id,
+            http_status=http_status,
+            error_code=error_code,
+            key_check=await self.key_check(endpoint_id),
+            request_id=request_id,
+            attempt_id=attempt_id,
+            config_generation=self._config.generation,
+        )
+        try:
+            await self.disabling.disable(disabled)
+        except (LedgerUnavailable, WrongExpectedVersion) as error:
+            log.warning("cannot record endpoint %s disabled: %s", endpoint_id, error)
+            return False
+        return True
+
+
+def detail(disabled: Mapping[str, DisabledEndpoint], endpoint_id: str) -> str | None:
+    """A disabled endpoint's reason detail (routing's ``credentials_disabled``): what the
+    upstream answered, and the way out."""
+    found = disabled.get(endpoint_id)
+    if found is None:
+        return None
+    answered = " ".join(str(part) for part in (found.http_status, found.error_code) if part)
+    return (
+        f"the upstream answered {answered or 'a credentials failure'}; "
+        f"enable it with: waybill endpoints enable {endpoint_id}"
+    )
 
 
 def _another_key(mine: str | None) -> Callable[[DisabledEndpoint], bool]:

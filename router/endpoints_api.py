@@ -37,7 +37,7 @@ def endpoints_router(authenticate: Authenticate, serving: Callable[[], Gateway])
         if caller.role != "admin":
             raise permission_denied("the endpoints' state takes an admin key")
         gateway = serving()
-        await gateway.disabling.sync()  # another process may have changed it just now
+        await gateway.disabling.sync()  # another process may have changed it now
         body = {
             "data": await _endpoint_rows(gateway),
             "next_cursor": None,
@@ -66,7 +66,7 @@ def endpoints_router(authenticate: Authenticate, serving: Callable[[], Gateway])
 
 async def _endpoint_rows(gateway: Gateway) -> list[dict[str, Any]]:
     config = gateway.config
-    disabled = await gateway.disabled()
+    disabled = await gateway.disabled.current()
     models: dict[str, list[str]] = {}
     for group in config.models:
         for mapping in group.mappings:

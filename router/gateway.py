@@ -38,7 +38,6 @@ from urllib.parse import urlsplit
 from ledger import events as ev
 from ledger.accounting import BudgetDenied, Effect, HoldStateError, Reserve, usage_cost
 from ledger.apikeys import key_stream
-from ledger.endpoints import DisabledEndpoint
 from ledger.store import (
     ANY_VERSION,
     NO_STREAM,
@@ -56,7 +55,8 @@ from router.classify import Classification
 from router.config import Config, ModelGroup, Workspace
 from router.config import Driver as DriverName
 from router.config import Mapping as ModelMapping
-from router.disabling import Disabling, key_check
+from router.disabling import Disabling
+from router.disabling import detail as disabled_detail
 from router.drivers import (
     AttemptBinding,
     AttemptTimeouts,
@@ -287,9 +287,10 @@ class Gateway:
         self.config = config
         self.store = store
         self.breakers = breakers
-        # The disabled endpoints outlive a generation: one view per process (the app's).
+        # Disabled endpoints outlive a generation (one Disabling per process, the app's);
+        # this generation sees those disabled for the keys it gives them.
         self.disabling = disabling or Disabling(store)
-        self._key_checks: dict[str, asyncio.Task[str | None]] = {}
+        self.disabled = self.disabling.view(config)
         self.instance_id = instance_id or new_id("gw")  # owner of the holds it takes
         self._drivers = dict(drivers) if drivers else {}
         for endpoint in config.endpoints:
@@ -347,38 +348,6 @@ class Gateway:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
         task.add_done_callback(_log_failure)
-
-    async def key_check(self, endpoint_id: str) -> str | None:
-        """This generation's key check of an endpoint (``disabling.key_check``), computed
-        once, in a thread: it is deliberately slow."""
-        task = self._key_checks.get(endpoint_id)
-        if task is None:
-            endpoint = self.config.endpoint(endpoint_id)
-            assert endpoint is not None, "an endpoint of this generation's config"
-            task = asyncio.create_task(asyncio.to_thread(key_check, endpoint))
-            self._key_checks[endpoint_id] = task
-        return await asyncio.shield(task)
-
-    async def disabled(self) -> dict[str, DisabledEndpoint]:
-        """The endpoints of this config that a credentials failure disabled for the keys
-        this config gives them (contract §5 "Disabled endpoints")."""
-        found: dict[str, DisabledEndpoint] = {}
-        for endpoint_id, disabled in self.disabling.states.disabled.items():
-            if self.config.endpoint(endpoint_id) is None:
-                continue
-            if await self.key_check(endpoint_id) == disabled.key_check:
-                found[endpoint_id] = disabled
-        return found
-
-    async def disable(self, disabled: ev.EndpointDisabled) -> bool:
-        """Disable an endpoint whose key was refused; False if the ledger cannot record it
-        now (the caller opens its breaker instead, so the key is not tried on and on)."""
-        try:
-            await self.disabling.disable(disabled)
-        except (LedgerUnavailable, WrongExpectedVersion) as error:
-            log.warning("cannot record endpoint %s disabled: %s", disabled.endpoint, error)
-            return False
-        return True
 
     async def _record_transitions(self, transitions: list[Transition], request_id: str) -> None:
         if not transitions:
@@ -1051,18 +1020,13 @@ class _Run:
         )
 
     async def _disable(self, attempt: _Attempt, failure: UpstreamFailure | None) -> bool:
-        endpoint_id = attempt.route.choice.endpoint
         outcome = failure.outcome if failure is not None else None
-        return await self.gw.disable(
-            ev.EndpointDisabled(
-                endpoint=endpoint_id,
-                http_status=outcome.http_status if outcome else None,
-                error_code=(outcome.error_code or outcome.error_type) if outcome else None,
-                key_check=await self.gw.key_check(endpoint_id),
-                request_id=self.request_id,
-                attempt_id=attempt.attempt_id,
-                config_generation=self.gw.config.generation,
-            )
+        return await self.gw.disabled.disable(
+            attempt.route.choice.endpoint,
+            http_status=outcome.http_status if outcome else None,
+            error_code=(outcome.error_code or outcome.error_type) if outcome else None,
+            request_id=self.request_id,
+            attempt_id=attempt.attempt_id,
         )
 
     def _decided(self, attempt_id: str, decision: Decision) -> None:
@@ -1124,7 +1088,7 @@ class _Run:
         breakers of the targets it names; any other purpose evaluates every mapping and
         chooses one (contract §4)."""
         if action.only is not None:
-            disabled = await self.gw.disabled()
+            disabled = await self.gw.disabled.current()
             for target in action.only:
                 mapping = self.group.mappings[target.mapping_index]
                 if target.endpoint in disabled:
@@ -1144,7 +1108,7 @@ class _Run:
                 # evaluation reads must include that.
                 await self._flush()
             breaker_open = self._breaker_lookup(await self.gw.breakers.blocked(keys))
-            disabled = await self.gw.disabled()
+            disabled = await self.gw.disabled.current()
             # Priced as at this attempt's start: its reservation and its settlement use the
             # price in force now (contract §2, price history), whenever it ends.
             group = self.group.priced_at(datetime.now(UTC))
@@ -1156,7 +1120,7 @@ class _Run:
                 action.context,
                 breaker_open=breaker_open,
                 over_budget=await self.budget.over_budget_check(),
-                credentials_disabled=functools.partial(_disabled_detail, disabled),
+                credentials_disabled=functools.partial(disabled_detail, disabled),
             )
             choice = select(candidates, self.gw._rr, self.caller.workspace.id, group)
             self.sequence += 1
@@ -1736,18 +1700,6 @@ def _latency_ms(attempt: _Attempt, time_to_first_chunk_ms: int | None) -> int:
     if time_to_first_chunk_ms is not None:
         return time_to_first_chunk_ms
     return round((time.monotonic() - attempt.started_at) * 1000)
-
-
-def _disabled_detail(disabled: Mapping[str, DisabledEndpoint], endpoint_id: str) -> str | None:
-    """A disabled endpoint's reason detail: what the upstream answered, and the way out."""
-    found = disabled.get(endpoint_id)
-    if found is None:
-        return None
-    answered = " ".join(str(part) for part in (found.http_status, found.error_code) if part)
-    return (
-        f"the upstream answered {answered or 'a credentials failure'}; "
-        f"enable it with: waybill endpoints enable {endpoint_id}"
-    )
 
 
 def _window_figures(figures: Figures | None) -> dict[str, Any]:
