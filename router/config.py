@@ -326,8 +326,9 @@ class Breaker(_Frozen):
         )
 
     def summary(self) -> dict[str, Any]:
-        """What ``ConfigActivated`` records: the effective values of the policy in force
-        (a consecutive breaker's three keys, as before there were two policies)."""
+        """What ``ConfigActivated`` records: the effective values of the policy in force (a
+        consecutive breaker's three keys alone, so a config that names no policy keeps its
+        summary, and its ConfigActivated is not recorded again)."""
         if self.policy == "consecutive":
             return {
                 "failure_threshold": self.failure_threshold,
