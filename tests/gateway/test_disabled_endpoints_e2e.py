@@ -24,7 +24,7 @@ from ledger.store import LedgerUnavailable
 from router.app import AppSettings
 from router.fake_upstream import Behavior
 from tests.gateway.harness import ANTHROPIC_ENV, Gateway, Route, running_gateway, serve
-from tests.helpers import REDIS_URL, eventually
+from tests.helpers import REDIS_URL, breaker_keys_removed, eventually
 from tests.ledger.test_cli import WAYBILL
 
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
@@ -281,6 +281,11 @@ async def test_with_redis_every_replica_follows_at_once(sqlite_url: str, writer:
         pytest.skip(f"no Redis at {REDIS_URL}")
     generation = f"disabled-{uuid.uuid4().hex[:8]}"
     # Heartbeats an hour apart: only the doorbell can tell the second replica.
+    with breaker_keys_removed(REDIS_URL, generation):
+        await _two_replicas_follow(sqlite_url, generation, writer)
+
+
+async def _two_replicas_follow(sqlite_url: str, generation: str, writer: str) -> None:
     async with running_gateway(
         sqlite_url,
         ["east", "west"],
