@@ -48,6 +48,8 @@ __all__ = [
     "CheckpointTaken",
     "ConfigActivated",
     "DataClass",
+    "EndpointDisabled",
+    "EndpointEnabled",
     "Event",
     "EventValidationError",
     "Evidence",
@@ -60,6 +62,7 @@ __all__ = [
     "PeriodAdjusted",
     "PeriodClosed",
     "PeriodTotal",
+    "Rate",
     "ReasonCode",
     "ReconciliationImported",
     "RequestCompleted",
@@ -99,6 +102,7 @@ class ReasonCode(StrEnum):
     SCOPE_EMPTY = "scope_empty"
     UNPRICED_INPUT = "unpriced_input"  # a billable input or output the mapping has no price for
     ENDPOINT_SATURATED = "endpoint_saturated"  # its max_in_flight attempts are in flight
+    CREDENTIALS_DISABLED = "credentials_disabled"  # its key was refused: EndpointDisabled
 
 
 class FailureClass(StrEnum):
@@ -517,7 +521,20 @@ class RequestFailed(Event):
     duration_ms: NonNegInt
 
 
+Rate = Annotated[
+    Decimal,
+    BeforeValidator(_refuse_float),
+    Field(ge=0, le=1, allow_inf_nan=False),
+    PlainSerializer(lambda d: format(d, "f"), return_type=str, when_used="json"),
+]
+"""A share of calls, 0 to 1, exact (a decimal string, like money), e.g. ``"0.5000"``."""
+
+
 class BreakerTransitioned(Event):
+    """A breaker changed state (contract §5 "Circuit breakers"), with what made it: the
+    policy, the reason (a threshold, a probe), and for a rolling breaker that opened the
+    window's figures. The rolling figures are absent from consecutive breakers' events."""
+
     type: ClassVar[str] = "BreakerTransitioned"
 
     scope: Literal["endpoint", "mapping"]
@@ -529,6 +546,45 @@ class BreakerTransitioned(Event):
     cooldown_ms: NonNegInt | None = None
     config_generation: str
     request_id: Id | None = None
+    policy: Literal["consecutive", "rolling"] | None = None
+    # failure_threshold, opens_at_once, failure_rate, slow_call_rate, probe, probe_failed,
+    # probe_slow, probe_succeeded (router.breaker_policy.StepReason)
+    reason: str | None = None
+    duration_ms: NonNegInt | None = None  # the latency of the call that caused it
+    calls: NonNegInt | None = None  # in the rolling window, that call included
+    failed_calls: NonNegInt | None = None
+    slow_calls: NonNegInt | None = None
+    failure_rate: Rate | None = None  # failed_calls / calls, rounded down to 4 places
+    slow_call_rate: Rate | None = None
+
+
+class EndpointDisabled(Event):
+    """An upstream refused an endpoint's credentials (401/403, failure class ``credentials``):
+    the endpoint is disabled until an operator enables it or its key changes (contract §5
+    "Disabled endpoints"). On stream ``endpoints``. The key itself is never recorded:
+    ``key_check`` only tells a later config whether its key for the endpoint is this one."""
+
+    type: ClassVar[str] = "EndpointDisabled"
+
+    endpoint: Id
+    http_status: int | None = None
+    error_code: str | None = None  # the provider's error code (or type), as it gave it
+    key_check: str | None = None  # router.disabling.key_check; None: the endpoint has no key
+    request_id: Id | None = None
+    attempt_id: Id | None = None
+    config_generation: str
+
+
+class EndpointEnabled(Event):
+    """A disabled endpoint is enabled again: by an operator (``actor``: the admin key id, or
+    ``cli``), or because the config now gives it another key. On stream ``endpoints``."""
+
+    type: ClassVar[str] = "EndpointEnabled"
+
+    endpoint: Id
+    cause: Literal["operator", "key_changed"]
+    actor: str | None = None
+    config_generation: str | None = None  # None: enabled from the CLI
 
 
 class ReconciliationLine(_Record):
@@ -740,6 +796,8 @@ CATALOGUE: Mapping[str, type[Event]] = {
         RequestCompleted,
         RequestFailed,
         BreakerTransitioned,
+        EndpointDisabled,
+        EndpointEnabled,
         ReconciliationImported,
         KeyCreated,
         KeyRevoked,

@@ -9,8 +9,9 @@ The GenAI client metrics describe the gateway's calls to its upstreams, one per 
 ``gen_ai.client.token.usage`` (when the usage is known), ``gen_ai.client.operation.duration``
 and, for streams, ``gen_ai.client.operation.time_to_first_chunk``. The ``waybill.*``
 counters count requests, failovers, breaker transitions, budget rejections, unknown-usage
-settlements opened and the tokens of unattributed provider usage that recorded
-reconciliations found; ``waybill.ledger.lag`` says how far each ledger follower trails.
+settlements opened, endpoints disabled and the tokens of unattributed provider usage that
+recorded reconciliations found; ``waybill.ledger.lag`` says how far each ledger follower
+trails and ``waybill.endpoints.disabled`` which endpoints are disabled now.
 
 Each gateway process records the events its own event store commits
 (``otel.telemetry``), so every replica reports its own requests since it started (``sum``
@@ -115,6 +116,19 @@ class LedgerMetrics:
             description="What the ways that lost a hedged race cost (settled, or held as "
             "unknown usage until reconciled).",
         )
+        self._disablings = meter.create_counter(
+            sc.WAYBILL_ENDPOINT_DISABLINGS,
+            unit="{disabling}",
+            description="Endpoints disabled because their upstream refused the credentials.",
+        )
+        self._disabled: dict[str, bool] = {}
+        meter.create_observable_gauge(
+            sc.WAYBILL_ENDPOINTS_DISABLED,
+            callbacks=[self._observe_disabled],
+            unit="{endpoint}",
+            description="1 while an endpoint is disabled after a credentials failure, else 0 "
+            "(from the ledger's endpoints stream): alert on any 1.",
+        )
         self._lag: dict[str, int] = {}
         meter.create_observable_gauge(
             sc.WAYBILL_LEDGER_LAG,
@@ -140,6 +154,15 @@ class LedgerMetrics:
                     self._unattributed.add(
                         count, {sc.WAYBILL_ENDPOINT: endpoint, sc.GEN_AI_TOKEN_TYPE: token_type}
                     )
+
+    def set_disabled(self, disabled: Mapping[str, bool]) -> None:
+        """Which endpoints the ledger has disabled now (every endpoint it ever named)."""
+        self._disabled = dict(disabled)
+
+    def _observe_disabled(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(int(v), {sc.WAYBILL_ENDPOINT: k}) for k, v in sorted(self._disabled.items())
+        ]
 
     def set_lag(self, lag: Mapping[str, int]) -> None:
         self._lag = dict(lag)
@@ -198,6 +221,8 @@ class LedgerMetrics:
                 self._unknown_usage.add(1, {sc.WAYBILL_ENDPOINT: event.endpoint})
             case ev.ReconciliationImported():
                 self._reconciled(event)
+            case ev.EndpointDisabled():
+                self._disablings.add(1, {sc.WAYBILL_ENDPOINT: event.endpoint})
 
     def _attempt_finished(self, event: ev.AttemptFinished) -> None:
         attributes = self._open.pop(event.attempt_id, None) or {

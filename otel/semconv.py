@@ -65,6 +65,8 @@ __all__ = [
     "WAYBILL_DETAIL",
     "WAYBILL_ELIGIBLE",
     "WAYBILL_ENDPOINT",
+    "WAYBILL_ENDPOINTS_DISABLED",
+    "WAYBILL_ENDPOINT_DISABLINGS",
     "WAYBILL_ERROR_CODE",
     "WAYBILL_EVIDENCE",
     "WAYBILL_FAILOVERS",
@@ -240,6 +242,9 @@ WAYBILL_SETTLEMENT: Final = "waybill.settlement"  # settled or held_unknown
 WAYBILL_BREAKER_SCOPE: Final = "waybill.breaker.scope"
 WAYBILL_BREAKER_STATE: Final = "waybill.breaker.to_state"
 WAYBILL_FOLLOWER: Final = "waybill.follower"
+# Disabled endpoints (contract §5): each disabling, and 1 per endpoint while it is disabled.
+WAYBILL_ENDPOINT_DISABLINGS: Final = "waybill.endpoint.disablings"
+WAYBILL_ENDPOINTS_DISABLED: Final = "waybill.endpoints.disabled"
 
 
 def span_name(model: str) -> str:

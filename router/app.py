@@ -41,6 +41,7 @@ from ledger import events as ev
 from ledger.apikeys import ApiKey, KeyCache, find_key, find_key_by_id
 from ledger.checkpointer import CheckpointTask, Schedule
 from ledger.db import create_engine, current_revision, head_revision, is_unavailable
+from ledger.endpoints import EndpointStates
 from ledger.follow import SETTLE_S, follow_in_child
 from ledger.projection import ProjectionRunner
 from ledger.recovery import (
@@ -63,6 +64,8 @@ from router.breakers import breaker_board
 from router.chat import MAX_BODY_BYTES, parse_body, read_headers
 from router.config import Checkpoints, Config, ConfigError, load_config
 from router.console import Identify, console_router, secret_from
+from router.disabling import Disabling
+from router.endpoints_api import endpoints_router
 from router.errors import (
     GatewayError,
     capacity_error,
@@ -281,12 +284,28 @@ def create_app(settings: AppSettings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = create_engine(settings.database_url)
         store = EventStore(engine)
+        # Traces and metrics (contract §8), in the background, never on the request path.
+        telemetry = Telemetry.from_env(store)
+        app.state.telemetry = telemetry
         breakers = breaker_board(config.defaults.breaker, config.generation, settings.redis_url)
         owner = incarnation_owner(settings.instance_id or new_id("gw"), new_id("inc"))
         latency = latency_board(config.generation, settings.redis_url)
         slots = endpoint_slots(settings.redis_url)  # one for the app: every generation's
         app.state.slots = slots
-        gateway = Gateway(config, store, breakers, instance_id=owner, latency=latency, slots=slots)
+        disabling = Disabling(
+            store,
+            redis_url=settings.redis_url,
+            on_change=functools.partial(_disabled_gauge, telemetry),
+        )
+        gateway = Gateway(
+            config,
+            store,
+            breakers,
+            instance_id=owner,
+            latency=latency,
+            slots=slots,
+            disabling=disabling,
+        )
         await register_instance(engine, owner)
         if settings.instance_id is not None:
             # Before serving: an earlier run of this instance is dead (we replaced it), so
@@ -309,22 +328,25 @@ def create_app(settings: AppSettings) -> FastAPI:
         else:
             runner = ProjectionRunner(store, all_projections())
             following = asyncio.create_task(runner.run(stop, settle_s=SETTLE_S))
-        # So do traces and metrics (contract §8), in the background, never on the request path.
-        telemetry = Telemetry.from_env(store)
-        app.state.telemetry = telemetry
         telemetry_task = asyncio.create_task(telemetry.run(stop))
         # Signed checkpoints of the ledger's tree, outside the database (contract §7).
         app.state.checkpoints = _checkpointing(store, config.checkpoints, settings)
         # Holds left by gateways that died mid-attempt become unknown-usage settlements.
-        keeping = asyncio.create_task(_keep_alive(store, owner, settings.heartbeat_s, stop))
+        keeping = asyncio.create_task(
+            _keep_alive(store, owner, settings.heartbeat_s, stop, disabling)
+        )
+        # Disabled endpoints: another gateway's changes, as soon as it rings (with Redis).
+        listening = asyncio.create_task(disabling.listen(stop))
         hangup = _on_hangup(app)
         try:
             await _activate_config(store, config)
+            await disabling.activate(config)
             yield
         finally:
             hangup()
             stop.set()
             await keeping
+            await listening
             if app.state.checkpoints is not None:
                 await app.state.checkpoints.stop()  # its last checkpoint needs the store
             telemetry.abort()
@@ -334,6 +356,7 @@ def create_app(settings: AppSettings) -> FastAPI:
             await asyncio.gather(*app.state.retiring, return_exceptions=True)
             await app.state.gateway.aclose()
             await slots.aclose()
+            await disabling.aclose()
             await stop_instance(engine, owner)
             await store.close()
             await engine.dispose()
@@ -431,6 +454,7 @@ def create_app(settings: AppSettings) -> FastAPI:
             lambda: _serving_config(app, settings),
         )
     )
+    app.include_router(endpoints_router(authenticate, lambda: app.state.gateway))
     return _Edge(app)  # type: ignore[return-value]
 
 
@@ -760,13 +784,15 @@ async def _recorded(
 
 
 async def _keep_alive(
-    store: EventStore, owner: str, interval_s: float, stop: asyncio.Event
+    store: EventStore, owner: str, interval_s: float, stop: asyncio.Event, disabling: Disabling
 ) -> None:
-    """Heartbeat, and recover the holds of gateways that stopped heartbeating."""
+    """Heartbeat, recover the holds of gateways that stopped heartbeating, and catch up with
+    the disabled endpoints (whoever changed them, rung or not)."""
     while not stop.is_set():
         try:
             await heartbeat(store.engine, owner)
             await recover_abandoned_holds(store, stale_after_s=interval_s * 6)
+            await disabling.sync()
         except Exception:  # the next beat retries; recovery must never stop the gateway
             log.exception("heartbeat or hold recovery failed")
         with contextlib.suppress(TimeoutError):
@@ -817,6 +843,7 @@ async def reload_config(app: FastAPI) -> tuple[str, str]:
         instance_id=old.instance_id,
         latency=latency,
         slots=app.state.slots,
+        disabling=old.disabling,
     )
     retiring = asyncio.create_task(old.retire())
     app.state.retiring.add(retiring)
@@ -827,6 +854,9 @@ async def reload_config(app: FastAPI) -> tuple[str, str]:
             await app.state.checkpoints.stop()
         app.state.checkpoints = _checkpointing(store, config.checkpoints, settings)
     await _activate_config(store, config)
+    # Disabled endpoints outlive the generation (contract §5); those whose key it changed
+    # are enabled (the new gateway already tells their old key's disabling from its own).
+    await old.disabling.activate(config)
     log.warning("config reloaded: generation %s -> %s", old.config.generation, config.generation)
     return old.config.generation, config.generation
 
@@ -855,6 +885,13 @@ def _on_hangup(app: FastAPI) -> Callable[[], None]:
         loop.remove_signal_handler(signal.SIGHUP)
 
     return forget
+
+
+def _disabled_gauge(telemetry: Telemetry, states: EndpointStates) -> None:
+    """The ``waybill.endpoints.disabled`` gauge, from the fold of the ``endpoints`` stream."""
+    telemetry.pipeline.metrics.set_disabled(
+        {endpoint: endpoint in states.disabled for endpoint in states.named}
+    )
 
 
 async def _activate_config(store: EventStore, config: Config) -> None:

@@ -1,15 +1,13 @@
 """Circuit breakers (contract §5): per endpoint and per mapping, in-process or shared through Redis.
 
-Each breaker key moves through one state machine:
+What a breaker does is ``router.breaker_policy``: one state machine (closed, open,
+half-open) under one of two policies, ``consecutive`` or ``rolling``, as pure functions. A
+board holds every breaker of one config generation and applies them atomically:
 
-- **closed**: attempts are allowed. A failure counts; ``failure_threshold`` consecutive
-  failures (or one, when the classification opens at once) trip it. A success resets the count.
-- **open**: attempts are denied for a cool-down of ``base_cooldown_ms * 2**(trips-1)``, capped
-  at ``max_cooldown_ms``; a 429's Retry-After sets the cool-down instead (capped at 5 min).
-- **half_open**: once the cool-down has passed, exactly one caller is admitted as the probe,
-  under a lease of ``probe_lease_ms``; everyone else is still denied. The probe's success
-  closes the breaker (failures and trips reset); its failure re-opens it with the next
-  cool-down. A lease whose holder never reports expires, and the next caller probes instead.
+- :class:`InProcessBreakers` keeps the records in this process's memory and calls the
+  functions directly;
+- :class:`RedisBreakers` keeps them in Redis, shared by every gateway process, and runs the
+  same functions written in Lua, one script per operation.
 
 State lives under the config generation, so a new generation starts with every breaker closed.
 Every operation returns the :class:`Transition` objects it caused; the routing core records
@@ -21,8 +19,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
-from enum import StrEnum
+from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar, cast
 from urllib.parse import urlsplit
 
@@ -31,7 +28,21 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from router.classify import MAX_RETRY_AFTER_MS
+from router import breaker_policy as policy
+from router.breaker_policy import (
+    MAX_DOUBLINGS,
+    RATE_SCALE,
+    TIME_BUCKETS,
+    Admission,
+    BreakerSettings,
+    BreakerState,
+    Call,
+    Figures,
+    Record,
+    Step,
+    clamp_retry_after,
+    is_slow,
+)
 from router.config import Breaker
 
 __all__ = [
@@ -40,6 +51,7 @@ __all__ = [
     "BreakerKey",
     "BreakerState",
     "BreakerStoreUnavailable",
+    "BreakerView",
     "InProcessBreakers",
     "RedisBreakers",
     "Scope",
@@ -47,14 +59,11 @@ __all__ = [
     "breaker_board",
 ]
 
-BreakerState = Literal["closed", "open", "half_open"]
 Scope = Literal["endpoint", "mapping"]
 
 _DEFAULT_PROBE_LEASE_MS: Final = 60_000
 _KEY_TTL_MS: Final = 24 * 60 * 60 * 1000
 """A Redis breaker expires a day after its last change, so old generations clean themselves up."""
-_MAX_BACKOFF_DOUBLINGS: Final = 32
-"""Keeps ``2**(trips-1)`` finite after many trips; the result is capped long before anyway."""
 _REDIS_TIMEOUT_S: Final = 2.0
 """Default socket timeouts; a URL's own ``socket_timeout`` query option wins."""
 
@@ -86,44 +95,65 @@ class Transition:
     failure_class: str | None
     consecutive_failures: int
     cooldown_ms: int | None
+    reason: str | None = None  # a breaker_policy.StepReason
+    figures: Figures | None = None  # the rolling window, when it opened a closed breaker
+    duration_ms: int | None = None  # the latency of the call that caused it
 
 
-class Admission(StrEnum):
-    ALLOWED = "allowed"
-    """The breaker is closed."""
-    PROBE = "probe"
-    """The caller holds the one half-open probe and must report its outcome."""
-    DENIED = "denied"
+@dataclass(frozen=True)
+class BreakerView:
+    """One breaker as it stands, for ``GET /v1/endpoints``."""
+
+    state: BreakerState
+    blocked: bool  # an attempt would be refused now
+    consecutive_failures: int
+    trips: int
+    cooldown_ms: int | None  # the last cool-down, while open or half-open
+    probe_in_ms: int | None  # while open: how long until a probe may go
+    figures: Figures | None  # rolling: the window as it stands
 
 
 class BreakerStoreUnavailable(Exception):
     """The shared breaker store (Redis) cannot be reached; the caller decides what follows."""
 
 
-def _clamp_retry_after(retry_after_ms: int | None) -> int | None:
-    if retry_after_ms is None:
-        return None
-    return max(0, min(retry_after_ms, MAX_RETRY_AFTER_MS))
-
-
-def _transitions(
-    key: BreakerKey,
-    from_state: BreakerState,
-    to_state: BreakerState,
-    *,
-    consecutive_failures: int,
-    failure_class: str | None = None,
-    cooldown_ms: int | None = None,
-) -> list[Transition]:
-    if from_state == to_state:
+def _transition(key: BreakerKey, step: Step | None, call: Call | None = None) -> list[Transition]:
+    if step is None:
         return []
-    return [Transition(key, from_state, to_state, failure_class, consecutive_failures, cooldown_ms)]
+    opened = step.to_state == "open" and call is not None
+    return [
+        Transition(
+            key,
+            step.from_state,
+            step.to_state,
+            call.failure_class if opened and call is not None else None,
+            step.failures,
+            step.cooldown_ms,
+            step.reason.value,
+            step.figures,
+            call.duration_ms if call is not None else None,
+        )
+    ]
+
+
+def _view(record: Record, settings: BreakerSettings, now: int) -> BreakerView:
+    cooling = record.state != "closed"
+    return BreakerView(
+        state=record.state,
+        blocked=policy.blocked(record, now),
+        consecutive_failures=record.failures,
+        trips=record.trips,
+        cooldown_ms=record.cooldown_ms if cooling else None,
+        probe_in_ms=max(0, record.cooldown_until - now) if record.state == "open" else None,
+        figures=policy.figures(record, settings, now) if settings.policy == "rolling" else None,
+    )
 
 
 class BreakerBoard(ABC):
     """Every breaker of one config generation."""
 
     generation: str
+    settings: BreakerSettings
 
     @abstractmethod
     async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
@@ -139,21 +169,12 @@ class BreakerBoard(ABC):
         PROBE (the caller now holds the probe lease); otherwise DENIED."""
 
     @abstractmethod
-    async def record_success(self, key: BreakerKey) -> list[Transition]:
-        """A success resets a closed breaker's count and closes a half-open one. A success
-        reported while open (an attempt admitted before the trip) changes nothing."""
+    async def hear(self, key: BreakerKey, call: Call) -> list[Transition]:
+        """Atomically apply one attempt's outcome (``breaker_policy.hear``)."""
 
     @abstractmethod
-    async def record_failure(
-        self,
-        key: BreakerKey,
-        failure_class: str,
-        *,
-        opens_at_once: bool,
-        retry_after_ms: int | None,
-    ) -> list[Transition]:
-        """Count a failure; trip a closed breaker at the threshold (or at once), re-open a
-        half-open one. A failure reported while open only counts."""
+    async def inspect(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, BreakerView]:
+        """Each breaker as it stands now, read-only."""
 
     @abstractmethod
     async def state(self, key: BreakerKey) -> BreakerState:
@@ -163,37 +184,40 @@ class BreakerBoard(ABC):
     @abstractmethod
     async def aclose(self) -> None: ...
 
+    async def record_success(
+        self, key: BreakerKey, *, duration_ms: int | None = None
+    ) -> list[Transition]:
+        """A success: a closed breaker counts it (``consecutive``: resets the count), a
+        half-open one closes (re-opens, under ``rolling``, if it was slow). Reported while
+        open (an attempt admitted before the trip), it changes nothing."""
+        return await self.hear(key, Call(failed=False, duration_ms=duration_ms))
+
+    async def record_failure(
+        self,
+        key: BreakerKey,
+        failure_class: str,
+        *,
+        opens_at_once: bool,
+        retry_after_ms: int | None,
+        duration_ms: int | None = None,
+    ) -> list[Transition]:
+        """A failure of the breaker's scope: counted; a closed breaker opens at its policy's
+        threshold (or at once), a half-open one re-opens. While open it only counts."""
+        call = Call(
+            failed=True,
+            failure_class=failure_class,
+            opens_at_once=opens_at_once,
+            retry_after_ms=clamp_retry_after(retry_after_ms),
+            duration_ms=duration_ms,
+        )
+        return await self.hear(key, call)
+
+
+def _settings(settings: Breaker | BreakerSettings) -> BreakerSettings:
+    return settings.settings() if isinstance(settings, Breaker) else settings
+
 
 # --- in process -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Record:
-    """One breaker's state; the Redis hash holds the same fields. Instants are in ms."""
-
-    state: BreakerState = "closed"
-    failures: int = 0
-    trips: int = 0
-    cooldown_ms: int = 0  # the last cool-down, for diagnostics
-    cooldown_until: int = 0  # meaningful while open
-    lease_until: int = 0  # meaningful while half-open
-
-    def blocked(self, now: int) -> bool:
-        if self.state == "open":
-            return now < self.cooldown_until
-        if self.state == "half_open":
-            return now < self.lease_until
-        return False
-
-
-_CLOSED: Final = _Record()
-
-
-def _cooldown_ms(settings: Breaker, trips: int, retry_after_ms: int | None) -> int:
-    if retry_after_ms is not None:
-        return retry_after_ms
-    doublings = min(trips - 1, _MAX_BACKOFF_DOUBLINGS)
-    return min(settings.max_cooldown_ms, settings.base_cooldown_ms << doublings)
 
 
 class InProcessBreakers(BreakerBoard):
@@ -205,89 +229,51 @@ class InProcessBreakers(BreakerBoard):
 
     def __init__(
         self,
-        settings: Breaker,
+        settings: Breaker | BreakerSettings,
         generation: str,
         *,
         clock: Callable[[], float] = time.monotonic,
         probe_lease_ms: int = _DEFAULT_PROBE_LEASE_MS,
     ) -> None:
         self.generation = generation
-        self._settings = settings
+        self.settings = _settings(settings)
         self._clock = clock
         self._probe_lease_ms = probe_lease_ms
-        self._records: dict[BreakerKey, _Record] = {}
+        self._records: dict[BreakerKey, Record] = {}
 
     def _now(self) -> int:
         return round(self._clock() * 1000)
 
-    def _put(self, key: BreakerKey, record: _Record) -> None:
-        if record == _CLOSED:
+    def _put(self, key: BreakerKey, record: Record) -> None:
+        if record == policy.CLOSED:
             self._records.pop(key, None)
         else:
             self._records[key] = record
 
     async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
         now = self._now()
-        return {key: self._records.get(key, _CLOSED).blocked(now) for key in keys}
+        return {key: policy.blocked(self._records.get(key, policy.CLOSED), now) for key in keys}
 
     async def admit(self, key: BreakerKey) -> tuple[Admission, list[Transition]]:
-        record = self._records.get(key, _CLOSED)
-        if record.state == "closed":
-            return Admission.ALLOWED, []
+        record = self._records.get(key, policy.CLOSED)
+        admission, record, step = policy.admit(record, self._now(), self._probe_lease_ms)
+        self._put(key, record)
+        return admission, _transition(key, step)
+
+    async def hear(self, key: BreakerKey, call: Call) -> list[Transition]:
+        record = self._records.get(key, policy.CLOSED)
+        record, step = policy.hear(record, call, self.settings, self._now())
+        self._put(key, record)
+        return _transition(key, step, call)
+
+    async def inspect(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, BreakerView]:
         now = self._now()
-        if record.blocked(now):
-            return Admission.DENIED, []
-        self._put(key, replace(record, state="half_open", lease_until=now + self._probe_lease_ms))
-        return Admission.PROBE, _transitions(
-            key, record.state, "half_open", consecutive_failures=record.failures
-        )
-
-    async def record_success(self, key: BreakerKey) -> list[Transition]:
-        record = self._records.get(key, _CLOSED)
-        if record.state == "open":
-            return []
-        self._put(key, _CLOSED)
-        return _transitions(key, record.state, "closed", consecutive_failures=0)
-
-    async def record_failure(
-        self,
-        key: BreakerKey,
-        failure_class: str,
-        *,
-        opens_at_once: bool,
-        retry_after_ms: int | None,
-    ) -> list[Transition]:
-        record = self._records.get(key, _CLOSED)
-        failures = record.failures + 1
-        opens = record.state == "half_open" or (
-            record.state == "closed"
-            and (opens_at_once or failures >= self._settings.failure_threshold)
-        )
-        if not opens:
-            self._put(key, replace(record, failures=failures))
-            return []
-        cooldown = _cooldown_ms(
-            self._settings, record.trips + 1, _clamp_retry_after(retry_after_ms)
-        )
-        opened = _Record(
-            state="open",
-            failures=failures,
-            trips=record.trips + 1,
-            cooldown_ms=cooldown,
-            cooldown_until=self._now() + cooldown,
-        )
-        self._put(key, opened)
-        return _transitions(
-            key,
-            record.state,
-            "open",
-            consecutive_failures=failures,
-            failure_class=failure_class,
-            cooldown_ms=cooldown,
-        )
+        return {
+            key: _view(self._records.get(key, policy.CLOSED), self.settings, now) for key in keys
+        }
 
     async def state(self, key: BreakerKey) -> BreakerState:
-        return self._records.get(key, _CLOSED).state
+        return self._records.get(key, policy.CLOSED).state
 
     async def aclose(self) -> None:
         self._records.clear()
@@ -295,31 +281,34 @@ class InProcessBreakers(BreakerBoard):
 
 # --- shared through Redis -------------------------------------------------------------------
 #
-# Each state change is one Lua script, so it is atomic across every gateway process sharing
-# the Redis: two processes can never both take the probe, and concurrent failures never
-# overwrite each other's count. Time is the Redis server's `TIME`, so replicas need not agree
-# on their clocks. A breaker is a hash with the fields of `_Record`; an absent hash is a
-# closed breaker with no failures, which is also what a success (re)writes by deleting it.
-# The scripts mirror `InProcessBreakers` line for line; the contract tests run both.
+# Each operation is one Lua script, so it is atomic across every gateway process sharing the
+# Redis: two processes can never both take the probe, and concurrent outcomes never overwrite
+# each other's count. Time is the Redis server's `TIME` (replicas need not agree on their
+# clocks) unless the board was given a clock (tests). A breaker is a hash with the fields of
+# `breaker_policy.Record`; an absent hash is a closed breaker with no failures and an empty
+# window, which is also what a success of a consecutive breaker (re)writes by deleting it.
+# The scripts are `breaker_policy`'s functions line for line; tests/test_breaker_policy.py
+# runs both on the same histories.
 
 _LUA_PRELUDE: Final = """
-local function now_ms()
+local function now_ms(given)
+  if given >= 0 then return given end
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function int(n) return string.format('%d', n) end
 """
 
-# KEYS: the breaker. ARGV: probe_lease_ms, ttl_ms.
+# KEYS: the breaker. ARGV: now (-1: the server's), probe_lease_ms, ttl_ms.
 # Returns {admission, state before, consecutive failures}.
 _ADMIT: Final = (
     _LUA_PRELUDE
     + """
-local key, lease_ms, ttl_ms = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
+local key, lease_ms, ttl_ms = KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local h = redis.call('HMGET', key, 'state', 'failures', 'cooldown_until', 'lease_until')
 local state = h[1] or 'closed'
 if state == 'closed' then return {'allowed', state, 0} end
-local now = now_ms()
+local now = now_ms(tonumber(ARGV[1]))
 if (state == 'open' and now < (tonumber(h[3]) or 0))
     or (state == 'half_open' and now < (tonumber(h[4]) or 0)) then
   return {'denied', state, 0}
@@ -330,57 +319,175 @@ return {'probe', state, tonumber(h[2]) or 0}
 """
 )
 
-# KEYS: the breaker. Returns {state before, state after}.
-_SUCCESS: Final = """
-local state = redis.call('HGET', KEYS[1], 'state') or 'closed'
-if state == 'open' then return {state, state} end
-redis.call('DEL', KEYS[1])
-return {state, 'closed'}
-"""
-
-# KEYS: the breaker. ARGV: opens_at_once ('1'/'0'), retry_after_ms (-1: none, else already
-# capped), failure_threshold, base_cooldown_ms, max_cooldown_ms, ttl_ms, max doublings.
-# Returns {state before, state after, consecutive failures, cooldown_ms (-1: none)}.
-_FAILURE: Final = (
+# KEYS: the breaker. ARGV: now (-1: the server's), failed, slow, opens at once ('1'/'0'),
+# retry_after_ms (-1: none, else capped), then _HearSettings.args: policy, failure_threshold,
+# base_cooldown_ms, max_cooldown_ms, ttl_ms, max doublings, window_calls (0: time-based),
+# bucket_ms (0: count-based), buckets, minimum_calls, failure_rate, slow counts ('1'/'0'),
+# slow_call_rate, rate scale.
+# Returns {state before, state after, reason ('' : none), consecutive failures,
+# cooldown_ms (-1: none), calls, failed, slow (-1: not counted)}.
+_HEAR: Final = (
     _LUA_PRELUDE
     + """
 local key = KEYS[1]
-local at_once, retry_after = ARGV[1] == '1', tonumber(ARGV[2])
-local threshold, base, max_cd = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local ttl_ms, max_doublings = tonumber(ARGV[6]), tonumber(ARGV[7])
-local h = redis.call('HMGET', key, 'state', 'failures', 'trips')
+local now = now_ms(tonumber(ARGV[1]))
+local failed, slow, at_once = ARGV[2] == '1', ARGV[3] == '1', ARGV[4] == '1'
+local retry_after, rolling = tonumber(ARGV[5]), ARGV[6] == 'rolling'
+local threshold, base, max_cd = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local ttl_ms, max_doublings = tonumber(ARGV[10]), tonumber(ARGV[11])
+local window_calls, bucket_ms, nbuckets = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+local minimum, failure_rate = tonumber(ARGV[15]), tonumber(ARGV[16])
+local slow_counts, slow_rate, scale = ARGV[17] == '1', tonumber(ARGV[18]), tonumber(ARGV[19])
+
+local h = redis.call('HMGET', key, 'state', 'failures', 'trips', 'calls', 'buckets', 'newest')
 local state = h[1] or 'closed'
-local failures = (tonumber(h[2]) or 0) + 1
-local trips = (tonumber(h[3]) or 0)
-if not (state == 'half_open' or (state == 'closed' and (at_once or failures >= threshold))) then
-  redis.call('HSET', key, 'state', state, 'failures', failures)
+local failures, trips = tonumber(h[2]) or 0, tonumber(h[3]) or 0
+
+local function open(new_failures, reason, calls, nfailed, nslow)
+  trips = trips + 1
+  local cooldown = retry_after
+  if cooldown < 0 then
+    cooldown = math.min(max_cd, base * 2 ^ math.min(trips - 1, max_doublings))
+  end
+  redis.call('DEL', key)
+  redis.call('HSET', key, 'state', 'open', 'failures', new_failures, 'trips', trips,
+    'cooldown_ms', int(cooldown), 'cooldown_until', int(now + cooldown))
   redis.call('PEXPIRE', key, ttl_ms)
-  return {state, state, failures, -1}
+  return {state, 'open', reason, new_failures, cooldown, calls, nfailed, nslow}
 end
-trips = trips + 1
-local cooldown = retry_after
-if cooldown < 0 then
-  cooldown = math.min(max_cd, base * 2 ^ math.min(trips - 1, max_doublings))
+
+if state == 'open' then
+  if failed then
+    failures = failures + 1
+    redis.call('HSET', key, 'failures', failures)
+    redis.call('PEXPIRE', key, ttl_ms)
+  end
+  return {state, state, '', failures, -1, -1, -1, -1}
 end
-redis.call('HSET', key, 'state', 'open', 'failures', failures, 'trips', trips,
-  'cooldown_ms', int(cooldown), 'cooldown_until', int(now_ms() + cooldown))
-redis.call('HDEL', key, 'lease_until')
+if state == 'half_open' then
+  if failed then return open(failures + 1, 'probe_failed', -1, -1, -1) end
+  if slow then return open(failures, 'probe_slow', -1, -1, -1) end
+  redis.call('DEL', key)
+  return {state, 'closed', 'probe_succeeded', 0, -1, -1, -1, -1}
+end
+
+local new_failures = 0
+if failed then new_failures = failures + 1 end
+if not rolling then
+  if failed and at_once then return open(new_failures, 'opens_at_once', -1, -1, -1) end
+  if failed and new_failures >= threshold then
+    return open(new_failures, 'failure_threshold', -1, -1, -1)
+  end
+  if new_failures == 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('HSET', key, 'state', 'closed', 'failures', new_failures)
+    redis.call('PEXPIRE', key, ttl_ms)
+  end
+  return {state, state, '', new_failures, -1, -1, -1, -1}
+end
+
+local calls, nfailed, nslow = 0, 0, 0
+if window_calls > 0 then
+  local code = 'o'
+  if failed and slow then code = 'x' elseif failed then code = 'f' elseif slow then code = 's' end
+  local window = string.sub((h[4] or '') .. code, -window_calls)
+  calls = #window
+  nfailed = select(2, string.gsub(window, '[fx]', ''))
+  nslow = select(2, string.gsub(window, '[sx]', ''))
+  redis.call('HSET', key, 'calls', window)
+else
+  local now_bucket = math.floor(now / bucket_ms)
+  local c, f, s = {}, {}, {}
+  local newest = tonumber(h[6]) or 0
+  local stored = h[5] or ''
+  for i = 1, nbuckets do c[i], f[i], s[i] = 0, 0, 0 end
+  if stored == '' then
+    newest = now_bucket
+  else
+    local i = 0
+    for bc, bf, bs in string.gmatch(stored, '(%d+),(%d+),(%d+)') do
+      i = i + 1
+      c[i], f[i], s[i] = tonumber(bc), tonumber(bf), tonumber(bs)
+    end
+    local gone = math.min(math.max(0, now_bucket - newest), nbuckets)
+    if gone > 0 then
+      for j = 1, nbuckets do
+        if j + gone <= nbuckets then
+          c[j], f[j], s[j] = c[j + gone], f[j + gone], s[j + gone]
+        else
+          c[j], f[j], s[j] = 0, 0, 0
+        end
+      end
+      newest = now_bucket
+    end
+  end
+  c[nbuckets] = c[nbuckets] + 1
+  if failed then f[nbuckets] = f[nbuckets] + 1 end
+  if slow then s[nbuckets] = s[nbuckets] + 1 end
+  local parts = {}
+  for j = 1, nbuckets do
+    calls, nfailed, nslow = calls + c[j], nfailed + f[j], nslow + s[j]
+    parts[j] = c[j] .. ',' .. f[j] .. ',' .. s[j]
+  end
+  redis.call('HSET', key, 'buckets', table.concat(parts, ';'), 'newest', int(newest))
+end
+
+local reason = ''
+if failed and at_once then
+  reason = 'opens_at_once'
+elseif calls >= minimum then
+  if nfailed * scale >= failure_rate * calls then
+    reason = 'failure_rate'
+  elseif slow_counts and nslow * scale >= slow_rate * calls then
+    reason = 'slow_call_rate'
+  end
+end
+if reason ~= '' then return open(new_failures, reason, calls, nfailed, nslow) end
+redis.call('HSET', key, 'state', 'closed', 'failures', new_failures)
 redis.call('PEXPIRE', key, ttl_ms)
-return {state, 'open', failures, cooldown}
+return {state, state, '', new_failures, -1, calls, nfailed, nslow}
 """
 )
 
-# KEYS: the breakers, all read in one round trip. Returns 1 (blocked) or 0 per key, in order.
+# KEYS: the breakers, all read in one round trip. ARGV: now (-1: the server's).
+# Returns 1 (blocked) or 0 per key, in order.
 _BLOCKED: Final = (
     _LUA_PRELUDE
     + """
-local now = now_ms()
+local now = now_ms(tonumber(ARGV[1]))
 local out = {}
 for i, key in ipairs(KEYS) do
   local h = redis.call('HMGET', key, 'state', 'cooldown_until', 'lease_until')
   local blocked = (h[1] == 'open' and now < (tonumber(h[2]) or 0))
     or (h[1] == 'half_open' and now < (tonumber(h[3]) or 0))
   out[i] = blocked and 1 or 0
+end
+return out
+"""
+)
+
+_FIELDS: Final = (
+    "state",
+    "failures",
+    "trips",
+    "cooldown_ms",
+    "cooldown_until",
+    "lease_until",
+    "calls",
+    "buckets",
+    "newest",
+)
+
+# KEYS: the breakers. ARGV: now (-1: the server's). Returns {now, fields of each key...}.
+_INSPECT: Final = (
+    _LUA_PRELUDE
+    + """
+local out = {now_ms(tonumber(ARGV[1]))}
+for _, key in ipairs(KEYS) do
+  out[#out + 1] = redis.call('HMGET', key, """
+    + ", ".join(f"'{name}'" for name in _FIELDS)
+    + """)
 end
 return out
 """
@@ -398,25 +505,71 @@ def _redacted(url: str) -> str:
     return parts._replace(netloc=netloc, query="").geturl()
 
 
+def _hear_args(settings: BreakerSettings) -> list[int | str]:
+    """``_HEAR``'s arguments that the settings fix (all but the call's own)."""
+    return [
+        settings.policy,
+        settings.failure_threshold,
+        settings.base_cooldown_ms,
+        settings.max_cooldown_ms,
+        _KEY_TTL_MS,
+        MAX_DOUBLINGS,
+        settings.window_calls or 0,
+        settings.bucket_ms if settings.window_ms is not None else 0,
+        TIME_BUCKETS,
+        settings.minimum_calls,
+        settings.failure_rate,
+        int(settings.slow_call_ms is not None),
+        settings.slow_call_rate,
+        RATE_SCALE,
+    ]
+
+
+def _record(fields: Sequence[str | None]) -> Record:
+    """A breaker read from its Redis hash (absent fields: a closed breaker's)."""
+    state, failures, trips, cooldown_ms, cooldown_until, lease_until, calls, buckets, newest = (
+        fields
+    )
+    return Record(
+        state=cast(BreakerState, state or "closed"),
+        failures=int(failures or 0),
+        trips=int(trips or 0),
+        cooldown_ms=int(cooldown_ms or 0),
+        cooldown_until=int(cooldown_until or 0),
+        lease_until=int(lease_until or 0),
+        calls=calls or "",
+        buckets=tuple(
+            cast(tuple[int, int, int], tuple(int(n) for n in bucket.split(",")))
+            for bucket in buckets.split(";")
+        )
+        if buckets
+        else (),
+        newest=int(newest or 0),
+    )
+
+
 class RedisBreakers(BreakerBoard):
     """Breakers shared by every gateway process using the same Redis (``WAYBILL_REDIS_URL``).
 
     Keys are ``{prefix}:{generation}:{scope}:{target}``. Connection failures and timeouts are
-    raised as :class:`BreakerStoreUnavailable`.
+    raised as :class:`BreakerStoreUnavailable`. ``clock`` (seconds) replaces the server's time.
     """
 
     def __init__(
         self,
         url: str,
-        settings: Breaker,
+        settings: Breaker | BreakerSettings,
         generation: str,
         *,
         probe_lease_ms: int = _DEFAULT_PROBE_LEASE_MS,
         prefix: str = "waybill:breaker",
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self.generation = generation
-        self._settings = settings
+        self.settings = _settings(settings)
+        self._hear_args = _hear_args(self.settings)
         self._probe_lease_ms = probe_lease_ms
+        self._clock = clock
         self._namespace = f"{prefix}:{generation}"
         self._where = _redacted(url)
         self._redis = aioredis.Redis.from_url(
@@ -426,12 +579,15 @@ class RedisBreakers(BreakerBoard):
             socket_connect_timeout=_REDIS_TIMEOUT_S,
         )
         self._admit = self._redis.register_script(_ADMIT)
-        self._success = self._redis.register_script(_SUCCESS)
-        self._failure = self._redis.register_script(_FAILURE)
+        self._hear = self._redis.register_script(_HEAR)
         self._blocked = self._redis.register_script(_BLOCKED)
+        self._inspect = self._redis.register_script(_INSPECT)
 
     def _key(self, key: BreakerKey) -> str:
         return f"{self._namespace}:{key.scope}:{key.target}"
+
+    def _now(self) -> int:
+        return -1 if self._clock is None else round(self._clock() * 1000)
 
     async def _call(self, command: Awaitable[_T]) -> _T:
         try:
@@ -449,54 +605,52 @@ class RedisBreakers(BreakerBoard):
     async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
         if not keys:
             return {}
-        flags = await self._script(self._blocked, [self._key(k) for k in keys], [])
+        flags = await self._script(self._blocked, [self._key(k) for k in keys], [self._now()])
         return {key: bool(flag) for key, flag in zip(keys, flags, strict=True)}
 
     async def admit(self, key: BreakerKey) -> tuple[Admission, list[Transition]]:
         admission, before, failures = await self._script(
-            self._admit, [self._key(key)], [self._probe_lease_ms, _KEY_TTL_MS]
+            self._admit, [self._key(key)], [self._now(), self._probe_lease_ms, _KEY_TTL_MS]
         )
-        if admission != Admission.PROBE:
+        if admission != Admission.PROBE or before == "half_open":
             return Admission(admission), []
-        return Admission.PROBE, _transitions(
-            key, before, "half_open", consecutive_failures=int(failures)
-        )
+        step = Step(before, "half_open", policy.StepReason.PROBE, int(failures))
+        return Admission.PROBE, _transition(key, step)
 
-    async def record_success(self, key: BreakerKey) -> list[Transition]:
-        before, after = await self._script(self._success, [self._key(key)], [])
-        return _transitions(key, before, after, consecutive_failures=0)
-
-    async def record_failure(
-        self,
-        key: BreakerKey,
-        failure_class: str,
-        *,
-        opens_at_once: bool,
-        retry_after_ms: int | None,
-    ) -> list[Transition]:
-        retry_after = _clamp_retry_after(retry_after_ms)
-        s = self._settings
-        before, after, failures, cooldown = await self._script(
-            self._failure,
+    async def hear(self, key: BreakerKey, call: Call) -> list[Transition]:
+        retry_after = clamp_retry_after(call.retry_after_ms)
+        before, after, reason, failures, cooldown, calls, failed, slow = await self._script(
+            self._hear,
             [self._key(key)],
             [
-                int(opens_at_once),
+                self._now(),
+                int(call.failed),
+                int(is_slow(self.settings, call.duration_ms)),
+                int(call.opens_at_once),
                 -1 if retry_after is None else retry_after,
-                s.failure_threshold,
-                s.base_cooldown_ms,
-                s.max_cooldown_ms,
-                _KEY_TTL_MS,
-                _MAX_BACKOFF_DOUBLINGS,
+                *self._hear_args,
             ],
         )
-        return _transitions(
-            key,
-            before,
-            after,
-            consecutive_failures=int(failures),
-            failure_class=failure_class,
-            cooldown_ms=int(cooldown),
+        if before == after:
+            return []
+        step = Step(
+            from_state=before,
+            to_state=after,
+            reason=policy.StepReason(reason),
+            failures=int(failures),
+            cooldown_ms=None if int(cooldown) < 0 else int(cooldown),
+            figures=None if int(calls) < 0 else Figures(int(calls), int(failed), int(slow)),
         )
+        return _transition(key, step, call)
+
+    async def inspect(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, BreakerView]:
+        if not keys:
+            return {}
+        now, *rows = await self._script(self._inspect, [self._key(k) for k in keys], [self._now()])
+        return {
+            key: _view(_record(row), self.settings, int(now))
+            for key, row in zip(keys, rows, strict=True)
+        }
 
     async def state(self, key: BreakerKey) -> BreakerState:
         stored = await self._call(self._redis.hget(self._key(key), "state"))
@@ -507,12 +661,12 @@ class RedisBreakers(BreakerBoard):
 
 
 def breaker_board(
-    settings: Breaker, generation: str, redis_url: str | None, **kw: Any
+    settings: Breaker | BreakerSettings, generation: str, redis_url: str | None, **kw: Any
 ) -> BreakerBoard:
     """The board contract §5 asks for: shared through Redis when a URL is set, else in-process.
 
     ``kw`` goes to the chosen class (``probe_lease_ms``; ``prefix`` for Redis, ``clock`` for
-    in-process).
+    either).
     """
     if redis_url:
         return RedisBreakers(redis_url, settings, generation, **kw)

@@ -81,6 +81,9 @@ class Classification:
     breaker_opens_at_once: bool
     may_fail_over: MayFailOver
     retry_after_ms: int | None = None
+    # The endpoint's key was refused: the endpoint is disabled (contract §5 "Disabled
+    # endpoints"); its breaker opens at once only while that cannot be recorded.
+    disables_endpoint: bool = False
 
 
 # --- predicates over an outcome -------------------------------------------------------------
@@ -190,6 +193,7 @@ class Rule:
     breaker_opens_at_once: bool
     evidence: Evidence | Literal["trusted_not_started_else_unknown"]
     may_fail_over: MayFailOver
+    disables_endpoint: bool = False
 
     @property
     def outcome(self) -> str:
@@ -214,12 +218,13 @@ RULES: Final[tuple[Rule, ...]] = (
     Rule(_no_first_event,      _F.TIMEOUT,              _E,   False, _UNK,     _EXEC),
     Rule(_stream_stalled,      _F.TIMEOUT,              _E,   False, _UNK,     _EXEC),
     Rule(_broken_stream,       _F.NETWORK_ERROR,        _E,   False, _UNK,     _EXEC),
-    Rule(_too_large,           _F.RESPONSE_TOO_LARGE,   _M,   False, _ST,      "yes"),
+    Rule(_too_large,           _F.RESPONSE_TOO_LARGE,   _M,   True,  _ST,      "yes"),
     Rule(_invalid_response,    _F.UPSTREAM_UNAVAILABLE, _E,   False, _ST,      _EXEC),
     Rule(_quota_exhausted,     _F.QUOTA_EXHAUSTED,      _E,   False, _NS,      "no"),
     Rule(_rate_limited,        _F.RATE_LIMITED,         _E,   True,  _NS,      "yes"),
     Rule(_names_a_policy,      _F.POLICY_DENIED,        None, False, _NS,      "never"),
-    Rule(_unauthorized,        _F.CREDENTIALS,          _E,   True,  _NS,      _CRED),
+    Rule(_unauthorized,        _F.CREDENTIALS,          _E,   True,  _NS,      _CRED,
+         disables_endpoint=True),
     Rule(_model_not_found,     _F.MODEL_UNAVAILABLE,    _M,   True,  _NS,      "yes"),
     Rule(_context_exceeded,    _F.CONTEXT_TOO_SMALL,    None, False, _NS,      _LARGER),
     Rule(_unavailable,         _F.UPSTREAM_UNAVAILABLE, _E,   False, _TRUSTED, _EXEC),
@@ -257,4 +262,5 @@ def classify(outcome: UpstreamOutcome, *, trust_not_started: bool) -> Classifica
         breaker_opens_at_once=rule.breaker_opens_at_once,
         may_fail_over=may_fail_over,
         retry_after_ms=retry_after,
+        disables_endpoint=rule.disables_endpoint,
     )

@@ -44,10 +44,12 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from ledger.checkpoints import KeyFileError, SigningKey, load_signing_key
 from ledger.events import DataClass, FailureClass, data_class_rank
 from router import egress
+from router.breaker_policy import RATE_SCALE, TIME_BUCKETS, BreakerSettings
 
 __all__ = [
     "FAILURE_CLASSES",
     "KNOWN_CAPABILITIES",
+    "MAX_WINDOW_CALLS",
     "Breaker",
     "Budget",
     "BudgetWindow",
@@ -229,16 +231,126 @@ else:
     )
 
 
+def _to_rate(value: object) -> Decimal:
+    # A share of the calls in a breaker's window, exact to 1/10,000 so that the breakers
+    # compare whole numbers (router/breaker_policy.py), in Python and in Redis alike.
+    rate = _to_money(value)
+    if not 0 < rate <= 1:
+        raise _error("must be > 0 and <= 1")
+    if rate != rate.quantize(Decimal("0.0001")):
+        raise _error("must have at most 4 decimal places")
+    return rate
+
+
+_Rate = Annotated[Decimal, BeforeValidator(_to_rate)]
+
+MAX_WINDOW_CALLS = 1000
+"""The largest count-based window: every call a breaker hears of walks it once."""
+
+_ROLLING_KEYS = (
+    "window_calls",
+    "window_ms",
+    "minimum_calls",
+    "failure_rate",
+    "slow_call_ms",
+    "slow_call_rate",
+)
+
+
 class Breaker(_Frozen):
+    """Contract §5 "Circuit breakers": when a closed breaker opens, and its cool-downs.
+
+    ``consecutive`` opens after ``failure_threshold`` failures in a row; ``rolling`` opens
+    when, over a window of the last ``window_calls`` calls or the last ``window_ms``, at
+    least ``minimum_calls`` were heard of and ``failure_rate`` of them failed or
+    ``slow_call_rate`` of them took ``slow_call_ms`` or longer. Each policy's keys are
+    refused under the other. :meth:`settings` gives the effective values as plain numbers.
+    """
+
+    policy: Literal["consecutive", "rolling"] = "consecutive"
     failure_threshold: _PositiveInt = 2
     base_cooldown_ms: _PositiveInt = 5000
     max_cooldown_ms: _PositiveInt = 30000
+    window_calls: Annotated[StrictInt, Field(gt=0, le=MAX_WINDOW_CALLS)] = 20
+    window_ms: Annotated[StrictInt, Field(ge=1000)] | None = None
+    minimum_calls: _PositiveInt | None = None  # 10, or window_calls if fewer
+    failure_rate: _Rate = Decimal("0.5")
+    slow_call_ms: _PositiveInt | None = None  # None: no call is slow
+    slow_call_rate: _Rate = Decimal(1)
 
     @model_validator(mode="after")
     def _cooldowns_ordered(self) -> Breaker:
         if self.base_cooldown_ms > self.max_cooldown_ms:
             raise _error("base_cooldown_ms must be <= max_cooldown_ms")
         return self
+
+    @model_validator(mode="after")
+    def _keys_of_its_policy(self) -> Breaker:
+        given = self.model_fields_set
+        if self.policy == "consecutive":
+            foreign = [key for key in _ROLLING_KEYS if key in given]
+            if foreign:
+                raise _error(f"{', '.join(foreign)}: only with policy: rolling")
+            return self
+        if "failure_threshold" in given:
+            raise _error(
+                "failure_threshold counts failures in a row (policy: consecutive); "
+                "policy rolling opens at failure_rate"
+            )
+        if "window_calls" in given and "window_ms" in given:
+            raise _error("give window_calls or window_ms, not both")
+        if self.window_ms is not None and self.window_ms % TIME_BUCKETS:
+            raise _error(f"window_ms must be a multiple of {TIME_BUCKETS}")
+        if self.window_ms is None and (self.minimum_calls or 0) > self.window_calls:
+            raise _error("minimum_calls must be <= window_calls: the window holds no more")
+        if "slow_call_rate" in given and self.slow_call_ms is None:
+            raise _error("slow_call_rate needs slow_call_ms: which calls are slow")
+        return self
+
+    def settings(self) -> BreakerSettings:
+        """The effective values, as the breakers read them."""
+        rolling = self.policy == "rolling"
+        count = rolling and self.window_ms is None
+        minimum = self.minimum_calls or (min(10, self.window_calls) if count else 10)
+        return BreakerSettings(
+            policy=self.policy,
+            failure_threshold=self.failure_threshold,
+            base_cooldown_ms=self.base_cooldown_ms,
+            max_cooldown_ms=self.max_cooldown_ms,
+            window_calls=self.window_calls if count else None,
+            window_ms=self.window_ms if rolling else None,
+            minimum_calls=minimum,
+            failure_rate=int(self.failure_rate * RATE_SCALE),
+            slow_call_ms=self.slow_call_ms if rolling else None,
+            slow_call_rate=int(self.slow_call_rate * RATE_SCALE),
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """What ``ConfigActivated`` records: the effective values of the policy in force (a
+        consecutive breaker's three keys alone, so a config that names no policy keeps its
+        summary, and its ConfigActivated is not recorded again)."""
+        if self.policy == "consecutive":
+            return {
+                "failure_threshold": self.failure_threshold,
+                "base_cooldown_ms": self.base_cooldown_ms,
+                "max_cooldown_ms": self.max_cooldown_ms,
+            }
+        settings = self.settings()
+        summary: dict[str, Any] = {
+            "policy": "rolling",
+            "base_cooldown_ms": self.base_cooldown_ms,
+            "max_cooldown_ms": self.max_cooldown_ms,
+        }
+        if settings.window_ms is not None:
+            summary["window_ms"] = settings.window_ms
+        else:
+            summary["window_calls"] = settings.window_calls
+        summary["minimum_calls"] = settings.minimum_calls
+        summary["failure_rate"] = str(self.failure_rate)
+        if self.slow_call_ms is not None:
+            summary["slow_call_ms"] = self.slow_call_ms
+            summary["slow_call_rate"] = str(self.slow_call_rate)
+        return summary
 
 
 class Hedge(_Frozen):
@@ -709,7 +821,12 @@ class Config(_Frozen):
         if not isinstance(value, list):
             return value
         defaults = info.data.get("defaults")
-        base = (defaults if isinstance(defaults, Defaults) else Defaults()).model_dump()
+        if not isinstance(defaults, Defaults):
+            defaults = Defaults()
+        base: dict[str, Any] = defaults.model_dump()
+        # The breaker settings as validated, not their dump: which keys were given decides
+        # what a policy allows, and a group never sets them anyway.
+        base["breaker"] = defaults.breaker
         groups = []
         for group in value:
             policy = group.get("policy") if isinstance(group, dict) else None
@@ -813,6 +930,8 @@ def _group_summary(g: ModelGroup) -> dict[str, Any]:
 
 def _policy_summary(policy: Defaults, *, breaker: bool = True) -> dict[str, Any]:
     summary = policy.model_dump(mode="json", exclude=None if breaker else {"breaker"})
+    if breaker:
+        summary["breaker"] = policy.breaker.summary()
     if not policy.hedge.after_p95:  # the default leaves earlier summaries as they were
         del summary["hedge"]["after_p95"]
     return summary
@@ -1015,6 +1134,8 @@ def _message(error: ErrorDetails) -> str:
         return f"must be > {ctx['gt']}"
     if kind == "greater_than_equal":
         return f"must be >= {ctx['ge']}"
+    if kind == "less_than_equal":
+        return f"must be <= {ctx['le']}"
     if kind == "literal_error":
         return f"must be {ctx['expected']}"
     if kind == "too_short":

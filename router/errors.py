@@ -33,6 +33,8 @@ __all__ = [
     "client_canceled",
     "codes_by_status",
     "deadline_exceeded",
+    "endpoint_not_disabled",
+    "endpoint_not_found",
     "error_for_failure",
     "error_type",
     "idempotency_conflict",
@@ -67,11 +69,13 @@ class ErrorCode(StrEnum):
     REQUEST_NOT_FOUND = "request_not_found"
     SETTLEMENT_NOT_FOUND = "settlement_not_found"
     RECONCILIATION_NOT_FOUND = "reconciliation_not_found"
+    ENDPOINT_NOT_FOUND = "endpoint_not_found"
     NOT_FOUND = "not_found"
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
     SETTLEMENT_CONFLICT = "settlement_conflict"
     RELOAD_UNAVAILABLE = "reload_unavailable"
     PROOF_UNAVAILABLE = "proof_unavailable"
+    ENDPOINT_NOT_DISABLED = "endpoint_not_disabled"
     NO_ELIGIBLE_ROUTE = "no_eligible_route"
     UPSTREAM_RATE_LIMITED = "upstream_rate_limited"
     CLIENT_CANCELED = "client_canceled"
@@ -114,12 +118,14 @@ ERRORS: Final[tuple[ErrorRow, ...]] = (
     ErrorRow(404, _E.REQUEST_NOT_FOUND, "no such request in the caller's scope (never 403)"),
     ErrorRow(404, _E.SETTLEMENT_NOT_FOUND, "no such settlement in the caller's scope"),
     ErrorRow(404, _E.RECONCILIATION_NOT_FOUND, "no such reconciliation in the caller's scope"),
+    ErrorRow(404, _E.ENDPOINT_NOT_FOUND, "no such endpoint in the serving config"),
     ErrorRow(404, _E.NOT_FOUND, "no such route"),
     ErrorRow(405, _E.INVALID_REQUEST, "method not allowed on the route"),
     ErrorRow(409, _E.IDEMPOTENCY_CONFLICT, "the Idempotency-Key is in flight or had another body"),
     ErrorRow(409, _E.SETTLEMENT_CONFLICT, "the settlement is no longer open"),
     ErrorRow(409, _E.RELOAD_UNAVAILABLE, "the gateway was not started from a config file"),
     ErrorRow(409, _E.PROOF_UNAVAILABLE, "no signed checkpoint covers the request (yet)"),
+    ErrorRow(409, _E.ENDPOINT_NOT_DISABLED, "the endpoint is not disabled"),
     ErrorRow(413, _E.INVALID_REQUEST, "the body is too large"),
     ErrorRow(422, _E.NO_ELIGIBLE_ROUTE, "no candidate meets the requirements; nothing reserved"),
     ErrorRow(429, _E.UPSTREAM_RATE_LIMITED, "every candidate tried was rate-limited"),
@@ -281,6 +287,16 @@ def reconciliation_not_found(reconciliation_id: str, bucket: str | None = None) 
         message = f"reconciliation {reconciliation_id} has no bucket {bucket!r} (so narrowed)"
         return GatewayError(_E.RECONCILIATION_NOT_FOUND, message)
     return GatewayError(_E.RECONCILIATION_NOT_FOUND, f"no reconciliation {reconciliation_id!r}")
+
+
+def endpoint_not_found(endpoint_id: str) -> GatewayError:
+    return GatewayError(_E.ENDPOINT_NOT_FOUND, f"no endpoint {endpoint_id!r} in the serving config")
+
+
+def endpoint_not_disabled(endpoint_id: str) -> GatewayError:
+    return GatewayError(
+        _E.ENDPOINT_NOT_DISABLED, f"endpoint {endpoint_id!r} is not disabled: nothing to enable"
+    )
 
 
 def route_not_found() -> GatewayError:

@@ -47,6 +47,7 @@ from ledger.store import (
     WrongExpectedVersion,
 )
 from otel.ids import attempt_span_id, request_trace_id, upstream_traceparent
+from router.breaker_policy import Figures
 from router.breakers import Admission, BreakerBoard, BreakerKey, Transition
 from router.budgets import RequestBudget, StepRecord
 from router.chat import ChatCall, HeaderNarrowing
@@ -54,6 +55,8 @@ from router.classify import Classification
 from router.config import Config, ModelGroup, Workspace
 from router.config import Driver as DriverName
 from router.config import Mapping as ModelMapping
+from router.disabling import Disabling
+from router.disabling import detail as disabled_detail
 from router.drivers import (
     AttemptBinding,
     AttemptTimeouts,
@@ -286,6 +289,7 @@ class Gateway:
         instance_id: str | None = None,
         latency: LatencyBoard | None = None,
         slots: EndpointSlots | None = None,
+        disabling: Disabling | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -294,6 +298,10 @@ class Gateway:
         # Endpoints' max_in_flight: owned by the app, shared by every config generation (a
         # retiring one's attempts still load the upstreams).
         self.slots = slots or InProcessSlots()
+        # Disabled endpoints outlive a generation (one Disabling per process, the app's);
+        # this generation sees those disabled for the keys it gives them.
+        self.disabling = disabling or Disabling(store)
+        self.disabled = self.disabling.view(config)
         self.instance_id = instance_id or new_id("gw")  # owner of the holds it takes
         self._drivers = dict(drivers) if drivers else {}
         for endpoint in config.endpoints:
@@ -367,6 +375,10 @@ class Gateway:
                 cooldown_ms=t.cooldown_ms,
                 config_generation=self.config.generation,
                 request_id=request_id,
+                policy=self.breakers.settings.policy,
+                reason=t.reason,
+                duration_ms=t.duration_ms,
+                **_window_figures(t.figures),
             )
             for t in transitions
         ]
@@ -1036,8 +1048,11 @@ class _Run:
             self._attempt_finished(attempt, classification, failure, invalid_events=invalid)
         )
         self._record(self._hold_outcome(attempt, classification))
-        if classification is not _SEAM_BROKEN:
-            await self._report_breakers(attempt.route, classification)
+        if classification.disables_endpoint and await self._disable(attempt, failure):
+            pass  # disabled: no breaker of its endpoint counts a refused key
+        elif classification is not _SEAM_BROKEN:
+            first = upstream.time_to_first_chunk_ms if upstream is not None else None
+            await self._report_breakers(attempt.route, classification, _latency_ms(attempt, first))
         status = failure.outcome.http_status if failure else None
         if status is None and attempt.stream_committed:
             status = 200
@@ -1055,6 +1070,16 @@ class _Run:
             self._remaining_ms(),
             delivered_chars=len(delivered),
             resumable=self._resumable and classification is not _SEAM_BROKEN,
+        )
+
+    async def _disable(self, attempt: _Attempt, failure: UpstreamFailure | None) -> bool:
+        outcome = failure.outcome if failure is not None else None
+        return await self.gw.disabled.disable(
+            attempt.route.choice.endpoint,
+            http_status=outcome.http_status if outcome else None,
+            error_code=(outcome.error_code or outcome.error_type) if outcome else None,
+            request_id=self.request_id,
+            attempt_id=attempt.attempt_id,
         )
 
     def _decided(self, attempt_id: str, decision: Decision) -> None:
@@ -1116,8 +1141,11 @@ class _Run:
         breakers of the targets it names; any other purpose evaluates every mapping and
         chooses one (contract §4)."""
         if action.only is not None:
+            disabled = await self.gw.disabled.current()
             for target in action.only:
                 mapping = self.group.mappings[target.mapping_index]
+                if target.endpoint in disabled:
+                    continue
                 if await self._acquire(target.endpoint, mapping):
                     self._routed = self._route_to(target, action.purpose)
                     return Routed(target)
@@ -1137,6 +1165,7 @@ class _Run:
             latencies = None
             if self.group.strategy == "least_latency":
                 latencies = await self.gw.latency.read(self._places)
+            disabled = await self.gw.disabled.current()
             # Priced as at this attempt's start: its reservation and its settlement use the
             # price in force now (contract §2, price history), whenever it ends.
             group = self.group.priced_at(datetime.now(UTC))
@@ -1150,6 +1179,7 @@ class _Run:
                 over_budget=await self.budget.over_budget_check(),
                 latencies=latencies,
                 saturated=saturated,
+                credentials_disabled=functools.partial(disabled_detail, disabled),
             )
             choice = select(candidates, self.gw._rr, self.caller.workspace.id, group)
             self.sequence += 1
@@ -1460,7 +1490,9 @@ class _Run:
                 # While it commits, the breakers hear of the success: the upstream answered,
                 # whatever the ledger says next.
                 await _let_the_appender_send()
-                await self._report_breakers(route, None)
+                await self._report_breakers(
+                    route, None, _latency_ms(attempt, time_to_first_chunk_ms)
+                )
             finally:
                 await self._committed(submitted)
         except LedgerUnavailable:
@@ -1599,6 +1631,17 @@ class _Run:
                 )
             last = self.tally.classes[-1]
             return error_for_failure(last, f"no endpoint left to fail over to after {last}")
+        if ev.ReasonCode.CREDENTIALS_DISABLED in reasons and reasons <= {
+            ev.ReasonCode.CREDENTIALS_DISABLED,
+            ev.ReasonCode.BREAKER_OPEN,
+            ev.ReasonCode.ALREADY_TRIED,
+        }:
+            # Never "all busy": the cause is a refused key, which only an operator fixes.
+            return error_for_failure(
+                ev.FailureClass.CREDENTIALS,
+                "the upstream refused the credentials of every endpoint left: "
+                + _exclusions(candidates, ev.ReasonCode.CREDENTIALS_DISABLED),
+            )
         if ev.ReasonCode.BREAKER_OPEN in reasons and reasons <= {
             ev.ReasonCode.BREAKER_OPEN,
             ev.ReasonCode.ALREADY_TRIED,
@@ -1612,14 +1655,18 @@ class _Run:
             + _exclusions(candidates, None)
         )
 
-    async def _report_breakers(self, route: _Route, classification: Classification | None) -> None:
+    async def _report_breakers(
+        self, route: _Route, classification: Classification | None, latency_ms: int
+    ) -> None:
+        """Tell the breakers an attempt's outcome (None: a success) and its latency, which
+        makes a call slow under a rolling policy (contract §5)."""
         endpoint_key = BreakerKey.endpoint(route.choice.endpoint)
         mapping_key = BreakerKey.mapping(route.choice.endpoint, route.mapping.model)
         transitions: list[Transition] = []
         breakers = self.gw.breakers
         if classification is None:
-            transitions += await breakers.record_success(endpoint_key)
-            transitions += await breakers.record_success(mapping_key)
+            transitions += await breakers.record_success(endpoint_key, duration_ms=latency_ms)
+            transitions += await breakers.record_success(mapping_key, duration_ms=latency_ms)
         elif classification.breaker_scope is not None:
             key = endpoint_key if classification.breaker_scope == "endpoint" else mapping_key
             transitions += await breakers.record_failure(
@@ -1627,6 +1674,7 @@ class _Run:
                 classification.failure_class.value,
                 opens_at_once=classification.breaker_opens_at_once,
                 retry_after_ms=classification.retry_after_ms,
+                duration_ms=latency_ms,
             )
         await self.gw._record_transitions(transitions, self.request_id)
 
@@ -1773,6 +1821,27 @@ def _optional_str(value: object) -> str | None:
 def _log_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.error("recording the end of a request failed", exc_info=task.exception())
+
+
+def _latency_ms(attempt: _Attempt, time_to_first_chunk_ms: int | None) -> int:
+    """What makes a call slow for the breakers: a stream's time to its first chunk; a
+    buffered call's (or a stream's that never had one) time until it ended."""
+    if time_to_first_chunk_ms is not None:
+        return time_to_first_chunk_ms
+    return round((time.monotonic() - attempt.started_at) * 1000)
+
+
+def _window_figures(figures: Figures | None) -> dict[str, Any]:
+    """A rolling window's figures as ``BreakerTransitioned`` fields (none: absent)."""
+    if figures is None:
+        return {}
+    return {
+        "calls": figures.calls,
+        "failed_calls": figures.failed,
+        "slow_calls": figures.slow,
+        "failure_rate": figures.failure_rate(),
+        "slow_call_rate": figures.slow_call_rate(),
+    }
 
 
 def _failure_message(

@@ -29,10 +29,12 @@ __all__ = [
     "ADMIN_RELOAD",
     "BUDGETS",
     "CHAT_COMPLETIONS",
+    "ENABLE_ENDPOINT",
     "ERROR_CODES",
     "EXPLAIN_REQUEST",
     "HEALTHZ",
     "IMPORT_RECONCILIATION",
+    "LIST_ENDPOINTS",
     "METRICS",
     "MODELS",
     "READYZ",
@@ -317,6 +319,50 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         attempts={"type": "array", "items": _ITEMS},
         decision_path={"type": "array"},
     ),
+    "Breaker": _object(
+        ["state", "blocked", "consecutive_failures", "trips", "cooldown_ms", "probe_in_ms"],
+        state={"type": "string", "enum": ["closed", "open", "half_open"]},
+        blocked={"type": "boolean", "description": "An attempt would be refused now."},
+        consecutive_failures={"type": "integer"},
+        trips={"type": "integer"},
+        cooldown_ms=_nullable({"type": "integer"}),
+        probe_in_ms=_nullable(
+            {"type": "integer", "description": "While open: how long until a probe may go."}
+        ),
+        calls=_nullable({"type": "integer", "description": "A rolling breaker's window."}),
+        failed_calls=_nullable({"type": "integer"}),
+        slow_calls=_nullable({"type": "integer"}),
+    ),
+    "EndpointState": _object(
+        ["id", "state", "enabled", "disabled", "breaker", "mappings"],
+        id=_STRING,
+        driver=_STRING,
+        region=_STRING,
+        state={
+            "type": "string",
+            "enum": ["enabled", "disabled", "config_disabled"],
+            "description": "disabled: a credentials failure disabled it (contract §5); "
+            "config_disabled: the config says enabled: false.",
+        },
+        enabled={"type": "boolean", "description": "The config's enabled."},
+        disabled=_nullable(
+            _object(
+                ["disabled_at", "http_status", "error_code", "request_id"],
+                disabled_at=_STRING,
+                http_status=_nullable({"type": "integer"}),
+                error_code=_nullable(_STRING),
+                request_id=_nullable(_STRING),
+                attempt_id=_nullable(_STRING),
+                config_generation=_STRING,
+                position={"type": "integer"},
+            )
+        ),
+        breaker=_ref("Breaker"),
+        mappings={
+            "type": "array",
+            "items": _object(["model", "breaker"], model=_STRING, breaker=_ref("Breaker")),
+        },
+    ),
     "LedgerVerification": _object(
         ["ok", "checked"], ok={"type": "boolean"}, checked={"type": "integer"}
     ),
@@ -594,6 +640,38 @@ ADMIN_RELOAD: Final[Schema] = {
             )
         ),
         **_error_responses(400, 403, 409),
+    },
+}
+LIST_ENDPOINTS: Final[Schema] = {
+    "summary": "Each endpoint's state: enabled or disabled, its breakers (admin keys)",
+    "responses": {
+        "200": _ok(
+            {
+                "type": "object",
+                "required": ["data", "next_cursor", "config_generation", "breaker_policy"],
+                "properties": {
+                    **_page(_ref("EndpointState"))["properties"],
+                    "config_generation": _STRING,
+                    "breaker_policy": {"type": "string", "enum": ["consecutive", "rolling"]},
+                },
+            }
+        ),
+        **_error_responses(403),
+    },
+}
+ENABLE_ENDPOINT: Final[Schema] = {
+    "summary": "Enable an endpoint a credentials failure disabled (admin keys)",
+    "responses": {
+        "200": _ok(
+            _object(
+                ["endpoint", "cause", "actor", "config_generation"],
+                endpoint=_STRING,
+                cause={"const": "operator"},
+                actor=_STRING,
+                config_generation=_STRING,
+            )
+        ),
+        **_error_responses(403, 404, 409),
     },
 }
 SEARCH_REQUESTS: Final[Schema] = {

@@ -42,6 +42,7 @@ __all__ = [
     "Action",
     "AttemptOutcome",
     "BreakerOpen",
+    "CredentialsDisabled",
     "Decision",
     "OverBudget",
     "Place",
@@ -71,6 +72,9 @@ Saturated: TypeAlias = Callable[[str], "str | None"]
 
 OverBudget: TypeAlias = Callable[[Decimal], "str | None"]
 """worst-case cost → None if every account can cover it, else the account, e.g. "workspace:acme"."""
+
+CredentialsDisabled: TypeAlias = Callable[[str], "str | None"]
+"""endpoint id → None unless a credentials failure disabled it, else what was refused."""
 
 
 # --- the request's policy scope ----------------------------------------------------------
@@ -126,6 +130,7 @@ class _Subject:
     breaker_open: BreakerOpen
     saturated: Saturated | None
     over_budget: OverBudget | None
+    credentials_disabled: CredentialsDisabled | None
 
 
 def _endpoint_disabled(s: _Subject) -> str | None:
@@ -180,6 +185,10 @@ def _unpriced_input(s: _Subject) -> str | None:
     return s.unpriced
 
 
+def _credentials_disabled(s: _Subject) -> str | None:
+    return None if s.credentials_disabled is None else s.credentials_disabled(s.endpoint.id)
+
+
 def _breaker_open(s: _Subject) -> str | None:
     return s.breaker_open(s.endpoint.id, s.mapping)
 
@@ -198,8 +207,9 @@ def _over_budget(s: _Subject) -> str | None:
 # is the reason recorded on the candidate. The config's static facts come first, then the
 # request's history, its policy scope and its needs (a mapping must price every billable
 # dimension of the request before its input can be counted against its context window); live
-# state (breakers, budgets) last, so their callbacks are asked only about mappings that could
-# otherwise carry the attempt.
+# state (disabled endpoints, breakers, budgets) last, so their callbacks are asked only about
+# mappings that could otherwise carry the attempt. A disabled endpoint is named before its
+# breaker: only an operator or a new key lifts it, whatever its breaker says.
 _Check: TypeAlias = Callable[[_Subject], "str | None"]
 _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.ENDPOINT_DISABLED, _endpoint_disabled),
@@ -211,6 +221,7 @@ _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.MISSING_CAPABILITY, _missing_capability),
     (ReasonCode.UNPRICED_INPUT, _unpriced_input),
     (ReasonCode.CONTEXT_TOO_SMALL, _context_too_small),
+    (ReasonCode.CREDENTIALS_DISABLED, _credentials_disabled),
     (ReasonCode.BREAKER_OPEN, _breaker_open),
     (ReasonCode.ENDPOINT_SATURATED, _endpoint_saturated),
     (ReasonCode.OVER_BUDGET, _over_budget),
@@ -231,14 +242,16 @@ def evaluate(
     over_budget: OverBudget | None = None,
     latencies: AbcMapping[tuple[str, str], float] | None = None,
     saturated: Saturated | None = None,
+    credentials_disabled: CredentialsDisabled | None = None,
 ) -> tuple[Candidate, ...]:
     """One candidate per mapping of ``group``, in mapping order: eligible, or excluded with
     the reason code of the first failing check in :data:`CHECK_ORDER`. ``latencies``: each
     (endpoint, upstream model)'s moving average of time to first content, where measured,
     recorded on its candidate for the ``least_latency`` strategy.
 
-    ``breaker_open``, ``saturated`` and ``over_budget`` are called at most once per mapping,
-    in mapping order, and only for a mapping that passed every check before theirs.
+    ``credentials_disabled``, ``breaker_open``, ``saturated`` and ``over_budget`` are called at
+    most once per mapping, in mapping order, and only for a mapping that passed every check
+    before theirs.
     """
     scope = effective_scope(workspace, requirements)
     candidates = []
@@ -265,6 +278,7 @@ def evaluate(
             breaker_open=breaker_open,
             saturated=saturated,
             over_budget=over_budget,
+            credentials_disabled=credentials_disabled,
         )
         reason, detail = _first_failure(subject)
         candidates.append(

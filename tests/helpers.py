@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
+import pytest
 import redis
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+REDIS_URL = os.environ.get("WAYBILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+"""The test Redis (its own database, 15, unless the environment says otherwise)."""
 
 
 async def eventually(
@@ -32,3 +40,22 @@ def breaker_keys_removed(redis_url: str, generation: str) -> Iterator[None]:
                 client.delete(*keys)
         finally:
             client.close()
+
+
+@contextlib.asynccontextmanager
+async def redis_prefix() -> AsyncIterator[str]:
+    """A fresh key prefix on the test Redis, every key under it deleted afterwards; skips the
+    test if Redis does not answer."""
+    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
+    try:
+        try:
+            await client.ping()
+        except RedisConnectionError as exc:
+            pytest.skip(f"the test Redis (WAYBILL_TEST_REDIS_URL) is unreachable: {exc}")
+        prefix = f"waybill-test:{uuid.uuid4().hex}"
+        yield prefix
+        keys = [key async for key in client.scan_iter(match=f"{prefix}:*")]
+        if keys:
+            await client.delete(*keys)
+    finally:
+        await client.aclose()

@@ -10,17 +10,13 @@ prefix, as two gateway processes would. Redis is reached at ``WAYBILL_TEST_REDIS
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import time
-import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 
 import pytest
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 from router.breakers import (
     Admission,
@@ -34,9 +30,7 @@ from router.breakers import (
 )
 from router.classify import MAX_RETRY_AFTER_MS
 from router.config import Breaker
-from tests.helpers import eventually
-
-REDIS_URL = os.environ.get("WAYBILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+from tests.helpers import REDIS_URL, eventually, redis_prefix
 
 # FAST cool-downs are waited out for real on Redis; SLOW ones never pass during a test.
 FAST = Breaker(failure_threshold=3, base_cooldown_ms=80, max_cooldown_ms=320)
@@ -148,28 +142,9 @@ class RedisStore(Store):
         assert self.now_ms() - since >= ms - 2, f"unblocked before {ms} ms"
 
 
-@asynccontextmanager
-async def _redis_prefix() -> AsyncIterator[str]:
-    """A fresh key prefix on the test Redis, every key under it deleted afterwards; skips the
-    test if Redis does not answer."""
-    client = aioredis.Redis.from_url(REDIS_URL, decode_responses=True)
-    try:
-        try:
-            await client.ping()
-        except RedisConnectionError as exc:
-            pytest.skip(f"the test Redis (WAYBILL_TEST_REDIS_URL) is unreachable: {exc}")
-        prefix = f"waybill-test:{uuid.uuid4().hex}"
-        yield prefix
-        keys = [key async for key in client.scan_iter(match=f"{prefix}:*")]
-        if keys:
-            await client.delete(*keys)
-    finally:
-        await client.aclose()
-
-
-@pytest.fixture
-async def redis_prefix() -> AsyncIterator[str]:
-    async with _redis_prefix() as prefix:
+@pytest.fixture(name="redis_prefix")
+async def _redis_prefix_fixture() -> AsyncIterator[str]:
+    async with redis_prefix() as prefix:
         yield prefix
 
 
@@ -180,7 +155,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
         yield made
         await made.close()
         return
-    async with _redis_prefix() as prefix:
+    async with redis_prefix() as prefix:
         made = RedisStore(prefix)
         yield made
         await made.close()
@@ -200,15 +175,23 @@ async def _fail(
 
 
 def _opened(
-    from_state: str, failures: int, cooldown_ms: int, failure_class: str = UNAVAILABLE
+    from_state: str,
+    failures: int,
+    cooldown_ms: int,
+    failure_class: str = UNAVAILABLE,
+    *,
+    at_once: bool = False,
 ) -> list[Transition]:
-    return [Transition(EP, from_state, "open", failure_class, failures, cooldown_ms)]  # type: ignore[arg-type]
+    reason = "opens_at_once" if at_once else "failure_threshold"
+    if from_state == "half_open":
+        reason = "probe_failed"
+    return [Transition(EP, from_state, "open", failure_class, failures, cooldown_ms, reason)]  # type: ignore[arg-type]
 
 
 async def _take_probe(board: BreakerBoard, failures: int) -> None:
     assert await board.admit(EP) == (
         Admission.PROBE,
-        [Transition(EP, "open", "half_open", None, failures, None)],
+        [Transition(EP, "open", "half_open", None, failures, None, "probe")],
     )
 
 
@@ -250,7 +233,7 @@ async def test_success_while_closed_resets_the_consecutive_failure_count(store: 
 async def test_a_failure_that_opens_at_once_trips_on_the_first_failure(store: Store):
     board = store.board(SLOW)
     assert await _fail(board, "credentials", at_once=True) == _opened(
-        "closed", 1, 60_000, "credentials"
+        "closed", 1, 60_000, "credentials", at_once=True
     )
     assert await board.admit(EP) == (Admission.DENIED, [])
 
@@ -279,7 +262,7 @@ async def test_retry_after_sets_the_cooldown_instead_of_the_backoff(store: Store
     board = store.board(SLOW)
     since = store.now_ms()
     transitions = await _fail(board, RATE_LIMITED, at_once=True, retry_after_ms=150)
-    assert transitions == _opened("closed", 1, 150, RATE_LIMITED)
+    assert transitions == _opened("closed", 1, 150, RATE_LIMITED, at_once=True)
     await store.wait_out(board, EP, 150, since)
     await _take_probe(board, failures=1)
 
@@ -289,7 +272,7 @@ async def test_retry_after_is_capped_at_five_minutes_even_above_max_cooldown(sto
     since = store.now_ms()
     an_hour = 3_600_000
     transitions = await _fail(board, RATE_LIMITED, at_once=True, retry_after_ms=an_hour)
-    assert transitions == _opened("closed", 1, MAX_RETRY_AFTER_MS, RATE_LIMITED)
+    assert transitions == _opened("closed", 1, MAX_RETRY_AFTER_MS, RATE_LIMITED, at_once=True)
     assert SLOW.max_cooldown_ms < MAX_RETRY_AFTER_MS
     if not store.real_time:
         await store.wait_out(board, EP, MAX_RETRY_AFTER_MS, since)
@@ -300,7 +283,7 @@ async def test_retry_after_is_capped_at_five_minutes_even_above_max_cooldown(sto
 async def test_probe_failure_reopens_with_a_doubled_cooldown_capped_at_max(store: Store):
     board = store.board(FAST)
     since = store.now_ms()
-    assert await _fail(board, at_once=True) == _opened("closed", 1, 80)
+    assert await _fail(board, at_once=True) == _opened("closed", 1, 80, at_once=True)
     await store.wait_out(board, EP, 80, since)
     for failures, cooldown in ((2, 160), (3, 320), (4, 320)):
         await _take_probe(board, failures=failures - 1)
@@ -321,7 +304,9 @@ async def test_probe_success_closes_and_resets_the_count_and_the_backoff(store: 
     await store.wait_out(board, EP, 160, since)
     await _take_probe(board, failures=2)
 
-    assert await board.record_success(EP) == [Transition(EP, "half_open", "closed", None, 0, None)]
+    assert await board.record_success(EP) == [
+        Transition(EP, "half_open", "closed", None, 0, None, "probe_succeeded")
+    ]
     assert await board.state(EP) == "closed"
     assert await board.admit(EP) == (Admission.ALLOWED, [])
     assert await _fail(board) == []
@@ -344,7 +329,7 @@ async def test_exactly_one_probe_among_fifty_concurrent_admits(store: Store):
     assert admissions.count(Admission.PROBE) == 1
     assert admissions.count(Admission.DENIED) == 49
     assert [t for _, ts in results for t in ts] == [
-        Transition(EP, "open", "half_open", None, 1, None)
+        Transition(EP, "open", "half_open", None, 1, None, "probe")
     ]
     for board in boards:
         assert await board.blocked([EP]) == {EP: True}
@@ -371,7 +356,9 @@ async def test_a_probe_whose_holder_never_reports_expires_after_its_lease(store:
     # Still half-open: the new holder takes over the probe; nothing transitions.
     assert await board.admit(EP) == (Admission.PROBE, [])
     assert await board.admit(EP) == (Admission.DENIED, [])
-    assert await board.record_success(EP) == [Transition(EP, "half_open", "closed", None, 0, None)]
+    assert await board.record_success(EP) == [
+        Transition(EP, "half_open", "closed", None, 0, None, "probe_succeeded")
+    ]
 
 
 # --- reading many breakers, generations -----------------------------------------------------

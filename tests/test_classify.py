@@ -48,12 +48,19 @@ def test_anthropic_402_billing_error_is_quota_exhausted():
 
 
 @pytest.mark.parametrize("status", [401, 403])
-def test_401_and_403_are_credentials_opening_the_endpoint_breaker_at_once(status):
+def test_401_and_403_are_credentials_disabling_the_endpoint(status):
     c = _c(http_status=status, error_code="invalid_api_key", error_message="Incorrect API key.")
     assert c.failure_class is FailureClass.CREDENTIALS
+    assert c.disables_endpoint
+    # Only while the disabling cannot be recorded does the endpoint's breaker stand in.
     assert (c.breaker_scope, c.breaker_opens_at_once) == ("endpoint", True)
     assert c.evidence is Evidence.NOT_STARTED
     assert c.may_fail_over == "per_on_credentials_error"
+
+
+def test_no_other_class_disables_an_endpoint():
+    others = [rule for rule in RULES if rule.failure_class is not FailureClass.CREDENTIALS]
+    assert not any(rule.disables_endpoint for rule in others)
 
 
 def test_403_permission_message_without_policy_is_credentials():
@@ -174,6 +181,9 @@ def test_response_too_large_is_started_on_the_mapping_and_may_fail_over():
     c = _c(transport="response_too_large", http_status=200)
     assert c.failure_class is FailureClass.RESPONSE_TOO_LARGE
     assert (c.evidence, c.breaker_scope, c.may_fail_over) == (Evidence.STARTED, "mapping", "yes")
+    # A mapping that answers beyond the endpoint's limit will do so again: like a missing
+    # model, its breaker opens on the first failure.
+    assert c.breaker_opens_at_once
 
 
 @pytest.mark.parametrize("status", [400, 405, 409, 422])

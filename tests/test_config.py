@@ -17,8 +17,10 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from ledger.events import DATA_CLASSES, FailureClass, data_class_rank
+from router.breaker_policy import BreakerSettings
 from router.config import (
     FAILURE_CLASSES,
+    Breaker,
     Config,
     ConfigError,
     Defaults,
@@ -471,6 +473,71 @@ ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "models[0].mappings[1].resume: continue_final_message is an OpenAI-compatible server's "
         "convention; endpoint 'anthropic-eu' (driver anthropic) continues a trailing assistant "
         "message itself: use assistant_prefill",
+    ),
+    (
+        "rolling_key_under_consecutive",
+        lambda d: d.update(defaults={"breaker": {"failure_rate": 0.5, "window_calls": 10}}),
+        "defaults.breaker: window_calls, failure_rate: only with policy: rolling",
+    ),
+    (
+        "failure_threshold_under_rolling",
+        lambda d: d.update(defaults={"breaker": {"policy": "rolling", "failure_threshold": 3}}),
+        "defaults.breaker: failure_threshold counts failures in a row (policy: consecutive); "
+        "policy rolling opens at failure_rate",
+    ),
+    (
+        "unknown_breaker_policy",
+        lambda d: d.update(defaults={"breaker": {"policy": "adaptive"}}),
+        "defaults.breaker.policy: must be 'consecutive' or 'rolling'",
+    ),
+    (
+        "both_windows",
+        lambda d: d.update(
+            defaults={"breaker": {"policy": "rolling", "window_calls": 10, "window_ms": 10000}}
+        ),
+        "defaults.breaker: give window_calls or window_ms, not both",
+    ),
+    (
+        "window_ms_not_in_tenths",
+        lambda d: d.update(defaults={"breaker": {"policy": "rolling", "window_ms": 10005}}),
+        "defaults.breaker: window_ms must be a multiple of 10",
+    ),
+    (
+        "window_ms_below_a_second",
+        lambda d: d.update(defaults={"breaker": {"policy": "rolling", "window_ms": 500}}),
+        "defaults.breaker.window_ms: must be >= 1000",
+    ),
+    (
+        "window_calls_too_large",
+        lambda d: d.update(defaults={"breaker": {"policy": "rolling", "window_calls": 1001}}),
+        "defaults.breaker.window_calls: must be <= 1000",
+    ),
+    (
+        "minimum_calls_beyond_the_window",
+        lambda d: d.update(
+            defaults={"breaker": {"policy": "rolling", "window_calls": 5, "minimum_calls": 6}}
+        ),
+        "defaults.breaker: minimum_calls must be <= window_calls: the window holds no more",
+    ),
+    (
+        "failure_rate_above_one",
+        lambda d: d.update(defaults={"breaker": {"policy": "rolling", "failure_rate": 1.5}}),
+        "defaults.breaker.failure_rate: must be > 0 and <= 1",
+    ),
+    (
+        "failure_rate_zero",
+        lambda d: d.update(defaults={"breaker": {"policy": "rolling", "failure_rate": 0}}),
+        "defaults.breaker.failure_rate: must be > 0 and <= 1",
+    ),
+    (
+        "failure_rate_too_precise",
+        lambda d: d.update(defaults={"breaker": {"policy": "rolling", "failure_rate": 0.33333}}),
+        "defaults.breaker.failure_rate: must have at most 4 decimal places",
+    ),
+    (
+        "slow_call_rate_without_slow_call_ms",
+        lambda d: d.update(defaults={"breaker": {"policy": "rolling", "slow_call_rate": 0.5}}),
+        "defaults.breaker: slow_call_rate needs slow_call_ms: which calls are slow",
     ),
     (
         "unknown_priced_dimension",
@@ -1018,3 +1085,73 @@ def test_resume_defaults_to_none_and_an_anthropic_endpoint_prefills() -> None:
     assert config.models[0].mappings[1].resume == "assistant_prefill"
     summary = config.redacted_summary()["models"][0]["mappings"]
     assert "resume" not in summary[0] and summary[1]["resume"] == "assistant_prefill"
+
+
+# --- breaker policies ----------------------------------------------------------------------
+
+
+def test_a_rolling_breaker_takes_its_keys_and_gives_defaults_for_the_rest() -> None:
+    rolling = _parse(
+        _mutated(
+            lambda d: d.update(
+                defaults={
+                    "breaker": {
+                        "policy": "rolling",
+                        "window_ms": 60000,
+                        "failure_rate": 0.25,
+                        "slow_call_ms": 8000,
+                    }
+                }
+            )
+        )
+    ).defaults.breaker.settings()
+    assert rolling == BreakerSettings(
+        policy="rolling",
+        failure_threshold=2,
+        base_cooldown_ms=5000,
+        max_cooldown_ms=30000,
+        window_calls=None,
+        window_ms=60000,
+        minimum_calls=10,
+        failure_rate=2500,
+        slow_call_ms=8000,
+        slow_call_rate=10000,
+    )
+    counted = _parse(
+        _mutated(lambda d: d.update(defaults={"breaker": {"policy": "rolling", "window_calls": 4}}))
+    ).defaults.breaker.settings()
+    # minimum_calls defaults to 10, or to the window when it holds fewer calls.
+    assert (counted.window_calls, counted.window_ms, counted.minimum_calls) == (4, None, 4)
+    assert Breaker(policy="rolling").settings().window_calls == 20
+
+
+def test_the_summary_records_a_consecutive_breaker_as_before_and_a_rolling_one_in_full() -> None:
+    summary = _parse(_base()).redacted_summary()["defaults"]["breaker"]
+    assert summary == {"failure_threshold": 2, "base_cooldown_ms": 5000, "max_cooldown_ms": 30000}
+    rolling = _parse(
+        _mutated(
+            lambda d: d.update(
+                defaults={"breaker": {"policy": "rolling", "window_calls": 50, "slow_call_ms": 9}}
+            )
+        )
+    ).redacted_summary()["defaults"]["breaker"]
+    assert rolling == {
+        "policy": "rolling",
+        "base_cooldown_ms": 5000,
+        "max_cooldown_ms": 30000,
+        "window_calls": 50,
+        "minimum_calls": 10,
+        "failure_rate": "0.5",
+        "slow_call_ms": 9,
+        "slow_call_rate": "1",
+    }
+
+
+def test_a_group_policy_walks_by_the_rolling_breaker_of_defaults() -> None:
+    config = _parse(
+        _with_policy(
+            {"max_attempts": 2},
+            defaults={"breaker": {"policy": "rolling", "window_ms": 10000}},
+        )
+    )
+    assert config.policy_for("chat-default").breaker == config.defaults.breaker

@@ -390,6 +390,23 @@ def test_breaker_open_records_the_breakers_scope_and_is_asked_with_endpoint_and_
     assert asked == [("east", "small"), ("east", "large"), ("west", "claude")]
 
 
+def test_a_disabled_endpoint_is_excluded_with_what_was_refused_before_its_breaker_is_asked():
+    asked: list[str] = []
+
+    def disabled(endpoint_id: str) -> str | None:
+        asked.append(endpoint_id)
+        return "the upstream answered 401 invalid_api_key" if endpoint_id == "east" else None
+
+    def breaker(endpoint_id: str, mapping: Mapping) -> str | None:
+        assert endpoint_id != "east", "a disabled endpoint's breaker is not asked"
+        return None
+
+    candidates = _evaluate(credentials_disabled=disabled, breaker_open=breaker)
+    assert _reasons(candidates)[:3] == ["credentials_disabled", "credentials_disabled", None]
+    assert candidates[0].detail == "the upstream answered 401 invalid_api_key"
+    assert asked == ["east", "east", "west"]
+
+
 def test_over_budget_records_the_account_and_is_asked_with_the_worst_case_cost():
     asked: list[Decimal] = []
 
@@ -440,6 +457,7 @@ SPEC_ORDER = (
     R.MISSING_CAPABILITY,
     R.UNPRICED_INPUT,
     R.CONTEXT_TOO_SMALL,
+    R.CREDENTIALS_DISABLED,
     R.BREAKER_OPEN,
     R.ENDPOINT_SATURATED,
     R.OVER_BUDGET,
@@ -491,6 +509,10 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
     config = _single_mapping_config(R.ENDPOINT_DISABLED in failing, R.REGION_NOT_ALLOWED in failing)
     called: list[str] = []
 
+    def disabled(endpoint_id: str) -> str | None:
+        called.append("disabled")
+        return "the upstream answered 401" if R.CREDENTIALS_DISABLED in failing else None
+
     def breaker(endpoint_id: str, mapping: Mapping) -> str | None:
         called.append("breaker")
         return "endpoint" if R.BREAKER_OPEN in failing else None
@@ -522,6 +544,7 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
         breaker_open=breaker,
         saturated=saturated,
         over_budget=budget,
+        credentials_disabled=disabled,
     )
     return candidate, called
 
@@ -540,8 +563,8 @@ def test_the_first_failing_check_is_the_reason_for_every_combination():
             candidate, called = _evaluate_failing(frozenset(combination))
             assert candidate.reason_code is combination[0], combination
             # Live state is asked only about a mapping that passed every earlier check.
-            passed = SPEC_ORDER.index(combination[0]) - SPEC_ORDER.index(R.BREAKER_OPEN)
-            expected_calls = ["breaker", "saturated", "budget"][: max(0, passed + 1)]
+            passed = SPEC_ORDER.index(combination[0]) - SPEC_ORDER.index(R.CREDENTIALS_DISABLED)
+            expected_calls = ["disabled", "breaker", "saturated", "budget"][: max(0, passed + 1)]
             assert called == expected_calls, combination
 
 

@@ -148,6 +148,7 @@ def test_the_contract_classifier_table_is_router_classify_row_for_row() -> None:
         assert quoted(class_) == [rule.failure_class.value], outcome
         assert scope.split(",")[0] == (rule.breaker_scope or "none"), outcome
         assert ("opens at once" in scope) == rule.breaker_opens_at_once, outcome
+        assert ("disables it" in scope) == rule.disables_endpoint, outcome
         if rule.evidence == "trusted_not_started_else_unknown":
             assert (
                 evidence.startswith("unknown; not started if") and "trust_not_started" in evidence

@@ -62,6 +62,7 @@ class Gateway:
     config: Config
     served_store: EventStore  # the serving app's own store (for fault injection)
     clients: list[AsyncOpenAI] = field(default_factory=list)
+    app_state: Any = None  # the serving app's state (its gateway, its disabled endpoints)
 
     def client(self, secret: str | None = None, **kw: Any) -> AsyncOpenAI:
         client = AsyncOpenAI(
@@ -223,6 +224,7 @@ async def running_gateway(
     config_file: Path | None = None,
     plain_uvicorn: bool = False,
     environ: dict[str, str] | None = None,
+    heartbeat_s: float = 5.0,
     **config_options: Any,
 ) -> AsyncIterator[Gateway]:
     """``environ``: more of the environment the config is read in (``${env:...}``, proxies)."""
@@ -245,10 +247,18 @@ async def running_gateway(
             redis_url=redis_url,
             max_in_flight=max_in_flight,
             config_path=str(config_file) if config_file else None,
+            heartbeat_s=heartbeat_s,
         )
         url, app = await stack.enter_async_context(serve(settings, plain_uvicorn=plain_uvicorn))
         gateway = Gateway(
-            url, key.secret, key.key_id, store, upstreams, config, served_store=app.app.state.store
+            url,
+            key.secret,
+            key.key_id,
+            store,
+            upstreams,
+            config,
+            served_store=app.app.state.store,
+            app_state=app.app.state,
         )
         try:
             yield gateway

@@ -434,3 +434,33 @@ async def _request_streams(gw: Gateway) -> AsyncIterator[str]:
     for event in await gw.store.read_all():
         if event.type == "RequestReceived":
             yield event.data["request_id"]
+
+
+async def test_one_response_too_large_opens_the_mapping_breaker(sqlite_url: str) -> None:
+    # contract §5: mapping-scope failures open their breaker on the first failure, so the
+    # next request goes straight to the other tier without trying the mapping again.
+    async with running_gateway(
+        sqlite_url,
+        ["east", "west"],
+        [Route("east", tier=0), Route("west", tier=1)],
+        endpoint_extra={"east": "    max_response_bytes: 4000"},
+        defaults={
+            "breaker": "{failure_threshold: 5, base_cooldown_ms: 60000, max_cooldown_ms: 60000}"
+        },
+    ) as gw:
+        gw.upstreams["east"].set_plan([Behavior.large_body(20000)])
+        async with gw.http() as http:
+            first = await http.post("/v1/chat/completions", json=BODY)
+            second = await http.post("/v1/chat/completions", json=BODY)
+        assert (first.status_code, second.status_code) == (200, 200)
+        assert second.headers["x-waybill-endpoint"] == "west"
+        assert (gw.upstreams["east"].hits, gw.upstreams["west"].hits) == (1, 2)
+        opened = [e.data for e in await gw.store.read_stream("breaker")]
+        assert [(t["scope"], t["target"], t["to_state"], t["failure_class"]) for t in opened] == [
+            ("mapping", "east/fake-model", "open", "response_too_large")
+        ]
+        candidates = (await gw.events(second.headers["x-request-id"]))[1].data["candidates"]
+        assert (candidates[0]["reason_code"], candidates[0]["detail"]) == (
+            "breaker_open",
+            "mapping",
+        )

@@ -51,6 +51,8 @@ CODES_BY_STATUS: Final = codes_by_status()
 ADMIN_ROUTES: Final = frozenset(
     {
         "POST /v1/admin/config/reload",
+        "GET /v1/endpoints",
+        "POST /v1/admin/endpoints/{endpoint_id}/enable",
         "POST /v1/reconciliations",
         "GET /v1/reconciliations/{reconciliation_id}",
         "POST /v1/settlements/unknown/{settlement_id}",
