@@ -1,9 +1,8 @@
 """What the Health page knows of the endpoints: each one's breaker, disabled state and the
 mappings behind it, for the endpoints the caller's workspace routes to (an admin: all).
 
-:func:`endpoint_states` is the one place the page asks; it reads the serving gateway's
-breaker board and config today, and is where an endpoint list served by the gateway itself
-(``GET /v1/endpoints``, reserved in contract §9) would be read instead.
+:func:`endpoint_states` is the one place the page asks; it reads what ``GET /v1/endpoints``
+reads: the serving gateway's config, the endpoints a refused key disabled, and the breakers.
 """
 
 from __future__ import annotations
@@ -11,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ledger.endpoints import DisabledEndpoint
 from router.breakers import BreakerKey, BreakerStoreUnavailable
 from router.config import Config
 from router.gateway import Caller, Gateway
@@ -30,7 +30,7 @@ class EndpointState:
     endpoint: str
     driver: str
     region: str
-    disabled: bool
+    disabled: str | None  # why it takes no request: "config" or the refused key's evidence
     breaker: BreakerView
     mappings: tuple[BreakerView, ...]
 
@@ -56,6 +56,8 @@ def visible_endpoints(config: Config, caller: Caller) -> list[str]:
 
 async def endpoint_states(gateway: Gateway, caller: Caller) -> list[EndpointState]:
     config = gateway.config
+    await gateway.disabling.sync()  # another process may have changed it now
+    refused = await gateway.disabled.current()
     states = []
     for endpoint_id in visible_endpoints(config, caller):
         endpoint = config.endpoint(endpoint_id)
@@ -72,12 +74,22 @@ async def endpoint_states(gateway: Gateway, caller: Caller) -> list[EndpointStat
                 endpoint_id,
                 endpoint.driver,
                 endpoint.region,
-                not endpoint.enabled,
+                _why_disabled(endpoint.enabled, refused.get(endpoint_id)),
                 views[0],
                 tuple(views[1:]),
             )
         )
     return states
+
+
+def _why_disabled(enabled: bool, refused: DisabledEndpoint | None) -> str | None:
+    if not enabled:
+        return "enabled: false in the config"
+    if refused is None:
+        return None
+    status = f"{refused.http_status} " if refused.http_status else ""
+    code = refused.error_code or "credentials"
+    return f"key refused ({status}{code}): waybill endpoints enable {refused.endpoint}"
 
 
 async def _views(gateway: Gateway, keys: Sequence[BreakerKey]) -> list[BreakerView]:

@@ -9,6 +9,7 @@ import httpx
 import orjson
 
 from ledger import apikeys
+from router.fake_upstream import Behavior
 from tests.console.support import browser, csrf_token, sign_in, traffic
 
 
@@ -269,3 +270,19 @@ async def _unknown_attempt(url: str, secret: str) -> str:
     async with httpx.AsyncClient(base_url=url) as api:
         listed = await api.get("/v1/settlements/unknown", headers=_api(secret))
     return str(listed.json()["data"][0]["attempt_id"])
+
+
+async def test_health_shows_an_endpoint_a_refused_key_disabled(sqlite_url: str) -> None:
+    async with traffic(sqlite_url) as t, browser(t.gateway) as http:
+        t.gateway.upstreams["east"].set_default(Behavior.server_error())
+        t.gateway.upstreams["west"].set_default(Behavior.unauthorized())
+        async with httpx.AsyncClient(base_url=t.gateway.url) as api:
+            answer = await api.post(
+                "/v1/chat/completions",
+                json={"model": "chat", "messages": [{"role": "user", "content": "hi"}]},
+                headers=_api(t.gateway.secret),
+            )
+        assert answer.status_code == 502, answer.text  # west's key was refused
+        await sign_in(http, t.secrets["admin"])
+        board = (await http.get("/console/health")).text
+        assert "key refused (401" in board and "waybill endpoints enable west" in board
