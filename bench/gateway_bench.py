@@ -192,11 +192,10 @@ def _post(url: str) -> None:
 # --- the ledger ---------------------------------------------------------------------------
 
 
-def _fresh_database(backend: str, tmp: Path) -> str:
-    if backend == "sqlite":
-        url = f"sqlite:///{tmp / 'gateway_bench.db'}"
-    else:
-        url = fresh_postgres("waybill_gateway_bench")
+def _fresh_database(backend: str, tmp: Path, name: str = "waybill_gateway_bench") -> str:
+    """A migrated, empty ledger: the PostgreSQL database ``name`` (dropped and recreated), or
+    a SQLite file in ``tmp``."""
+    url = f"sqlite:///{tmp / 'gateway_bench.db'}" if backend == "sqlite" else fresh_postgres(name)
     migrate(url)
     return url
 
@@ -243,13 +242,17 @@ def _load(
     stream: bool,
     concurrency: int,
     args: argparse.Namespace,
+    headers: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Run the load generator in its own process; its JSON summary."""
+    """Run the load generator in its own process; its JSON summary. ``headers``: more
+    ``NAME: VALUE`` headers for every request."""
     command = [sys.executable, str(BENCH / "loadgen.py"), "--url", f"{url}/chat/completions"]
     command += ["--model", model, "--concurrency", str(concurrency)]
     command += ["--seconds", str(args.seconds), "--warmup", str(args.warmup)]
     if api_key:
         command += ["--api-key", api_key]
+    for header in headers:
+        command += ["--header", header]
     if stream:
         command.append("--stream")
     done = subprocess.run(command, capture_output=True, check=True, timeout=args.seconds + 120)
