@@ -259,6 +259,22 @@ def _through_peer(run: _Run, peer: _Peer, cell: Cell, args: argparse.Namespace) 
     return PeerResult(load, _per_request(spent, load["sent"]), other_load)
 
 
+def _prewarm(run: _Run, peers: dict[str, _Peer], args: argparse.Namespace) -> None:
+    """Unmeasured load at concurrency 16 through Waybill and each peer, in each mode, before
+    the first cell: Node compiles Portkey's hot paths over its first seconds of traffic (after
+    a start, its first three 5-s cells at c16 ran at 179, 352 and 585 req/s), and the
+    first cell should not measure a peer's warm-up."""
+    if args.prewarm <= 0:
+        return
+    unmeasured = argparse.Namespace(**{**vars(args), "seconds": args.prewarm, "warmup": 0.0})
+    for stream in sorted({mode == "streaming" for mode in args.modes.split(",")}):
+        _load(f"{run.gateway_url}/v1", "chat", run.api_key, stream, 16, unmeasured)
+        for peer in peers.values():
+            if stream and peer.streaming_fault:
+                continue
+            _load(peer.url, peer.model, peer.api_key, stream, 16, unmeasured, peer.headers)
+
+
 # --- the goals --------------------------------------------------------------------------
 
 
@@ -335,6 +351,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
                 children.append(peers["litellm"].child)
             versions = {name: peer.version for name, peer in peers.items()}
             run = _Run(args, database_url, api_key, fake, fake_url, gateway, gateway_url)
+            _prewarm(run, peers, args)
             for cell in cells:
                 run.direct(cell.cell)
                 run.through_gateway(cell.cell)
@@ -450,6 +467,9 @@ def main() -> None:
     )
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per cell")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
+    parser.add_argument(
+        "--prewarm", type=float, default=5.0, help="unmeasured seconds per gateway and mode"
+    )
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--modes", default="buffered,streaming")
     parser.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
