@@ -5,14 +5,18 @@ Portkey's gateway and through LiteLLM's proxy, in one run.
     mkdir /tmp/portkey && cd /tmp/portkey && npm init -y \\
         && npm pkg set 'overrides.@hono/node-server=2.1.9' && npm install @portkey-ai/gateway
     .venv/bin/python bench/peer_bench.py --litellm /tmp/peer-venv/bin/litellm \\
-        --portkey /tmp/portkey [--node node] [--database waybill_peer_bench] [--seconds 5]
-        [--warmup 1] [--concurrency 1,16] [--modes buffered,streaming] [--json]
+        --portkey /tmp/portkey [--node node] [--database waybill_peer_bench] [--rounds 3]
+        [--seconds 5] [--warmup 1] [--prewarm 5] [--concurrency 1,16]
+        [--modes buffered,streaming] [--json]
 
 Machines differ by a factor of two in speed, so an absolute figure alone cannot say whether
 a target was missed by the code or by the host. Measured in the same run against the same
 fake provider with the same load generator, peer gateways are the yardstick: Waybill's req/s
-over each peer's, and Waybill's added p50 latency over each peer's. The run ends with the
-goals for short requests (issue 25) read as such ratios.
+over each peer's, and Waybill's added p50 latency over each peer's. On a machine shared with
+other work a burst of someone else's load can land on one gateway's cell and not the next, so
+the run measures every cell ``--rounds`` times, the gateways in an order that turns each
+round, takes each ratio within a round, and reports the rounds' median and range; the goals
+for short requests (issue 25) are read on the median.
 
 Each peer runs as its plain start command would, in front of the fake, in an environment of
 its own so that its dependencies never move this project's; a peer not given is skipped with
@@ -38,6 +42,7 @@ import asyncio
 import json
 import os
 import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -278,9 +283,22 @@ def _prewarm(run: _Run, peers: dict[str, _Peer], args: argparse.Namespace) -> No
 # --- the goals --------------------------------------------------------------------------
 
 
+def _spread(values: list[float | None]) -> dict[str, float] | None:
+    """Median and range of the rounds' ratios (those measured), or None if none was."""
+    found = [v for v in values if v is not None]
+    if not found:
+        return None
+    return {"median": round(statistics.median(found), 2), "min": min(found), "max": max(found)}
+
+
+def _over(cell: PeerCell, peer: str, ratio: str) -> float | None:
+    return cell.rps_over(peer) if ratio == "rps" else cell.added_p50_over(peer)
+
+
 @dataclass(frozen=True)
 class Goal:
-    """A goal for short requests (issue 25), read as a ratio measured in this run."""
+    """A goal for short requests (issue 25): a ratio of Waybill over a peer, measured in each
+    round of this run, read on the rounds' median."""
 
     text: str
     mode: str
@@ -290,22 +308,28 @@ class Goal:
     at_least: float | None = None
     at_most: float | None = None
 
-    def read(self, cells: list[PeerCell]) -> dict[str, Any]:
-        found = [
-            c for c in cells if (c.cell.mode, c.cell.concurrency) == (self.mode, self.concurrency)
+    def holds(self, value: float) -> bool:
+        low = self.at_least is None or value >= self.at_least
+        return low and (self.at_most is None or value <= self.at_most)
+
+    def read(self, rounds: list[list[PeerCell]]) -> dict[str, Any]:
+        key = (self.mode, self.concurrency)
+        values = [
+            _over(cell, self.peer, self.ratio)
+            for cells in rounds
+            for cell in cells
+            if (cell.cell.mode, cell.cell.concurrency) == key
         ]
-        value = None
-        if found:
-            cell = found[0]
-            value = (
-                cell.rps_over(self.peer) if self.ratio == "rps" else cell.added_p50_over(self.peer)
-            )
-        met = None
-        if value is not None:
-            met = (self.at_least is None or value >= self.at_least) and (
-                self.at_most is None or value <= self.at_most
-            )
-        return {"goal": self.text, "ratio": value, "met": met}
+        spread = _spread(values)
+        measured = [v for v in values if v is not None]
+        return {
+            "goal": self.text,
+            "ratios": values,
+            "spread": spread,
+            "met": None if spread is None else self.holds(spread["median"]),
+            "rounds_met": sum(self.holds(v) for v in measured),
+            "rounds": len(measured),
+        }
 
 
 GOALS = (
@@ -325,14 +349,36 @@ GOALS = (
 # --- the run ----------------------------------------------------------------------------
 
 
-def _bench(args: argparse.Namespace) -> dict[str, Any]:
+def _round(
+    run: _Run, peers: dict[str, _Peer], number: int, args: argparse.Namespace
+) -> list[PeerCell]:
+    """Every cell once: the fake alone first, then Waybill and the peers in an order that
+    turns by one place each round, so that no gateway always follows another's load."""
+    targets = ["waybill", *PEERS]
+    order = targets[number % len(targets) :] + targets[: number % len(targets)]
     cells = [
         PeerCell(Cell(mode, c))
         for mode in args.modes.split(",")
         for c in map(int, args.concurrency.split(","))
     ]
+    for cell in cells:
+        run.direct(cell.cell)
+        for target in order:
+            if target == "waybill":
+                run.through_gateway(cell.cell)
+            elif target in peers:
+                cell.peers[target] = _through_peer(run, peers[target], cell.cell, args)
+            else:
+                cell.peers[target] = PeerResult(skipped=_NOT_GIVEN[target])
+        where = f"round {number + 1}: {cell.cell.mode} c{cell.cell.concurrency}"
+        print(f"  {where} done", file=sys.stderr, flush=True)
+    return cells
+
+
+def _bench(args: argparse.Namespace) -> dict[str, Any]:
     marker_before = _interpreter_marker_s()
     versions: dict[str, str] = {}
+    rounds: list[list[PeerCell]] = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         database_url = _fresh_database("postgres", tmp, args.database)
@@ -352,15 +398,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
             versions = {name: peer.version for name, peer in peers.items()}
             run = _Run(args, database_url, api_key, fake, fake_url, gateway, gateway_url)
             _prewarm(run, peers, args)
-            for cell in cells:
-                run.direct(cell.cell)
-                run.through_gateway(cell.cell)
-                for name in PEERS:
-                    if name in peers:
-                        cell.peers[name] = _through_peer(run, peers[name], cell.cell, args)
-                    else:
-                        cell.peers[name] = PeerResult(skipped=_NOT_GIVEN[name])
-                print(f"  {cell.cell.mode} c{cell.cell.concurrency} done", file=sys.stderr)
+            rounds = [_round(run, peers, number, args) for number in range(args.rounds)]
         finally:
             for child in reversed(children):
                 child.stop()
@@ -369,11 +407,13 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "peers": versions,
         "seconds_per_cell": args.seconds,
         "warmup_s": args.warmup,
+        "prewarm_s": args.prewarm,
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "interpreter_marker_s": [marker_before, _interpreter_marker_s()],
-        "cells": [cell.as_json() for cell in cells],
-        "goals": [goal.read(cells) for goal in GOALS],
-        "valid": all(cell.valid for cell in cells),
-        "_cells": cells,
+        "rounds": [[cell.as_json() for cell in cells] for cells in rounds],
+        "goals": [goal.read(rounds) for goal in GOALS],
+        "valid": all(cell.valid for cells in rounds for cell in cells),
+        "_rounds": rounds,
     }
 
 
@@ -431,29 +471,38 @@ def _table(cells: list[PeerCell]) -> str:
     return "\n".join(lines)
 
 
-def _ratio(value: float | None) -> str:
-    return "—" if value is None else f"{value:g}"
+def _ratio(spread: dict[str, float] | None) -> str:
+    if spread is None:
+        return "—"
+    if spread["min"] == spread["max"]:
+        return f"{spread['median']:g}"
+    return f"{spread['median']:g} ({spread['min']:g}–{spread['max']:g})"
 
 
-def _ratios(cells: list[PeerCell]) -> str:
-    """Waybill over each peer, cell by cell: req/s (above 1, Waybill serves more) and added
-    p50 (below 1, Waybill adds less)."""
+def _ratios(rounds: list[list[PeerCell]]) -> str:
+    """Waybill over each peer, per cell: the median of the rounds' ratios and their range;
+    req/s (above 1, Waybill serves more) and added p50 (below 1, Waybill adds less)."""
     heads = [f"req/s / {p}" for p in PEERS] + [f"added p50 / {p}" for p in PEERS]
-    lines = ["Waybill over each peer, in this run:", f"{'mode':>9} {'c':>3} " + " ".join(
-        f"{h:>20}" for h in heads
-    )]  # fmt: skip
-    for c in cells:
-        values = [c.rps_over(p) for p in PEERS] + [c.added_p50_over(p) for p in PEERS]
-        ratios = " ".join(f"{_ratio(v):>20}" for v in values)
-        lines.append(f"{c.cell.mode:>9} {c.cell.concurrency:>3} {ratios}")
+    lines = [
+        f"Waybill over each peer, median (range) of {len(rounds)} round(s) in this run:",
+        f"{'mode':>9} {'c':>3} " + " ".join(f"{h:>22}" for h in heads),
+    ]
+    for index, cell in enumerate(rounds[0]):
+        same = [cells[index] for cells in rounds]
+        spreads = [_spread([_over(c, p, "rps") for c in same]) for p in PEERS]
+        spreads += [_spread([_over(c, p, "added_p50") for c in same]) for p in PEERS]
+        ratios = " ".join(f"{_ratio(s):>22}" for s in spreads)
+        lines.append(f"{cell.cell.mode:>9} {cell.cell.concurrency:>3} {ratios}")
     return "\n".join(lines)
 
 
 def _goals(goals: list[dict[str, Any]]) -> str:
-    lines = ["goals for short requests (issue 25), as ratios in this run:"]
+    lines = ["goals for short requests (issue 25), on the median of the rounds' ratios:"]
     for goal in goals:
         verdict = {True: "met", False: "MISSED", None: "not measured"}[goal["met"]]
-        lines.append(f"  {goal['goal']:<48} {_ratio(goal['ratio']):>7}  {verdict}")
+        if goal["rounds"]:
+            verdict += f" (met in {goal['rounds_met']} of {goal['rounds']} rounds)"
+        lines.append(f"  {goal['goal']:<48} {_ratio(goal['spread']):>18}  {verdict}")
     return "\n".join(lines)
 
 
@@ -470,6 +519,9 @@ def main() -> None:
     parser.add_argument(
         "--prewarm", type=float, default=5.0, help="unmeasured seconds per gateway and mode"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="every cell this many times, targets in turn"
+    )
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--modes", default="buffered,streaming")
     parser.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
@@ -480,12 +532,13 @@ def main() -> None:
     if args.portkey and not (Path(args.portkey) / _PORTKEY_SERVER).is_file():
         parser.error(f"--portkey {args.portkey}: no {_PORTKEY_SERVER} there (see the docstring)")
     result = _bench(args)
-    cells: list[PeerCell] = result.pop("_cells")
+    rounds: list[list[PeerCell]] = result.pop("_rounds")
     report = sys.stderr if args.json else sys.stdout
     for name in PEERS:
         print(f"{name}: {result['peers'].get(name, f'skipped ({_NOT_GIVEN[name]})')}", file=report)
-    print(_table(cells), file=report)
-    print(f"\n{_ratios(cells)}\n\n{_goals(result['goals'])}\n", file=report)
+    for number, cells in enumerate(rounds, 1):
+        print(f"\nround {number} of {len(rounds)}\n{_table(cells)}", file=report)
+    print(f"\n{_ratios(rounds)}\n\n{_goals(result['goals'])}\n", file=report)
     marker = " / ".join(f"{m:.3f}" for m in result["interpreter_marker_s"])
     print(f"interpreter marker (s, 10M-step loop) before / after: {marker}", file=report)
     if args.json:
