@@ -12,11 +12,14 @@ Portkey's gateway and through LiteLLM's proxy, in one run.
 Machines differ by a factor of two in speed, so an absolute figure alone cannot say whether
 a target was missed by the code or by the host. Measured in the same run against the same
 fake provider with the same load generator, peer gateways are the yardstick: Waybill's req/s
-over each peer's, and Waybill's added p50 latency over each peer's. On a machine shared with
-other work a burst of someone else's load can land on one gateway's cell and not the next, so
-the run measures every cell ``--rounds`` times, the gateways in an order that turns each
-round, takes each ratio within a round, and reports the rounds' median and range; the goals
-for short requests (issue 25) are read on the median.
+over each peer's, its added p50 latency over each peer's, and its CPU per request (its
+PostgreSQL backends included) over each peer's. Each peer serves from one process, so one
+core, while Waybill's database runs on a second: the req/s ratio depends on how many idle
+cores the machine has, the CPU ratio much less. On a machine shared with other work a burst of
+someone else's load can land on one gateway's cell and not the next, so the run measures every
+cell ``--rounds`` times, the gateways in an order that turns each round, takes each ratio
+within a round, and reports the rounds' median and range; the goals for short requests
+(issue 25) are read on the median.
 
 Each peer runs as its plain start command would, in front of the fake, in an environment of
 its own so that its dependencies never move this project's; a peer not given is skipped with
@@ -231,6 +234,21 @@ class PeerCell:
             return None
         return round(self.cell.added_p50_ms / max(added, 1e-9), 2)
 
+    @property
+    def waybill_cpu_ms_per_request(self) -> float:
+        """Waybill's process tree and its PostgreSQL backends: the peers keep no ledger, so
+        the database's work counts as Waybill's."""
+        postgres = self.cell.gateway_cpu["postgres_cpu_ms_per_request"]
+        return round(self.cell.gateway_cpu_ms_per_request + postgres, 3)
+
+    def cpu_over(self, peer: str) -> float | None:
+        """Waybill's CPU per request over the peer's: below 1, Waybill spends less. Unlike
+        req/s, this does not depend on how many idle cores each gateway found."""
+        result = self.peers.get(peer)
+        if result is None or result.skipped:
+            return None
+        return round(self.waybill_cpu_ms_per_request / max(result.cpu_ms_per_request, 1e-9), 2)
+
     def as_json(self) -> dict[str, Any]:
         return {
             **self.cell.as_json(),
@@ -240,6 +258,7 @@ class PeerCell:
                     "added_p50_ms": self.added_p50_ms(name),
                     "waybill_rps_over_peer": self.rps_over(name),
                     "waybill_added_p50_over_peer": self.added_p50_over(name),
+                    "waybill_cpu_over_peer": self.cpu_over(name),
                 }
                 for name, result in self.peers.items()
             },
@@ -291,8 +310,15 @@ def _spread(values: list[float | None]) -> dict[str, float] | None:
     return {"median": round(statistics.median(found), 2), "min": min(found), "max": max(found)}
 
 
+_RATIOS = {
+    "rps": PeerCell.rps_over,
+    "added_p50": PeerCell.added_p50_over,
+    "cpu": PeerCell.cpu_over,
+}
+
+
 def _over(cell: PeerCell, peer: str, ratio: str) -> float | None:
-    return cell.rps_over(peer) if ratio == "rps" else cell.added_p50_over(peer)
+    return _RATIOS[ratio](cell, peer)
 
 
 @dataclass(frozen=True)
@@ -304,7 +330,7 @@ class Goal:
     mode: str
     concurrency: int
     peer: str
-    ratio: str  # "rps": Waybill's req/s over the peer's; "added_p50": Waybill's over the peer's
+    ratio: str  # a key of _RATIOS: Waybill's req/s, added p50 or CPU over the peer's
     at_least: float | None = None
     at_most: float | None = None
 
@@ -454,7 +480,7 @@ def _table(cells: list[PeerCell]) -> str:
         lines.append(_row([*head, "direct", *_measures(direct, None, None, other), check]))
         check = f"ledger {c.cell.ledger_completed}/{waybill['sent']}"
         check += "" if c.cell.valid else " INVALID"
-        added, cpu = c.cell.added_p50_ms, c.cell.gateway_cpu_ms_per_request
+        added, cpu = c.cell.added_p50_ms, c.waybill_cpu_ms_per_request
         other = c.cell.gateway_cpu["other_load_cores"]
         lines.append(_row([*head, "waybill", *_measures(waybill, added, cpu, other), check]))
         for name in PEERS:
@@ -480,19 +506,19 @@ def _ratio(spread: dict[str, float] | None) -> str:
 
 
 def _ratios(rounds: list[list[PeerCell]]) -> str:
-    """Waybill over each peer, per cell: the median of the rounds' ratios and their range;
-    req/s (above 1, Waybill serves more) and added p50 (below 1, Waybill adds less)."""
-    heads = [f"req/s / {p}" for p in PEERS] + [f"added p50 / {p}" for p in PEERS]
-    lines = [
-        f"Waybill over each peer, median (range) of {len(rounds)} round(s) in this run:",
-        f"{'mode':>9} {'c':>3} " + " ".join(f"{h:>22}" for h in heads),
-    ]
-    for index, cell in enumerate(rounds[0]):
-        same = [cells[index] for cells in rounds]
-        spreads = [_spread([_over(c, p, "rps") for c in same]) for p in PEERS]
-        spreads += [_spread([_over(c, p, "added_p50") for c in same]) for p in PEERS]
-        ratios = " ".join(f"{_ratio(s):>22}" for s in spreads)
-        lines.append(f"{cell.cell.mode:>9} {cell.cell.concurrency:>3} {ratios}")
+    """Waybill over each peer, per cell: the median of the rounds' ratios and their range.
+    req/s: above 1, Waybill serves more; added p50 and CPU per request: below 1, Waybill adds
+    less latency or spends less CPU (its PostgreSQL backends included)."""
+    lines = []
+    for peer in PEERS:
+        lines.append(f"Waybill over {peer}, median (range) of {len(rounds)} round(s):")
+        heads = ("req/s", "added p50", "CPU per request")
+        lines.append(f"{'mode':>9} {'c':>3} " + " ".join(f"{h:>20}" for h in heads))
+        for index, cell in enumerate(rounds[0]):
+            same = [cells[index] for cells in rounds]
+            spreads = [_spread([_over(c, peer, r) for c in same]) for r in _RATIOS]
+            ratios = " ".join(f"{_ratio(s):>20}" for s in spreads)
+            lines.append(f"{cell.cell.mode:>9} {cell.cell.concurrency:>3} {ratios}")
     return "\n".join(lines)
 
 
