@@ -242,8 +242,8 @@ class PeerCell:
         return round(self.cell.gateway_cpu_ms_per_request + postgres, 3)
 
     def cpu_over(self, peer: str) -> float | None:
-        """Waybill's CPU per request over the peer's: below 1, Waybill spends less. Unlike
-        req/s, this does not depend on how many idle cores each gateway found."""
+        """Waybill's CPU per request over the peer's: below 1, Waybill spends less. It depends
+        much less than req/s on how many idle cores each gateway found."""
         result = self.peers.get(peer)
         if result is None or result.skipped:
             return None
