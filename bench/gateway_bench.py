@@ -3,6 +3,7 @@
     .venv/bin/python bench/gateway_bench.py [--backend postgres|sqlite] [--seconds 5]
         [--concurrency 1,16,64] [--modes buffered,streaming] [--json]
         [--plot bench/gateway_latency.png] [--profile PATH.speedscope.json]
+        [--profile-concurrency 16] [--database waybill_gateway_bench]
 
 Four processes: the fake provider (``python -m router.fake_upstream``), the gateway
 (``waybill serve``, ledger on a fresh database), this orchestrator, and for each cell a
@@ -15,8 +16,9 @@ projections is included), and gateway/direct throughput.
 
 A cell is valid only if every response was a complete 200 and the ledger gained exactly one
 ``RequestCompleted`` (and no ``RequestFailed``) per request sent through the gateway.
-With ``--profile``, one more buffered cell at concurrency 16 runs through the gateway under
-``py-spy record`` and the hottest functions are summarised (see ``bench/profile_summary.py``).
+With ``--profile``, one more buffered cell (concurrency 16, or ``--profile-concurrency``) runs
+through the gateway under ``py-spy record`` and the hottest functions are summarised (see
+``bench/profile_summary.py``).
 A benchmark, not a test: figures vary with the machine; compare within one run.
 """
 
@@ -192,11 +194,10 @@ def _post(url: str) -> None:
 # --- the ledger ---------------------------------------------------------------------------
 
 
-def _fresh_database(backend: str, tmp: Path) -> str:
-    if backend == "sqlite":
-        url = f"sqlite:///{tmp / 'gateway_bench.db'}"
-    else:
-        url = fresh_postgres("waybill_gateway_bench")
+def _fresh_database(backend: str, tmp: Path, name: str = "waybill_gateway_bench") -> str:
+    """A migrated, empty ledger: the PostgreSQL database ``name`` (dropped and recreated), or
+    a SQLite file in ``tmp``."""
+    url = f"sqlite:///{tmp / 'gateway_bench.db'}" if backend == "sqlite" else fresh_postgres(name)
     migrate(url)
     return url
 
@@ -243,13 +244,17 @@ def _load(
     stream: bool,
     concurrency: int,
     args: argparse.Namespace,
+    headers: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """Run the load generator in its own process; its JSON summary."""
+    """Run the load generator in its own process; its JSON summary. ``headers``: more
+    ``NAME: VALUE`` headers for every request."""
     command = [sys.executable, str(BENCH / "loadgen.py"), "--url", f"{url}/chat/completions"]
     command += ["--model", model, "--concurrency", str(concurrency)]
     command += ["--seconds", str(args.seconds), "--warmup", str(args.warmup)]
     if api_key:
         command += ["--api-key", api_key]
+    for header in headers:
+        command += ["--header", header]
     if stream:
         command.append("--stream")
     done = subprocess.run(command, capture_output=True, check=True, timeout=args.seconds + 120)
@@ -494,8 +499,8 @@ class _Run:
         cell.ledger_completed = after[0] - before[0]
         cell.ledger_failed = after[1] - before[1]
 
-    def profile(self, output: Path) -> dict[str, Any]:
-        """One more buffered c16 cell through the gateway, sampled by py-spy."""
+    def profile(self, output: Path, concurrency: int) -> dict[str, Any]:
+        """One more buffered cell through the gateway, sampled by py-spy."""
         py_spy = Path(sys.executable).with_name("py-spy")
         command = str(py_spy) if py_spy.exists() else shutil.which("py-spy") or "py-spy"
         self.gateway.settle()
@@ -505,7 +510,8 @@ class _Run:
         record += ["--format", "speedscope", "--output", str(output), "--duration", str(duration)]
         spy = subprocess.Popen(record, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(0.5)  # let py-spy attach before the load starts
-        load = _load(f"{self.gateway_url}/v1", "chat", self.api_key, False, 16, self.args)
+        api = f"{self.gateway_url}/v1"
+        load = _load(api, "chat", self.api_key, False, concurrency, self.args)
         _, error = spy.communicate(timeout=duration + 60)
         if spy.returncode != 0:
             raise SystemExit(f"py-spy failed: {error.decode()[-2000:]}")
@@ -609,7 +615,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
     marker_before = _interpreter_marker_s()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        database_url = _fresh_database(args.backend, tmp)
+        database_url = _fresh_database(args.backend, tmp, args.database)
         api_key = asyncio.run(_create_key(database_url))
         fake, fake_url = _start_fake(tmp)
         try:
@@ -625,7 +631,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
                 run.through_gateway(cell)
                 print(f"  {cell.mode} c{cell.concurrency} done", file=sys.stderr, flush=True)
             if args.profile:
-                profile = run.profile(Path(args.profile))
+                profile = run.profile(Path(args.profile), args.profile_concurrency)
         finally:
             gateway.stop()
             fake.stop()
@@ -654,7 +660,11 @@ def main() -> None:
     parser.add_argument("--modes", default="buffered,streaming")
     parser.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
     parser.add_argument("--plot", default=str(BENCH / "gateway_latency.png"), help="'' for none")
-    parser.add_argument("--profile", help="also profile a buffered c16 cell (speedscope JSON)")
+    parser.add_argument("--profile", help="also profile a buffered cell (speedscope JSON)")
+    parser.add_argument("--profile-concurrency", type=int, default=16)
+    parser.add_argument(
+        "--database", default="waybill_gateway_bench", help="PostgreSQL: dropped and recreated"
+    )
     args = parser.parse_args()
     result = _bench(args)
     cells: list[Cell] = result.pop("_cells")

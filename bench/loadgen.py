@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/loadgen.py --url http://127.0.0.1:8900/v1/chat/completions \\
         --model fake-model --concurrency 16 --seconds 5 [--stream] [--api-key KEY]
+        [--header 'NAME: VALUE' ...]
 
 C keep-alive connections each send one chat completion, wait for the whole response
 (a Content-Length body, or a chunked SSE stream to its last chunk), and send the next. After
@@ -138,7 +139,9 @@ class _Connection(asyncio.Protocol):
             self._pos = start + size + 2
 
 
-def _request_bytes(url: str, model: str, stream: bool, api_key: str | None) -> bytes:
+def _request_bytes(
+    url: str, model: str, stream: bool, api_key: str | None, extra: list[str]
+) -> bytes:
     parts = urlsplit(url)
     body: dict[str, object] = {
         "model": model,
@@ -158,6 +161,7 @@ def _request_bytes(url: str, model: str, stream: bool, api_key: str | None) -> b
     ]
     if api_key:
         headers.append(f"Authorization: Bearer {api_key}")
+    headers += extra
     return ("\r\n".join(headers) + "\r\n\r\n").encode() + payload
 
 
@@ -176,7 +180,7 @@ async def _connect(host: str, port: int) -> _Connection:
 async def _run(args: argparse.Namespace) -> dict[str, object]:
     parts = urlsplit(args.url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    request = _request_bytes(args.url, args.model, args.stream, args.api_key)
+    request = _request_bytes(args.url, args.model, args.stream, args.api_key, args.header)
     connections = [await _connect(host, port) for _ in range(args.concurrency)]
     totals = _Totals()
     started = time.perf_counter()
@@ -255,6 +259,9 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--api-key")
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument(
+        "--header", action="append", default=[], help="'NAME: VALUE', sent with every request"
+    )
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
