@@ -243,11 +243,16 @@ def _load(
     stream: bool,
     concurrency: int,
     args: argparse.Namespace,
+    *,
+    requests: int = 0,
 ) -> dict[str, Any]:
-    """Run the load generator in its own process; its JSON summary."""
+    """Run the load generator in its own process (``args.seconds`` long, or until it has
+    sent ``requests``); its JSON summary."""
     command = [sys.executable, str(BENCH / "loadgen.py"), "--url", f"{url}/chat/completions"]
     command += ["--model", model, "--concurrency", str(concurrency)]
     command += ["--seconds", str(args.seconds), "--warmup", str(args.warmup)]
+    if requests:
+        command += ["--requests", str(requests)]
     if api_key:
         command += ["--api-key", api_key]
     if stream:
