@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
@@ -51,8 +50,8 @@ from bench.databases import fresh_postgres
 from bench.profile_summary import summarize
 from ledger import apikeys
 from ledger.db import create_engine, migrate, sync_url
-from ledger.schema import events
 from ledger.store import EventStore
+from ledger.stored import count_types
 from router.fake_upstream import FakeUpstream
 from tests.gateway.harness import ANTHROPIC_ENV, Route, closed_port, config_text
 
@@ -215,16 +214,11 @@ async def _outcomes(database_url: str, at_least: tuple[int, int] | None = None) 
     """(RequestCompleted, RequestFailed) in the ledger; with ``at_least``, wait (up to 30 s)
     until the completed count reaches it: a stream's last events may follow its last byte."""
     engine = create_engine(database_url, pool_size=1)
-    query = (
-        select(events.c.type, func.count())
-        .where(events.c.type.in_(("RequestCompleted", "RequestFailed")))
-        .group_by(events.c.type)
-    )
     deadline = time.monotonic() + 30
     try:
         while True:
             async with engine.connect() as conn:
-                counts = {kind: n for kind, n in await conn.execute(query)}
+                counts = await count_types(conn, ("RequestCompleted", "RequestFailed"))
             found = (counts.get("RequestCompleted", 0), counts.get("RequestFailed", 0))
             if at_least is None or sum(found) >= sum(at_least) or time.monotonic() > deadline:
                 return found

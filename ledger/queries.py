@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ledger.db import READ_ONLY
-from ledger.schema import events, request_views
-from ledger.store import RecordedEvent, decode_payload
+from ledger.schema import appends, request_views
+from ledger.store import RecordedEvent, decode_row
+from ledger.stored import previous_hash
 from ledger.types import money_str
 
 __all__ = [
@@ -155,16 +156,20 @@ async def read_request_events(
     engine: AsyncEngine, request_id: str, *, after_version: int = 0, limit: int | None = None
 ) -> list[RecordedEvent]:
     """The events of ``request_id``'s stream after ``after_version``, in order."""
+    a = appends.c
     query = (
-        select(events.c.position, events.c.hash, events.c.payload)
+        select(a.position, a.version, previous_hash(), a.payloads)
         .where(
-            events.c.stream_id == request_stream_id(request_id),
-            events.c.version > after_version,
+            a.stream_id == request_stream_id(request_id),
+            a.version + func.length(a.types) > after_version + 1,  # its last is past it
         )
-        .order_by(events.c.version)
+        .order_by(a.version)
     )
     if limit is not None:
-        query = query.limit(limit)
+        query = query.limit(limit)  # rows, each of at least one event
+    found: list[RecordedEvent] = []
     async with _reading(engine) as conn:
-        result = await conn.execute(query)
-        return [decode_payload(r.position, r.hash, r.payload) for r in result]
+        for row in await conn.execute(query):
+            skip = max(0, after_version + 1 - row.version)
+            found += decode_row(row.position, row.previous, row.payloads)[skip:]
+    return found if limit is None else found[:limit]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
-import hashlib
 import logging
 import weakref
 from collections import deque
@@ -28,7 +27,7 @@ from typing import Any, Literal, TypeVar
 
 import asyncpg
 import orjson
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ledger.accounting import Balance, Books, BudgetDenied, Effect, Hold, HoldStateError, Reserve
@@ -43,7 +42,15 @@ from ledger.books import (
 from ledger.db import READ_ONLY, LedgerUnavailable, asyncpg_dsn, is_unavailable
 from ledger.events import Event, EventValidationError, decode_event, encode_event
 from ledger.reads import HotReads, close_quietly, connect, positional
-from ledger.schema import events, ledger_head
+from ledger.schema import appends, ledger_head
+from ledger.stored import (
+    GENESIS_HASH,
+    chain_hash,
+    from_position,
+    previous_hash,
+    row_of,
+    stored_events,
+)
 
 __all__ = [
     "ANY_VERSION",
@@ -54,9 +61,9 @@ __all__ = [
     "RecordedEvent",
     "WrongExpectedVersion",
     "chain_hash",
+    "decode_row",
 ]
 
-GENESIS_HASH = "0" * 64
 ANY_VERSION: None = None
 """``expected_version`` that appends at the stream's end, whatever its version."""
 NO_STREAM = 0
@@ -188,13 +195,6 @@ def _json_string(text: str) -> bytes:
     return orjson.dumps(text)
 
 
-def chain_hash(previous_hash: str, position: int, payload: bytes) -> str:
-    digest = hashlib.sha256(bytes.fromhex(previous_hash))
-    digest.update(position.to_bytes(8, "big"))
-    digest.update(payload)
-    return digest.hexdigest()
-
-
 def decode_payload(position: int, hash_: str, payload: bytes) -> RecordedEvent:
     body = orjson.loads(payload)
     return RecordedEvent(
@@ -209,6 +209,17 @@ def decode_payload(position: int, hash_: str, payload: bytes) -> RecordedEvent:
         hash=hash_,
         payload=payload,
     )
+
+
+def decode_row(
+    position: int, previous: bytes | None, payloads: bytes, *, after: int = 0
+) -> list[RecordedEvent]:
+    """The events an ``appends`` row holds (those past position ``after``), in order;
+    ``previous`` is the previous row's hash (``ledger.stored.previous_hash``)."""
+    return [
+        decode_payload(at, hash_, payload)
+        for at, hash_, payload in stored_events(position, previous, bytes(payloads), after=after)
+    ]
 
 
 # The events of one append batch share their recorded time: a page of events holds few
@@ -478,7 +489,7 @@ class EventStore:
                 return
             if books is not None:
                 await save_books(conn, books, written.recorded_at)
-            await conn.execute(insert(events), [_row(r) for r in written.events])
+            await conn.execute(insert(appends), written.rows)
             await conn.execute(
                 update(ledger_head)
                 .where(ledger_head.c.id == 1)
@@ -518,24 +529,36 @@ class EventStore:
         return int(row.position), str(row.hash)
 
     async def read_all(self, after: int = 0, limit: int = 1000) -> list[RecordedEvent]:
-        """Events with position > ``after``, in position order."""
+        """At most ``limit`` events with position > ``after``, in position order (fewer only
+        at the head)."""
+        a = appends.c
         async with self._read() as conn:
             result = await conn.execute(
-                select(events.c.position, events.c.hash, events.c.payload)
-                .where(events.c.position > after)
-                .order_by(events.c.position)
-                .limit(limit)
+                select(a.position, previous_hash(), a.payloads)
+                .where(from_position(after))
+                .order_by(a.position)
+                .limit(limit)  # rows: each holds at least one event
             )
-            return [decode_payload(r.position, r.hash, r.payload) for r in result]
+            found: list[RecordedEvent] = []
+            for row in result:
+                found += decode_row(row.position, row.previous, row.payloads, after=after)
+            return found[:limit]
 
     async def read_stream(self, stream_id: str, after_version: int = 0) -> list[RecordedEvent]:
+        a = appends.c
         async with self._read() as conn:
             result = await conn.execute(
-                select(events.c.position, events.c.hash, events.c.payload)
-                .where(events.c.stream_id == stream_id, events.c.version > after_version)
-                .order_by(events.c.version)
+                select(a.position, a.version, previous_hash(), a.payloads)
+                .where(
+                    a.stream_id == stream_id, a.version + func.length(a.types) > after_version + 1
+                )
+                .order_by(a.version)
             )
-            return [decode_payload(r.position, r.hash, r.payload) for r in result]
+            found: list[RecordedEvent] = []
+            for row in result:
+                skip = max(0, after_version + 1 - row.version)
+                found += decode_row(row.position, row.previous, row.payloads)[skip:]
+            return found
 
     async def iterate(self, after: int = 0, page: int = 2000) -> AsyncIterator[RecordedEvent]:
         while True:
@@ -575,8 +598,7 @@ class _Written:
     head: int
     head_hash: str
     recorded_at: datetime
-    datas: list[str]  # each event's data as JSON (the queryable column), in order
-    metadatas: list[str]
+    rows: list[dict[str, Any]]  # one ``appends`` row per accepted append, in order
 
 
 def _assign(
@@ -594,8 +616,7 @@ def _assign(
     recorded_at = datetime.now(UTC)
     stamp = orjson.dumps(recorded_at.isoformat())
     written: list[RecordedEvent] = []
-    datas: list[str] = []
-    metadatas: list[str] = []
+    rows: list[dict[str, Any]] = []
     for pending in batch:
         current = versions.get(pending.stream_id, 0)
         expected = pending.expected_version
@@ -614,7 +635,6 @@ def _assign(
                 continue
         recorded = []
         stream_json = orjson.dumps(pending.stream_id)
-        metadata_json = pending.metadata_json.decode()
         for offset, encoded in enumerate(pending.events, 1):
             position += 1
             payload = _payload_from_parts(
@@ -642,14 +662,23 @@ def _assign(
                     _event=encoded.event,
                 )
             )
-            datas.append(encoded.data_json.decode())
-            metadatas.append(metadata_json)
+        rows.append(
+            row_of(
+                recorded[0].position,
+                pending.stream_id,
+                current + 1,
+                [r.type for r in recorded],
+                recorded_at,
+                [r.hash for r in recorded],
+                [r.payload for r in recorded],
+            )
+        )
         versions[pending.stream_id] = current + len(pending.events)
         pending.result = recorded
         written.extend(recorded)
     if not written:
         return None
-    return _Written(written, position, previous, recorded_at, datas, metadatas)
+    return _Written(written, position, previous, recorded_at, rows)
 
 
 # THE LOCK. Every append that commits, in every process, holds the single ledger_head row's
@@ -696,8 +725,8 @@ _PG_READ = """
       (SELECT position FROM ledger_head WHERE id = 1) AS position,
       (SELECT hash FROM ledger_head WHERE id = 1) AS hash,
       (SELECT coalesce(json_agg(json_build_array(s.id, (
-                  SELECT e.version FROM events e WHERE e.stream_id = s.id
-                  ORDER BY e.version DESC LIMIT 1))), '[]')
+                  SELECT e.version + length(e.types) - 1 FROM appends e
+                  WHERE e.stream_id = s.id ORDER BY e.version DESC LIMIT 1))), '[]')
        FROM unnest(:streams::text[]) AS s(id)) AS versions,
       (SELECT coalesce(json_agg(json_build_object(
                   'reservation_id', h.reservation_id, 'request_id', h.request_id,
@@ -796,13 +825,10 @@ _PG_WRITE_BOOKS = {
 }
 _PG_WRITE_EVENTS = """
     , inserted AS (
-        INSERT INTO events (position, stream_id, version, type, schema_version, data,
-                            metadata, recorded_at, payload, hash)
-        SELECT :expected + n, s, v, t, sv, d::jsonb, m::jsonb, :recorded_at, b, h
-        FROM unnest(:stream_ids::text[], :versions::int[], :types::text[],
-                    :schema_versions::int[], :payloads::bytea[], :hashes::text[],
-                    :datas::text[], :metadatas::text[])
-             WITH ORDINALITY AS u(s, v, t, sv, b, h, d, m, n)
+        INSERT INTO appends (position, recorded_at, version, stream_id, types, hash, payloads)
+        SELECT p, :recorded_at, v, s, t, h, b
+        FROM unnest(:positions::bigint[], :versions::int[], :stream_ids::text[],
+                    :types::text[], :hashes::bytea[], :payloads::bytea[]) AS u(p, v, s, t, h, b)
         WHERE EXISTS (SELECT 1 FROM head)
         RETURNING 1
     )
@@ -1059,24 +1085,20 @@ async def _read(
 def _write_parameters(
     written: _Written, books: Books | None, *, expected: tuple[int, str]
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The write's parameters, and the parts of the books that have rows (``_pg_write``).
-    The events' positions are ``expected`` + 1, + 2, ... (``_assign``): not sent."""
+    """The write's parameters, and the parts of the books that have rows (``_pg_write``)."""
     new = written.events
     assert new[0].position == expected[0] + 1 and written.head == expected[0] + len(new)
+    rows = written.rows
     parameters: dict[str, Any] = {
         "expected": expected[0],
         "expected_hash": expected[1],
         "recorded_at": written.recorded_at,
-        "stream_ids": [r.stream_id for r in new],
-        "versions": [r.version for r in new],
-        "types": [r.type for r in new],
-        "schema_versions": [r.schema_version for r in new],
-        "payloads": [r.payload for r in new],
-        "hashes": [r.hash for r in new],
-        # The queryable copies as their own JSON: parsing each whole payload into jsonb to
-        # take two parts of it cost ~33 us an event in PostgreSQL (three times the parse).
-        "datas": written.datas,
-        "metadatas": written.metadatas,
+        "positions": [r["position"] for r in rows],
+        "versions": [r["version"] for r in rows],
+        "stream_ids": [r["stream_id"] for r in rows],
+        "types": [r["types"] for r in rows],
+        "hashes": [r["hash"] for r in rows],
+        "payloads": [r["payloads"] for r in rows],
         "head": written.head,
         "head_hash": written.head_hash,
     }
@@ -1109,26 +1131,12 @@ async def _stream_versions(conn: AsyncConnection, stream_ids: set[str]) -> dict[
     result = await conn.execute(
         text(
             f"WITH s(id) AS (VALUES {rows}) SELECT s.id, "
-            "(SELECT max(e.version) FROM events e WHERE e.stream_id = s.id) FROM s"
+            "(SELECT max(e.version + length(e.types) - 1) FROM appends e "
+            "WHERE e.stream_id = s.id) FROM s"
         ),
         dict(zip(names, sorted(stream_ids), strict=True)),
     )
     return {str(stream_id): int(version) for stream_id, version in result if version is not None}
-
-
-def _row(recorded: RecordedEvent) -> dict[str, Any]:
-    return {
-        "position": recorded.position,
-        "stream_id": recorded.stream_id,
-        "version": recorded.version,
-        "type": recorded.type,
-        "schema_version": recorded.schema_version,
-        "data": recorded.data,
-        "metadata": recorded.metadata,
-        "recorded_at": recorded.recorded_at,
-        "payload": recorded.payload,
-        "hash": recorded.hash,
-    }
 
 
 def _resolve(pending: _PendingAppend) -> None:

@@ -7,6 +7,20 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 
 import redis
+import sqlalchemy as sa
+
+from ledger.store import RecordedEvent, decode_row
+
+
+def ledger_events(conn: sa.Connection) -> list[RecordedEvent]:
+    """Every event of the ledger, in order, read on a synchronous connection."""
+    rows = conn.execute(sa.text("SELECT position, hash, payloads FROM appends ORDER BY position"))
+    found: list[RecordedEvent] = []
+    for row in rows:
+        found += decode_row(
+            row.position, bytes.fromhex(found[-1].hash) if found else None, row.payloads
+        )
+    return found
 
 
 async def eventually(
