@@ -20,7 +20,6 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    UniqueConstraint,
     text,
 )
 
@@ -34,6 +33,7 @@ __all__ = [
     "budget_resolutions",
     "gateway_instances",
     "idempotency_records",
+    "ledger_archives",
     "ledger_head",
     "metadata",
     "projection_checkpoints",
@@ -57,9 +57,11 @@ appends = Table(
     Column("types", Text, nullable=False),  # one character per event (ledger.stored)
     Column("hash", LargeBinary, nullable=False),  # the last event's chain hash (32 bytes)
     Column("payloads", LargeBinary, nullable=False),  # the hashed bytes, compressed
-    UniqueConstraint("stream_id", "version", name="uq_appends_stream_version"),
     CheckConstraint("version >= 1", name="ck_appends_version_positive"),
 )
+# Not a unique key: on PostgreSQL the table is partitioned by month (ledger.partitions), and
+# a stream's first append is checked by the write itself (ledger.store, THE LOCK).
+Index("ix_appends_stream_version", appends.c.stream_id, appends.c.version)
 
 # The spend report reads every PeriodAdjusted (its character is V); no other query looks
 # rows up by type often enough to pay for an index.
@@ -68,6 +70,21 @@ Index(
     appends.c.position,
     postgresql_where=text("types LIKE '%V%'"),
     sqlite_where=text("types LIKE '%V%'"),
+)
+
+# One row per archived month (ledger.archive): the live ledger starts after the last.
+ledger_archives = Table(
+    "ledger_archives",
+    metadata,
+    Column("month", String(7), primary_key=True),
+    Column("first_position", BigInteger, nullable=False),
+    Column("last_position", BigInteger, nullable=False, unique=True),
+    Column("previous_hash", String(64), nullable=False),
+    Column("end_hash", String(64), nullable=False),
+    Column("events", BigInteger, nullable=False),
+    Column("file", String(200), nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("archived_at", DateTime(timezone=True), nullable=False),
 )
 
 # One row: the last appended position and hash. Every append locks it; see store.py.

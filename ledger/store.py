@@ -41,6 +41,7 @@ from ledger.books import (
 )
 from ledger.db import READ_ONLY, LedgerUnavailable, asyncpg_dsn, is_unavailable
 from ledger.events import Event, EventValidationError, decode_event, encode_event
+from ledger.partitions import ensure_months, month_of
 from ledger.reads import HotReads, close_quietly, connect, positional
 from ledger.schema import appends, ledger_head
 from ledger.stored import (
@@ -706,6 +707,12 @@ def _assign(
 # LOCKED for the next few batches, so two busy gateways on one database do not keep paying
 # for reads they throw away. And when the head is still where this appender's own last
 # commit left it, the read is skipped altogether: what the batch needs is KNOWN (_Known).
+#
+# A stream's first append must find it without rows. On PostgreSQL the table is partitioned
+# by month (ledger.partitions) and can hold no unique key on (stream_id, version), so the
+# write's guard also asks that the streams it starts have no row; a stream taken to be new
+# that was not (the KNOWN guess) then writes nothing, like a moved head, and the batch is
+# read and decided again.
 _PG_BEGIN_AND_LOCK = "BEGIN; SELECT 1 FROM ledger_head WHERE id = 1 FOR UPDATE"
 
 # Everything the batch is decided on, read in one statement, so in one snapshot; on the
@@ -761,6 +768,7 @@ _PG_WRITE_HEAD = """
     WITH head AS (
         UPDATE ledger_head SET position = :head, hash = :head_hash
         WHERE id = 1 AND position = :expected AND hash = :expected_hash
+          AND NOT EXISTS (SELECT 1 FROM appends WHERE stream_id = ANY(:new_streams::text[]))
         RETURNING 1
     )"""
 _PG_WRITE_BOOKS = {
@@ -834,7 +842,8 @@ _PG_WRITE_EVENTS = """
     )
     SELECT CASE WHEN EXISTS (SELECT 1 FROM head)
                 THEN pg_notify('waybill_events', :head::text) END,
-           (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM head) AS moved
+           (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM head) AS moved,
+           EXISTS (SELECT 1 FROM appends WHERE stream_id = ANY(:new_streams::text[])) AS taken
 """
 
 
@@ -854,9 +863,10 @@ class _Known:
     there (the write's guard checks exactly that), these are the database's current values,
     so a batch that needs nothing else is decided without reading: one round trip. A
     request's first append is to a new stream (``NO_STREAM``) and makes a new hold, which
-    are taken to be absent; if one was not, the write breaks a unique key, writes nothing,
-    and the batch is read and decided again. Only acceptances are decided this way: a batch
-    with any append refused is read and decided again. Bounded: the oldest entries are
+    are taken to be absent; if one was not, the write finds the stream's rows (its guard) or
+    breaks the holds' key, writes nothing, and the batch is read and decided again. Only
+    acceptances are decided this way: a batch with any append refused is read and decided
+    again. Bounded: the oldest entries are
     forgotten (forgetting is always safe, it only costs a read)."""
 
     LIMIT = 4096
@@ -961,6 +971,7 @@ class _PostgresAppender:
         self._locked_batches_left = 0
         self._known = _Known()
         self._unlearned: _Learned | None = None  # what the last batch left, for learn()
+        self._month = ""  # the month whose partitions this appender has made sure of
         self.lost_races = 0
         self.unread_batches = 0
         self.wrong_guesses = 0
@@ -978,6 +989,10 @@ class _PostgresAppender:
         if conn is None or conn.is_closed():
             conn = self._conn = await connect(self._dsn, appender=True)
         try:
+            month = month_of(datetime.now(UTC))
+            if month != self._month:  # this month's table and the next one's exist
+                await ensure_months(conn, datetime.now(UTC))
+                self._month = month
             if self._locked_batches_left == 0:
                 if await self._commit(conn, batch, how="known"):
                     return
@@ -1037,6 +1052,8 @@ class _PostgresAppender:
         if outcome["moved"] != 1:
             if how == "locked":  # the head is ours under the lock: it cannot have moved
                 raise RuntimeError("the ledger head moved under its lock")
+            if outcome["taken"]:  # a stream taken to be new was not
+                self.wrong_guesses += how == "known"
             return False  # the read that follows shows the new head: learn() forgets
         if how == "locked":
             await conn.execute("COMMIT")
@@ -1101,6 +1118,8 @@ def _write_parameters(
         "payloads": [r["payloads"] for r in rows],
         "head": written.head,
         "head_hash": written.head_hash,
+        # Streams the batch starts: none may have a row (see THE LOCK).
+        "new_streams": [r["stream_id"] for r in rows if r["version"] == 1],
     }
     if books is None:
         return parameters, ()
