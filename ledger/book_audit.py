@@ -30,6 +30,7 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.accounting import BOOK_EVENTS, UNKNOWN_OWNER, Books, FoldProblem, fold_books
+from ledger.archive import require_history
 from ledger.books import account_row, balance_of, hold_of, hold_row, resolution_row
 from ledger.db import READ_ONLY
 from ledger.schema import appends, budget_accounts, budget_holds, budget_resolutions, ledger_head
@@ -253,6 +254,7 @@ async def _head(conn: AsyncConnection, *, lock: bool = False) -> int:
 
 async def check_books(store: EventStore, progress: Progress | None = None) -> BooksReport:
     """Fold the budget events and compare them with the live tables, in one snapshot."""
+    await require_history(store.engine, "checking the books")
     async with store.engine.connect() as conn:
         options: dict[str, Any] = {READ_ONLY: True}
         if conn.dialect.name == "postgresql":
@@ -285,6 +287,7 @@ async def _compare_stored(conn: AsyncConnection, folded: _Folded) -> list[Discre
 async def rebuild_books(store: EventStore, progress: Progress | None = None) -> BooksReport:
     """Rewrite the books from the budget events, under the ledger head's lock. Returns what
     was found wrong before (an empty list: they were right, and are unchanged in value)."""
+    await require_history(store.engine, "rebuilding the books")
     async with store.engine.begin() as conn:
         # SQLite: BEGIN IMMEDIATE (ledger.db) already holds the database's write lock.
         head = await _head(conn, lock=conn.dialect.name == "postgresql")

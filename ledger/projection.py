@@ -28,6 +28,7 @@ from sqlalchemy import Table, delete, select, text, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ledger.archive import require_history
 from ledger.db import dialect_insert, is_unavailable
 from ledger.schema import appends, ledger_head, projection_checkpoints
 from ledger.store import EventStore, RecordedEvent, decode_payload
@@ -273,6 +274,7 @@ class ProjectionRunner:
         """Clear the tables of ``projections`` (all when none is named) and rebuild them from
         position 0, in one pass over the ledger."""
         chosen = sorted(projections or self.projections.values(), key=lambda p: p.name)
+        await require_history(self.store.engine, "a replay")
         async with self.store.engine.begin() as conn:
             for projection in chosen:
                 await _lock_checkpoint(conn, projection.name)

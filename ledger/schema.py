@@ -79,8 +79,8 @@ ledger_archives = Table(
     Column("month", String(7), primary_key=True),
     Column("first_position", BigInteger, nullable=False),
     Column("last_position", BigInteger, nullable=False, unique=True),
-    Column("previous_hash", String(64), nullable=False),
-    Column("end_hash", String(64), nullable=False),
+    Column("previous_hash", LargeBinary, nullable=False),
+    Column("end_hash", LargeBinary, nullable=False),  # where the live ledger's chain starts
     Column("events", BigInteger, nullable=False),
     Column("file", String(200), nullable=False),
     Column("sha256", String(64), nullable=False),

@@ -223,6 +223,10 @@ def decode_row(
     ]
 
 
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
 # The events of one append batch share their recorded time: a page of events holds few
 # distinct ones, so each is parsed once (datetimes are immutable).
 _recorded_at = functools.lru_cache(maxsize=256)(datetime.fromisoformat)
@@ -271,9 +275,12 @@ class _AppenderState:
 class EventStore:
     """Append to and read from the ledger. One instance per process and event loop."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, *, clock: Callable[[], datetime] | None = None) -> None:
+        """``clock``: the recorded time of each batch (UTC now; a test may set the month)."""
         self.engine = engine
-        self._pg = _PostgresAppender(engine) if engine.dialect.name == "postgresql" else None
+        self.clock = clock or _utc_now
+        postgres = engine.dialect.name == "postgresql"
+        self._pg = _PostgresAppender(engine, self.clock) if postgres else None
         self._state = _AppenderState()
         self.hot = HotReads(engine)  # the request path's single-statement reads
         self._commit_signals: weakref.WeakSet[asyncio.Event] = weakref.WeakSet()
@@ -485,7 +492,9 @@ class EventStore:
             books = None
             if any(p.effects for p in batch):
                 books = await load_books(conn, (e for p in batch for e in p.effects))
-            written = _assign(batch, int(head.position), str(head.hash), versions, books)
+            written = _assign(
+                batch, int(head.position), str(head.hash), versions, books, self.clock()
+            )
             if written is None:
                 return
             if books is not None:
@@ -608,13 +617,13 @@ def _assign(
     previous: str,
     versions: dict[str, int],
     books: Books | None,
+    recorded_at: datetime,
 ) -> _Written | None:
     """Decide every append of ``batch`` against the ledger as it stands under the lock.
 
     Each append is checked on its own (its expected version, its budget effects); those that
     pass get the next positions and versions and are chained onto ``previous``. Sets each
     pending append's result; returns what to write (None: nothing passed)."""
-    recorded_at = datetime.now(UTC)
     stamp = orjson.dumps(recorded_at.isoformat())
     written: list[RecordedEvent] = []
     rows: list[dict[str, Any]] = []
@@ -965,7 +974,8 @@ class _PostgresAppender:
     LOCKED_AFTER_A_LOST_RACE = 16
     """Batches committed under the lock after an optimistic write found the head moved."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, clock: Callable[[], datetime]) -> None:
+        self._clock = clock
         self._dsn = asyncpg_dsn(engine)
         self._conn: asyncpg.Connection | None = None
         self._locked_batches_left = 0
@@ -989,10 +999,10 @@ class _PostgresAppender:
         if conn is None or conn.is_closed():
             conn = self._conn = await connect(self._dsn, appender=True)
         try:
-            month = month_of(datetime.now(UTC))
-            if month != self._month:  # this month's table and the next one's exist
-                await ensure_months(conn, datetime.now(UTC))
-                self._month = month
+            now = self._clock()
+            if month_of(now) != self._month:  # this month's table and the next one's exist
+                await ensure_months(conn, now)
+                self._month = month_of(now)
             if self._locked_batches_left == 0:
                 if await self._commit(conn, batch, how="known"):
                     return
@@ -1026,7 +1036,7 @@ class _PostgresAppender:
             if how == "locked":
                 await conn.execute(_PG_BEGIN_AND_LOCK)  # no arguments: one simple query
             position, previous, versions, books = await _read(conn, batch, effects)
-        written = _assign(batch, position, previous, versions, books)
+        written = _assign(batch, position, previous, versions, books, self._clock())
         if how == "known" and any(isinstance(p.result, BaseException) for p in batch):
             # A refusal is only ever decided on a read. Decided on what is known, it could
             # rest on a guess (a stream taken to be new may exist: the version check comes

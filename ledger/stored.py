@@ -33,7 +33,7 @@ from sqlalchemy import ColumnElement, Label, func, literal_column, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger._dictionary import DICTIONARY_1
-from ledger.schema import appends
+from ledger.schema import appends, ledger_archives
 
 __all__ = [
     "FROM_POSITION_SQL",
@@ -192,21 +192,29 @@ def holding(event_type: str) -> ColumnElement[bool]:
 
 def previous_hash() -> Label[bytes | None]:
     """The previous row's ``hash``, as the column ``previous`` of a query of ``appends``
-    (one probe of the primary key)."""
+    (one probe of the primary key); for the first row, the end hash of the last month
+    archived (``ledger.archive``), or None: the genesis."""
     before = appends.alias("before")
-    return (
+    row = (
         select(before.c.hash)
         .where(before.c.position < appends.c.position)
         .order_by(before.c.position.desc())
         .limit(1)
         .scalar_subquery()
-        .label("previous")
     )
+    archived = (
+        select(ledger_archives.c.end_hash)
+        .order_by(ledger_archives.c.last_position.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    return func.coalesce(row, archived).label("previous")
 
 
 PREVIOUS_SQL: Final = (
-    "(SELECT before.hash FROM appends before WHERE before.position < appends.position "
-    "ORDER BY before.position DESC LIMIT 1) AS previous"
+    "coalesce((SELECT before.hash FROM appends before WHERE before.position < appends.position "
+    "ORDER BY before.position DESC LIMIT 1), (SELECT end_hash FROM ledger_archives "
+    "ORDER BY last_position DESC LIMIT 1)) AS previous"
 )
 """``previous_hash`` as SQL text, for a query of ``appends`` (not aliased)."""
 

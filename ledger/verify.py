@@ -8,15 +8,18 @@ so editing a column alone is caught as well as editing the bytes.
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import orjson
 from sqlalchemy import func, select
 
+from ledger.archive import ArchiveError, archived_segments, check_directory, read_segment
 from ledger.schema import appends, ledger_head
 from ledger.store import GENESIS_HASH, EventStore, chain_hash
 from ledger.stored import payloads_of, types_of
@@ -33,6 +36,8 @@ class VerifyResult:
     head_position: int
     first_bad_position: int | None = None
     problem: str | None = None
+    archived: int = 0  # positions 1 .. archived are in archive files (ledger.archive)
+    archive_checked: bool = False  # and their files were checked as part of the chain
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -41,6 +46,8 @@ class VerifyResult:
             "head_position": self.head_position,
             "first_bad_position": self.first_bad_position,
             "problem": self.problem,
+            "archived": self.archived,
+            "archive_checked": self.archive_checked,
         }
 
 
@@ -79,17 +86,40 @@ async def verify_chain(
     progress: Callable[[int, int], None] | None = None,
     *,
     observe: Callable[[int, bytes, str], None] | None = None,
+    archive: Path | None = None,
 ) -> VerifyResult:
     """Walk the whole chain; stop at the first bad event and name its position.
     ``observe`` is told each good event's position, stored bytes and hash, in order (the
-    checkpoint audit recomputes the Merkle tree in this same pass)."""
+    checkpoint audit recomputes the Merkle tree in this same pass). Months archived
+    (``ledger.archive``) are checked from their files in ``archive``, as the chain's start;
+    without it the live ledger is checked from the last one's end hash."""
     async with store.engine.connect() as conn:
         head = (await conn.execute(select(ledger_head.c.position, ledger_head.c.hash))).one()
         total = int(
             (await conn.execute(select(func.sum(func.length(appends.c.types))))).scalar() or 0
         )
     head_position = int(head.position)
+    segments = await archived_segments(store.engine)
+    archived = segments[-1].last_position if segments else 0
     previous, expected, checked = GENESIS_HASH, 1, 0
+    if segments and archive is None:
+        if observe is not None:
+            needed = f"positions 1-{archived} are archived: give their directory (--archive)"
+            return VerifyResult(False, 0, head_position, 1, needed, archived)
+        previous, expected = segments[-1].end_hash, archived + 1
+    elif segments and archive is not None:
+        try:
+            await asyncio.to_thread(check_directory, archive, segments)
+        except ArchiveError as error:
+            return VerifyResult(False, 0, head_position, 1, str(error), archived)
+        for segment in segments:
+            _, events = read_segment(archive / segment.file)
+            for position, hash_, payload in events:
+                if observe is not None:
+                    observe(position, payload, hash_)
+                checked += 1
+        previous, expected = segments[-1].end_hash, archived + 1
+    total += checked
     while True:
         async with store.engine.connect() as conn:
             rows = (
@@ -103,10 +133,10 @@ async def verify_chain(
         for row in rows:
             if row.position != expected:
                 missing = f"position {expected} is missing (next stored is {row.position})"
-                return VerifyResult(False, checked, head_position, expected, missing)
+                return VerifyResult(False, checked, head_position, expected, missing, archived)
             stored = _row_events(row)
             if isinstance(stored, str):
-                return VerifyResult(False, checked, head_position, expected, stored)
+                return VerifyResult(False, checked, head_position, expected, stored, archived)
             # A row keeps its last event's hash: the chain through its events must reach it.
             hashes, chained = [], previous
             for offset, payload in enumerate(stored[0]):
@@ -118,11 +148,11 @@ async def verify_chain(
                     f"hash does not match the previous hash, positions and stored bytes of the "
                     f"append at positions {expected}-{last}"
                 )
-                return VerifyResult(False, checked, head_position, expected, broken)
+                return VerifyResult(False, checked, head_position, expected, broken, archived)
             for offset, (payload, type_) in enumerate(zip(*stored, strict=True)):
                 problem = _event_problem(row, offset, payload, type_)
                 if problem is not None:
-                    return VerifyResult(False, checked, head_position, expected, problem)
+                    return VerifyResult(False, checked, head_position, expected, problem, archived)
                 if observe is not None:
                     observe(expected, payload, hashes[offset])
                 previous, expected, checked = hashes[offset], expected + 1, checked + 1
@@ -140,4 +170,6 @@ async def verify_chain(
             bad,
             f"ledger head says position {head_position}, chain ends at {last}",
         )
-    return VerifyResult(True, checked, head_position)
+    return VerifyResult(
+        True, checked, head_position, archived=archived, archive_checked=bool(archive and segments)
+    )
