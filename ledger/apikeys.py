@@ -119,8 +119,9 @@ async def revoke_key(
 _FIND_KEY = (
     "SELECT k.key_id, k.workspace, k.role, k.revoked_at, k.budget_limit_usd, "
     "k.budget_window, "
-    "(SELECT max(e.version + length(e.types) - 1) FROM appends e "
-    "WHERE e.stream_id = 'key-' || k.key_id) AS version, "
+    "coalesce((SELECT max(e.version + length(e.types) - 1) FROM appends e "
+    "WHERE e.stream_id = 'key-' || k.key_id), (SELECT a.version FROM archived_streams a "
+    "WHERE a.stream_id = 'key-' || k.key_id)) AS version, "
     "EXISTS (SELECT 1 FROM appends e WHERE e.stream_id = 'key-' || k.key_id "
     f"AND e.types LIKE '%{TYPE_CHARS[KeyRevoked.type]}%') AS revoked_in_ledger "
     "FROM api_keys k WHERE k.secret_sha256 = :digest"

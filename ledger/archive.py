@@ -409,6 +409,13 @@ async def _archive_month(
             segment.file,
             segment.sha256,
         )
+        # The streams go on from the versions they reached (ledger.store reads them).
+        await conn.execute(
+            "INSERT INTO archived_streams (stream_id, version) "
+            f"SELECT stream_id, max(version + length(types) - 1) FROM {name} GROUP BY stream_id "
+            "ON CONFLICT (stream_id) DO UPDATE SET version = "
+            "greatest(archived_streams.version, excluded.version)"
+        )
         await conn.execute(f"ALTER TABLE appends DETACH PARTITION {name}")
         await conn.execute(f"DROP TABLE {name}")
     return segment

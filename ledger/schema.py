@@ -28,6 +28,7 @@ from ledger.types import MoneyColumn
 __all__ = [
     "api_keys",
     "appends",
+    "archived_streams",
     "budget_accounts",
     "budget_holds",
     "budget_resolutions",
@@ -85,6 +86,15 @@ ledger_archives = Table(
     Column("file", String(200), nullable=False),
     Column("sha256", String(64), nullable=False),
     Column("archived_at", DateTime(timezone=True), nullable=False),
+)
+
+# Each stream that has events in an archived month, at its version there: a stream goes
+# on from it (a key's revocation, the config's next activation, a late settlement).
+archived_streams = Table(
+    "archived_streams",
+    metadata,
+    Column("stream_id", String(200), primary_key=True),
+    Column("version", Integer, nullable=False),
 )
 
 # One row: the last appended position and hash. Every append locks it; see store.py.

@@ -740,9 +740,10 @@ _PG_READ = """
     SELECT
       (SELECT position FROM ledger_head WHERE id = 1) AS position,
       (SELECT hash FROM ledger_head WHERE id = 1) AS hash,
-      (SELECT coalesce(json_agg(json_build_array(s.id, (
+      (SELECT coalesce(json_agg(json_build_array(s.id, coalesce((
                   SELECT e.version + length(e.types) - 1 FROM appends e
-                  WHERE e.stream_id = s.id ORDER BY e.version DESC LIMIT 1))), '[]')
+                  WHERE e.stream_id = s.id ORDER BY e.version DESC LIMIT 1), (
+                  SELECT a.version FROM archived_streams a WHERE a.stream_id = s.id)))), '[]')
        FROM unnest(:streams::text[]) AS s(id)) AS versions,
       (SELECT coalesce(json_agg(json_build_object(
                   'reservation_id', h.reservation_id, 'request_id', h.request_id,
@@ -778,6 +779,8 @@ _PG_WRITE_HEAD = """
         UPDATE ledger_head SET position = :head, hash = :head_hash
         WHERE id = 1 AND position = :expected AND hash = :expected_hash
           AND NOT EXISTS (SELECT 1 FROM appends WHERE stream_id = ANY(:new_streams::text[]))
+          AND NOT EXISTS (SELECT 1 FROM archived_streams
+                          WHERE stream_id = ANY(:new_streams::text[]))
         RETURNING 1
     )"""
 _PG_WRITE_BOOKS = {
@@ -852,7 +855,9 @@ _PG_WRITE_EVENTS = """
     SELECT CASE WHEN EXISTS (SELECT 1 FROM head)
                 THEN pg_notify('waybill_events', :head::text) END,
            (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM head) AS moved,
-           EXISTS (SELECT 1 FROM appends WHERE stream_id = ANY(:new_streams::text[])) AS taken
+           EXISTS (SELECT 1 FROM appends WHERE stream_id = ANY(:new_streams::text[]))
+           OR EXISTS (SELECT 1 FROM archived_streams
+                      WHERE stream_id = ANY(:new_streams::text[])) AS taken
 """
 
 
@@ -1160,8 +1165,9 @@ async def _stream_versions(conn: AsyncConnection, stream_ids: set[str]) -> dict[
     result = await conn.execute(
         text(
             f"WITH s(id) AS (VALUES {rows}) SELECT s.id, "
-            "(SELECT max(e.version + length(e.types) - 1) FROM appends e "
-            "WHERE e.stream_id = s.id) FROM s"
+            "coalesce((SELECT max(e.version + length(e.types) - 1) FROM appends e "
+            "WHERE e.stream_id = s.id), (SELECT a.version FROM archived_streams a "
+            "WHERE a.stream_id = s.id)) FROM s"
         ),
         dict(zip(names, sorted(stream_ids), strict=True)),
     )

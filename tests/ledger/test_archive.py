@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from ledger import events as ev
 from ledger.archive import (
     ArchiveError,
     ArchiveRefused,
@@ -30,7 +31,7 @@ from ledger.db import create_engine
 from ledger.partitions import month_of
 from ledger.projection import ProjectionRunner
 from ledger.spend import spend_report
-from ledger.store import NO_STREAM, EventStore
+from ledger.store import ANY_VERSION, NO_STREAM, EventStore, WrongExpectedVersion
 from ledger.verify import verify_chain
 from ledger.views import all_projections
 from tests.ledger.factories import succeeded_trail
@@ -101,6 +102,27 @@ async def test_closed_months_become_files_and_verify_checks_them_with_the_live_l
         assert first_live.hash == (await store.read_stream("request-m2r0"))[0].hash
         # The spend read model is not recomputed from the events that left.
         assert await spend_report(store.engine, group_by=["workspace", "day"]) == before
+        # Streams go on from the versions they reached in the archived months: a late
+        # settlement on an archived request, a second start of it refused.
+        late = await store.append(
+            "request-m0r1",
+            ANY_VERSION,
+            [
+                ev.RequestFailed(
+                    request_id="m0r1",
+                    http_status=500,
+                    error_code="gateway_lost",
+                    error_type="server_error",
+                    message="late",
+                    attempts=1,
+                    duration_ms=0,
+                )
+            ],
+        )
+        assert late[0].version == 8
+        with pytest.raises(WrongExpectedVersion):
+            await store.append("request-m1r2", NO_STREAM, succeeded_trail("m1r2")[:1])
+        assert (await verify_chain(store, archive=archive_dir)).ok
         # A replay would rebuild them from the events left: refused, saying why.
         with pytest.raises(HistoryArchived, match="positions 1-42 are archived"):
             await ProjectionRunner(store, all_projections()).replay()

@@ -10,7 +10,8 @@ what the key guarded. SQLite keeps one table (``waybill archive`` refuses there)
 
 ``ledger_archives`` (both backends) records each archived month: its positions, the hash
 before it and its end hash, its file and the file's SHA-256. The live ledger's chain starts
-from the last one's end hash.
+from the last one's end hash. ``archived_streams`` keeps the version each stream reached in
+the archived months, so that a stream goes on from it (versions are read from both).
 
 Revision ID: 0010
 Revises: 0009
@@ -44,6 +45,11 @@ def upgrade() -> None:
         sa.Column("file", sa.String(200), nullable=False),
         sa.Column("sha256", sa.String(64), nullable=False),
         sa.Column("archived_at", sa.DateTime(timezone=True), nullable=False),
+    )
+    op.create_table(
+        "archived_streams",
+        sa.Column("stream_id", sa.String(200), primary_key=True),
+        sa.Column("version", sa.Integer, nullable=False),
     )
     if op.get_bind().dialect.name != "postgresql":
         # One table, and the same keys as PostgreSQL's: the stream's index is no unique key.
@@ -129,6 +135,7 @@ def downgrade() -> None:
             "CREATE TRIGGER appends_no_truncate BEFORE TRUNCATE ON appends "
             "FOR EACH STATEMENT EXECUTE FUNCTION waybill_events_are_immutable()"
         )
+    op.drop_table("archived_streams")
     op.drop_table("ledger_archives")
 
 
