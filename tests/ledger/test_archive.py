@@ -37,7 +37,16 @@ from ledger.views import all_projections
 from tests.ledger.factories import succeeded_trail
 
 _NOW = datetime.now(UTC)
-_MONTHS = [datetime(2026, 8, 15, tzinfo=UTC), datetime(2026, 9, 10, tzinfo=UTC), _NOW]
+
+
+def _months_ago(count: int, day: int) -> datetime:
+    months = _NOW.year * 12 + _NOW.month - 1 - count
+    return datetime(months // 12, months % 12 + 1, day, tzinfo=UTC)
+
+
+# Two closed months with a month between them (its table empty), and this one.
+_MONTHS = [_months_ago(4, 15), _months_ago(3, 10), _NOW]
+_FIRST, _SECOND = (month_of(m) for m in _MONTHS[:2])
 
 
 class _Clock:
@@ -74,7 +83,7 @@ async def test_closed_months_become_files_and_verify_checks_them_with_the_live_l
         first_of_this_month = date(_NOW.year, _NOW.month, 1)
         segments = await archive_months(store, first_of_this_month, archive_dir)
 
-        assert [s.month for s in segments] == ["2026-08", "2026-09"]
+        assert [s.month for s in segments] == [_FIRST, _SECOND]
         assert [(s.first_position, s.last_position) for s in segments] == [(1, 21), (22, 42)]
         assert segments[1].previous_hash == segments[0].end_hash
         assert await archived_segments(store.engine) == segments
@@ -88,7 +97,7 @@ async def test_closed_months_become_files_and_verify_checks_them_with_the_live_l
                 )
             ).scalars()
             assert live == 43
-            assert "appends_2026_08" not in set(tables)
+            assert f"appends_{_FIRST.replace('-', '_')}" not in set(tables)
 
         # The live ledger verifies from the archive's end; with the files, as one chain.
         alone = await verify_chain(store)
@@ -181,7 +190,7 @@ async def test_the_cli_archives_with_progress_and_verify_reads_the_archive(
 
     archived = waybill("archive", "--before", f"{month}-01", "--to", str(archive_dir))
     assert archived.returncode == 0, archived.stderr
-    assert "archived 2026-08: positions 1-21 (21 events)" in archived.stdout
+    assert f"archived {_FIRST}: positions 1-21 (21 events)" in archived.stdout
     assert "archiving" in archived.stderr  # the progress bar
     plain = waybill("verify")
     assert plain.returncode == 0 and "positions 1-42 archived, not checked" in plain.stdout
@@ -197,6 +206,6 @@ async def test_the_cli_archives_with_progress_and_verify_reads_the_archive(
     live = waybill("explain", "m2r1", "--json")
     assert live.returncode == 0 and json.loads(live.stdout)["request_id"] == "m2r1"
 
-    (archive_dir / "ledger-2026-09.jsonl.gz").unlink()
+    (archive_dir / f"ledger-{_SECOND}.jsonl.gz").unlink()
     missing = waybill("verify", "--archive", str(archive_dir), "--json")
     assert missing.returncode == 1 and "missing" in json.loads(missing.stdout)["problem"]
