@@ -43,7 +43,6 @@ from pathlib import Path
 from typing import Any, cast
 
 import sqlalchemy as sa
-from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
@@ -53,8 +52,8 @@ from bench.databases import fresh_postgres
 from bench.profile_summary import summarize
 from ledger import apikeys
 from ledger.db import create_engine, migrate, sync_url
-from ledger.schema import events
 from ledger.store import EventStore
+from ledger.stored import count_types
 from router.fake_upstream import FakeUpstream
 from tests.gateway.harness import ANTHROPIC_ENV, Route, closed_port, config_text
 
@@ -216,16 +215,11 @@ async def _outcomes(database_url: str, at_least: tuple[int, int] | None = None) 
     """(RequestCompleted, RequestFailed) in the ledger; with ``at_least``, wait (up to 30 s)
     until the completed count reaches it: a stream's last events may follow its last byte."""
     engine = create_engine(database_url, pool_size=1)
-    query = (
-        select(events.c.type, func.count())
-        .where(events.c.type.in_(("RequestCompleted", "RequestFailed")))
-        .group_by(events.c.type)
-    )
     deadline = time.monotonic() + 30
     try:
         while True:
             async with engine.connect() as conn:
-                counts = {kind: n for kind, n in await conn.execute(query)}
+                counts = await count_types(conn, ("RequestCompleted", "RequestFailed"))
             found = (counts.get("RequestCompleted", 0), counts.get("RequestFailed", 0))
             if at_least is None or sum(found) >= sum(at_least) or time.monotonic() > deadline:
                 return found
@@ -245,12 +239,17 @@ def _load(
     concurrency: int,
     args: argparse.Namespace,
     headers: Sequence[str] = (),
+    *,
+    requests: int = 0,
 ) -> dict[str, Any]:
-    """Run the load generator in its own process; its JSON summary. ``headers``: more
-    ``NAME: VALUE`` headers for every request."""
+    """Run the load generator in its own process (``args.seconds`` long, or until it has
+    sent ``requests``); its JSON summary. ``headers``: more ``NAME: VALUE`` headers for
+    every request."""
     command = [sys.executable, str(BENCH / "loadgen.py"), "--url", f"{url}/chat/completions"]
     command += ["--model", model, "--concurrency", str(concurrency)]
     command += ["--seconds", str(args.seconds), "--warmup", str(args.warmup)]
+    if requests:
+        command += ["--requests", str(requests)]
     if api_key:
         command += ["--api-key", api_key]
     for header in headers:

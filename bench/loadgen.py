@@ -1,14 +1,15 @@
 """Closed-loop HTTP/1.1 load generator for the gateway benchmark, run in its own process.
 
     .venv/bin/python bench/loadgen.py --url http://127.0.0.1:8900/v1/chat/completions \\
-        --model fake-model --concurrency 16 --seconds 5 [--stream] [--api-key KEY]
+        --model fake-model --concurrency 16 --seconds 5 [--stream] [--api-key KEY] [--requests N]
         [--header 'NAME: VALUE' ...]
 
 C keep-alive connections each send one chat completion, wait for the whole response
 (a Content-Length body, or a chunked SSE stream to its last chunk), and send the next. After
-``--warmup`` seconds the measured window opens; at its end no new request is sent and the
-ones in flight are awaited, so every request sent is answered and counted (the gateway
-benchmark checks the ledger against ``sent``). Prints one JSON object.
+``--warmup`` seconds the measured window opens; at its end (or once ``--requests`` have been
+sent) no new request is sent and the ones in flight are awaited, so every request sent is
+answered and counted (the gateway benchmark checks the ledger against ``sent``). Prints one
+JSON object.
 
 Deliberately tiny (asyncio protocols and a minimal response parser, no HTTP library) so that
 the client's own CPU stays small beside the gateway it measures on a 2-core machine; its CPU
@@ -192,7 +193,7 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
         conn = connections[index]
         while True:
             sent_at = time.perf_counter()
-            if sent_at >= stop_at:
+            if sent_at >= stop_at or (args.requests and totals.sent >= args.requests):
                 return
             if conn.closed:
                 totals.reconnects += 1
@@ -265,6 +266,9 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument(
+        "--requests", type=int, default=0, help="stop sending after this many (0: no limit)"
+    )
     args = parser.parse_args()
     print(json.dumps(asyncio.run(_run(args))), flush=True)
 

@@ -52,9 +52,10 @@ from ledger.checkpoints import generate_key, load_signing_key
 from ledger.db import create_engine, migrate
 from ledger.merkle import Frontier, event_leaf_hash
 from ledger.process import tune_gc
-from ledger.schema import events, ledger_head
+from ledger.schema import appends, ledger_head
 from ledger.sink import LEVELS, read_sink
 from ledger.store import NO_STREAM, EventStore, canonical_payload
+from ledger.stored import holding
 from router.cli import progress_bar
 from tests.ledger.factories import key_created
 
@@ -198,9 +199,9 @@ async def _a_request_id(url: str) -> str:
         async with engine.connect() as conn:
             stream = (
                 await conn.execute(
-                    select(events.c.stream_id)
-                    .where(events.c.type == "RequestCompleted")
-                    .order_by(events.c.position.desc())
+                    select(appends.c.stream_id)
+                    .where(holding("RequestCompleted"))
+                    .order_by(appends.c.position.desc())
                     .limit(1)
                 )
             ).scalar_one()

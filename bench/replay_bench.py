@@ -41,7 +41,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
-from sqlalchemy import Table, func, select, text
+from sqlalchemy import Table, select, text
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -55,7 +55,6 @@ from ledger.process import tune_gc
 from ledger.projection import ProjectionRunner
 from ledger.schema import (
     api_keys,
-    events,
     ledger_head,
     projection_checkpoints,
     request_views,
@@ -63,6 +62,7 @@ from ledger.schema import (
     unknown_settlements,
 )
 from ledger.store import NO_STREAM, EventStore
+from ledger.stored import count_types
 from ledger.views import all_projections
 from router.cli import progress_bar
 from tests.ledger.factories import key_created, succeeded_trail, unknown_then_failed_trail
@@ -469,12 +469,7 @@ async def _expected(engine: AsyncEngine) -> dict[str, Any]:
     """What the ledger says the read models must hold: rows per table, and every
     checkpoint at the head."""
     async with engine.connect() as conn:
-        result = await conn.execute(
-            select(events.c.type, func.count())
-            .where(events.c.type.in_(_ROWS_PER_EVENT.values()))
-            .group_by(events.c.type)
-        )
-        counts: dict[str, int] = {str(kind): int(n) for kind, n in result}
+        counts = await count_types(conn, set(_ROWS_PER_EVENT.values()))
         head = (await conn.execute(select(ledger_head.c.position))).scalar_one()
         checkpoints = (await conn.execute(select(projection_checkpoints.c.position))).scalars()
         behind = [int(head) - int(position) for position in checkpoints]

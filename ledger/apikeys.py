@@ -12,6 +12,7 @@ from typing import Any, Literal, TypeGuard
 from ledger.events import KeyCreated, KeyRevoked
 from ledger.projection import ProjectionRunner
 from ledger.store import NO_STREAM, EventStore
+from ledger.stored import TYPE_CHARS
 from ledger.types import money_of
 from ledger.views.keys import KeysProjection
 
@@ -119,10 +120,11 @@ async def revoke_key(
 _SELECT_KEY = (
     "SELECT k.key_id, k.workspace, k.role, k.revoked_at, k.budget_limit_usd, "
     "k.budget_window, "
-    "(SELECT max(e.version) FROM events e WHERE e.stream_id = 'key-' || k.key_id) "
-    "AS version, "
-    "EXISTS (SELECT 1 FROM events e WHERE e.stream_id = 'key-' || k.key_id "
-    "AND e.type = 'KeyRevoked') AS revoked_in_ledger "
+    "coalesce((SELECT max(e.version + length(e.types) - 1) FROM appends e "
+    "WHERE e.stream_id = 'key-' || k.key_id), (SELECT a.version FROM archived_streams a "
+    "WHERE a.stream_id = 'key-' || k.key_id)) AS version, "
+    "EXISTS (SELECT 1 FROM appends e WHERE e.stream_id = 'key-' || k.key_id "
+    f"AND e.types LIKE '%{TYPE_CHARS[KeyRevoked.type]}%') AS revoked_in_ledger "
     "FROM api_keys k "
 )
 _FIND_KEY = _SELECT_KEY + "WHERE k.secret_sha256 = :digest"

@@ -26,14 +26,16 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, Final, Literal, TypeVar
 
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.accounting import BOOK_EVENTS, UNKNOWN_OWNER, Books, FoldProblem, fold_books
+from ledger.archive import require_history
 from ledger.books import account_row, balance_of, hold_of, hold_row, resolution_row
 from ledger.db import READ_ONLY
-from ledger.schema import budget_accounts, budget_holds, budget_resolutions, events, ledger_head
-from ledger.store import EventStore, RecordedEvent, decode_payload
+from ledger.schema import appends, budget_accounts, budget_holds, budget_resolutions, ledger_head
+from ledger.store import EventStore, RecordedEvent, decode_row
+from ledger.stored import previous_hash, type_char
 from ledger.types import money_of
 
 __all__ = ["BOOK_EVENT_TYPES", "BooksReport", "Discrepancy", "check_books", "rebuild_books"]
@@ -190,34 +192,31 @@ def _shown(value: object) -> str:
 async def _budget_events(
     conn: AsyncConnection, head: int, progress: Progress | None
 ) -> AsyncIterator[RecordedEvent]:
-    """The budget events up to ``head``, in position order, read a page at a time."""
-    total = int(
-        (
-            await conn.execute(
-                select(func.count())
-                .select_from(events)
-                .where(events.c.type.in_(BOOK_EVENT_TYPES), events.c.position <= head)
-            )
-        ).scalar_one()
-    )
+    """The budget events up to ``head``, in position order, read a page at a time (rows
+    that hold none are told by their types and never decompressed)."""
+    a = appends.c
+    wanted = {type_char(t) for t in BOOK_EVENT_TYPES}
+    total = 0
+    for (types,) in await conn.execute(select(a.types).where(a.position <= head)):
+        total += sum(1 for char in types if char in wanted)
     after, done = 0, 0
     while True:
         rows = (
             await conn.execute(
-                select(events.c.position, events.c.hash, events.c.payload)
-                .where(
-                    events.c.type.in_(BOOK_EVENT_TYPES),
-                    events.c.position > after,
-                    events.c.position <= head,
-                )
-                .order_by(events.c.position)
+                select(a.position, a.types, previous_hash(), a.payloads)
+                .where(a.position > after, a.position <= head)
+                .order_by(a.position)
                 .limit(_PAGE)
             )
         ).all()
         for row in rows:
-            # The hashed bytes, not the queryable copy: what `waybill verify` vouches for.
-            yield decode_payload(row.position, row.hash, bytes(row.payload))
-        done += len(rows)
+            if wanted.isdisjoint(row.types):
+                continue
+            # The hashed bytes: what `waybill verify` vouches for.
+            for recorded in decode_row(row.position, row.previous, bytes(row.payloads)):
+                if recorded.position <= head and recorded.type in BOOK_EVENT_TYPES:
+                    done += 1
+                    yield recorded
         if progress is not None:
             progress(done, total)
         if len(rows) < _PAGE:
@@ -255,6 +254,7 @@ async def _head(conn: AsyncConnection, *, lock: bool = False) -> int:
 
 async def check_books(store: EventStore, progress: Progress | None = None) -> BooksReport:
     """Fold the budget events and compare them with the live tables, in one snapshot."""
+    await require_history(store.engine, "checking the books")
     async with store.engine.connect() as conn:
         options: dict[str, Any] = {READ_ONLY: True}
         if conn.dialect.name == "postgresql":
@@ -287,6 +287,7 @@ async def _compare_stored(conn: AsyncConnection, folded: _Folded) -> list[Discre
 async def rebuild_books(store: EventStore, progress: Progress | None = None) -> BooksReport:
     """Rewrite the books from the budget events, under the ledger head's lock. Returns what
     was found wrong before (an empty list: they were right, and are unchanged in value)."""
+    await require_history(store.engine, "rebuilding the books")
     async with store.engine.begin() as conn:
         # SQLite: BEGIN IMMEDIATE (ledger.db) already holds the database's write lock.
         head = await _head(conn, lock=conn.dialect.name == "postgresql")

@@ -35,7 +35,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ledger.checkpoints import Checkpoint, PublicKeys
@@ -51,8 +50,8 @@ from ledger.merkle import (
     range_hash,
     verify_consistency,
 )
-from ledger.schema import events
 from ledger.sink import SinkEntry, TreeFiles
+from ledger.stored import read_range
 
 __all__ = ["CheckpointAudit", "CheckpointFailure", "CheckpointReport"]
 
@@ -400,11 +399,5 @@ async def _leaf_hashes(engine: AsyncEngine, first: int, last: int) -> list[bytes
         return []
     async with engine.connect() as conn:
         reading = await conn.execution_options(**{READ_ONLY: True})
-        rows = (
-            await reading.execute(
-                select(events.c.position, events.c.payload)
-                .where(events.c.position.between(first, last))
-                .order_by(events.c.position)
-            )
-        ).all()
-    return [event_leaf_hash(int(r.position), bytes(r.payload)) for r in rows]
+        found = await read_range(reading, first - 1, last, last - first + 1)
+    return [event_leaf_hash(position, payload) for position, _, payload in found]

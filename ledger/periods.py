@@ -19,11 +19,11 @@ from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any, Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 
 from ledger import events as ev
 from ledger.projection import ProjectionRunner
-from ledger.schema import events, projection_checkpoints, spend_attempts, unknown_settlements
+from ledger.schema import appends, projection_checkpoints, spend_attempts, unknown_settlements
 from ledger.spend import spend_report
 from ledger.store import NO_STREAM, EventStore, WrongExpectedVersion
 
@@ -179,11 +179,16 @@ async def _stream_versions(conn: Any, streams: list[str], position: int) -> dict
     """Each stream's version as of ledger ``position``."""
     if not streams:
         return {}
-    e = events
+    a = appends.c
+    # A row's last event at or before ``position``: all of them, or those up to it.
+    last = case(
+        (a.position + func.length(a.types) - 1 <= position, a.version + func.length(a.types) - 1),
+        else_=a.version + (position - a.position),
+    )
     rows = await conn.execute(
-        select(e.c.stream_id, func.max(e.c.version))
-        .where(e.c.stream_id.in_(streams), e.c.position <= position)
-        .group_by(e.c.stream_id)
+        select(a.stream_id, func.max(last))
+        .where(a.stream_id.in_(streams), a.position <= position)
+        .group_by(a.stream_id)
     )
     return {str(stream): int(version) for stream, version in rows}
 

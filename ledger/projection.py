@@ -28,9 +28,18 @@ from sqlalchemy import Table, delete, select, text, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from ledger.archive import require_history
 from ledger.db import dialect_insert, is_unavailable
-from ledger.schema import events, ledger_head, projection_checkpoints
+from ledger.schema import appends, ledger_head, projection_checkpoints
 from ledger.store import EventStore, RecordedEvent, decode_payload
+from ledger.stored import (
+    FROM_POSITION_SQL,
+    PREVIOUS_SQL,
+    from_position,
+    previous_hash,
+    stored_events,
+    type_char,
+)
 from ledger.tail import Wakeup
 
 __all__ = ["ModelWriter", "Projection", "ProjectionRunner", "SqlAlchemyWriter", "fold_into"]
@@ -157,18 +166,19 @@ class ProjectionRunner:
             return (await self._step_postgres(chosen, None, read_ahead=False))[0]
         async with self.store.engine.begin() as conn:
             checkpoints = [await _lock_checkpoint(conn, p.name) for p in chosen]
+            start = min(checkpoints)
+            a = appends.c
             rows = (
                 await conn.execute(
-                    select(events.c.position, events.c.type, events.c.hash, events.c.payload)
-                    .where(events.c.position > min(checkpoints))
-                    .order_by(events.c.position)
+                    select(a.position, a.types, previous_hash(), a.payloads)
+                    .where(from_position(start))
+                    .order_by(a.position)
                     .limit(self.page_size)
                 )
             ).all()
-            if not rows:
+            count, last, page = _decode_wanted(chosen, rows, start, self.page_size)
+            if count == 0:
                 return 0
-            last = int(rows[-1][0])
-            page = _decode_wanted(chosen, rows)
             await _apply_page(SqlAlchemyWriter(conn), chosen, checkpoints, page)
             behind = [p.name for p, c in zip(chosen, checkpoints, strict=True) if c < last]
             await conn.execute(
@@ -176,7 +186,7 @@ class ProjectionRunner:
                 .where(projection_checkpoints.c.name.in_(behind))
                 .values(position=last, updated_at=datetime.now(UTC))
             )
-            return len(rows)
+            return count
 
     async def _step_postgres(
         self, chosen: list[Projection], ahead: _Ahead | None, *, read_ahead: bool
@@ -226,9 +236,7 @@ class ProjectionRunner:
                 rows = await own.fetch(_PG_PAGE, start, self.page_size)
         else:
             rows = await conn.fetch(_PG_PAGE, start, self.page_size)
-        if not rows:
-            return 0, start, []
-        return len(rows), int(rows[-1][0]), _decode_wanted(chosen, rows)
+        return _decode_wanted(chosen, rows, start, self.page_size)
 
     async def catch_up(self, *projections: Projection, progress: Progress | None = None) -> int:
         """Bring ``projections`` (all when none is named) up to the head, the pages read
@@ -266,6 +274,7 @@ class ProjectionRunner:
         """Clear the tables of ``projections`` (all when none is named) and rebuild them from
         position 0, in one pass over the ledger."""
         chosen = sorted(projections or self.projections.values(), key=lambda p: p.name)
+        await require_history(self.store.engine, "a replay")
         async with self.store.engine.begin() as conn:
             for projection in chosen:
                 await _lock_checkpoint(conn, projection.name)
@@ -354,17 +363,35 @@ class _Ahead:
 
 
 def _decode_wanted(
-    chosen: Sequence[Projection], rows: Sequence[Sequence[Any]]
-) -> list[RecordedEvent]:
-    """The page's rows (position, type, hash, payload) that some projection reads, decoded;
-    the others (route evaluations, the largest events, are read by none) are skipped
-    unparsed."""
-    wanted: set[str] = set()
+    chosen: Sequence[Projection], rows: Sequence[Sequence[Any]], start: int, limit: int
+) -> tuple[int, int, list[RecordedEvent]]:
+    """A page of ``appends`` rows (position, types, previous, payloads): how many events past
+    ``start`` it holds (at most ``limit``: the page ends inside a row if it must), the last
+    one's position, and those that some projection reads, decoded. The others (route
+    evaluations, the largest events, are read by none) are skipped unparsed, and a row
+    holding none of them is not even decompressed."""
+    wanted: set[str] | None = set()
     for projection in chosen:
         if projection.event_types is None:
-            return [decode_payload(r[0], r[2], r[3]) for r in rows]
+            wanted = None
+            break
+        assert wanted is not None
         wanted |= projection.event_types
-    return [decode_payload(r[0], r[2], r[3]) for r in rows if r[1] in wanted]
+    characters = None if wanted is None else {type_char(t) for t in wanted}
+    last, page = start, []
+    for position, types, previous, payloads in rows:
+        first = max(0, last + 1 - position)  # the row's events up to the page's last so far
+        end = min(len(types), first + start + limit - last)
+        if end <= first:
+            break
+        taken = types[first:end]
+        if characters is None or not characters.isdisjoint(taken):
+            stored = stored_events(position, previous, payloads)[first:end]
+            for (at, hash_, payload), char in zip(stored, taken, strict=True):
+                if characters is None or char in characters:
+                    page.append(decode_payload(at, hash_, payload))
+        last = position + end - 1
+    return last - start, last, page
 
 
 async def _apply_page(
@@ -393,8 +420,9 @@ _PG_NEW_CHECKPOINTS = (
     "SELECT unnest($1::text[]), 0, now() ON CONFLICT (name) DO NOTHING"
 )
 _PG_PAGE = (
-    "SELECT position, type, hash, payload FROM events WHERE position > $1 "
-    "ORDER BY position LIMIT $2"
+    f"SELECT position, types, {PREVIOUS_SQL}, payloads FROM appends WHERE "
+    + FROM_POSITION_SQL.format(after="$1")
+    + " ORDER BY position LIMIT $2"
 )
 _PG_MOVE_CHECKPOINTS = (
     "UPDATE projection_checkpoints SET position = $1, updated_at = now() "

@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ledger.checkpoints import (
@@ -53,9 +52,9 @@ from ledger.merkle import (
     verify_inclusion,
 )
 from ledger.queries import request_stream_id
-from ledger.schema import events
 from ledger.sink import SinkEntry, TreeFiles
 from ledger.store import RecordedEvent
+from ledger.stored import read_range
 
 __all__ = [
     "FORMAT",
@@ -223,20 +222,13 @@ async def _catch(
     async with engine.connect() as conn:
         reading = await conn.execution_options(**{READ_ONLY: True})
         while frontier.size < size:
-            rows = (
-                await reading.execute(
-                    select(events.c.position, events.c.payload)
-                    .where(events.c.position > frontier.size, events.c.position <= size)
-                    .order_by(events.c.position)
-                    .limit(_PAGE)
-                )
-            ).all()
-            if not rows:
+            found = await read_range(reading, frontier.size, size, _PAGE)
+            if not found:
                 break
-            for row in rows:
-                if row.position != frontier.size + 1:
+            for position, _, payload in found:
+                if position != frontier.size + 1:
                     raise ProofUnavailable(f"the ledger has no event at {frontier.size + 1}")
-                frontier.append(event_leaf_hash(int(row.position), bytes(row.payload)))
+                frontier.append(event_leaf_hash(position, payload))
             if progress is not None:
                 progress(frontier.size, size)
     if frontier.size < size:

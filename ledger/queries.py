@@ -15,12 +15,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from sqlalchemy import select, tuple_
+from sqlalchemy import func, or_, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ledger.db import READ_ONLY
-from ledger.schema import events, request_views, spend_attempts
-from ledger.store import RecordedEvent, decode_payload
+from ledger.schema import appends, request_views
+from ledger.store import RecordedEvent, decode_row
+from ledger.stored import holding, previous_hash
 from ledger.types import money_str
 
 __all__ = [
@@ -157,19 +158,23 @@ async def read_request_events(
     engine: AsyncEngine, request_id: str, *, after_version: int = 0, limit: int | None = None
 ) -> list[RecordedEvent]:
     """The events of ``request_id``'s stream after ``after_version``, in order."""
+    a = appends.c
     query = (
-        select(events.c.position, events.c.hash, events.c.payload)
+        select(a.position, a.version, previous_hash(), a.payloads)
         .where(
-            events.c.stream_id == request_stream_id(request_id),
-            events.c.version > after_version,
+            a.stream_id == request_stream_id(request_id),
+            a.version + func.length(a.types) > after_version + 1,  # its last is past it
         )
-        .order_by(events.c.version)
+        .order_by(a.version)
     )
     if limit is not None:
-        query = query.limit(limit)
+        query = query.limit(limit)  # rows, each of at least one event
+    found: list[RecordedEvent] = []
     async with _reading(engine) as conn:
-        result = await conn.execute(query)
-        return [decode_payload(r.position, r.hash, r.payload) for r in result]
+        for row in await conn.execute(query):
+            skip = max(0, after_version + 1 - row.version)
+            found += decode_row(row.position, row.previous, row.payloads)[skip:]
+    return found if limit is None else found[:limit]
 
 
 async def read_request_trails(
@@ -180,17 +185,16 @@ async def read_request_trails(
     if not request_ids:
         return {}
     streams = {request_stream_id(r): r for r in request_ids}
+    a = appends.c
     query = (
-        select(events.c.stream_id, events.c.position, events.c.hash, events.c.payload)
-        .where(events.c.stream_id.in_(list(streams)))
-        .order_by(events.c.stream_id, events.c.version)
+        select(a.stream_id, a.position, previous_hash(), a.payloads)
+        .where(a.stream_id.in_(list(streams)))
+        .order_by(a.stream_id, a.version)
     )
     trails: dict[str, list[RecordedEvent]] = {r: [] for r in request_ids}
     async with _reading(engine) as conn:
         for row in await conn.execute(query):
-            trails[streams[row.stream_id]].append(
-                decode_payload(row.position, row.hash, row.payload)
-            )
+            trails[streams[row.stream_id]] += decode_row(row.position, row.previous, row.payloads)
     return trails
 
 
@@ -207,36 +211,46 @@ class RecentFailures:
 async def recent_failures(
     engine: AsyncEngine, *, workspace: str | None, window: int = 2000
 ) -> RecentFailures:
-    """The failure classes of the latest ``window`` attempt outcomes of the ledger (the
-    events index by type, newest first: a bounded read however long the ledger), those of
-    ``workspace``'s requests only unless None (every workspace)."""
-    latest = (
-        select(events.c.data, events.c.recorded_at)
-        .where(events.c.type == "AttemptFinished")
-        .order_by(events.c.position.desc())
-        .limit(window)
-        .subquery()
+    """The failure classes of the latest ``window`` attempt outcomes of the ledger, those of
+    ``workspace``'s requests only unless None (every workspace). A bounded read however long
+    the ledger: the newest appends that hold an attempt's start or end (the primary key read
+    backwards), each outcome's endpoint from its attempt's start among them (an outcome whose
+    start is older than the rows read is not counted), the workspace from the request views."""
+    a = appends.c
+    query = (
+        select(a.position, previous_hash(), a.payloads)
+        .where(or_(holding("AttemptFinished"), holding("AttemptStarted")))
+        .order_by(a.position.desc())
+        .limit(window * 2)
     )
-    attempt = spend_attempts.c
-    query = select(
-        attempt.endpoint,
-        latest.c.data["failure_class"].as_string(),
-        latest.c.data["status"].as_string(),
-        attempt.workspace,
-        latest.c.recorded_at,
-    ).join_from(
-        latest, spend_attempts, attempt.attempt_id == latest.c.data["attempt_id"].as_string()
-    )
+    endpoints: dict[str, str] = {}
+    finished: list[tuple[RecordedEvent, Any]] = []
+    async with _reading(engine) as conn:
+        for row in await conn.execute(query):
+            for recorded in decode_row(row.position, row.previous, row.payloads):
+                if recorded.type == "AttemptStarted":
+                    endpoints[recorded.data["attempt_id"]] = recorded.data["endpoint"]
+                elif recorded.type == "AttemptFinished" and len(finished) < window:
+                    finished.append((recorded, recorded.data))
+        owners: dict[str, str] = {}
+        if workspace is not None and finished:
+            wanted = list({data["request_id"] for _, data in finished})
+            views = select(request_views.c.request_id, request_views.c.workspace).where(
+                request_views.c.request_id.in_(wanted)
+            )
+            owners = {r.request_id: r.workspace for r in await conn.execute(views)}
     counts: dict[tuple[str, str], int] = {}
     outcomes, since = 0, None
-    async with _reading(engine) as conn:
-        for endpoint, failure_class, status, owner, recorded_at in await conn.execute(query):
-            moment = _utc(recorded_at)
-            since = moment if since is None else min(since, moment)
-            if workspace is not None and owner != workspace:
-                continue
-            outcomes += 1
-            if status == "failed":
-                key = (str(endpoint), str(failure_class or "unclassified"))
-                counts[key] = counts.get(key, 0) + 1
+    for recorded, data in finished:
+        endpoint = endpoints.get(data["attempt_id"])
+        if endpoint is None:
+            continue
+        moment = _utc(recorded.recorded_at)
+        since = moment if since is None else min(since, moment)
+        if workspace is not None and owners.get(data["request_id"]) != workspace:
+            continue
+        outcomes += 1
+        if data["status"] == "failed":
+            key = (str(endpoint), str(data.get("failure_class") or "unclassified"))
+            counts[key] = counts.get(key, 0) + 1
     return RecentFailures(counts, outcomes, since)

@@ -43,11 +43,12 @@ from sqlalchemy import Select, and_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ledger import events as ev
-from ledger.accounting import settlement_refusal
+from ledger.accounting import reservation_id, settlement_refusal
 from ledger.projection import ProjectionRunner
-from ledger.schema import events, spend_attempts, unknown_settlements
+from ledger.schema import appends, spend_attempts, unknown_settlements
 from ledger.settlements import SettlementError, settle_unknown
-from ledger.store import NO_STREAM, EventStore, WrongExpectedVersion, decode_payload
+from ledger.store import NO_STREAM, EventStore, WrongExpectedVersion, decode_row
+from ledger.stored import holding, previous_hash
 from ledger.types import money_str
 from ledger.usage_export import ExportError, ExportFormat, ProviderLine, parse_export
 from ledger.views import all_projections
@@ -435,26 +436,28 @@ async def list_reconciliations(
 ) -> list[RecordedReport]:
     """Recorded reconciliations, newest first, ``limit`` of them before ledger position
     ``before``: those of ``workspace`` only (a finance key's), or every one (None, an
-    admin's). Read through the events' index by type: reports are few among the events."""
+    admin's). Read from the appends that hold a report, newest first."""
+    a = appends.c
     query = (
-        select(events.c.position, events.c.recorded_at, events.c.schema_version, events.c.data)
-        .where(events.c.type == ev.ReconciliationImported.type)
-        .order_by(events.c.position.desc())
-        .limit(limit)
+        select(a.position, previous_hash(), a.payloads)
+        .where(holding(ev.ReconciliationImported.type))
+        .order_by(a.position.desc())
     )
     if before is not None:
-        query = query.where(events.c.position < before)
-    if workspace is not None:
-        query = query.where(events.c.data["workspace"].as_string() == workspace)
+        query = query.where(a.position < before)
+    found: list[RecordedReport] = []
     async with engine.connect() as conn:
-        rows = (await conn.execute(query)).all()
-    found = []
-    for position, recorded_at, version, data in rows:
-        event = ev.decode_event(ev.ReconciliationImported.type, version, data)
-        assert isinstance(event, ev.ReconciliationImported)
-        moment = recorded_at if recorded_at.tzinfo else recorded_at.replace(tzinfo=UTC)
-        found.append(RecordedReport(int(position), moment, event))
-    return found
+        for row in await conn.execute(query):
+            for recorded in decode_row(row.position, row.previous, row.payloads):
+                event = recorded.event()
+                if not isinstance(event, ev.ReconciliationImported):
+                    continue
+                if workspace is not None and event.workspace != workspace:
+                    continue
+                found.append(RecordedReport(recorded.position, recorded.recorded_at, event))
+            if len(found) >= limit:
+                break
+    return found[:limit]
 
 
 def report_json(event: ev.ReconciliationImported) -> dict[str, Any]:
@@ -596,7 +599,12 @@ async def _candidates(
         )
         queries = []
         if attempt_ids:
-            queries.append(_base_query(scope).where(c.attempt_id.in_(attempt_ids)))
+            # A hold's row is keyed by its attempt's reservation id (ledger.views.spend):
+            # found by the primary key, with no index of attempt ids to keep.
+            holds = sorted({reservation_id(a) for a in attempt_ids})
+            queries.append(
+                _base_query(scope).where(c.reservation_id.in_(holds), c.attempt_id.in_(attempt_ids))
+            )
         if request_ids:
             queries.append(_base_query(scope).where(c.upstream_request_id.in_(request_ids)))
             queries.append(_base_query(scope).where(c.response_id.in_(request_ids)))
@@ -646,16 +654,19 @@ async def _settled_events(
     streams = sorted({f"request-{a.request_id}" for a in attempts})
     found: dict[str, ev.UnknownUsageSettled] = {}
     for start in range(0, len(streams), _CHUNK):
-        query = select(events.c.position, events.c.hash, events.c.payload).where(
-            events.c.stream_id.in_(streams[start : start + _CHUNK]),
-            events.c.type == ev.UnknownUsageSettled.type,
+        query = select(appends.c.position, previous_hash(), appends.c.payloads).where(
+            appends.c.stream_id.in_(streams[start : start + _CHUNK]),
+            holding(ev.UnknownUsageSettled.type),
         )
         async with engine.connect() as conn:
             rows = (await conn.execute(query)).all()
         for row in rows:
-            event = decode_payload(row.position, row.hash, row.payload).event()
-            if isinstance(event, ev.UnknownUsageSettled) and event.reservation_id in wanted:
-                found[event.reservation_id] = event
+            for recorded in decode_row(row.position, row.previous, row.payloads):
+                if recorded.type != ev.UnknownUsageSettled.type:
+                    continue
+                event = recorded.event()
+                if isinstance(event, ev.UnknownUsageSettled) and event.reservation_id in wanted:
+                    found[event.reservation_id] = event
     return found
 
 

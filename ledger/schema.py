@@ -8,7 +8,6 @@ migration (a test compares them).
 from __future__ import annotations
 
 from sqlalchemy import (
-    JSON,
     BigInteger,
     Boolean,
     CheckConstraint,
@@ -22,21 +21,21 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    UniqueConstraint,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
 
 from ledger.types import MoneyColumn
 
 __all__ = [
     "api_keys",
+    "appends",
+    "archived_streams",
     "budget_accounts",
     "budget_holds",
     "budget_resolutions",
-    "events",
     "gateway_instances",
     "idempotency_records",
+    "ledger_archives",
     "ledger_head",
     "ledger_verifications",
     "metadata",
@@ -48,28 +47,57 @@ __all__ = [
 
 metadata = MetaData()
 
-Json = JSON().with_variant(JSONB(), "postgresql")
-
-events = Table(
-    "events",
+# One row per append: its events' positions and versions from the first on, their types,
+# the last one's chain hash and their canonical bytes (compressed); see ledger.stored.
+appends = Table(
+    "appends",
     metadata,
     # Assigned by the appender under the head-row lock, never by a sequence: see store.py.
     Column("position", BigInteger, primary_key=True, autoincrement=False),
-    Column("stream_id", String(200), nullable=False),
-    Column("version", Integer, nullable=False),
-    Column("type", String(100), nullable=False),
-    Column("schema_version", Integer, nullable=False),
-    Column("data", Json, nullable=False),
-    Column("metadata", Json, nullable=False),
     Column("recorded_at", DateTime(timezone=True), nullable=False),
-    # The exact canonical bytes that were hashed; data/metadata above are their queryable copy.
-    Column("payload", LargeBinary, nullable=False),
-    Column("hash", String(64), nullable=False),
-    UniqueConstraint("stream_id", "version", name="uq_events_stream_version"),
-    CheckConstraint("version >= 1", name="ck_events_version_positive"),
+    Column("version", Integer, nullable=False),
+    Column("stream_id", String(200), nullable=False),
+    Column("types", Text, nullable=False),  # one character per event (ledger.stored)
+    Column("hash", LargeBinary, nullable=False),  # the last event's chain hash (32 bytes)
+    Column("payloads", LargeBinary, nullable=False),  # the hashed bytes, compressed
+    CheckConstraint("version >= 1", name="ck_appends_version_positive"),
+)
+# Not a unique key: on PostgreSQL the table is partitioned by month (ledger.partitions), and
+# a stream's first append is checked by the write itself (ledger.store, THE LOCK).
+Index("ix_appends_stream_version", appends.c.stream_id, appends.c.version)
+
+# The spend report reads every PeriodAdjusted (its character is V); no other query looks
+# rows up by type often enough to pay for an index.
+Index(
+    "ix_appends_period_adjusted",
+    appends.c.position,
+    postgresql_where=text("types LIKE '%V%'"),
+    sqlite_where=text("types LIKE '%V%'"),
 )
 
-Index("ix_events_type", events.c.type, events.c.position)
+# One row per archived month (ledger.archive): the live ledger starts after the last.
+ledger_archives = Table(
+    "ledger_archives",
+    metadata,
+    Column("month", String(7), primary_key=True),
+    Column("first_position", BigInteger, nullable=False),
+    Column("last_position", BigInteger, nullable=False, unique=True),
+    Column("previous_hash", LargeBinary, nullable=False),
+    Column("end_hash", LargeBinary, nullable=False),  # where the live ledger's chain starts
+    Column("events", BigInteger, nullable=False),
+    Column("file", String(200), nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("archived_at", DateTime(timezone=True), nullable=False),
+)
+
+# Each stream that has events in an archived month, at its version there: a stream goes
+# on from it (a key's revocation, the config's next activation, a late settlement).
+archived_streams = Table(
+    "archived_streams",
+    metadata,
+    Column("stream_id", String(200), primary_key=True),
+    Column("version", Integer, nullable=False),
+)
 
 # One row: the last appended position and hash. Every append locks it; see store.py.
 ledger_head = Table(
@@ -162,7 +190,6 @@ spend_attempts = Table(
     Column("last_position", BigInteger, nullable=False),
 )
 Index("ix_spend_attempts_workspace_day", spend_attempts.c.workspace, spend_attempts.c.day)
-Index("ix_spend_attempts_attempt", spend_attempts.c.attempt_id)
 Index("ix_spend_attempts_upstream_request", spend_attempts.c.upstream_request_id)
 Index("ix_spend_attempts_day", spend_attempts.c.day)
 

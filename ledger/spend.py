@@ -19,7 +19,9 @@ from sqlalchemy import ColumnElement, and_, case, distinct, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ledger import events as ev
-from ledger.schema import budget_accounts, events, spend_attempts, unknown_settlements
+from ledger.schema import appends, budget_accounts, spend_attempts, unknown_settlements
+from ledger.store import decode_row
+from ledger.stored import holding, previous_hash
 from ledger.types import money_str
 
 __all__ = [
@@ -214,12 +216,16 @@ _NO_ADJUSTMENT: Final = (Decimal(0), Decimal(0), Decimal(0))
 
 async def _adjustments(conn: AsyncConnection) -> dict[str, tuple[Decimal, Decimal, Decimal]]:
     """What ``PeriodAdjusted`` events moved each closed-period attempt by, by reservation."""
-    query = select(events.c.schema_version, events.c.data).where(
-        events.c.type == ev.PeriodAdjusted.type
-    )
+    a = appends.c
+    query = select(a.position, previous_hash(), a.payloads).where(holding(ev.PeriodAdjusted.type))
+    adjustments = [
+        recorded.event()
+        for row in (await conn.execute(query)).all()
+        for recorded in decode_row(row.position, row.previous, row.payloads)
+        if recorded.type == ev.PeriodAdjusted.type
+    ]
     found: dict[str, tuple[Decimal, Decimal, Decimal]] = {}
-    for version, data in (await conn.execute(query)).all():
-        event = ev.decode_event(ev.PeriodAdjusted.type, version, data)
+    for event in adjustments:
         assert isinstance(event, ev.PeriodAdjusted)
         settled, held, overrun = found.get(event.reservation_id, _NO_ADJUSTMENT)
         found[event.reservation_id] = (

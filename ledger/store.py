@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
-import hashlib
 import logging
 import weakref
 from collections import deque
@@ -28,7 +27,7 @@ from typing import Any, Literal, TypeVar
 
 import asyncpg
 import orjson
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ledger.accounting import Balance, Books, BudgetDenied, Effect, Hold, HoldStateError, Reserve
@@ -42,8 +41,17 @@ from ledger.books import (
 )
 from ledger.db import READ_ONLY, LedgerUnavailable, asyncpg_dsn, is_unavailable
 from ledger.events import Event, EventValidationError, decode_event, encode_event
+from ledger.partitions import ensure_months, month_of
 from ledger.reads import HotReads, close_quietly, connect, positional
-from ledger.schema import events, ledger_head
+from ledger.schema import appends, ledger_head
+from ledger.stored import (
+    GENESIS_HASH,
+    chain_hash,
+    from_position,
+    previous_hash,
+    row_of,
+    stored_events,
+)
 
 __all__ = [
     "ANY_VERSION",
@@ -54,9 +62,9 @@ __all__ = [
     "RecordedEvent",
     "WrongExpectedVersion",
     "chain_hash",
+    "decode_row",
 ]
 
-GENESIS_HASH = "0" * 64
 ANY_VERSION: None = None
 """``expected_version`` that appends at the stream's end, whatever its version."""
 NO_STREAM = 0
@@ -188,13 +196,6 @@ def _json_string(text: str) -> bytes:
     return orjson.dumps(text)
 
 
-def chain_hash(previous_hash: str, position: int, payload: bytes) -> str:
-    digest = hashlib.sha256(bytes.fromhex(previous_hash))
-    digest.update(position.to_bytes(8, "big"))
-    digest.update(payload)
-    return digest.hexdigest()
-
-
 def decode_payload(position: int, hash_: str, payload: bytes) -> RecordedEvent:
     body = orjson.loads(payload)
     return RecordedEvent(
@@ -209,6 +210,21 @@ def decode_payload(position: int, hash_: str, payload: bytes) -> RecordedEvent:
         hash=hash_,
         payload=payload,
     )
+
+
+def decode_row(
+    position: int, previous: bytes | None, payloads: bytes, *, after: int = 0
+) -> list[RecordedEvent]:
+    """The events an ``appends`` row holds (those past position ``after``), in order;
+    ``previous`` is the previous row's hash (``ledger.stored.previous_hash``)."""
+    return [
+        decode_payload(at, hash_, payload)
+        for at, hash_, payload in stored_events(position, previous, bytes(payloads), after=after)
+    ]
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
 
 
 # The events of one append batch share their recorded time: a page of events holds few
@@ -259,9 +275,12 @@ class _AppenderState:
 class EventStore:
     """Append to and read from the ledger. One instance per process and event loop."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, *, clock: Callable[[], datetime] | None = None) -> None:
+        """``clock``: the recorded time of each batch (UTC now; a test may set the month)."""
         self.engine = engine
-        self._pg = _PostgresAppender(engine) if engine.dialect.name == "postgresql" else None
+        self.clock = clock or _utc_now
+        postgres = engine.dialect.name == "postgresql"
+        self._pg = _PostgresAppender(engine, self.clock) if postgres else None
         self._state = _AppenderState()
         self.hot = HotReads(engine)  # the request path's single-statement reads
         self._commit_signals: weakref.WeakSet[asyncio.Event] = weakref.WeakSet()
@@ -473,12 +492,14 @@ class EventStore:
             books = None
             if any(p.effects for p in batch):
                 books = await load_books(conn, (e for p in batch for e in p.effects))
-            written = _assign(batch, int(head.position), str(head.hash), versions, books)
+            written = _assign(
+                batch, int(head.position), str(head.hash), versions, books, self.clock()
+            )
             if written is None:
                 return
             if books is not None:
                 await save_books(conn, books, written.recorded_at)
-            await conn.execute(insert(events), [_row(r) for r in written.events])
+            await conn.execute(insert(appends), written.rows)
             await conn.execute(
                 update(ledger_head)
                 .where(ledger_head.c.id == 1)
@@ -518,24 +539,36 @@ class EventStore:
         return int(row.position), str(row.hash)
 
     async def read_all(self, after: int = 0, limit: int = 1000) -> list[RecordedEvent]:
-        """Events with position > ``after``, in position order."""
+        """At most ``limit`` events with position > ``after``, in position order (fewer only
+        at the head)."""
+        a = appends.c
         async with self._read() as conn:
             result = await conn.execute(
-                select(events.c.position, events.c.hash, events.c.payload)
-                .where(events.c.position > after)
-                .order_by(events.c.position)
-                .limit(limit)
+                select(a.position, previous_hash(), a.payloads)
+                .where(from_position(after))
+                .order_by(a.position)
+                .limit(limit)  # rows: each holds at least one event
             )
-            return [decode_payload(r.position, r.hash, r.payload) for r in result]
+            found: list[RecordedEvent] = []
+            for row in result:
+                found += decode_row(row.position, row.previous, row.payloads, after=after)
+            return found[:limit]
 
     async def read_stream(self, stream_id: str, after_version: int = 0) -> list[RecordedEvent]:
+        a = appends.c
         async with self._read() as conn:
             result = await conn.execute(
-                select(events.c.position, events.c.hash, events.c.payload)
-                .where(events.c.stream_id == stream_id, events.c.version > after_version)
-                .order_by(events.c.version)
+                select(a.position, a.version, previous_hash(), a.payloads)
+                .where(
+                    a.stream_id == stream_id, a.version + func.length(a.types) > after_version + 1
+                )
+                .order_by(a.version)
             )
-            return [decode_payload(r.position, r.hash, r.payload) for r in result]
+            found: list[RecordedEvent] = []
+            for row in result:
+                skip = max(0, after_version + 1 - row.version)
+                found += decode_row(row.position, row.previous, row.payloads)[skip:]
+            return found
 
     async def iterate(self, after: int = 0, page: int = 2000) -> AsyncIterator[RecordedEvent]:
         while True:
@@ -575,8 +608,7 @@ class _Written:
     head: int
     head_hash: str
     recorded_at: datetime
-    datas: list[str]  # each event's data as JSON (the queryable column), in order
-    metadatas: list[str]
+    rows: list[dict[str, Any]]  # one ``appends`` row per accepted append, in order
 
 
 def _assign(
@@ -585,17 +617,16 @@ def _assign(
     previous: str,
     versions: dict[str, int],
     books: Books | None,
+    recorded_at: datetime,
 ) -> _Written | None:
     """Decide every append of ``batch`` against the ledger as it stands under the lock.
 
     Each append is checked on its own (its expected version, its budget effects); those that
     pass get the next positions and versions and are chained onto ``previous``. Sets each
     pending append's result; returns what to write (None: nothing passed)."""
-    recorded_at = datetime.now(UTC)
     stamp = orjson.dumps(recorded_at.isoformat())
     written: list[RecordedEvent] = []
-    datas: list[str] = []
-    metadatas: list[str] = []
+    rows: list[dict[str, Any]] = []
     for pending in batch:
         current = versions.get(pending.stream_id, 0)
         expected = pending.expected_version
@@ -614,7 +645,6 @@ def _assign(
                 continue
         recorded = []
         stream_json = orjson.dumps(pending.stream_id)
-        metadata_json = pending.metadata_json.decode()
         for offset, encoded in enumerate(pending.events, 1):
             position += 1
             payload = _payload_from_parts(
@@ -642,14 +672,23 @@ def _assign(
                     _event=encoded.event,
                 )
             )
-            datas.append(encoded.data_json.decode())
-            metadatas.append(metadata_json)
+        rows.append(
+            row_of(
+                recorded[0].position,
+                pending.stream_id,
+                current + 1,
+                [r.type for r in recorded],
+                recorded_at,
+                [r.hash for r in recorded],
+                [r.payload for r in recorded],
+            )
+        )
         versions[pending.stream_id] = current + len(pending.events)
         pending.result = recorded
         written.extend(recorded)
     if not written:
         return None
-    return _Written(written, position, previous, recorded_at, datas, metadatas)
+    return _Written(written, position, previous, recorded_at, rows)
 
 
 # THE LOCK. Every append that commits, in every process, holds the single ledger_head row's
@@ -677,6 +716,12 @@ def _assign(
 # LOCKED for the next few batches, so two busy gateways on one database do not keep paying
 # for reads they throw away. And when the head is still where this appender's own last
 # commit left it, the read is skipped altogether: what the batch needs is KNOWN (_Known).
+#
+# A stream's first append must find it without rows. On PostgreSQL the table is partitioned
+# by month (ledger.partitions) and can hold no unique key on (stream_id, version), so the
+# write's guard also asks that the streams it starts have no row; a stream taken to be new
+# that was not (the KNOWN guess) then writes nothing, like a moved head, and the batch is
+# read and decided again.
 _PG_BEGIN_AND_LOCK = "BEGIN; SELECT 1 FROM ledger_head WHERE id = 1 FOR UPDATE"
 
 # Everything the batch is decided on, read in one statement, so in one snapshot; on the
@@ -695,9 +740,10 @@ _PG_READ = """
     SELECT
       (SELECT position FROM ledger_head WHERE id = 1) AS position,
       (SELECT hash FROM ledger_head WHERE id = 1) AS hash,
-      (SELECT coalesce(json_agg(json_build_array(s.id, (
-                  SELECT e.version FROM events e WHERE e.stream_id = s.id
-                  ORDER BY e.version DESC LIMIT 1))), '[]')
+      (SELECT coalesce(json_agg(json_build_array(s.id, coalesce((
+                  SELECT e.version + length(e.types) - 1 FROM appends e
+                  WHERE e.stream_id = s.id ORDER BY e.version DESC LIMIT 1), (
+                  SELECT a.version FROM archived_streams a WHERE a.stream_id = s.id)))), '[]')
        FROM unnest(:streams::text[]) AS s(id)) AS versions,
       (SELECT coalesce(json_agg(json_build_object(
                   'reservation_id', h.reservation_id, 'request_id', h.request_id,
@@ -732,6 +778,9 @@ _PG_WRITE_HEAD = """
     WITH head AS (
         UPDATE ledger_head SET position = :head, hash = :head_hash
         WHERE id = 1 AND position = :expected AND hash = :expected_hash
+          AND NOT EXISTS (SELECT 1 FROM appends WHERE stream_id = ANY(:new_streams::text[]))
+          AND NOT EXISTS (SELECT 1 FROM archived_streams
+                          WHERE stream_id = ANY(:new_streams::text[]))
         RETURNING 1
     )"""
 _PG_WRITE_BOOKS = {
@@ -796,19 +845,19 @@ _PG_WRITE_BOOKS = {
 }
 _PG_WRITE_EVENTS = """
     , inserted AS (
-        INSERT INTO events (position, stream_id, version, type, schema_version, data,
-                            metadata, recorded_at, payload, hash)
-        SELECT :expected + n, s, v, t, sv, d::jsonb, m::jsonb, :recorded_at, b, h
-        FROM unnest(:stream_ids::text[], :versions::int[], :types::text[],
-                    :schema_versions::int[], :payloads::bytea[], :hashes::text[],
-                    :datas::text[], :metadatas::text[])
-             WITH ORDINALITY AS u(s, v, t, sv, b, h, d, m, n)
+        INSERT INTO appends (position, recorded_at, version, stream_id, types, hash, payloads)
+        SELECT p, :recorded_at, v, s, t, h, b
+        FROM unnest(:positions::bigint[], :versions::int[], :stream_ids::text[],
+                    :types::text[], :hashes::bytea[], :payloads::bytea[]) AS u(p, v, s, t, h, b)
         WHERE EXISTS (SELECT 1 FROM head)
         RETURNING 1
     )
     SELECT CASE WHEN EXISTS (SELECT 1 FROM head)
                 THEN pg_notify('waybill_events', :head::text) END,
-           (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM head) AS moved
+           (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM head) AS moved,
+           EXISTS (SELECT 1 FROM appends WHERE stream_id = ANY(:new_streams::text[]))
+           OR EXISTS (SELECT 1 FROM archived_streams
+                      WHERE stream_id = ANY(:new_streams::text[])) AS taken
 """
 
 
@@ -828,9 +877,10 @@ class _Known:
     there (the write's guard checks exactly that), these are the database's current values,
     so a batch that needs nothing else is decided without reading: one round trip. A
     request's first append is to a new stream (``NO_STREAM``) and makes a new hold, which
-    are taken to be absent; if one was not, the write breaks a unique key, writes nothing,
-    and the batch is read and decided again. Only acceptances are decided this way: a batch
-    with any append refused is read and decided again. Bounded: the oldest entries are
+    are taken to be absent; if one was not, the write finds the stream's rows (its guard) or
+    breaks the holds' key, writes nothing, and the batch is read and decided again. Only
+    acceptances are decided this way: a batch with any append refused is read and decided
+    again. Bounded: the oldest entries are
     forgotten (forgetting is always safe, it only costs a read)."""
 
     LIMIT = 4096
@@ -929,12 +979,14 @@ class _PostgresAppender:
     LOCKED_AFTER_A_LOST_RACE = 16
     """Batches committed under the lock after an optimistic write found the head moved."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, clock: Callable[[], datetime]) -> None:
+        self._clock = clock
         self._dsn = asyncpg_dsn(engine)
         self._conn: asyncpg.Connection | None = None
         self._locked_batches_left = 0
         self._known = _Known()
         self._unlearned: _Learned | None = None  # what the last batch left, for learn()
+        self._month = ""  # the month whose partitions this appender has made sure of
         self.lost_races = 0
         self.unread_batches = 0
         self.wrong_guesses = 0
@@ -952,6 +1004,10 @@ class _PostgresAppender:
         if conn is None or conn.is_closed():
             conn = self._conn = await connect(self._dsn, appender=True)
         try:
+            now = self._clock()
+            if month_of(now) != self._month:  # this month's table and the next one's exist
+                await ensure_months(conn, now)
+                self._month = month_of(now)
             if self._locked_batches_left == 0:
                 if await self._commit(conn, batch, how="known"):
                     return
@@ -985,7 +1041,7 @@ class _PostgresAppender:
             if how == "locked":
                 await conn.execute(_PG_BEGIN_AND_LOCK)  # no arguments: one simple query
             position, previous, versions, books = await _read(conn, batch, effects)
-        written = _assign(batch, position, previous, versions, books)
+        written = _assign(batch, position, previous, versions, books, self._clock())
         if how == "known" and any(isinstance(p.result, BaseException) for p in batch):
             # A refusal is only ever decided on a read. Decided on what is known, it could
             # rest on a guess (a stream taken to be new may exist: the version check comes
@@ -1011,6 +1067,8 @@ class _PostgresAppender:
         if outcome["moved"] != 1:
             if how == "locked":  # the head is ours under the lock: it cannot have moved
                 raise RuntimeError("the ledger head moved under its lock")
+            if outcome["taken"]:  # a stream taken to be new was not
+                self.wrong_guesses += how == "known"
             return False  # the read that follows shows the new head: learn() forgets
         if how == "locked":
             await conn.execute("COMMIT")
@@ -1059,26 +1117,24 @@ async def _read(
 def _write_parameters(
     written: _Written, books: Books | None, *, expected: tuple[int, str]
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
-    """The write's parameters, and the parts of the books that have rows (``_pg_write``).
-    The events' positions are ``expected`` + 1, + 2, ... (``_assign``): not sent."""
+    """The write's parameters, and the parts of the books that have rows (``_pg_write``)."""
     new = written.events
     assert new[0].position == expected[0] + 1 and written.head == expected[0] + len(new)
+    rows = written.rows
     parameters: dict[str, Any] = {
         "expected": expected[0],
         "expected_hash": expected[1],
         "recorded_at": written.recorded_at,
-        "stream_ids": [r.stream_id for r in new],
-        "versions": [r.version for r in new],
-        "types": [r.type for r in new],
-        "schema_versions": [r.schema_version for r in new],
-        "payloads": [r.payload for r in new],
-        "hashes": [r.hash for r in new],
-        # The queryable copies as their own JSON: parsing each whole payload into jsonb to
-        # take two parts of it cost ~33 us an event in PostgreSQL (three times the parse).
-        "datas": written.datas,
-        "metadatas": written.metadatas,
+        "positions": [r["position"] for r in rows],
+        "versions": [r["version"] for r in rows],
+        "stream_ids": [r["stream_id"] for r in rows],
+        "types": [r["types"] for r in rows],
+        "hashes": [r["hash"] for r in rows],
+        "payloads": [r["payloads"] for r in rows],
         "head": written.head,
         "head_hash": written.head_hash,
+        # Streams the batch starts: none may have a row (see THE LOCK).
+        "new_streams": [r["stream_id"] for r in rows if r["version"] == 1],
     }
     if books is None:
         return parameters, ()
@@ -1109,26 +1165,13 @@ async def _stream_versions(conn: AsyncConnection, stream_ids: set[str]) -> dict[
     result = await conn.execute(
         text(
             f"WITH s(id) AS (VALUES {rows}) SELECT s.id, "
-            "(SELECT max(e.version) FROM events e WHERE e.stream_id = s.id) FROM s"
+            "coalesce((SELECT max(e.version + length(e.types) - 1) FROM appends e "
+            "WHERE e.stream_id = s.id), (SELECT a.version FROM archived_streams a "
+            "WHERE a.stream_id = s.id)) FROM s"
         ),
         dict(zip(names, sorted(stream_ids), strict=True)),
     )
     return {str(stream_id): int(version) for stream_id, version in result if version is not None}
-
-
-def _row(recorded: RecordedEvent) -> dict[str, Any]:
-    return {
-        "position": recorded.position,
-        "stream_id": recorded.stream_id,
-        "version": recorded.version,
-        "type": recorded.type,
-        "schema_version": recorded.schema_version,
-        "data": recorded.data,
-        "metadata": recorded.metadata,
-        "recorded_at": recorded.recorded_at,
-        "payload": recorded.payload,
-        "hash": recorded.hash,
-    }
 
 
 def _resolve(pending: _PendingAppend) -> None:

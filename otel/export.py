@@ -34,8 +34,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger import events as ev
 from ledger.db import READ_ONLY, dialect_insert
-from ledger.schema import events, projection_checkpoints
-from ledger.store import EventStore, RecordedEvent, decode_payload
+from ledger.schema import appends, projection_checkpoints
+from ledger.store import EventStore, RecordedEvent, decode_row
+from ledger.stored import holding, previous_hash
 from otel import semconv as sc
 from otel.spans import TERMINAL_TYPES, SpanData, request_spans
 
@@ -224,13 +225,13 @@ async def read_request_streams(
         async with store.engine.connect() as conn:
             conn = await conn.execution_options(**{READ_ONLY: True})
             rows = await conn.execute(
-                select(events.c.position, events.c.hash, events.c.payload)
-                .where(events.c.stream_id.in_(chunk))
-                .order_by(events.c.stream_id, events.c.version)
+                select(appends.c.position, previous_hash(), appends.c.payloads)
+                .where(appends.c.stream_id.in_(chunk))
+                .order_by(appends.c.stream_id, appends.c.version)
             )
             for row in rows:
-                recorded = decode_payload(row.position, row.hash, row.payload)
-                streams[recorded.stream_id.removeprefix("request-")].append(recorded)
+                for recorded in decode_row(row.position, row.previous, row.payloads):
+                    streams[recorded.stream_id.removeprefix("request-")].append(recorded)
     return streams
 
 
@@ -415,21 +416,20 @@ async def _received_between(
             conn = await conn.execution_options(**{READ_ONLY: True})
             rows = (
                 await conn.execute(
-                    select(events.c.position, events.c.hash, events.c.payload)
-                    .where(
-                        events.c.type == ev.RequestReceived.type,
-                        events.c.position > after,
-                    )
-                    .order_by(events.c.position)
+                    select(appends.c.position, previous_hash(), appends.c.payloads)
+                    .where(holding(ev.RequestReceived.type), appends.c.position > after)
+                    .order_by(appends.c.position)
                     .limit(page)
                 )
             ).all()
         for row in rows:
-            # The canonical payload's timestamp, not the column: SQLite keeps no time zone.
-            recorded = decode_payload(row.position, row.hash, row.payload)
-            at = recorded.recorded_at
-            if (since is None or at >= since) and (until is None or at < until):
-                found.append(str(recorded.data["request_id"]))
+            for recorded in decode_row(row.position, row.previous, row.payloads):
+                # The canonical payload's timestamp, not the column: SQLite keeps no zone.
+                at = recorded.recorded_at
+                if recorded.type != ev.RequestReceived.type:
+                    continue
+                if (since is None or at >= since) and (until is None or at < until):
+                    found.append(str(recorded.data["request_id"]))
         if len(rows) < page:
             return found
         after = rows[-1].position

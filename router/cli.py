@@ -15,6 +15,7 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -32,6 +33,7 @@ from rich.table import Table
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from ledger import apikeys
+from ledger.archive import HistoryArchived
 from ledger.db import (
     DatabaseUrlError,
     create_engine,
@@ -95,7 +97,7 @@ class CliError(Exception):
 def _friendly_errors() -> Any:
     try:
         yield
-    except (CliError, DatabaseUrlError, apikeys.UnknownKey) as error:
+    except (CliError, DatabaseUrlError, apikeys.UnknownKey, HistoryArchived) as error:
         err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
         raise typer.Exit(1) from None
     except SQLAlchemyError as error:
@@ -203,6 +205,15 @@ def verify_command(
             help="A public key the checkpoints may be signed with (repeat it for each key).",
         ),
     ] = None,
+    archive: Annotated[
+        Path | None,
+        typer.Option(
+            "--archive",
+            help="The directory of the archived months (`waybill archive`): checked as the "
+            "chain's start. Default: WAYBILL_ARCHIVE_DIR.",
+            envvar="WAYBILL_ARCHIVE_DIR",
+        ),
+    ] = None,
 ) -> None:
     """Verify the ledger's hash chain; exits non-zero naming the first bad event. With
     --checkpoints, also that its Merkle tree has each signed checkpoint's root."""
@@ -214,7 +225,9 @@ def verify_command(
         with progress_bar() as progress:
             task = progress.add_task("verifying", total=None)
             observe = audit.feed if audit is not None and audit.planned else None
-            result = await verify_chain(store, _progress_callback(progress, task), observe=observe)
+            result = await verify_chain(
+                store, _progress_callback(progress, task), observe=observe, archive=archive
+            )
             report = None
             if books:
                 task = progress.add_task("checking the books", total=None)
@@ -237,7 +250,12 @@ def verify_command(
         print(json.dumps(answer))
         raise typer.Exit(0 if ok else 1)
     if result.ok:
-        out.print(f"ledger OK: {result.checked} events, head at position {result.head_position}")
+        line = f"ledger OK: {result.checked} events, head at position {result.head_position}"
+        if result.archived and not result.archive_checked:
+            line += f" (positions 1-{result.archived} archived, not checked: give --archive)"
+        elif result.archived:
+            line += f" (positions 1-{result.archived} from the archive)"
+        out.print(line)
     else:
         out.print(
             f"ledger BROKEN at position {result.first_bad_position}: {result.problem} "
@@ -361,18 +379,89 @@ def projections_command(
     out.print(table)
 
 
+@app.command("archive")
+def archive_command(
+    before: Annotated[
+        str, typer.Option("--before", help="Archive the whole months ended by this date.")
+    ],
+    to: Annotated[Path, typer.Option("--to", help="The directory of the archive files.")],
+    database_url: DatabaseUrl = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Write each closed month before --before to a compressed file in --to (its chain
+    segment and end hash), then drop it from the database (PostgreSQL)."""
+    from dataclasses import asdict
+    from datetime import date
+
+    from ledger.archive import ArchiveError, ArchiveRefused, archive_months
+
+    try:
+        day = date.fromisoformat(before)
+    except ValueError:
+        err.print(f"--before: not a date (YYYY-MM-DD): {before!r}")
+        raise typer.Exit(2) from None
+
+    async def work(store: EventStore) -> list[Any]:
+        with progress_bar() as progress:
+            task = progress.add_task("archiving", total=None)
+            try:
+                return await archive_months(store, day, to, _progress_callback(progress, task))
+            except (ArchiveRefused, ArchiveError) as refused:
+                raise CliError(str(refused)) from None
+
+    segments = _with_store(database_url, work)
+    if as_json:
+        print(json.dumps({"archived": [asdict(s) for s in segments], "directory": str(to)}))
+        return
+    if not segments:
+        out.print(f"nothing to archive before {day}")
+    for segment in segments:
+        out.print(
+            f"archived {segment.month}: positions {segment.first_position}-"
+            f"{segment.last_position} ({segment.events} events) to {to / segment.file}, "
+            f"end hash {segment.end_hash}",
+            highlight=False,
+        )
+
+
 @app.command("explain")
 def explain_command(
     request_id: Annotated[str, typer.Argument(help="The request id (its X-Request-Id).")],
     database_url: DatabaseUrl = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    archive: Annotated[
+        Path | None,
+        typer.Option(
+            "--archive",
+            help="The directory of the archived months, for a request recorded in one. "
+            "Default: WAYBILL_ARCHIVE_DIR.",
+            envvar="WAYBILL_ARCHIVE_DIR",
+        ),
+    ] = None,
 ) -> None:
-    """Why did this request go there? Its route, attempts and decisions, from the ledger."""
+    """Why did this request go there? Its route, attempts and decisions, from the ledger
+    (and from the archive, for a request recorded in an archived month)."""
+    from ledger.archive import ArchiveError, archived_segments, archived_stream
     from ledger.explain import NotARequestTrail, explain, render_text
-    from ledger.queries import read_request_events
+    from ledger.queries import read_request_events, request_stream_id
+    from ledger.store import decode_payload
 
     async def work(store: EventStore) -> dict[str, Any]:
         trail = await read_request_events(store.engine, request_id)
+        segments = await archived_segments(store.engine)
+        if segments and (not trail or trail[0].version != 1):
+            # Its first events are older than the live ledger: in an archived month.
+            if archive is None:
+                raise CliError(
+                    f"request {request_id!r} is not in the live ledger and months of it are "
+                    "archived: give their directory (--archive or WAYBILL_ARCHIVE_DIR)"
+                )
+            stream = request_stream_id(request_id)
+            try:
+                found = await asyncio.to_thread(archived_stream, archive, segments, stream)
+            except ArchiveError as error:
+                raise CliError(str(error)) from None
+            trail = [decode_payload(*event) for event in found] + trail
         try:
             return explain(trail)
         except NotARequestTrail:

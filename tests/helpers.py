@@ -11,10 +11,24 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 import pytest
 import redis
 import redis.asyncio as aioredis
+import sqlalchemy as sa
 from redis.exceptions import ConnectionError as RedisConnectionError
+
+from ledger.store import RecordedEvent, decode_row
 
 REDIS_URL = os.environ.get("WAYBILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 """The test Redis (its own database, 15, unless the environment says otherwise)."""
+
+
+def ledger_events(conn: sa.Connection) -> list[RecordedEvent]:
+    """Every event of the ledger, in order, read on a synchronous connection."""
+    rows = conn.execute(sa.text("SELECT position, hash, payloads FROM appends ORDER BY position"))
+    found: list[RecordedEvent] = []
+    for row in rows:
+        found += decode_row(
+            row.position, bytes.fromhex(found[-1].hash) if found else None, row.payloads
+        )
+    return found
 
 
 async def eventually(

@@ -28,6 +28,7 @@ from tests.gateway.harness import (
     running_gateway,
 )
 from tests.gateway.processes import new_key, serve_process
+from tests.helpers import ledger_events
 from tests.ledger.test_cli import waybill
 
 D = Decimal
@@ -273,10 +274,7 @@ def test_kill_9_mid_request_then_restart_leaves_an_open_unknown_settlement(
                 assert time.monotonic() < deadline, states
                 time.sleep(0.1)
             with engine.connect() as conn:
-                types = [
-                    r.type
-                    for r in conn.execute(sa.text("SELECT type FROM events ORDER BY position"))
-                ]
+                types = [e.type for e in ledger_events(conn)]
             engine.dispose()
             assert "UnknownUsageOpened" in types
             assert types[-1] == "RequestFailed"

@@ -19,6 +19,7 @@ import sqlalchemy as sa
 from router.fake_upstream import Behavior, FakeUpstream
 from tests.gateway.harness import Route, closed_port, config_text
 from tests.gateway.processes import new_key, serve_process
+from tests.helpers import ledger_events
 from tests.ledger.test_cli import waybill
 
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
@@ -109,9 +110,7 @@ def test_kill_9_under_load_loses_nothing(postgres_url: str, tmp_path: Path) -> N
                 assert time.monotonic() < deadline, f"{held} holds never recovered"
                 time.sleep(0.2)
             with engine.connect() as conn:
-                rows = conn.execute(
-                    sa.text("SELECT stream_id, type, data FROM events ORDER BY position")
-                ).all()
+                rows = ledger_events(conn)
                 holds: dict[str, int] = {
                     str(state): int(count)
                     for state, count in conn.execute(
@@ -126,7 +125,7 @@ def test_kill_9_under_load_loses_nothing(postgres_url: str, tmp_path: Path) -> N
     by_request: dict[str, list[str]] = {}
     started: set[str] = set()
     ended: set[str] = set()
-    for stream_id, event_type, data in rows:
+    for stream_id, event_type, data in ((e.stream_id, e.type, e.data) for e in rows):
         by_request.setdefault(stream_id, []).append(event_type)
         if event_type == "AttemptStarted":
             started.add(data["attempt_id"])

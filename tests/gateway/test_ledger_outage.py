@@ -147,24 +147,24 @@ async def test_a_commit_whose_answer_was_lost_is_found_and_its_attempt_closed(da
 async def test_a_database_refusal_that_is_not_an_outage_is_a_500_not_a_retryable_503(
     database_url: str,
 ) -> None:
-    # A row planted behind the appender's back breaks the events' primary key on the next
+    # A row planted behind the appender's back breaks the ledger's primary key on the next
     # append: retrying cannot help, so the client must not be told to retry.
     async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
         assert (await http.post("/v1/chat/completions", json=BODY)).status_code == 200
         async with gw.store.engine.begin() as conn:
             await conn.execute(
                 sa.text(
-                    "INSERT INTO events (position, stream_id, version, type, schema_version, "
-                    "data, metadata, recorded_at, payload, hash) SELECT position + 1, "
-                    "'planted', 1, type, schema_version, data, metadata, recorded_at, payload, "
-                    "hash FROM events ORDER BY position DESC LIMIT 1"
+                    "INSERT INTO appends (position, recorded_at, version, stream_id, types, "
+                    "hash, payloads) SELECT position + length(types), recorded_at, 1, "
+                    "'planted', types, hash, payloads FROM appends "
+                    "ORDER BY position DESC LIMIT 1"
                 )
             )
         response = await http.post("/v1/chat/completions", json=BODY)
         assert response.status_code == 500, response.text
         assert response.json()["error"]["code"] == "internal_error"
         assert response.headers["x-should-retry"] == "false"
-        assert "events" not in response.text.lower()  # the database's words stay in the log
+        assert "appends" not in response.text.lower()  # the database's words stay in the log
         assert gw.upstreams["east"].hits == 1  # only the first request was sent upstream
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from tests.gateway.harness import ANTHROPIC_ENV, closed_port
 from tests.gateway.processes import serve_process
+from tests.helpers import ledger_events
 from tests.ledger.test_cli import waybill
 
 
@@ -90,13 +91,9 @@ def test_sighup_reloads_the_config_file(tmp_path: Path) -> None:
             while True:
                 with engine.connect() as conn:
                     generations = [
-                        row[0]
-                        for row in conn.execute(
-                            sa.text(
-                                "SELECT json_extract(data, '$.generation') FROM events "
-                                "WHERE type = 'ConfigActivated' ORDER BY position"
-                            )
-                        )
+                        e.data["generation"]
+                        for e in ledger_events(conn)
+                        if e.type == "ConfigActivated"
                     ]
                 if generations == ["test-1", "hup"]:
                     break

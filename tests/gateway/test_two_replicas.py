@@ -19,7 +19,7 @@ import sqlalchemy as sa
 from router.fake_upstream import Behavior, FakeUpstream
 from tests.gateway.harness import Route, closed_port, config_text
 from tests.gateway.processes import new_key, serve_process
-from tests.helpers import breaker_keys_removed
+from tests.helpers import breaker_keys_removed, ledger_events
 from tests.ledger.test_cli import waybill
 
 REDIS_URL = os.environ.get("WAYBILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -134,16 +134,17 @@ def test_two_replicas_share_budget_breakers_and_agree_on_the_books(
             deadline = time.monotonic() + 30
             while True:
                 with engine.connect() as conn:
-                    received = conn.execute(
-                        sa.text("SELECT count(*) FROM events WHERE type = 'RequestReceived'")
-                    ).scalar_one()
+                    recorded = ledger_events(conn)
+                    received = sum(1 for e in recorded if e.type == "RequestReceived")
                     views = conn.execute(sa.text("SELECT count(*) FROM request_views")).scalar_one()
-                    settled = conn.execute(
-                        sa.text(
-                            "SELECT coalesce(sum((data->>'settled_usd')::numeric), 0) "
-                            "FROM events WHERE type = 'BudgetSettled'"
-                        )
-                    ).scalar_one()
+                    settled = sum(
+                        (
+                            Decimal(e.data["settled_usd"])
+                            for e in recorded
+                            if e.type == "BudgetSettled"
+                        ),
+                        Decimal(0),
+                    )
                     spent = conn.execute(
                         sa.text("SELECT coalesce(sum(settled_usd), 0) FROM spend_attempts")
                     ).scalar_one()

@@ -4,6 +4,7 @@ events or not at all, and no interleaving of appends overspends a budget."""
 from __future__ import annotations
 
 import asyncio
+import re
 from decimal import Decimal
 
 import asyncpg
@@ -191,12 +192,20 @@ async def test_postgres_itself_refuses_a_balance_over_its_limit(postgres_url: st
         await engine.dispose()
 
 
+def _not_a_month(name: str | None, kind: str, parents: object) -> bool:
+    # A month's table of the ledger on PostgreSQL (ledger.partitions): made as months come.
+    return not (kind == "table" and name is not None and re.fullmatch(r"appends_\d{4}_\d{2}", name))
+
+
 async def test_schema_module_matches_the_migrations(database_url: str) -> None:
     engine = create_engine(database_url)
     try:
         async with engine.connect() as conn:
             diff = await conn.run_sync(
-                lambda sync: compare_metadata(MigrationContext.configure(sync), metadata)
+                lambda sync: compare_metadata(
+                    MigrationContext.configure(sync, opts={"include_name": _not_a_month}),
+                    metadata,
+                )
             )
     finally:
         await engine.dispose()

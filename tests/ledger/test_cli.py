@@ -11,6 +11,8 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 
 from ledger.db import sync_url
+from ledger.stored import payloads_of
+from tests.ledger.tamper import Stored, edit_ledger
 
 WAYBILL = [sys.executable, "-c", "from router.cli import main; main()"]
 
@@ -57,7 +59,8 @@ def test_migrate_verify_keys_replay_round_trip(empty_database_url: str) -> None:
     engine = create_engine(sync_url(url))
     with engine.connect() as conn:
         row = conn.execute(text("SELECT role, revoked_at, secret_sha256 FROM api_keys")).one()
-        payloads = b"".join(bytes(r[0]) for r in conn.execute(text("SELECT payload FROM events")))
+        rows = conn.execute(text("SELECT payloads FROM appends")).all()
+    payloads = b"".join(p for (row,) in rows for p in payloads_of(bytes(row)))
     engine.dispose()
     assert row.role == "auditor" and row.revoked_at is not None
     assert key["secret"].encode() not in payloads  # only the hash is recorded
@@ -69,24 +72,11 @@ def test_verify_exits_non_zero_naming_the_first_bad_position(database_url: str) 
             waybill("keys", "create", "--workspace", "acme", database_url=database_url).returncode
             == 0
         )
-    engine = create_engine(sync_url(database_url))
-    with engine.begin() as conn:
-        if engine.dialect.name == "postgresql":
-            conn.execute(text("ALTER TABLE events DISABLE TRIGGER USER"))
-            conn.execute(
-                text(
-                    "UPDATE events SET data = jsonb_set(data, '{role}', '\"admin\"') "
-                    "WHERE position = 2"
-                )
-            )
-        else:
-            conn.execute(text("DROP TRIGGER events_no_update"))
-            conn.execute(
-                text(
-                    "UPDATE events SET data = json_set(data, '$.role', 'admin') WHERE position = 2"
-                )
-            )
-    engine.dispose()
+
+    def promote(events: list[Stored]) -> None:  # the bytes edited, the hash left as it was
+        events[1].payload = events[1].payload.replace(b'"role":"client"', b'"role":"admin"')
+
+    edit_ledger(database_url, promote)
     result = waybill("verify", database_url=database_url)
     assert result.returncode == 1
     assert "BROKEN at position 2" in result.stdout

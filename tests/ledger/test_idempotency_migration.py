@@ -12,7 +12,7 @@ from alembic import command
 from alembic.script import ScriptDirectory
 
 from ledger.db import _alembic_config, migrate, sync_url
-from ledger.schema import events
+from ledger.store import canonical_payload
 
 _NOW = datetime.now(UTC)
 
@@ -51,18 +51,39 @@ def _record(conn: sa.Connection, request_id: str, key_sha256: str, **key_id: str
     )
 
 
+# The events table as migration 0001 made it (0010 replaced it).
+_EVENTS = sa.table(
+    "events",
+    *(sa.column(name) for name in ("position", "stream_id", "version", "type")),
+    *(sa.column(name) for name in ("schema_version", "payload", "hash", "recorded_at")),
+    sa.column("data", sa.JSON()),
+    sa.column("metadata", sa.JSON()),
+)
+
+
 def _received(conn: sa.Connection, position: int, request_id: str, key_id: str) -> None:
+    data = {"request_id": request_id, "workspace": "acme", "key_id": key_id}
+    stream_id = f"request-{request_id}"
+    payload = canonical_payload(
+        stream_id=stream_id,
+        version=1,
+        event_type="RequestReceived",
+        schema_version=1,
+        data=data,
+        metadata={},
+        recorded_at=_NOW.isoformat(),
+    )
     conn.execute(
-        events.insert().values(
+        _EVENTS.insert().values(
             position=position,
-            stream_id=f"request-{request_id}",
+            stream_id=stream_id,
             version=1,
             type="RequestReceived",
             schema_version=1,
-            data={"request_id": request_id, "workspace": "acme", "key_id": key_id},
+            data=data,
             metadata={},
             recorded_at=_NOW,
-            payload=b"{}",
+            payload=payload,
             hash="0" * 64,
         )
     )

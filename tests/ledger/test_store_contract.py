@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 import pytest
 from pydantic import ValidationError
@@ -11,7 +12,7 @@ from sqlalchemy import func, select, text
 
 from ledger import events as ev
 from ledger.db import create_engine
-from ledger.schema import events
+from ledger.schema import appends
 from ledger.store import (
     ANY_VERSION,
     GENESIS_HASH,
@@ -22,14 +23,17 @@ from ledger.store import (
     WrongExpectedVersion,
     chain_hash,
 )
+from ledger.stored import payloads_of, types_of
 from ledger.verify import verify_chain
 from tests.helpers import eventually
 from tests.ledger.factories import key_created, received, succeeded_trail
+from tests.ledger.tamper import Stored, edit_ledger
 
 
 async def _count(store: EventStore) -> int:
     async with store.engine.connect() as conn:
-        return int((await conn.execute(select(func.count()).select_from(events))).scalar_one())
+        query = select(func.coalesce(func.sum(func.length(appends.c.types)), 0))
+        return int((await conn.execute(query)).scalar_one())
 
 
 async def test_append_then_read_back_in_order_with_typed_events(store: EventStore) -> None:
@@ -53,24 +57,29 @@ async def test_each_hash_covers_previous_hash_position_and_exact_bytes(store: Ev
         previous = r.hash
     # The stored bytes are the exact bytes that were hashed, not a re-serialization.
     async with store.engine.connect() as conn:
-        stored = (await conn.execute(select(events.c.payload).order_by(events.c.position))).all()
-    assert [bytes(row.payload) for row in stored] == [r.payload for r in recorded]
+        [row] = (await conn.execute(select(appends))).all()
+    assert payloads_of(bytes(row.payloads)) == [r.payload for r in recorded]
+    assert bytes(row.hash) == bytes.fromhex(recorded[-1].hash)  # the others follow from it
 
 
-async def test_the_data_and_metadata_columns_are_the_payloads_own(store: EventStore) -> None:
-    # They are the queryable copies of the hashed bytes, written from their own JSON.
+async def test_an_append_is_one_row_whose_columns_are_its_events_own(store: EventStore) -> None:
     recorded = await store.append(
         "request-r1", NO_STREAM, succeeded_trail("r1"), metadata={"trace_id": "t1", "n": [1]}
     )
     recorded += await store.append("key-k1", NO_STREAM, [key_created("k1")])
     async with store.engine.connect() as conn:
-        query = select(events.c.data, events.c.metadata, events.c.payload)
-        rows = (await conn.execute(query.order_by(events.c.position))).all()
-    assert len(rows) == len(recorded)
+        rows = (await conn.execute(select(appends).order_by(appends.c.position))).all()
+    assert [(r.position, r.stream_id, r.version) for r in rows] == [
+        (1, "request-r1", 1),
+        (8, "key-k1", 1),
+    ]
+    assert types_of(rows[0].types) == [r.type for r in recorded[:7]]
+    assert types_of(rows[1].types) == ["KeyCreated"]
     for row in rows:
-        body = json.loads(bytes(row.payload))
-        assert (row.data, row.metadata) == (body["data"], body["metadata"])
-    assert rows[0].metadata == {"trace_id": "t1", "n": [1]}
+        for payload in payloads_of(bytes(row.payloads)):
+            body = json.loads(payload)
+            assert body["stream_id"] == row.stream_id
+    assert recorded[0].metadata == {"trace_id": "t1", "n": [1]}
 
 
 async def test_money_is_recorded_as_exact_decimal_strings(store: EventStore) -> None:
@@ -306,89 +315,101 @@ async def test_verify_passes_on_an_untouched_ledger(store: EventStore) -> None:
 
 
 async def _tamper(store: EventStore, statement: str) -> None:
-    """Edit the events table behind the immutability triggers' back, as an attacker might."""
+    """Edit the ledger's rows behind the immutability triggers' back, as an attacker might."""
     async with store.engine.begin() as conn:
         if store.engine.dialect.name == "postgresql":
-            await conn.execute(text("ALTER TABLE events DISABLE TRIGGER USER"))
+            await conn.execute(text("ALTER TABLE appends DISABLE TRIGGER USER"))
             await conn.execute(text(statement))
-            await conn.execute(text("ALTER TABLE events ENABLE TRIGGER USER"))
+            await conn.execute(text("ALTER TABLE appends ENABLE TRIGGER USER"))
         else:
-            await conn.execute(text("DROP TRIGGER events_no_update"))
-            await conn.execute(text("DROP TRIGGER events_no_delete"))
+            await conn.execute(text("DROP TRIGGER appends_no_update"))
+            await conn.execute(text("DROP TRIGGER appends_no_delete"))
             await conn.execute(text(statement))
+
+
+def _edit_bytes(events: list[Stored]) -> None:
+    events[5].payload = events[5].payload.replace(b"0.0012", b"0.0001")
+
+
+def _edit_type(events: list[Stored]) -> None:
+    events[5].type = "RequestFailed"
+
+
+def _edit_stream(events: list[Stored]) -> None:
+    events[7].stream_id = "request-r3"  # the second append's row
+
+
+def _drop_event(events: list[Stored]) -> None:
+    del events[5]
+
+
+def _drop_row(events: list[Stored]) -> None:
+    events[:] = [e for e in events if e.row != 1]
 
 
 @pytest.mark.parametrize(
-    ("statement", "problem"),
+    ("change", "position", "problem"),
     [
-        (
-            "UPDATE events SET payload = CAST(REPLACE(CAST(payload AS TEXT), '0.0012', '0.0001') "
-            "AS {blob}) WHERE position = 6",
-            "hash does not match",
-        ),
-        ("UPDATE events SET data = {json} WHERE position = 6", "column 'data'"),
-        ("UPDATE events SET type = 'RequestFailed' WHERE position = 6", "column 'type'"),
-        ("DELETE FROM events WHERE position = 6", "position 6 is missing"),
+        # A row keeps its last event's hash: an edit inside it is named by its first position.
+        (_edit_bytes, 1, "hash does not match"),
+        (_edit_type, 6, "column 'type'"),
+        (_edit_stream, 8, "column 'stream_id'"),
+        (_drop_event, 1, "hash does not match"),
+        (_drop_row, 1, "position 1 is missing"),
     ],
 )
 async def test_verify_names_the_first_event_edited_behind_the_triggers(
-    store: EventStore, statement: str, problem: str
+    database_url: str, change: Callable[[list[Stored]], None], position: int, problem: str
 ) -> None:
+    engine = create_engine(database_url)
+    store = EventStore(engine)
     await store.append("request-r1", NO_STREAM, succeeded_trail("r1"))
     await store.append("request-r2", NO_STREAM, succeeded_trail("r2"))
-    postgres = store.engine.dialect.name == "postgresql"
-    statement = statement.format(
-        blob="BYTEA" if postgres else "BLOB",
-        json="'{\"x\": 1}'::jsonb" if postgres else "'{\"x\": 1}'",
-    )
-    if postgres and "payload" in statement:
-        statement = (
-            "UPDATE events SET payload = convert_to(replace(convert_from(payload, "
-            "'UTF8'), '0.0012', '0.0001'), 'UTF8') WHERE position = 6"
-        )
-    await _tamper(store, statement)
+    await store.close()
+    edit_ledger(database_url, change)
     result = await verify_chain(store)
+    await engine.dispose()
     assert not result.ok
-    assert result.first_bad_position == 6
+    assert result.first_bad_position == position
     assert problem in (result.problem or "")
 
 
 async def test_verify_catches_a_truncated_tail(store: EventStore) -> None:
     await store.append("request-r1", NO_STREAM, succeeded_trail("r1"))
-    await _tamper(store, "DELETE FROM events WHERE position = 7")
+    await store.append("request-r2", NO_STREAM, succeeded_trail("r2"))
+    await _tamper(store, "DELETE FROM appends WHERE position = 8")
     result = await verify_chain(store)
-    assert not result.ok and result.first_bad_position == 7
+    assert not result.ok and result.first_bad_position == 8
 
 
 async def test_database_refuses_update_and_delete_of_events(store: EventStore) -> None:
     await store.append("request-r1", NO_STREAM, [received("r1")])
-    for statement in ("UPDATE events SET type = 'X'", "DELETE FROM events"):
+    for statement in ("UPDATE appends SET types = 'X'", "DELETE FROM appends"):
         with pytest.raises(Exception, match="append-only"):
             async with store.engine.begin() as conn:
                 await conn.execute(text(statement))
     assert await _count(store) == 1
 
 
-async def test_postgres_refuses_truncate_of_events(postgres_url: str) -> None:
+async def test_postgres_refuses_truncate_of_the_ledger(postgres_url: str) -> None:
     engine = create_engine(postgres_url)
     try:
         with pytest.raises(Exception, match="append-only"):
             async with engine.begin() as conn:
-                await conn.execute(text("TRUNCATE events"))
+                await conn.execute(text("TRUNCATE appends"))
     finally:
         await engine.dispose()
 
 
 async def _plant_event_at_next_position(store: EventStore) -> None:
     # A row written behind the appender's back at the position it will assign next: its
-    # insert then breaks the events' primary key (a bug's symptom, not an outage).
+    # insert then breaks the ledger's primary key (a bug's symptom, not an outage).
     async with store.engine.begin() as conn:
         await conn.execute(
             text(
-                "INSERT INTO events (position, stream_id, version, type, schema_version, data, "
-                "metadata, recorded_at, payload, hash) SELECT position + 1, 'planted', 1, type, "
-                "schema_version, data, metadata, recorded_at, payload, hash FROM events "
-                "ORDER BY position DESC LIMIT 1"
+                "INSERT INTO appends (position, recorded_at, version, stream_id, types, hash, "
+                "payloads) SELECT position + length(types), recorded_at, 1, 'planted', types, "
+                "hash, payloads FROM appends ORDER BY position DESC LIMIT 1"
             )
         )
 

@@ -1,0 +1,180 @@
+"""Ledger size benchmark: bytes on disk per request, every table and index included.
+
+    .venv/bin/python bench/ledger_size_bench.py [--requests 10000] [--concurrency 16]
+        [--stream] [--database waybill_size_bench] [--json]
+
+A fresh PostgreSQL database, migrated; a fake provider and ``waybill serve`` (its read-model
+follower included) as ``gateway_bench.py`` runs them; N chat completions through the gateway
+by the load generator. Once the ledger holds N ``RequestCompleted`` and every read model has
+caught up, the gateway stops and the size of every table of the schema is read
+(``pg_total_relation_size``: heap, TOAST and indexes), as the requests left it: no VACUUM,
+as on a server whose autovacuum has not passed yet. Prints one row per table (heap, TOAST,
+indexes, total, bytes per request) and the total per request, the empty migrated database's
+size subtracted. A benchmark, not a test: figures vary with the PostgreSQL version and the
+request; compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.databases import fresh_postgres
+from bench.gateway_bench import _create_key, _load, _outcomes, _start_fake, _start_gateway
+from ledger.db import migrate
+
+_SIZES = """
+    SELECT c.relname,
+           pg_relation_size(c.oid) AS heap,
+           coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0) AS toast,
+           pg_indexes_size(c.oid) AS indexes,
+           pg_total_relation_size(c.oid) AS total,
+           c.reltuples
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p', 'm')
+    ORDER BY pg_total_relation_size(c.oid) DESC, c.relname
+"""
+
+# A partitioned table's sizes are its partitions' (it holds nothing itself).
+_PARTITIONS = """
+    SELECT p.relname, c.relname
+    FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_class p ON p.oid = i.inhparent
+"""
+
+
+def _sizes(database_url: str) -> dict[str, dict[str, int]]:
+    """Each table's heap, TOAST, index and total bytes, a partitioned table's partitions
+    folded into it (its parent; they are not listed on their own)."""
+    with psycopg.connect(database_url) as conn:
+        conn.execute("CHECKPOINT")  # the files as a restart would find them
+        parent_of = {str(child): str(parent) for parent, child in conn.execute(_PARTITIONS)}
+        tables: dict[str, dict[str, int]] = {}
+        for name, heap, toast, indexes, total, _ in conn.execute(_SIZES):
+            table = parent_of.get(str(name), str(name))
+            row = tables.setdefault(table, {"heap": 0, "toast": 0, "indexes": 0, "total": 0})
+            for key, value in (("heap", heap), ("toast", toast), ("indexes", indexes)):
+                row[key] += int(value)
+            row["total"] += int(total)
+    return tables
+
+
+async def _caught_up(database_url: str, within_s: float = 120.0) -> int:
+    """Wait until every read model's checkpoint is at the head; the head."""
+    deadline = time.monotonic() + within_s
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        while True:
+            row = conn.execute(
+                "SELECT h.position, min(c.position) FROM ledger_head h, projection_checkpoints c "
+                "WHERE c.name IN ('keys', 'requests', 'spend') GROUP BY h.position"
+            ).fetchone()
+            if row is not None and row[1] is not None and row[1] >= row[0]:
+                return int(row[0])
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the read models did not catch up: {row}")
+            await asyncio.sleep(0.2)
+
+
+def _bench(args: argparse.Namespace) -> dict[str, Any]:
+    database_url = fresh_postgres(args.database)
+    migrate(database_url)
+    empty = _sizes(database_url)
+    api_key = asyncio.run(_create_key(database_url))
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        fake, fake_url = _start_fake(tmp)
+        try:
+            gateway, gateway_url = _start_gateway(tmp, database_url, fake_url)
+            try:
+                # Sent until N: an hour is only the bound.
+                bound = argparse.Namespace(seconds=3600.0, warmup=0.0)
+                started = time.perf_counter()
+                load = _load(
+                    f"{gateway_url}/v1",
+                    "chat",
+                    api_key,
+                    args.stream,
+                    args.concurrency,
+                    bound,
+                    requests=args.requests,
+                )
+                elapsed = time.perf_counter() - started
+                completed, failed = asyncio.run(_outcomes(database_url, (load["sent"], 0)))
+                head = asyncio.run(_caught_up(database_url))
+            finally:
+                gateway.stop()
+        finally:
+            fake.stop()
+    full = _sizes(database_url)
+    ledger = "appends" if "appends" in full else "events"  # the table of the events
+    requests = int(load["sent"])
+    total = sum(t["total"] for t in full.values())
+    empty_total = sum(t["total"] for t in empty.values())
+    return {
+        "requests": requests,
+        "stream": args.stream,
+        "completed": completed,
+        "failed": failed,
+        "valid": bool(load["ok"]) and completed == requests and failed == 0,
+        "events": head,
+        "head": head,
+        "load_s": round(elapsed, 1),
+        "tables": {
+            name: {**sizes, "per_request": round(sizes["total"] / max(requests, 1), 1)}
+            for name, sizes in full.items()
+        },
+        "total_bytes": total,
+        "empty_bytes": empty_total,
+        "bytes_per_request": round((total - empty_total) / max(requests, 1), 1),
+        "bytes_per_event": round(full[ledger]["total"] / max(head, 1), 1),
+    }
+
+
+def _table(result: dict[str, Any]) -> str:
+    header = f"{'table':<26}{'heap':>12}{'toast':>12}{'indexes':>12}{'total':>12}{'B/req':>9}"
+    lines = [header, "-" * len(header)]
+    for name, t in result["tables"].items():
+        lines.append(
+            f"{name:<26}{t['heap']:>12,}{t['toast']:>12,}{t['indexes']:>12,}"
+            f"{t['total']:>12,}{t['per_request']:>9,.0f}"
+        )
+    lines.append("-" * len(header))
+    lines.append(
+        f"{result['requests']:,} {'streamed' if result['stream'] else 'buffered'} requests, "
+        f"{result['events']:,} events; all tables {result['total_bytes']:,} bytes "
+        f"(empty: {result['empty_bytes']:,}); "
+        f"**{result['bytes_per_request']:,.0f} bytes per request**, "
+        f"the events' table {result['bytes_per_event']:,.0f} bytes per event"
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--stream", action="store_true", help="streamed requests")
+    parser.add_argument("--database", default="waybill_size_bench", help="dropped and recreated")
+    parser.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
+    args = parser.parse_args()
+    result = _bench(args)
+    report = sys.stderr if args.json else sys.stdout
+    print(_table(result), file=report)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    if not result["valid"]:
+        print("INVALID: a response was not a complete 200, or the ledger missed one", file=report)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""Retention: closed months leave the database as files that carry their chain segment, the
+live ledger goes on from their end hash, and `waybill verify` checks both as one chain.
+
+The ledger spans three months: the store's clock is set to each month in turn, so every
+event's recorded time is in its bytes and the chain is the one the store wrote."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, date, datetime
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from ledger import events as ev
+from ledger.archive import (
+    ArchiveError,
+    ArchiveRefused,
+    HistoryArchived,
+    archive_months,
+    archived_segments,
+    check_segment,
+    read_segment,
+)
+from ledger.db import create_engine
+from ledger.partitions import month_of
+from ledger.projection import ProjectionRunner
+from ledger.spend import spend_report
+from ledger.store import ANY_VERSION, NO_STREAM, EventStore, WrongExpectedVersion
+from ledger.verify import verify_chain
+from ledger.views import all_projections
+from tests.ledger.factories import succeeded_trail
+
+_NOW = datetime.now(UTC)
+
+
+def _months_ago(count: int, day: int) -> datetime:
+    months = _NOW.year * 12 + _NOW.month - 1 - count
+    return datetime(months // 12, months % 12 + 1, day, tzinfo=UTC)
+
+
+# Two closed months with a month between them (its table empty), and this one.
+_MONTHS = [_months_ago(4, 15), _months_ago(3, 10), _NOW]
+_FIRST, _SECOND = (month_of(m) for m in _MONTHS[:2])
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.moment = _MONTHS[0]
+
+    def __call__(self) -> datetime:
+        return self.moment
+
+
+async def _three_months(database_url: str) -> tuple[EventStore, _Clock]:
+    clock = _Clock()
+    store = EventStore(create_engine(database_url), clock=clock)
+    for month, moment in enumerate(_MONTHS):
+        clock.moment = moment
+        for n in range(3):
+            await store.append(f"request-m{month}r{n}", NO_STREAM, succeeded_trail(f"m{month}r{n}"))
+    await ProjectionRunner(store, all_projections()).catch_up()
+    return store, clock
+
+
+@pytest.fixture
+def archive_dir(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path / "archive"
+
+
+@pytest.mark.postgres
+async def test_closed_months_become_files_and_verify_checks_them_with_the_live_ledger(
+    postgres_url: str, archive_dir: Path
+) -> None:
+    store, _ = await _three_months(postgres_url)
+    try:
+        before = await spend_report(store.engine, group_by=["workspace", "day"])
+        first_of_this_month = date(_NOW.year, _NOW.month, 1)
+        segments = await archive_months(store, first_of_this_month, archive_dir)
+
+        assert [s.month for s in segments] == [_FIRST, _SECOND]
+        assert [(s.first_position, s.last_position) for s in segments] == [(1, 21), (22, 42)]
+        assert segments[1].previous_hash == segments[0].end_hash
+        assert await archived_segments(store.engine) == segments
+        for segment in segments:
+            assert check_segment(archive_dir / segment.file) == segment
+        async with store.engine.connect() as conn:
+            live = (await conn.execute(text("SELECT min(position) FROM appends"))).scalar()
+            tables = (
+                await conn.execute(
+                    text("SELECT tablename FROM pg_tables WHERE tablename LIKE 'appends_%'")
+                )
+            ).scalars()
+            assert live == 43
+            assert f"appends_{_FIRST.replace('-', '_')}" not in set(tables)
+
+        # The live ledger verifies from the archive's end; with the files, as one chain.
+        alone = await verify_chain(store)
+        assert alone.ok and alone.checked == 21 and alone.archived == 42
+        assert not alone.archive_checked
+        whole = await verify_chain(store, archive=archive_dir)
+        assert whole.ok and whole.checked == 63 and whole.archive_checked
+        # Reads of the live ledger chain from the archive's end hash.
+        [first_live] = await store.read_all(after=42, limit=1)
+        assert first_live.position == 43
+        assert first_live.hash == (await store.read_stream("request-m2r0"))[0].hash
+        # The spend read model is not recomputed from the events that left.
+        assert await spend_report(store.engine, group_by=["workspace", "day"]) == before
+        # Streams go on from the versions they reached in the archived months: a late
+        # settlement on an archived request, a second start of it refused.
+        late = await store.append(
+            "request-m0r1",
+            ANY_VERSION,
+            [
+                ev.RequestFailed(
+                    request_id="m0r1",
+                    http_status=500,
+                    error_code="gateway_lost",
+                    error_type="server_error",
+                    message="late",
+                    attempts=1,
+                    duration_ms=0,
+                )
+            ],
+        )
+        assert late[0].version == 8
+        with pytest.raises(WrongExpectedVersion):
+            await store.append("request-m1r2", NO_STREAM, succeeded_trail("m1r2")[:1])
+        assert (await verify_chain(store, archive=archive_dir)).ok
+        # A replay would rebuild them from the events left: refused, saying why.
+        with pytest.raises(HistoryArchived, match="positions 1-42 are archived"):
+            await ProjectionRunner(store, all_projections()).replay()
+        # Nothing is archived twice; the current month never.
+        assert await archive_months(store, date(2099, 1, 1), archive_dir) == []
+    finally:
+        await store.close()
+        await store.engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_verify_names_a_changed_archive_file(postgres_url: str, archive_dir: Path) -> None:
+    store, _ = await _three_months(postgres_url)
+    try:
+        [august, _] = await archive_months(store, date(_NOW.year, _NOW.month, 1), archive_dir)
+        header, events = read_segment(archive_dir / august.file)
+        lines = [json.dumps(header)] + [f"{p} {h} {b.decode()}" for p, h, b in events]
+        lines[6] = lines[6].replace("0.0012", "0.0001")  # position 6, the settlement
+        trailer = {"end_hash": august.end_hash, "events": august.events, "last_position": 21}
+        with gzip.open(archive_dir / august.file, "wb") as out:
+            out.write(("\n".join([*lines, json.dumps(trailer)]) + "\n").encode())
+        with pytest.raises(ArchiveError, match="hash does not match"):
+            check_segment(archive_dir / august.file)
+        result = await verify_chain(store, archive=archive_dir)
+        assert not result.ok and "hash does not match" in (result.problem or "")
+    finally:
+        await store.close()
+        await store.engine.dispose()
+
+
+async def test_sqlite_refuses_to_archive_saying_why(sqlite_url: str, archive_dir: Path) -> None:
+    store = EventStore(create_engine(sqlite_url))
+    try:
+        with pytest.raises(ArchiveRefused, match="needs PostgreSQL"):
+            await archive_months(store, date(2026, 10, 1), archive_dir)
+        assert not archive_dir.exists()  # noqa: ASYNC240 - nothing was written
+    finally:
+        await store.close()
+        await store.engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_the_cli_archives_with_progress_and_verify_reads_the_archive(
+    postgres_url: str, archive_dir: Path
+) -> None:
+    store, _ = await _three_months(postgres_url)
+    await store.close()
+    await store.engine.dispose()
+    month = month_of(_NOW)
+
+    def waybill(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-c", "from router.cli import main; main()", *args]
+        return subprocess.run(
+            [*command, "--database-url", postgres_url], capture_output=True, text=True
+        )
+
+    archived = waybill("archive", "--before", f"{month}-01", "--to", str(archive_dir))
+    assert archived.returncode == 0, archived.stderr
+    assert f"archived {_FIRST}: positions 1-21 (21 events)" in archived.stdout
+    assert "archiving" in archived.stderr  # the progress bar
+    plain = waybill("verify")
+    assert plain.returncode == 0 and "positions 1-42 archived, not checked" in plain.stdout
+    whole = waybill("verify", "--archive", str(archive_dir))
+    assert whole.returncode == 0 and "ledger OK: 63 events" in whole.stdout
+
+    # An archived request is explained from the archive, once told where it is.
+    unseen = waybill("explain", "m0r1")
+    assert unseen.returncode == 1 and "archived: give their directory" in unseen.stderr
+    explained = waybill("explain", "m0r1", "--json", "--archive", str(archive_dir))
+    assert explained.returncode == 0, explained.stderr
+    assert json.loads(explained.stdout)["request_id"] == "m0r1"
+    live = waybill("explain", "m2r1", "--json")
+    assert live.returncode == 0 and json.loads(live.stdout)["request_id"] == "m2r1"
+
+    (archive_dir / f"ledger-{_SECOND}.jsonl.gz").unlink()
+    missing = waybill("verify", "--archive", str(archive_dir), "--json")
+    assert missing.returncode == 1 and "missing" in json.loads(missing.stdout)["problem"]
