@@ -87,6 +87,8 @@ TYPE_CHARS: Final[Mapping[str, str]] = {
     "PeriodClosed": "U",
     "PeriodAdjusted": "V",
     "CheckpointTaken": "W",
+    "EndpointDisabled": "X",
+    "EndpointEnabled": "Y",
 }
 TYPE_CHARACTERS: Final = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 _TYPE_OF: Final = {char: name for name, char in TYPE_CHARS.items()}
