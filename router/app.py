@@ -81,7 +81,7 @@ from router.ids import new_id
 from router.proof_api import proof_router
 from router.queries import queries_router
 from router.reconcile_api import reconcile_router
-from router.serving import HANGUP_EXTENSION, Hangup
+from router.serving import BODY_EXTENSION, HANGUP_EXTENSION, BodyWriter, Hangup
 from router.spend_api import spend_router
 
 __all__ = ["AppSettings", "authenticate", "create_app", "default_instance_id"]
@@ -165,7 +165,11 @@ class _Edge:
                 response = await _chat_completions(request)
             except Exception as error:
                 response = _failure_response(request, error)
-            await response(scope, receive, send_with_id)
+            # The header is the response's own here, so its messages go out unwrapped (a
+            # stream sends one per read of the upstream's body).
+            if "x-request-id" not in response.headers:
+                response.raw_headers.append(header)
+            await response(scope, receive, send)
             return
         await self.app(scope, receive, send_with_id)
 
@@ -478,9 +482,11 @@ async def _chat_completions(request: Request) -> Response:
                 "cache-control": "no-cache",
             }
             body = started.body
-            if claim is not None:
+            write_directly: Callable[[BodyWriter], None] | None = started.write_directly
+            if claim is not None:  # every piece of it is recorded: all go through the body
                 body = _recorded(body, state.idempotency, claim, response_headers, gateway)
-            return _EventStream(body, response_headers, on_end=release)
+                write_directly = None
+            return _EventStream(body, response_headers, on_end=release, direct=write_directly)
         completion = await _unless_disconnected(
             request.scope,
             request.receive,
@@ -655,21 +661,28 @@ class _EventStream(Response):
         headers: Mapping[str, str],
         *,
         on_end: Callable[[], None],
+        direct: Callable[[BodyWriter], None] | None = None,
     ) -> None:
         self._body = body
         self._on_end = on_end
+        self._direct = direct
         self.status_code = 200
         self.background = None
         self.init_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         with contextlib.suppress(_ClientGone):
-            await _unless_disconnected(scope, receive, self._send(send))
+            await _unless_disconnected(scope, receive, self._send(scope, send))
 
-    async def _send(self, send: Send) -> None:
+    async def _send(self, scope: Scope, send: Send) -> None:
         body = self._body
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            # Served by Waybill's protocol, reads the gateway passes on unchanged are written
+            # straight from the upstream connection's callback (router.serving BODY_EXTENSION).
+            writer = scope.get("extensions", {}).get(BODY_EXTENSION, {}).get("write")
+            if writer is not None and self._direct is not None:
+                self._direct(writer)
             async for piece in body:
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -175,6 +175,11 @@ class StreamingCompletion:
     endpoint: str
     attempts: int
     body: AsyncGenerator[bytes, None]
+    write_directly: Callable[[Callable[[bytes], bool]], None]
+    """Given the server's writer of the started response's body (``router.serving``
+    ``BodyWriter``), the body's reads that pass through unchanged go to the client from the
+    upstream connection's callback, through it, rather than through ``body`` (whose pieces
+    then are the rest, in order): the relay's cost per read is then a parse and a write."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +209,7 @@ class _Attempt:
     upstream: DriverStream | None = None
     batches: AsyncIterator[list[dict[str, Any]]] | None = None
     held: list[dict[str, Any]] = field(default_factory=list)
+    held_raw: bytes | None = None  # the held chunks as the upstream's bytes, if it has them
     classification: Classification | None = None
     failure: UpstreamFailure | None = None
     error_code: str | None = None  # the gateway's own, where the upstream gave none
@@ -410,6 +416,7 @@ class _Run:
             Target(m.endpoint, i, m.model, m.context_window, m.resume)
             for i, m in enumerate(group.mappings)
         )
+        self._can_resume = any(target.resume != "none" for target in self._targets)
         # What the attempts' tasks and the hedge timer (None) report, in order.
         self._happenings: asyncio.Queue[_Attempt | None] = asyncio.Queue()
         self._hedge_timer: asyncio.TimerHandle | None = None
@@ -424,6 +431,7 @@ class _Run:
         self._resumable = True
         self._chunk_id: str | None = None
         self._response_model: str | None = None
+        self._writer: Callable[[bytes], bool] | None = None  # see StreamingCompletion
         self.ended = False  # RequestCompleted or RequestFailed is recorded (or on its way)
         self._stream_id = f"request-{request_id}"
         self._version = NO_STREAM
@@ -680,7 +688,26 @@ class _Run:
             attempt.route.choice.endpoint,
             self.attempt_count,
             self._stream_body(attempt),
+            self._write_directly,
         )
+
+    def _write_directly(self, writer: Callable[[bytes], bool]) -> None:
+        self._writer = writer
+
+    def _deliver(self, batch: list[dict[str, Any]], raw: bytes) -> bool:
+        """A tapped read (DriverStream.tap) of a stream relayed as the upstream's bytes:
+        written to the client now, unless it is not to go out as it came (a usage chunk
+        the client did not ask for) or the writer cannot take it now; then the relay's
+        task gets it, in order."""
+        writer = self._writer
+        if writer is None:
+            return False
+        if not self.call.include_usage and any(_is_usage_chunk(chunk) for chunk in batch):
+            return False
+        if not writer(raw):
+            return False
+        self._note_delivered(batch)
+        return True
 
     # --- the driver: the walk (router.walk) decides, this executes and records ---
 
@@ -764,18 +791,20 @@ class _Run:
 
     async def _open_stream(self, attempt: _Attempt) -> None:
         upstream = await attempt.route.driver.stream(self._call(attempt))
+        held_raw = None
         try:
             batches = upstream.batches()
             if attempt.seam is None:
-                held = await _first_content(batches)
+                held, held_raw = await _first_content(batches, upstream)
             else:
-                held = await _first_content(self._continuation(attempt, batches))
+                held, _ = await _first_content(self._continuation(attempt, batches), None)
                 if attempt.seam.state != "joined" and not attempt.seam.end():
                     raise _SeamBroken
         except BaseException:
             await upstream.aclose()
             raise
         attempt.upstream, attempt.batches, attempt.held = upstream, batches, held
+        attempt.held_raw = held_raw
 
     async def _continuation(
         self, attempt: _Attempt, batches: AsyncIterator[list[dict[str, Any]]]
@@ -895,20 +924,32 @@ class _Run:
             while True:
                 upstream, batches = attempt.upstream, attempt.batches
                 assert upstream is not None and batches is not None
-                if attempt.seam is not None:
+                # A resume's chunks are rewritten (router.resume); the others go out as the
+                # upstream's bytes where it has them (DriverStream.raw) and nothing is
+                # dropped from them: they were parsed only for what the ledger and a resume
+                # need (_note_delivered).
+                passed = attempt.seam is None
+                if not passed:
                     batches = self._continuation(attempt, batches)
                 try:
                     batch: list[dict[str, Any]] | None = attempt.held
+                    raw = attempt.held_raw
                     while batch is not None:
                         self._note_delivered(batch)
                         if not include_usage:
-                            batch = [chunk for chunk in batch if not _is_usage_chunk(chunk)]
+                            kept = [chunk for chunk in batch if not _is_usage_chunk(chunk)]
+                            if len(kept) != len(batch):
+                                batch, raw = kept, None
                         if batch:
+                            piece = raw if raw is not None else encode_json(batch)
                             if upstream.ended:
-                                last = encode_json(batch)
+                                last = piece
                             else:
-                                yield encode_json(batch)
+                                yield piece
+                        if passed and self._writer is not None:
+                            upstream.tap(self._deliver)  # until a read it cannot take
                         batch = await anext(batches, None)
+                        raw = upstream.raw if passed else None
                     if attempt.seam is not None and not attempt.seam.end():
                         raise _SeamBroken
                 except (UpstreamFailure, _SeamBroken) as failure:
@@ -951,12 +992,15 @@ class _Run:
 
     def _note_delivered(self, batch: list[dict[str, Any]]) -> None:
         """Keep the text the client has, for a resume; anything but the text of one choice
-        (a tool call, a refusal, audio, a second choice) cannot be continued."""
+        (a tool call, a refusal, audio, a second choice) cannot be continued. A group none
+        of whose mappings can resume keeps only the stream's id and model."""
         for chunk in batch:
             if self._chunk_id is None and isinstance(chunk.get("id"), str):
                 self._chunk_id = chunk["id"]
             if self._response_model is None and isinstance(chunk.get("model"), str):
                 self._response_model = chunk["model"]
+            if not self._can_resume:
+                continue
             for choice in chunk.get("choices") or ():
                 if not isinstance(choice, dict):
                     continue
@@ -1512,14 +1556,21 @@ async def _let_the_appender_send() -> None:
     await asyncio.sleep(0)
 
 
-async def _first_content(batches: AsyncIterator[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Pull chunks until one carries content (contract §5); return all pulled so far."""
+async def _first_content(
+    batches: AsyncIterator[list[dict[str, Any]]], upstream: DriverStream | None
+) -> tuple[list[dict[str, Any]], bytes | None]:
+    """Pull chunks until one carries content (contract §5); return all pulled so far, and
+    (given the upstream whose batches they are) the same as its bytes, if it has them all."""
     held: list[dict[str, Any]] = []
+    raw: list[bytes] | None = [] if upstream is not None else None
     async for batch in batches:
         held += batch
+        if raw is not None:
+            piece = upstream.raw if upstream is not None else None
+            raw = None if piece is None else [*raw, piece]
         if any(_has_content(chunk) for chunk in batch):
             break
-    return held
+    return held, None if raw is None else b"".join(raw)
 
 
 def _has_content(chunk: Mapping[str, Any]) -> bool:

@@ -7,10 +7,13 @@ each write is a ``send`` that also wakes the reader, and the pair was most of th
 the gateway's CPU that uvicorn's ``send`` took at c16 (``bench/README.md``). A stream's
 chunks written in one turn are joined the same way.
 
-Two additions: the ``waybill.hangup`` extension in each request's scope
+Three additions: the ``waybill.hangup`` extension in each request's scope
 (:data:`HANGUP_EXTENSION`), which calls back when the client's connection is lost, so that
 the app needs no task of its own waiting on ``receive`` to notice (about 2% of the CPU of a
-streamed request, which had two such waits); and the answers the protocol gives itself
+streamed request, which had two such waits); the ``waybill.body`` extension
+(:data:`BODY_EXTENSION`), which writes a piece of a started chunked response at once, from
+any callback, without an ASGI message (a relayed stream's reads go out from the upstream
+connection's callback: ``router.gateway``); and the answers the protocol gives itself
 before any app runs, in the app's one error shape: a request head over
 :data:`MAX_HEAD_BYTES` is ``431``, a request the HTTP parser refuses (NUL or CR in a header,
 conflicting ``Content-Length`` and ``Transfer-Encoding``, ...) is ``400``, both
@@ -27,12 +30,13 @@ from collections.abc import Callable
 from typing import Any
 
 import orjson
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from router.errors import GatewayError, invalid_request
 from router.ids import new_id
 
 __all__ = [
+    "BODY_EXTENSION",
     "HANGUP_EXTENSION",
     "MAX_HEAD_BYTES",
     "UVICORN_OPTIONS",
@@ -49,6 +53,15 @@ HANGUP_EXTENSION = "waybill.hangup"
 Hangup = Callable[[Callable[[], None]], Callable[[], None]]
 """``watch(callback)`` calls ``callback`` once, if the client's connection is lost before
 the returned function is called (which unwatches)."""
+
+BODY_EXTENSION = "waybill.body"
+"""``scope["extensions"][BODY_EXTENSION]["write"]`` is a :data:`BodyWriter`."""
+
+BodyWriter = Callable[[bytes], bool]
+"""``write(piece)`` sends ``piece`` as the next chunk of the response's body and returns
+True; or, when it cannot now (the response is not a started chunked one, is complete, its
+client is gone or is not reading fast enough: the transport's writing is paused), writes
+nothing and returns False: send it as an ASGI message instead, which waits its turn."""
 
 
 class CoalescingTransport:
@@ -149,6 +162,10 @@ class _Protocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head, self._head_fed = False, 0
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:
+            write = functools.partial(_write_body, cycle)
+            self.scope["extensions"][BODY_EXTENSION] = {"write": write}
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -174,6 +191,22 @@ class _Protocol(HttpToolsProtocol):
         super().connection_lost(exc)
         for callback in hangups:
             callback()
+
+
+def _write_body(cycle: RequestResponseCycle, piece: bytes) -> bool:
+    """A :data:`BodyWriter` for ``cycle``: what its ``send`` does with a body message of a
+    chunked response, when it would not have to wait or refuse."""
+    if (
+        not cycle.response_started
+        or cycle.response_complete
+        or cycle.disconnected
+        or not cycle.chunked_encoding
+        or cycle.flow.write_paused
+    ):
+        return False
+    if piece:
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(piece), piece))
+    return True
 
 
 _REASONS = {400: b"Bad Request", 431: b"Request Header Fields Too Large"}

@@ -174,3 +174,31 @@ async def test_a_client_leaving_mid_body_is_no_error_in_the_logs(
             assert (await http.get("/v1/models")).status_code == 200
         assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
         assert "ClientDisconnect" not in caplog.text
+
+
+def test_the_body_writer_writes_a_chunk_only_where_an_asgi_message_would_go_at_once() -> None:
+    from types import SimpleNamespace
+
+    from router.serving import _write_body
+
+    inner = _Recording()
+    started = {
+        "response_started": True,
+        "response_complete": False,
+        "disconnected": False,
+        "chunked_encoding": True,
+    }
+    cycle = SimpleNamespace(**started, flow=SimpleNamespace(write_paused=False), transport=inner)
+    assert _write_body(cycle, b"data: x\n\n")  # type: ignore[arg-type]
+    assert inner.calls == [("write", b"9\r\ndata: x\n\n\r\n")]
+    for state, value in [
+        ("response_started", False),
+        ("response_complete", True),
+        ("disconnected", True),
+        ("chunked_encoding", False),
+    ]:
+        refused = SimpleNamespace(**{**started, state: value}, flow=cycle.flow, transport=inner)
+        assert not _write_body(refused, b"more")  # type: ignore[arg-type]
+    cycle.flow.write_paused = True  # the client reads slowly: the ASGI send waits its turn
+    assert not _write_body(cycle, b"more")  # type: ignore[arg-type]
+    assert len(inner.calls) == 1
