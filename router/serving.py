@@ -20,6 +20,16 @@ conflicting ``Content-Length`` and ``Transfer-Encoding``, ...) is ``400``, both
 ``invalid_request`` and the connection closed. A head is bounded while it arrives: bytes
 fed to the parser while the head is still incomplete are counted, so an endless header costs
 at most the bound and one read, never its own length.
+
+Kept-alive connections: a request written on one is always answered. The server closes a
+connection idle for :data:`KEEP_ALIVE_S` (uvicorn's ``timeout_keep_alive``), longer than the
+idle timeouts of common clients (httpx, and so the OpenAI SDK: 5 s; Node's: 4 s) and load
+balancers (60 s), so that the client lets go first and never writes into a connection being
+closed. And the timer's expiry alone does not close it: on a loop busy with other work the
+timer can run while the next request already waits in the socket's buffer (each turn of the
+loop runs its due timers before it reads the sockets again), and closing then would drop that
+request unanswered (and reset the connection); such a connection stays open and the request
+is read (:func:`router.unread.unread_bytes`).
 """
 
 from __future__ import annotations
@@ -34,10 +44,12 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from router.errors import GatewayError, invalid_request
 from router.ids import new_id
+from router.unread import unread_bytes
 
 __all__ = [
     "BODY_EXTENSION",
     "HANGUP_EXTENSION",
+    "KEEP_ALIVE_S",
     "MAX_HEAD_BYTES",
     "UVICORN_OPTIONS",
     "CoalescingTransport",
@@ -46,6 +58,9 @@ __all__ = [
 
 MAX_HEAD_BYTES = 64 * 1024
 """The request line and headers together; beyond it: 431."""
+
+KEEP_ALIVE_S = 65
+"""How long an idle kept-alive connection stays open (see the module's docstring)."""
 
 HANGUP_EXTENSION = "waybill.hangup"
 """``scope["extensions"][HANGUP_EXTENSION]["watch"]`` is a :data:`Hangup`."""
@@ -182,6 +197,16 @@ class _Protocol(HttpToolsProtocol):
         self.transport.write(_error_bytes(error))
         self.transport.close()
 
+    def timeout_keep_alive_handler(self) -> None:
+        """The connection was idle for the keep-alive timeout, unless the loop is late and
+        the next request is already here: then it stays open and that request is read."""
+        if not self.transport.is_closing() and unread_bytes(self.transport):
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+            return
+        super().timeout_keep_alive_handler()
+
     def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:
         self._hangups.add(callback)
         return functools.partial(self._hangups.discard, callback)
@@ -236,5 +261,6 @@ UVICORN_OPTIONS: dict[str, Any] = {
     "proxy_headers": False,
     "server_header": False,
     "ws": "none",  # no WebSocket routes: an Upgrade is answered as plain HTTP
+    "timeout_keep_alive": KEEP_ALIVE_S,
 }
 """For ``uvicorn.run`` / ``uvicorn.Config`` (``waybill serve``, the demo, the tests)."""
