@@ -418,7 +418,7 @@ class _Run:
         )
         self._can_resume = any(target.resume != "none" for target in self._targets)
         # What the attempts' tasks and the hedge timer (None) report, in order.
-        self._happenings: asyncio.Queue[_Attempt | None] = asyncio.Queue()
+        self._happenings = _Mailbox()
         self._hedge_timer: asyncio.TimerHandle | None = None
         self._routed: _Route | None = None  # the route the walk's next start takes
         self._candidates: tuple[ev.Candidate, ...] = ()  # the last evaluation's
@@ -787,10 +787,11 @@ class _Run:
             attempt.classification = _deadline_class()
         except Exception as error:  # a bug or the ledger: the request's own task raises it
             attempt.error = error
-        self._happenings.put_nowait(attempt)
+        self._happenings.put(attempt)
 
     async def _open_stream(self, attempt: _Attempt) -> None:
         upstream = await attempt.route.driver.stream(self._call(attempt))
+        attempt.call = None  # sent: what is held for the stream's life is kept small
         held_raw = None
         try:
             batches = upstream.batches()
@@ -823,7 +824,7 @@ class _Run:
     def _arm_hedge(self, after_ms: int) -> None:
         self._stop_hedge_timer()
         loop = asyncio.get_running_loop()
-        self._hedge_timer = loop.call_later(after_ms / 1000, self._happenings.put_nowait, None)
+        self._hedge_timer = loop.call_later(after_ms / 1000, self._happenings.put, None)
 
     def _stop_hedge_timer(self) -> None:
         if self._hedge_timer is not None:
@@ -934,6 +935,7 @@ class _Run:
                 try:
                     batch: list[dict[str, Any]] | None = attempt.held
                     raw = attempt.held_raw
+                    attempt.held, attempt.held_raw = [], None
                     while batch is not None:
                         self._note_delivered(batch)
                         if not include_usage:
@@ -1544,6 +1546,33 @@ class _Run:
                 retry_after_ms=classification.retry_after_ms,
             )
         await self.gw._record_transitions(transitions, self.request_id)
+
+
+class _Mailbox:
+    """What a run's attempts and its hedge timer report, in order, to the one task that
+    drives it: an ``asyncio.Queue`` without its unbounded-capacity machinery (a run holds
+    one for its whole life, and a long stream's memory is mostly what it holds)."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[_Attempt | None] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: _Attempt | None) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> _Attempt | None:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
 
 
 # --- small pure helpers ---

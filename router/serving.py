@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -179,7 +180,9 @@ class _Protocol(HttpToolsProtocol):
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope:
-            write = functools.partial(_write_body, cycle)
+            # Weakly: the scope is the cycle's, and a cycle of references would outlive
+            # the request until the collector's next full pass.
+            write = functools.partial(_write_body, weakref.ref(cycle))
             self.scope["extensions"][BODY_EXTENSION] = {"write": write}
 
     def on_message_complete(self) -> None:
@@ -218,11 +221,13 @@ class _Protocol(HttpToolsProtocol):
             callback()
 
 
-def _write_body(cycle: RequestResponseCycle, piece: bytes) -> bool:
-    """A :data:`BodyWriter` for ``cycle``: what its ``send`` does with a body message of a
+def _write_body(of: weakref.ref[RequestResponseCycle], piece: bytes) -> bool:
+    """A :data:`BodyWriter` for a cycle: what its ``send`` does with a body message of a
     chunked response, when it would not have to wait or refuse."""
+    cycle = of()
     if (
-        not cycle.response_started
+        cycle is None
+        or not cycle.response_started
         or cycle.response_complete
         or cycle.disconnected
         or not cycle.chunked_encoding

@@ -6,6 +6,8 @@ import asyncio
 import socket
 import threading
 import time
+import weakref
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -263,8 +265,6 @@ def test_the_keep_alive_timeout_outlasts_the_idle_timeouts_of_common_clients() -
 
 
 def test_the_body_writer_writes_a_chunk_only_where_an_asgi_message_would_go_at_once() -> None:
-    from types import SimpleNamespace
-
     from router.serving import _write_body
 
     inner = _Recording()
@@ -274,8 +274,8 @@ def test_the_body_writer_writes_a_chunk_only_where_an_asgi_message_would_go_at_o
         "disconnected": False,
         "chunked_encoding": True,
     }
-    cycle = SimpleNamespace(**started, flow=SimpleNamespace(write_paused=False), transport=inner)
-    assert _write_body(cycle, b"data: x\n\n")  # type: ignore[arg-type]
+    cycle = _Cycle(**started, flow=SimpleNamespace(write_paused=False), transport=inner)
+    assert _write_body(weakref.ref(cycle), b"data: x\n\n")  # type: ignore[arg-type]
     assert inner.calls == [("write", b"9\r\ndata: x\n\n\r\n")]
     for state, value in [
         ("response_started", False),
@@ -283,8 +283,16 @@ def test_the_body_writer_writes_a_chunk_only_where_an_asgi_message_would_go_at_o
         ("disconnected", True),
         ("chunked_encoding", False),
     ]:
-        refused = SimpleNamespace(**{**started, state: value}, flow=cycle.flow, transport=inner)
-        assert not _write_body(refused, b"more")  # type: ignore[arg-type]
+        refused = _Cycle(**{**started, state: value}, flow=cycle.flow, transport=inner)
+        assert not _write_body(weakref.ref(refused), b"more")  # type: ignore[arg-type]
     cycle.flow.write_paused = True  # the client reads slowly: the ASGI send waits its turn
-    assert not _write_body(cycle, b"more")  # type: ignore[arg-type]
+    assert not _write_body(weakref.ref(cycle), b"more")  # type: ignore[arg-type]
+    gone = _Cycle(**started, flow=cycle.flow, transport=inner)
+    writer = weakref.ref(gone)
+    del gone  # the request is over
+    assert not _write_body(writer, b"more")  # type: ignore[arg-type]
     assert len(inner.calls) == 1
+
+
+class _Cycle(SimpleNamespace):
+    """A stand-in for uvicorn's RequestResponseCycle (which can be weakly referenced)."""

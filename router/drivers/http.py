@@ -519,6 +519,7 @@ class Response:
     ) -> None:
         self.status_code = conn.status_code
         self.headers = Headers(conn.headers.items())
+        conn.headers = {}  # now the response's: a stream holds one copy for its life
         self._client = client
         self._pool_key = pool_key
         self._conn: _Connection | None = conn
