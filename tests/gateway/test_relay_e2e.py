@@ -6,19 +6,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, cast
+from typing import Any
 
 import httpx
 from openai import AsyncOpenAI
 
-from ledger import apikeys
-from ledger.db import create_engine
 from ledger.store import EventStore
-from router.app import AppSettings
-from router.config import parse_config
-from router.fake_upstream import FakeUpstream
 from router.sse import DONE_FRAME
-from tests.gateway.harness import ANTHROPIC_ENV, Route, config_text, serve
+from tests.gateway.harness import gateway_before
 
 
 def _event(body: str) -> bytes:
@@ -75,18 +70,8 @@ class _Verbatim:
 
 @asynccontextmanager
 async def _gateway(database_url: str) -> AsyncIterator[tuple[str, str, EventStore]]:
-    async with _Verbatim() as upstream:
-        text = config_text({"raw": cast(FakeUpstream, upstream)}, [Route("raw", model="m")])
-        config = parse_config(text, environ=ANTHROPIC_ENV)
-        engine = create_engine(database_url)
-        store = EventStore(engine)
-        try:
-            key = await apikeys.create_key(store, "acme", "client")
-            async with serve(AppSettings(config, database_url)) as (url, _):
-                yield url, key.secret, store
-        finally:
-            await store.close()
-            await engine.dispose()
+    async with _Verbatim() as upstream, gateway_before(database_url, upstream) as gateway:
+        yield gateway
 
 
 async def _body(url: str, secret: str, **extra: Any) -> tuple[bytes, str]:
