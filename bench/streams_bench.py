@@ -1,16 +1,16 @@
-"""Long streams benchmark: many long streams at once, straight to a fake provider and through
+"""Long streams benchmark: many long streams at once, straight to a mock provider and through
 Waybill, in one run.
 
     .venv/bin/python bench/streams_bench.py [--concurrency 200,1000] [--seconds 10]
         [--warmup 3] [--chunks 50] [--chunk-delay-ms 20] [--max-in-flight N]
-        [--database waybill_streams_bench] [--json] [--profile DIR]
+        [--database waybill_streams_bench] [--source CHECKOUT] [--json] [--profile DIR]
 
-The load an LLM gateway carries is many long streams at once. The fake provider (``python -m
-router.fake_upstream``, the bench mock) answers every request with a stream of ``--chunks``
-content chunks ``--chunk-delay-ms`` apart (with its role chunk, finish chunk, usage chunk and
-``[DONE]``: ``--chunks`` + 4 events). For each concurrency the closed-loop load generator
-(``bench/loadgen.py``) runs that load first straight to the fake, then through a fresh
-``waybill serve`` (ledger on a fresh PostgreSQL database, ``--max-in-flight`` above the
+The load an LLM gateway carries is many long streams at once. The bench mock
+(``bench/stream_mock.py``) answers every request with a stream of ``--chunks`` content chunks
+``--chunk-delay-ms`` apart (with its role chunk first and its finish chunk, usage chunk and
+``[DONE]`` last: ``--chunks`` + 4 events). For each concurrency the closed-loop load
+generator (``bench/loadgen.py``) runs that load first straight to the mock, then through a
+fresh ``waybill serve`` (ledger on a fresh PostgreSQL database, ``--max-in-flight`` twice the
 concurrency unless given, so that every request is served: this measures the relay, not
 admission). Per cell and side:
 
@@ -23,10 +23,13 @@ admission). Per cell and side:
 and for the gateway: its CPU per chunk relayed (the ``waybill serve`` process and its
 children, from the cell's start until it is idle again, over every event of every stream of
 the cell), its memory per open stream (peak RSS of the serving process during the cell, less
-its RSS after a short warm-up, over the concurrency), and PostgreSQL's CPU per stream.
+its RSS after a quarter of the load, over the streams added), and PostgreSQL's CPU per stream.
 
 A gateway cell is valid only if every response was a complete 200 and the ledger gained one
-``RequestCompleted``, and no ``RequestFailed``, per request sent. ``--profile DIR`` runs each
+``RequestCompleted``, and no ``RequestFailed``, per request sent. ``--source`` serves the
+gateway of another checkout (a ``git worktree`` of an older commit: before and after a
+change, minutes apart, same machine; its ledger is migrated by this checkout's migrations,
+so the schema must be the same). ``--profile DIR`` runs each
 gateway cell under ``py-spy record`` (its figures then include py-spy's cost) and prints a
 summary (``bench/profile_summary.py``). A benchmark, not a test: compare within one run.
 """
@@ -120,7 +123,7 @@ def _load(
     url: str, api_key: str | None, concurrency: int, seconds: float, warmup: float, chunks: int
 ) -> dict[str, Any]:
     """The load generator in its own process: streams, each asking for ``chunks`` tokens."""
-    model = "chat" if api_key else "fake-model"
+    model = "chat" if api_key else "mock-model"
     command = [sys.executable, str(BENCH / "loadgen.py"), "--url", f"{url}/chat/completions"]
     command += ["--model", model, "--concurrency", str(concurrency), "--stream"]
     command += ["--seconds", str(seconds), "--warmup", str(warmup)]
@@ -154,8 +157,9 @@ class Cell:
     direct_cpu_s: dict[str, float] = field(default_factory=dict)
     gateway_cpu_s: dict[str, float] = field(default_factory=dict)
     other_load_cores: float = 0.0
-    rss_idle_kb: int = 0
+    rss_idle_kb: int = 0  # after a quarter of the load (baseline_streams at once)
     rss_peak_kb: int = 0
+    baseline_streams: int = 0
     ledger_completed: int = 0
     ledger_failed: int = 0
     profile: dict[str, Any] | None = None
@@ -183,7 +187,8 @@ class Cell:
 
     @property
     def kb_per_open_stream(self) -> float:
-        return round((self.rss_peak_kb - self.rss_idle_kb) / self.concurrency, 1)
+        more = max(self.concurrency - self.baseline_streams, 1)
+        return round((self.rss_peak_kb - self.rss_idle_kb) / more, 1)
 
     @property
     def broken(self) -> int:
@@ -218,44 +223,49 @@ class _Bench:
     tmp: Path
     database_url: str
     api_key: str
-    fake: _Child
-    fake_url: str
+    mock: _Child
+    mock_url: str
 
     def direct(self, cell: Cell) -> None:
         args = self.args
-        start = _cpu({"fake": self.fake})
+        start = _cpu({"mock": self.mock})
         cell.direct = _load(
-            f"{self.fake_url}/v1", None, cell.concurrency, args.seconds, args.warmup, args.chunks
+            f"{self.mock_url}/v1", None, cell.concurrency, args.seconds, args.warmup, args.chunks
         )
-        end = _cpu({"fake": self.fake})
-        cell.direct_cpu_s = {"fake": round(end.ours["fake"] - start.ours["fake"], 2)}
+        end = _cpu({"mock": self.mock})
+        cell.direct_cpu_s = {"mock": round(end.ours["mock"] - start.ours["mock"], 2)}
 
     def through_gateway(self, cell: Cell) -> None:
         args, c = self.args, cell.concurrency
         capacity = args.max_in_flight or 2 * c
+        source = Path(args.source) if args.source else None
         gateway, url = _start_gateway(
             self.tmp,
             self.database_url,
-            self.fake_url,
+            self.mock_url,
+            source=source,
             serve_args=["--max-in-flight", str(capacity)],
         )
         try:
-            # A few streams first: what the first requests load once is not per stream.
-            _load(f"{url}/v1", self.api_key, 4, 1.0, 0.0, args.chunks)
+            # A quarter of the load first: what the gateway holds whatever the number of
+            # streams (caches, pools, the allocator's arenas) is in the baseline, so that
+            # the memory per open stream is the slope from there to the full load.
+            cell.baseline_streams = max(4, c // 4)
+            _load(f"{url}/v1", self.api_key, cell.baseline_streams, 3.0, 0.0, args.chunks)
             gateway.settle()
             cell.rss_idle_kb = _rss_kb(gateway.pid)
             before = asyncio.run(_outcomes(self.database_url))
             database = make_url(self.database_url).database or ""
             spy = self._spy(gateway, c) if args.profile else None
             with _BackendCpu(database) as postgres, _PeakRss(gateway.pid) as rss:
-                start = _cpu({"gateway": gateway, "fake": self.fake})
+                start = _cpu({"gateway": gateway, "mock": self.mock})
                 cell.gateway = _load(
                     f"{url}/v1", self.api_key, c, args.seconds, args.warmup, args.chunks
                 )
                 sent = cell.gateway["sent"]
                 after = asyncio.run(_outcomes(self.database_url, (before[0] + sent, before[1])))
                 gateway.settle()
-                end = _cpu({"gateway": gateway, "fake": self.fake})
+                end = _cpu({"gateway": gateway, "mock": self.mock})
             if spy is not None:
                 cell.profile = self._spied(spy, c)
             cell.rss_peak_kb = rss.peak_kb
@@ -336,15 +346,15 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
     api_key = asyncio.run(_create_key(database_url))
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        fake, fake_url = _start_mock(tmp, args.chunks, args.chunk_delay_ms)
-        bench = _Bench(args, tmp, database_url, api_key, fake, fake_url)
+        mock, mock_url = _start_mock(tmp, args.chunks, args.chunk_delay_ms)
+        bench = _Bench(args, tmp, database_url, api_key, mock, mock_url)
         try:
             for cell in cells:
                 bench.direct(cell)
                 bench.through_gateway(cell)
                 print(f"  c{cell.concurrency} done", file=sys.stderr, flush=True)
         finally:
-            fake.stop()
+            mock.stop()
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "chunks": args.chunks,
@@ -372,6 +382,7 @@ def main() -> None:
         "--max-in-flight", type=int, default=0, help="the gateway's (0: twice the concurrency)"
     )
     parser.add_argument("--database", default="waybill_streams_bench", help="dropped, recreated")
+    parser.add_argument("--source", help="serve the gateway of this checkout (default: this one)")
     parser.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
     parser.add_argument("--profile", help="profile each gateway cell with py-spy into this folder")
     parser.add_argument("--native", action="store_true", help="profiles include C frames")
