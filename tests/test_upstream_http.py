@@ -589,23 +589,53 @@ def _chunks(*pieces: bytes) -> bytes:
 
 
 async def test_a_tap_takes_the_pieces_it_wants_and_the_reader_the_rest_in_order(client):
-    go = asyncio.Event()
+    taken: list[bytes] = []
+    took = asyncio.Event()
 
     async def serve(peer: Peer) -> None:
         await peer.read_request()
         head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
         await peer.send(head + _chunks(b"first"))
-        await go.wait()
-        for piece in (b"b", b"c", b"STOP", b"d"):
+        for piece in (b"b", b"c"):  # each its own read, taken before the next is sent
+            await took.wait()
+            took.clear()
             await peer.send(_chunks(piece))
+        await took.wait()
+        await peer.send(_chunks(b"STOP"))
+        await peer.send(_chunks(b"d") + b"0\r\n\r\n")
+        await peer.read_request()
+
+    def tap(piece: bytes) -> bool:
+        if b"STOP" in piece:
+            return False
+        taken.append(piece)
+        took.set()
+        return True
+
+    async with RawServer(serve) as server:
+        response = await client.request("POST", server.url, read_timeout=5)
+        body = response.aiter_bytes()
+        assert await anext(body) == b"first"
+        response.tap(tap)
+        took.set()
+        rest = b"".join([piece async for piece in body])
+    assert (taken, rest) == ([b"b", b"c"], b"STOPd")  # after the first left, none is taken
+
+
+async def test_a_tap_gets_a_reads_pieces_together(client):
+    async def serve(peer: Peer) -> None:
+        await peer.read_request()
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        await peer.send(head + _chunks(b"first"))
+        await asyncio.sleep(0.05)
+        await peer.send(_chunks(b"a", b"b", b"c"))  # one write: one read of three pieces
+        await asyncio.sleep(0.05)
         await peer.send(b"0\r\n\r\n")
         await peer.read_request()
 
     taken: list[bytes] = []
 
     def tap(piece: bytes) -> bool:
-        if piece == b"STOP":
-            return False
         taken.append(piece)
         return True
 
@@ -614,9 +644,8 @@ async def test_a_tap_takes_the_pieces_it_wants_and_the_reader_the_rest_in_order(
         body = response.aiter_bytes()
         assert await anext(body) == b"first"
         response.tap(tap)
-        go.set()
-        rest = b"".join([piece async for piece in body])
-    assert (taken, rest) == ([b"b", b"c"], b"STOPd")  # after the first left, none is taken
+        assert [piece async for piece in body] == []
+    assert taken == [b"abc"]
 
 
 async def test_pieces_a_tap_takes_keep_the_readers_wait_from_timing_out(client):
@@ -740,6 +769,7 @@ _ON_UVLOOP = [
     test_read_timeout_bounds_each_wait_for_response_bytes,
     test_a_read_deadline_bounds_the_waits_whatever_comes_before_it,
     test_a_tap_takes_the_pieces_it_wants_and_the_reader_the_rest_in_order,
+    test_a_tap_gets_a_reads_pieces_together,
     test_pieces_a_tap_takes_keep_the_readers_wait_from_timing_out,
 ]
 

@@ -60,6 +60,11 @@ __all__ = [
 ]
 
 ATTEMPT_ID_HEADER: Final = "X-Waybill-Attempt-Id"
+# Idle upstream connections kept per origin. Many long streams at once end and begin at
+# hundreds a second, and on a busy gateway a new stream takes its connection a few hundred
+# milliseconds after others were let go: a pool of 32 closed most of them, and 57% of the
+# streams at c1000 opened a connection of their own (bench/README.md).
+_MAX_IDLE: Final = 1024
 _MAX_ERROR_BODY: Final = 64 * 1024
 _MAX_MESSAGE_CHARS: Final = 300
 
@@ -220,7 +225,7 @@ class Driver(ABC):
     requires_max_tokens: ClassVar[bool] = False
 
     def __init__(self, client: HTTPClient | None = None) -> None:
-        self._client = client or HTTPClient(max_idle_per_origin=32, idle_expiry_s=30.0)
+        self._client = client or HTTPClient(max_idle_per_origin=_MAX_IDLE, idle_expiry_s=30.0)
 
     async def aclose(self) -> None:
         await self._client.aclose()

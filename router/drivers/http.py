@@ -287,6 +287,7 @@ class _Connection(asyncio.Protocol):
         self._on_end: Callable[[], None] | None = None  # set while the rest is discarded
         self._drain_timer: asyncio.TimerHandle | None = None
         self.tap: Callable[[bytes], bool] | None = None  # see Response.tap
+        self._tapped: list[bytes] = []  # the read being parsed, for the tap
 
     # --- the exchange, driven by the client ---
 
@@ -416,6 +417,27 @@ class _Connection(asyncio.Protocol):
                 self.keep_alive = False
             else:
                 self._fail(ProtocolError(f"malformed response: {exc}"))
+        if self._tapped:
+            self._offer()
+
+    def _offer(self) -> None:
+        """The body pieces of the read just parsed, to the tap together, as the reader
+        would have taken them together (one parse and one write for several events)."""
+        pieces, self._tapped = self._tapped, []
+        piece = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        tap, taken = self.tap, False
+        if tap is not None:
+            try:
+                taken = tap(piece)
+            except Exception:  # a bug in the taker: the reader gets the piece instead
+                log.exception("a tap of an upstream body failed")
+        if taken:
+            # Taken as it came: the reader's wait goes on, its silence starts again.
+            if self._read_timeout is not None and not self._absolute:
+                self._deadline = self._loop.time() + self._read_timeout
+            return
+        self.tap = None
+        self._buffer(piece)
 
     def eof_received(self) -> bool | None:
         self._peer_closed(None)
@@ -467,19 +489,12 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if self._on_end is not None:
             return  # the reader is gone; the rest is only read to free the connection
-        tap = self.tap
-        if tap is not None and not self.chunks:  # behind buffered pieces it would skip ahead
-            try:
-                taken = tap(body)
-            except Exception:  # a bug in the taker: the reader gets the piece instead
-                log.exception("a tap of an upstream body failed")
-                taken = False
-            if taken:
-                # Taken as it came: the reader's wait goes on, its silence starts again.
-                if self._read_timeout is not None and not self._absolute:
-                    self._deadline = self._loop.time() + self._read_timeout
-                return
-            self.tap = None
+        if self.tap is not None and not self.chunks:  # behind buffered pieces: not tapped
+            self._tapped.append(body)  # offered once the whole read is parsed
+            return
+        self._buffer(body)
+
+    def _buffer(self, body: bytes) -> None:
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > _HIGH_WATER and not self._paused and self._transport is not None:
@@ -545,8 +560,8 @@ class Response:
             conn.abort()
 
     def tap(self, taker: Callable[[bytes], bool] | None) -> None:
-        """Hand each piece of the body, as it arrives, to ``taker`` (synchronously, in the
-        connection's callback) instead of to the reader: a piece it takes (True) never
+        """Hand the body, a read at a time as it arrives, to ``taker`` (synchronously, in
+        the connection's callback) instead of to the reader: a piece it takes (True) never
         wakes the reader, whose wait goes on (its read timeout counting from that piece).
         The first piece it leaves (False) and every one after it go to the reader as
         usual, and the tap is off until set again. Pieces already buffered are the
