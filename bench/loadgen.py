@@ -9,11 +9,13 @@ C keep-alive connections each send one chat completion, wait for the whole respo
 ones in flight are awaited, so every request sent is answered and counted (the gateway
 benchmark checks the ledger against ``sent``). Prints one JSON object.
 
-For streams it also times the first content (the first ``"content":"`` with text in the
-body: time to first token, TTFT), counts each stream's events (``data:`` lines), and
-counts the streams and events completed inside the window (long streams finish after it;
-``bench/streams_bench.py`` reads those). A connection that closes before its response is
-whole is ``lost`` (not one byte of the response came) or ``cut`` (part of it came).
+With ``--ramp S`` the workers start one after another over S seconds rather than all at
+once (keep it within ``--warmup``). For streams it also times the first content (the first
+``"content":"`` with text in the body: time to first token, TTFT), counts each stream's
+events (``data:`` lines), and counts the streams and events completed inside the window
+(long streams finish after it; ``bench/streams_bench.py`` reads those). A connection that
+closes before its response is whole is ``lost`` (not one byte of the response came) or
+``cut`` (part of it came).
 
 Deliberately tiny (asyncio protocols and a minimal response parser, no HTTP library) so that
 the client's own CPU stays small beside the gateway it measures on a 2-core machine; its CPU
@@ -234,6 +236,8 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
 
     async def worker(index: int) -> None:
         conn = connections[index]
+        if args.ramp:  # the workers start one after another over the ramp, not at once
+            await asyncio.sleep(args.ramp * index / args.concurrency)
         while True:
             sent_at = time.perf_counter()
             if sent_at >= stop_at:
@@ -324,6 +328,9 @@ def main() -> None:
     parser.add_argument("--api-key")
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--ramp", type=float, default=0.0, help="seconds over which the workers start"
+    )
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)

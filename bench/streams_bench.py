@@ -122,11 +122,13 @@ class _PeakRss:
 def _load(
     url: str, api_key: str | None, concurrency: int, seconds: float, warmup: float, chunks: int
 ) -> dict[str, Any]:
-    """The load generator in its own process: streams, each asking for ``chunks`` tokens."""
+    """The load generator in its own process: streams, each asking for ``chunks`` tokens,
+    the streams started one after another over the first two thirds of the warm-up (as load
+    grows on a gateway in service, not all in one instant)."""
     model = "chat" if api_key else "mock-model"
     command = [sys.executable, str(BENCH / "loadgen.py"), "--url", f"{url}/chat/completions"]
     command += ["--model", model, "--concurrency", str(concurrency), "--stream"]
-    command += ["--seconds", str(seconds), "--warmup", str(warmup)]
+    command += ["--seconds", str(seconds), "--warmup", str(warmup), "--ramp", str(warmup * 2 / 3)]
     command += ["--max-tokens", str(max(64, 2 * chunks))]
     if api_key:
         command += ["--api-key", api_key]
