@@ -84,7 +84,13 @@ from router.reconcile_api import reconcile_router
 from router.serving import BODY_EXTENSION, HANGUP_EXTENSION, BodyWriter, Hangup
 from router.spend_api import spend_router
 
-__all__ = ["AppSettings", "authenticate", "create_app", "default_instance_id"]
+__all__ = [
+    "DEFAULT_MAX_IN_FLIGHT",
+    "AppSettings",
+    "authenticate",
+    "create_app",
+    "default_instance_id",
+]
 
 log = logging.getLogger("waybill.app")
 
@@ -100,12 +106,24 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+DEFAULT_MAX_IN_FLIGHT: Final = 256
+"""Requests in flight per workspace in one process before new ones get 503 capacity_error
+(``waybill serve --max-in-flight``). What an LLM gateway carries is long streams, and the
+number of them open is its load. On a 2-core machine, ``bench/streams_bench.py`` (streams of
+50 chunks 20 ms apart) measures the time to first token the gateway adds at p99 as 21 ms
+with 200 streams in flight and 65 ms with 300, then 180 ms at 400 and 392 ms at 500 as
+streams/s through it fall behind the direct path's (0.98, 0.95, 0.89, 0.74 of them). 256 is
+where it still adds at most ~50 ms: beyond it a fast 503 serves a client better than a
+slower stream for everyone (``bench/README.md``, "Capacity"). Derive it for other machines
+the same way."""
+
+
 @dataclass(frozen=True)
 class AppSettings:
     config: Config
     database_url: str
     redis_url: str | None = None
-    max_in_flight: int = 512  # per workspace and process; beyond it: 503 capacity_error
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT  # per workspace and process; then: 503
     heartbeat_s: float = 5.0  # a gateway silent for 6 heartbeats is presumed dead
     config_path: str | None = None  # where a reload (SIGHUP, or the admin API) reads from
     follower_process: bool = False  # on PostgreSQL: read models in a child (ledger.follow)
