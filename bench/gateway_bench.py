@@ -155,11 +155,13 @@ def _start_gateway(
     extra_env: dict[str, str] | None = None,
     python: str | None = None,
     checkpoints: str = "",
+    serve_args: Sequence[str] = (),
 ) -> tuple[_Child, str]:
     """``waybill serve`` on ``database_url`` in front of the fake; with ``source``, the
     code of that checkout (``bench/ab.py``) instead of this one, run by ``python`` (an
     interpreter whose environment has the project's dependencies; this one by default),
-    and ``extra_env`` added; ``checkpoints``: the config's checkpoints block, if any."""
+    and ``extra_env`` added; ``checkpoints``: the config's checkpoints block, if any;
+    ``serve_args``: more options of ``waybill serve``."""
     upstreams = {"fake": cast(FakeUpstream, _RemoteUpstream(fake_root))}
     config = tmp / "waybill.yaml"
     text = config_text(upstreams, [Route("fake")], generation="bench-1", checkpoints=checkpoints)
@@ -177,7 +179,7 @@ def _start_gateway(
         command = [python or sys.executable, "-c", entry]
     port = closed_port()
     serve = ["serve", "--config", str(config), "--database-url", database_url]
-    serve += ["--port", str(port), "--no-migrate"]
+    serve += ["--port", str(port), "--no-migrate", *serve_args]
     gateway = _Child([*command, *serve], tmp / "gateway.log", env, pipe=False, cwd=source)
     url = f"http://127.0.0.1:{port}"
     gateway.wait_ready(f"{url}/readyz", "gateway")

@@ -11,6 +11,14 @@ sent) no new request is sent and the ones in flight are awaited, so every reques
 answered and counted (the gateway benchmark checks the ledger against ``sent``). Prints one
 JSON object.
 
+With ``--ramp S`` the workers start one after another over S seconds rather than all at
+once (keep it within ``--warmup``). For streams it also times the first content (the first
+``"content":"`` with text in the body: time to first token, TTFT), counts each stream's
+events (``data:`` lines), and counts the streams and events completed inside the window
+(long streams finish after it; ``bench/streams_bench.py`` reads those). A connection that
+closes before its response is whole is ``lost`` (not one byte of the response came) or
+``cut`` (part of it came).
+
 Deliberately tiny (asyncio protocols and a minimal response parser, no HTTP library) so that
 the client's own CPU stays small beside the gateway it measures on a 2-core machine; its CPU
 time is reported too.
@@ -31,6 +39,18 @@ from urllib.parse import urlsplit
 class _Response:
     status: int
     body: bytes
+    first_content_at: float | None = None  # perf_counter() when the first content arrived
+
+
+class _Lost(ConnectionError):
+    """The connection closed before one byte of the response came."""
+
+
+class _Cut(ConnectionError):
+    """The connection closed while the response was arriving."""
+
+
+_CONTENT = b'"content":"'
 
 
 @dataclass
@@ -39,8 +59,14 @@ class _Totals:
     statuses: Counter[int] = field(default_factory=Counter)
     incomplete: int = 0  # a 200 without its final chunk / data
     reconnects: int = 0
+    lost: int = 0  # connection closed before any byte of the response
+    cut: int = 0  # connection closed mid-response
     latencies_ns: list[int] = field(default_factory=list)
+    ttft_ns: list[int] = field(default_factory=list)  # streams: send to first content
     last_finish: float = 0.0
+    events: int = 0  # streams: data lines of every complete response
+    window_streams: int = 0  # complete 200s that finished inside the window
+    window_events: int = 0  # their data lines
 
 
 class _Connection(asyncio.Protocol):
@@ -59,6 +85,9 @@ class _Connection(asyncio.Protocol):
         self._head_done = False
         self._pos = 0  # parse position in the buffer (chunked bodies)
         self._chunks: list[bytes] = []
+        self._received = False  # any byte of the response
+        self._first_content_at: float | None = None
+        self._scanned = 0  # how far the buffer was searched for the first content
 
     @property
     def closed(self) -> bool:
@@ -71,7 +100,10 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
         if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_exception(ConnectionError("connection closed mid-response"))
+            if self._received:
+                self._waiter.set_exception(_Cut("connection closed mid-response"))
+            else:
+                self._waiter.set_exception(_Lost("connection closed before the response"))
 
     def send(self, request: bytes) -> asyncio.Future[_Response]:
         assert self._transport is not None
@@ -85,16 +117,32 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
+        self._received = True
         if not self._head_done and not self._parse_head():
             return
+        if self._length is None and self._first_content_at is None:
+            self._find_first_content()
         body = self._parse_length_body() if self._length is not None else self._parse_chunks()
         if body is None:
             return
         waiter, self._waiter = self._waiter, None
-        status = self._status
+        status, first_content_at = self._status, self._first_content_at
         self._reset_response()
         if waiter is not None and not waiter.done():
-            waiter.set_result(_Response(status, body))
+            waiter.set_result(_Response(status, body, first_content_at))
+
+    def _find_first_content(self) -> None:
+        buffer = self._buffer
+        at = buffer.find(_CONTENT, max(self._scanned - len(_CONTENT), 0))
+        while at >= 0:
+            after = at + len(_CONTENT)
+            if after >= len(buffer):
+                break  # its first character has not come yet
+            if buffer[after] != 0x22:  # not an empty string: text
+                self._first_content_at = time.perf_counter()
+                return
+            at = buffer.find(_CONTENT, after)
+        self._scanned = len(buffer)
 
     def _parse_head(self) -> bool:
         end = self._buffer.find(b"\r\n\r\n")
@@ -141,13 +189,18 @@ class _Connection(asyncio.Protocol):
 
 
 def _request_bytes(
-    url: str, model: str, stream: bool, api_key: str | None, extra: list[str]
+    url: str,
+    model: str,
+    stream: bool,
+    api_key: str | None,
+    extra: list[str],
+    max_tokens: int = 32,
 ) -> bytes:
     parts = urlsplit(url)
     body: dict[str, object] = {
         "model": model,
         "messages": [{"role": "user", "content": "Say hello in a few words."}],
-        "max_tokens": 32,
+        "max_tokens": max_tokens,
     }
     if stream:
         body["stream"] = True
@@ -181,7 +234,9 @@ async def _connect(host: str, port: int) -> _Connection:
 async def _run(args: argparse.Namespace) -> dict[str, object]:
     parts = urlsplit(args.url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
-    request = _request_bytes(args.url, args.model, args.stream, args.api_key, args.header)
+    request = _request_bytes(
+        args.url, args.model, args.stream, args.api_key, args.header, args.max_tokens
+    )
     connections = [await _connect(host, port) for _ in range(args.concurrency)]
     totals = _Totals()
     started = time.perf_counter()
@@ -191,6 +246,8 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
 
     async def worker(index: int) -> None:
         conn = connections[index]
+        if args.ramp:  # the workers start one after another over the ramp, not at once
+            await asyncio.sleep(args.ramp * index / args.concurrency)
         while True:
             sent_at = time.perf_counter()
             if sent_at >= stop_at or (args.requests and totals.sent >= args.requests):
@@ -203,16 +260,28 @@ async def _run(args: argparse.Namespace) -> dict[str, object]:
             totals.sent += 1
             try:
                 response = await conn.send(request)
-            except ConnectionError:
+            except ConnectionError as error:
                 totals.statuses[0] += 1
+                if isinstance(error, _Lost):
+                    totals.lost += 1
+                elif isinstance(error, _Cut):
+                    totals.cut += 1
                 continue
             finished = time.perf_counter()
             totals.statuses[response.status] += 1
-            if response.status == 200 and not _complete(response, args.stream):
+            complete = response.status == 200 and _complete(response, args.stream)
+            if response.status == 200 and not complete:
                 totals.incomplete += 1
+            events = response.body.count(b"data: ") if complete and args.stream else 0
+            totals.events += events
+            if complete and measure_from <= finished < stop_at:
+                totals.window_streams += 1
+                totals.window_events += events
             if sent_at >= measure_from:
                 totals.latencies_ns.append(int((finished - sent_at) * 1e9))
                 totals.last_finish = max(totals.last_finish, finished)
+                if response.first_content_at is not None:
+                    totals.ttft_ns.append(int((response.first_content_at - sent_at) * 1e9))
 
     await asyncio.gather(*(worker(i) for i in range(args.concurrency)))
     cpu_s = time.process_time() - cpu.get("start", time.process_time())
@@ -233,6 +302,7 @@ def _summary(
     args: argparse.Namespace, totals: _Totals, measure_from: float, cpu_s: float
 ) -> dict[str, object]:
     ordered = sorted(totals.latencies_ns)
+    ttft = sorted(totals.ttft_ns)
     window = max(totals.last_finish - measure_from, 1e-9)
     measured = len(ordered)
     return {
@@ -243,6 +313,13 @@ def _summary(
         "ok": totals.statuses.get(200, 0) == totals.sent and totals.incomplete == 0,
         "incomplete": totals.incomplete,
         "reconnects": totals.reconnects,
+        "lost": totals.lost,
+        "cut": totals.cut,
+        "events": totals.events,
+        "window_streams_per_s": round(totals.window_streams / args.seconds, 1),
+        "window_events_per_s": round(totals.window_events / args.seconds, 1),
+        "ttft_p50_ms": round(_percentile(ttft, 0.50), 3),
+        "ttft_p99_ms": round(_percentile(ttft, 0.99), 3),
         "measured": measured,
         "window_s": round(window, 3),
         "rps": round(measured / window, 1),
@@ -262,6 +339,10 @@ def main() -> None:
     parser.add_argument("--stream", action="store_true")
     parser.add_argument(
         "--header", action="append", default=[], help="'NAME: VALUE', sent with every request"
+    )
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--ramp", type=float, default=0.0, help="seconds over which the workers start"
     )
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=5.0)

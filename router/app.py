@@ -86,11 +86,17 @@ from router.latency import latency_board
 from router.proof_api import proof_router
 from router.queries import queries_router
 from router.reconcile_api import reconcile_router
-from router.serving import HANGUP_EXTENSION, Hangup
+from router.serving import BODY_EXTENSION, HANGUP_EXTENSION, BodyWriter, Hangup
 from router.slots import endpoint_slots
 from router.spend_api import spend_router
 
-__all__ = ["AppSettings", "authenticate", "create_app", "default_instance_id"]
+__all__ = [
+    "DEFAULT_MAX_IN_FLIGHT",
+    "AppSettings",
+    "authenticate",
+    "create_app",
+    "default_instance_id",
+]
 
 log = logging.getLogger("waybill.app")
 
@@ -106,12 +112,24 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
+DEFAULT_MAX_IN_FLIGHT: Final = 256
+"""Requests in flight per workspace in one process before new ones get 503 capacity_error
+(``waybill serve --max-in-flight``). What an LLM gateway carries is long streams, and the
+number of them open is its load. On a 2-core machine, ``bench/streams_bench.py`` (streams of
+50 chunks 20 ms apart) measures the time to first token the gateway adds at p99 as 21 ms
+with 200 streams in flight and 65 ms with 300, then 180 ms at 400 and 392 ms at 500 as
+streams/s through it fall behind the direct path's (0.98, 0.95, 0.89, 0.74 of them). 256 is
+where it still adds at most ~50 ms: beyond it a fast 503 serves a client better than a
+slower stream for everyone (``bench/README.md``, "Capacity"). Derive it for other machines
+the same way."""
+
+
 @dataclass(frozen=True)
 class AppSettings:
     config: Config
     database_url: str
     redis_url: str | None = None
-    max_in_flight: int = 512  # per workspace and process; beyond it: 503 capacity_error
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT  # per workspace and process; then: 503
     heartbeat_s: float = 5.0  # a gateway silent for 6 heartbeats is presumed dead
     config_path: str | None = None  # where a reload (SIGHUP, or the admin API) reads from
     follower_process: bool = False  # on PostgreSQL: read models in a child (ledger.follow)
@@ -174,7 +192,11 @@ class _Edge:
                 response = await _chat_completions(request)
             except Exception as error:
                 response = _failure_response(request, error)
-            await response(scope, receive, send_with_id)
+            # The header is the response's own here, so its messages go out unwrapped (a
+            # stream sends one per read of the upstream's body).
+            if "x-request-id" not in response.headers:
+                response.raw_headers.append(header)
+            await response(scope, receive, send)
             return
         await self.app(scope, receive, send_with_id)
 
@@ -531,9 +553,11 @@ async def _chat_completions(request: Request) -> Response:
                 "cache-control": "no-cache",
             }
             body = started.body
-            if claim is not None:
+            write_directly: Callable[[BodyWriter], None] | None = started.write_directly
+            if claim is not None:  # every piece of it is recorded: all go through the body
                 body = _recorded(body, state.idempotency, claim, response_headers, gateway)
-            return _EventStream(body, response_headers, on_end=release)
+                write_directly = None
+            return _EventStream(body, response_headers, on_end=release, direct=write_directly)
         completion = await _unless_disconnected(
             request.scope,
             request.receive,
@@ -708,21 +732,28 @@ class _EventStream(Response):
         headers: Mapping[str, str],
         *,
         on_end: Callable[[], None],
+        direct: Callable[[BodyWriter], None] | None = None,
     ) -> None:
         self._body = body
         self._on_end = on_end
+        self._direct = direct
         self.status_code = 200
         self.background = None
         self.init_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         with contextlib.suppress(_ClientGone):
-            await _unless_disconnected(scope, receive, self._send(send))
+            await _unless_disconnected(scope, receive, self._send(scope, send))
 
-    async def _send(self, send: Send) -> None:
+    async def _send(self, scope: Scope, send: Send) -> None:
         body = self._body
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            # Served by Waybill's protocol, reads the gateway passes on unchanged are written
+            # straight from the upstream connection's callback (router.serving BODY_EXTENSION).
+            writer = scope.get("extensions", {}).get(BODY_EXTENSION, {}).get("write")
+            if writer is not None and self._direct is not None:
+                self._direct(writer)
             async for piece in body:
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})

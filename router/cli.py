@@ -654,8 +654,13 @@ def serve_command(
         bool, typer.Option("--no-migrate", help="Do not upgrade the database first.")
     ] = False,
     max_in_flight: Annotated[
-        int, typer.Option("--max-in-flight", help="In-flight requests per workspace.", min=1)
-    ] = 512,
+        int,
+        typer.Option(
+            "--max-in-flight",
+            help="In-flight requests per workspace; beyond them new ones get 503 at once.",
+            min=1,
+        ),
+    ] = 256,  # router.app.DEFAULT_MAX_IN_FLIGHT (not imported: serve starts without the app)
     instance_id: Annotated[
         str | None,
         typer.Option(

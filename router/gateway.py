@@ -181,6 +181,11 @@ class StreamingCompletion:
     endpoint: str
     attempts: int
     body: AsyncGenerator[bytes, None]
+    write_directly: Callable[[Callable[[bytes], bool]], None]
+    """Given the server's writer of the started response's body (``router.serving``
+    ``BodyWriter``), the body's reads that pass through unchanged go to the client from the
+    upstream connection's callback, through it, rather than through ``body`` (whose pieces
+    then are the rest, in order): the relay's cost per read is then a parse and a write."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +217,7 @@ class _Attempt:
     upstream: DriverStream | None = None
     batches: AsyncIterator[list[dict[str, Any]]] | None = None
     held: list[dict[str, Any]] = field(default_factory=list)
+    held_raw: bytes | None = None  # the held chunks as the upstream's bytes, if it has them
     classification: Classification | None = None
     failure: UpstreamFailure | None = None
     error_code: str | None = None  # the gateway's own, where the upstream gave none
@@ -436,8 +442,9 @@ class _Run:
             Target(m.endpoint, i, m.model, m.context_window, m.resume)
             for i, m in enumerate(group.mappings)
         )
+        self._can_resume = any(target.resume != "none" for target in self._targets)
         # What the attempts' tasks and the hedge timer (None) report, in order.
-        self._happenings: asyncio.Queue[_Attempt | None] = asyncio.Queue()
+        self._happenings = _Mailbox()
         self._hedge_timer: asyncio.TimerHandle | None = None
         self._routed: _Route | None = None  # the route the walk's next start takes
         self._routed_slot: str | None = None  # the endpoint slot taken for it
@@ -459,6 +466,7 @@ class _Run:
         self._resumable = True
         self._chunk_id: str | None = None
         self._response_model: str | None = None
+        self._writer: Callable[[bytes], bool] | None = None  # see StreamingCompletion
         self.ended = False  # RequestCompleted or RequestFailed is recorded (or on its way)
         self._stream_id = f"request-{request_id}"
         self._version = NO_STREAM
@@ -715,7 +723,26 @@ class _Run:
             attempt.route.choice.endpoint,
             self.attempt_count,
             self._stream_body(attempt),
+            self._write_directly,
         )
+
+    def _write_directly(self, writer: Callable[[bytes], bool]) -> None:
+        self._writer = writer
+
+    def _deliver(self, batch: list[dict[str, Any]], raw: bytes) -> bool:
+        """A tapped read (DriverStream.tap) of a stream relayed as the upstream's bytes:
+        written to the client now, unless it is not to go out as it came (a usage chunk
+        the client did not ask for) or the writer cannot take it now; then the relay's
+        task gets it, in order."""
+        writer = self._writer
+        if writer is None:
+            return False
+        if not self.call.include_usage and any(_is_usage_chunk(chunk) for chunk in batch):
+            return False
+        if not writer(raw):
+            return False
+        self._note_delivered(batch)
+        return True
 
     # --- the driver: the walk (router.walk) decides, this executes and records ---
 
@@ -801,22 +828,25 @@ class _Run:
             attempt.classification = _deadline_class()
         except Exception as error:  # a bug or the ledger: the request's own task raises it
             attempt.error = error
-        self._happenings.put_nowait(attempt)
+        self._happenings.put(attempt)
 
     async def _open_stream(self, attempt: _Attempt) -> None:
         upstream = await attempt.route.driver.stream(self._call(attempt))
+        attempt.call = None  # sent: what is held for the stream's life is kept small
+        held_raw = None
         try:
             batches = upstream.batches()
             if attempt.seam is None:
-                held = await _first_content(batches)
+                held, held_raw = await _first_content(batches, upstream)
             else:
-                held = await _first_content(self._continuation(attempt, batches))
+                held, _ = await _first_content(self._continuation(attempt, batches), None)
                 if attempt.seam.state != "joined" and not attempt.seam.end():
                     raise _SeamBroken
         except BaseException:
             await upstream.aclose()
             raise
         attempt.upstream, attempt.batches, attempt.held = upstream, batches, held
+        attempt.held_raw = held_raw
 
     async def _continuation(
         self, attempt: _Attempt, batches: AsyncIterator[list[dict[str, Any]]]
@@ -843,7 +873,7 @@ class _Run:
     def _arm_hedge(self, after_ms: int) -> None:
         self._stop_hedge_timer()
         loop = asyncio.get_running_loop()
-        self._hedge_timer = loop.call_later(after_ms / 1000, self._happenings.put_nowait, None)
+        self._hedge_timer = loop.call_later(after_ms / 1000, self._happenings.put, None)
 
     def _stop_hedge_timer(self) -> None:
         if self._hedge_timer is not None:
@@ -960,20 +990,33 @@ class _Run:
             while True:
                 upstream, batches = attempt.upstream, attempt.batches
                 assert upstream is not None and batches is not None
-                if attempt.seam is not None:
+                # A resume's chunks are rewritten (router.resume); the others go out as the
+                # upstream's bytes where it has them (DriverStream.raw) and nothing is
+                # dropped from them: they were parsed only for what the ledger and a resume
+                # need (_note_delivered).
+                passed = attempt.seam is None
+                if not passed:
                     batches = self._continuation(attempt, batches)
                 try:
                     batch: list[dict[str, Any]] | None = attempt.held
+                    raw = attempt.held_raw
+                    attempt.held, attempt.held_raw = [], None
                     while batch is not None:
                         self._note_delivered(batch)
                         if not include_usage:
-                            batch = [chunk for chunk in batch if not _is_usage_chunk(chunk)]
+                            kept = [chunk for chunk in batch if not _is_usage_chunk(chunk)]
+                            if len(kept) != len(batch):
+                                batch, raw = kept, None
                         if batch:
+                            piece = raw if raw is not None else encode_json(batch)
                             if upstream.ended:
-                                last = encode_json(batch)
+                                last = piece
                             else:
-                                yield encode_json(batch)
+                                yield piece
+                        if passed and self._writer is not None:
+                            upstream.tap(self._deliver)  # until a read it cannot take
                         batch = await anext(batches, None)
+                        raw = upstream.raw if passed else None
                     if attempt.seam is not None and not attempt.seam.end():
                         raise _SeamBroken
                 except (UpstreamFailure, _SeamBroken) as failure:
@@ -1016,12 +1059,15 @@ class _Run:
 
     def _note_delivered(self, batch: list[dict[str, Any]]) -> None:
         """Keep the text the client has, for a resume; anything but the text of one choice
-        (a tool call, a refusal, audio, a second choice) cannot be continued."""
+        (a tool call, a refusal, audio, a second choice) cannot be continued. A group none
+        of whose mappings can resume keeps only the stream's id and model."""
         for chunk in batch:
             if self._chunk_id is None and isinstance(chunk.get("id"), str):
                 self._chunk_id = chunk["id"]
             if self._response_model is None and isinstance(chunk.get("model"), str):
                 self._response_model = chunk["model"]
+            if not self._can_resume:
+                continue
             for choice in chunk.get("choices") or ():
                 if not isinstance(choice, dict):
                     continue
@@ -1679,6 +1725,33 @@ class _Run:
         await self.gw._record_transitions(transitions, self.request_id)
 
 
+class _Mailbox:
+    """What a run's attempts and its hedge timer report, in order, to the one task that
+    drives it: an ``asyncio.Queue`` without its unbounded-capacity machinery (a run holds
+    one for its whole life, and a long stream's memory is mostly what it holds)."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[_Attempt | None] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: _Attempt | None) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> _Attempt | None:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+
 # --- small pure helpers ---
 
 
@@ -1689,14 +1762,21 @@ async def _let_the_appender_send() -> None:
     await asyncio.sleep(0)
 
 
-async def _first_content(batches: AsyncIterator[list[dict[str, Any]]]) -> list[dict[str, Any]]:
-    """Pull chunks until one carries content (contract §5); return all pulled so far."""
+async def _first_content(
+    batches: AsyncIterator[list[dict[str, Any]]], upstream: DriverStream | None
+) -> tuple[list[dict[str, Any]], bytes | None]:
+    """Pull chunks until one carries content (contract §5); return all pulled so far, and
+    (given the upstream whose batches they are) the same as its bytes, if it has them all."""
     held: list[dict[str, Any]] = []
+    raw: list[bytes] | None = [] if upstream is not None else None
     async for batch in batches:
         held += batch
+        if raw is not None:
+            piece = upstream.raw if upstream is not None else None
+            raw = None if piece is None else [*raw, piece]
         if any(_has_content(chunk) for chunk in batch):
             break
-    return held
+    return held, None if raw is None else b"".join(raw)
 
 
 def _has_content(chunk: Mapping[str, Any]) -> bool:

@@ -7,33 +7,50 @@ each write is a ``send`` that also wakes the reader, and the pair was most of th
 the gateway's CPU that uvicorn's ``send`` took at c16 (``bench/README.md``). A stream's
 chunks written in one turn are joined the same way.
 
-Two additions: the ``waybill.hangup`` extension in each request's scope
+Three additions: the ``waybill.hangup`` extension in each request's scope
 (:data:`HANGUP_EXTENSION`), which calls back when the client's connection is lost, so that
 the app needs no task of its own waiting on ``receive`` to notice (about 2% of the CPU of a
-streamed request, which had two such waits); and the answers the protocol gives itself
+streamed request, which had two such waits); the ``waybill.body`` extension
+(:data:`BODY_EXTENSION`), which writes a piece of a started chunked response at once, from
+any callback, without an ASGI message (a relayed stream's reads go out from the upstream
+connection's callback: ``router.gateway``); and the answers the protocol gives itself
 before any app runs, in the app's one error shape: a request head over
 :data:`MAX_HEAD_BYTES` is ``431``, a request the HTTP parser refuses (NUL or CR in a header,
 conflicting ``Content-Length`` and ``Transfer-Encoding``, ...) is ``400``, both
 ``invalid_request`` and the connection closed. A head is bounded while it arrives: bytes
 fed to the parser while the head is still incomplete are counted, so an endless header costs
 at most the bound and one read, never its own length.
+
+Kept-alive connections: a request written on one is always answered. The server closes a
+connection idle for :data:`KEEP_ALIVE_S` (uvicorn's ``timeout_keep_alive``), longer than the
+idle timeouts of common clients (httpx, and so the OpenAI SDK: 5 s; Node's: 4 s) and load
+balancers (60 s), so that the client lets go first and never writes into a connection being
+closed. And the timer's expiry alone does not close it: on a loop busy with other work the
+timer can run while the next request already waits in the socket's buffer (each turn of the
+loop runs its due timers before it reads the sockets again), and closing then would drop that
+request unanswered (and reset the connection); such a connection stays open and the request
+is read (:func:`router.unread.unread_bytes`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import orjson
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from router.errors import GatewayError, invalid_request
 from router.ids import new_id
+from router.unread import unread_bytes
 
 __all__ = [
+    "BODY_EXTENSION",
     "HANGUP_EXTENSION",
+    "KEEP_ALIVE_S",
     "MAX_HEAD_BYTES",
     "UVICORN_OPTIONS",
     "CoalescingTransport",
@@ -43,12 +60,24 @@ __all__ = [
 MAX_HEAD_BYTES = 64 * 1024
 """The request line and headers together; beyond it: 431."""
 
+KEEP_ALIVE_S = 65
+"""How long an idle kept-alive connection stays open (see the module's docstring)."""
+
 HANGUP_EXTENSION = "waybill.hangup"
 """``scope["extensions"][HANGUP_EXTENSION]["watch"]`` is a :data:`Hangup`."""
 
 Hangup = Callable[[Callable[[], None]], Callable[[], None]]
 """``watch(callback)`` calls ``callback`` once, if the client's connection is lost before
 the returned function is called (which unwatches)."""
+
+BODY_EXTENSION = "waybill.body"
+"""``scope["extensions"][BODY_EXTENSION]["write"]`` is a :data:`BodyWriter`."""
+
+BodyWriter = Callable[[bytes], bool]
+"""``write(piece)`` sends ``piece`` as the next chunk of the response's body and returns
+True; or, when it cannot now (the response is not a started chunked one, is complete, its
+client is gone or is not reading fast enough: the transport's writing is paused), writes
+nothing and returns False: send it as an ASGI message instead, which waits its turn."""
 
 
 class CoalescingTransport:
@@ -149,6 +178,12 @@ class _Protocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._in_head, self._head_fed = False, 0
         super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope:
+            # Weakly: the scope is the cycle's, and a cycle of references would outlive
+            # the request until the collector's next full pass.
+            write = functools.partial(_write_body, weakref.ref(cycle))
+            self.scope["extensions"][BODY_EXTENSION] = {"write": write}
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -165,6 +200,16 @@ class _Protocol(HttpToolsProtocol):
         self.transport.write(_error_bytes(error))
         self.transport.close()
 
+    def timeout_keep_alive_handler(self) -> None:
+        """The connection was idle for the keep-alive timeout, unless the loop is late and
+        the next request is already here: then it stays open and that request is read."""
+        if not self.transport.is_closing() and unread_bytes(self.transport):
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler
+            )
+            return
+        super().timeout_keep_alive_handler()
+
     def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:
         self._hangups.add(callback)
         return functools.partial(self._hangups.discard, callback)
@@ -174,6 +219,24 @@ class _Protocol(HttpToolsProtocol):
         super().connection_lost(exc)
         for callback in hangups:
             callback()
+
+
+def _write_body(of: weakref.ref[RequestResponseCycle], piece: bytes) -> bool:
+    """A :data:`BodyWriter` for a cycle: what its ``send`` does with a body message of a
+    chunked response, when it would not have to wait or refuse."""
+    cycle = of()
+    if (
+        cycle is None
+        or not cycle.response_started
+        or cycle.response_complete
+        or cycle.disconnected
+        or not cycle.chunked_encoding
+        or cycle.flow.write_paused
+    ):
+        return False
+    if piece:
+        cycle.transport.write(b"%x\r\n%b\r\n" % (len(piece), piece))
+    return True
 
 
 _REASONS = {400: b"Bad Request", 431: b"Request Header Fields Too Large"}
@@ -203,5 +266,6 @@ UVICORN_OPTIONS: dict[str, Any] = {
     "proxy_headers": False,
     "server_header": False,
     "ws": "none",  # no WebSocket routes: an Upgrade is answered as plain HTTP
+    "timeout_keep_alive": KEEP_ALIVE_S,
 }
 """For ``uvicorn.run`` / ``uvicorn.Config`` (``waybill serve``, the demo, the tests)."""

@@ -10,6 +10,13 @@ This module owns the event-stream wire format of contract §5 ("Streaming") and 
   (or, with :meth:`SSEStream.batches`, a network chunk's objects together), stops at
   ``data: [DONE]``, skips and records events that are not JSON objects, enforces the idle
   timeout and reports how the body ended (:class:`EndReason`).
+* The plain path: a network chunk of whole frames that are one ``data:`` line each (what
+  providers send) is split at its blank lines and each payload handed to ``orjson`` as bytes,
+  without the per-line machinery; such a batch also keeps the chunk's bytes
+  (:attr:`SSEStream.raw`), so that a relay can pass them on unchanged. Anything else in the
+  chunk (a comment, a field, CR, a frame cut between chunks, an event that is not a JSON
+  object, bytes that are not UTF-8) takes the general path for the whole chunk, which
+  decides it as before.
 * :func:`encode_json` and :data:`DONE_FRAME` write the gateway's own stream to its client;
   :func:`encode_data` writes any text as one event (line ends become ``data`` lines).
 
@@ -55,6 +62,8 @@ DONE_FRAME: Final = b"data: [DONE]\n\n"
 """The OpenAI end-of-stream sentinel, as the gateway writes it to its client."""
 
 _BOM: Final = b"\xef\xbb\xbf"
+_CR_BYTE: Final = b"\r"
+_DONE: Final = b"[DONE]"
 _LINE_END: Final = re.compile(rb"\r\n|\r|\n")
 _LF: Final = 0x0A
 _CR: Final = 0x0D
@@ -157,6 +166,37 @@ class SSEParser:
             if not frames:
                 raise
         return frames
+
+    def plain_frames(self, chunk: bytes) -> list[bytes] | None:
+        """The ``data`` payloads of ``chunk`` if it is, from a frame boundary to one, only
+        frames of one ``data:`` line each with LF line ends, none over the frame limit;
+        else None. Consumes nothing: :meth:`skip` the chunk after taking its frames, or
+        :meth:`feed` it instead."""
+        if (
+            self._head is not None
+            or self._line
+            or self._skip_lf
+            or self._frame_bytes
+            or self._data
+            or self._event
+            or self._error is not None
+            or self._closed
+            or not chunk.endswith(b"\n\n")
+            or _CR_BYTE in chunk
+        ):
+            return None
+        payloads = []
+        limit = self._max_frame_bytes
+        for frame in chunk[:-2].split(b"\n\n"):
+            if frame[:5] != b"data:" or b"\n" in frame or len(frame) > limit:
+                return None
+            payloads.append(frame[6:] if frame[5:6] == b" " else frame[5:])
+        return payloads
+
+    def skip(self, chunk: bytes) -> None:
+        """Account for ``chunk``, whose frames :meth:`plain_frames` gave, as consumed."""
+        self._offset += len(chunk)
+        self._line_start = self._offset
 
     def close(self) -> EndReason:
         """Signal EOF; report whether the stream ended on a frame boundary.
@@ -331,6 +371,7 @@ class SSEStream:
         self._parser = SSEParser(max_frame_bytes=max_frame_bytes)
         self._started = False
         self._end_reason: EndReason | None = None
+        self._raw: bytes | None = None
         self._bytes_read = 0
         self._frames = 0
         self._invalid_events = 0
@@ -339,6 +380,12 @@ class SSEStream:
     @property
     def end_reason(self) -> EndReason | None:
         return self._end_reason
+
+    @property
+    def raw(self) -> bytes | None:
+        """The batch :meth:`batches` just yielded as the upstream's bytes, exactly its
+        events as plain ``data:`` frames; None when that chunk took the general path."""
+        return self._raw
 
     @property
     def bytes_read(self) -> int:
@@ -373,9 +420,27 @@ class SSEStream:
             raise RuntimeError("an SSEStream can be iterated only once")
         self._started = True
         source = aiter(self._chunks)
-        while (chunk := await self._next_chunk(source)) is not None:
+        while True:
+            if self.idle_timeout_s is None:  # the common case, without a frame of its own
+                try:
+                    chunk = await anext(source)
+                except StopAsyncIteration:
+                    break
+            elif (timed := await self._next_chunk(source)) is not None:
+                chunk = timed
+            else:
+                break
             self._bytes_read += len(chunk)
-            batch: list[JSONObject] = []
+            plain = self._plain(chunk)
+            if plain is not None:
+                batch, self._raw = plain
+                if batch:
+                    yield batch
+                if self._end_reason is EndReason.DONE:
+                    return
+                continue
+            self._raw = None
+            batch = []
             for frame in self._parser.feed(chunk):
                 self._frames += 1
                 if frame.is_done:
@@ -389,6 +454,61 @@ class SSEStream:
             if batch:
                 yield batch
         self._end_reason = self._parser.close()
+
+    def plain(self, chunk: bytes) -> list[JSONObject] | None:
+        """The objects of ``chunk`` if it takes the plain path (see the module's docstring)
+        and does not end the stream, consuming nothing: a relay that handles the chunk
+        outside :meth:`batches` says so with :meth:`took`. None: leave it to
+        :meth:`batches` (which is then the next to read the body)."""
+        if not self._started or self._end_reason is not None:
+            return None
+        read = self._read_plain(chunk)
+        if read is None or read[1] < len(chunk):
+            return None
+        return read[0]
+
+    def took(self, chunk: bytes, objects: list[JSONObject]) -> None:
+        """Account for ``chunk``, whose ``objects`` :meth:`plain` gave, as read."""
+        self._bytes_read += len(chunk)
+        self._frames += len(objects)
+        self._parser.skip(chunk)
+        self._raw = chunk
+
+    def _plain(self, chunk: bytes) -> tuple[list[JSONObject], bytes] | None:
+        """The plain path: the chunk's objects and the bytes that carry exactly them (up to
+        ``[DONE]``), or None for the general path."""
+        read = self._read_plain(chunk)
+        if read is None:
+            return None
+        batch, end = read
+        self._parser.skip(chunk)
+        if end < len(chunk):
+            self._frames += len(batch) + 1
+            self._end_reason = EndReason.DONE
+            return batch, chunk[:end]
+        self._frames += len(batch)
+        return batch, chunk
+
+    def _read_plain(self, chunk: bytes) -> tuple[list[JSONObject], int] | None:
+        """The objects of a plain chunk, and where its ``[DONE]`` frame starts (its length
+        if it has none); None if it is not plain or an event is not a JSON object."""
+        payloads = self._parser.plain_frames(chunk)
+        if payloads is None:
+            return None
+        batch: list[JSONObject] = []
+        at = 0
+        for payload in payloads:
+            if payload == _DONE:
+                return batch, at
+            try:
+                event = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                return None  # not JSON, or not UTF-8: the general path tells which
+            if type(event) is not dict:
+                return None
+            batch.append(event)
+            at += len(payload) + (8 if chunk[at + 5 : at + 6] == b" " else 7)
+        return batch, len(chunk)
 
     async def _next_chunk(self, source: AsyncIterator[bytes]) -> bytes | None:
         limit = self.idle_timeout_s

@@ -489,6 +489,60 @@ async def test_without_a_first_token_timeout_the_idle_timeout_bounds_the_first_e
     assert failure.events_yielded is False
 
 
+async def _reads(driver: Driver, binding: AttemptBinding) -> list[tuple[int, bytes | None]]:
+    """Each batch's size and the upstream's bytes it came with (DriverStream.raw)."""
+    async with await driver.stream(driver.prepare(_request(stream=True), binding)) as stream:
+        return [(len(batch), stream.raw) async for batch in stream.batches()]
+
+
+async def test_an_openai_streams_reads_pass_through_as_the_upstreams_bytes(driver, kind):
+    async with FakeUpstream("east", plan=[Behavior.ok(chunk_delay_ms=5)]) as up:
+        reads = await _reads(driver, _binding(up, kind))
+    if kind == "anthropic":  # translated: its chunks must be written anew
+        assert all(raw is None for _, raw in reads)
+        return
+    assert reads[0][1] is None  # a stream's first read takes the general path
+    for size, raw in reads[1:]:
+        assert raw is not None and raw.count(b"data: ") == size and b"[DONE]" not in raw
+
+
+@pytest.mark.parametrize("ends", ["done", "error_event"])
+async def test_a_tap_takes_a_streams_plain_reads_and_leaves_its_end_and_errors(driver, kind, ends):
+    if ends == "done":
+        behavior = Behavior.ok(chunk_delay_ms=5)
+    else:
+        behavior = Behavior(Kind.ERROR_EVENT, after_events=5, chunk_delay_ms=5)
+    tapped: list[tuple[list[dict[str, Any]], bytes]] = []
+
+    def deliver(chunks: list[dict[str, Any]], raw: bytes) -> bool:
+        tapped.append((chunks, raw))
+        return True
+
+    handed: list[dict[str, Any]] = []
+    async with FakeUpstream("east", plan=[behavior]) as up:
+        call = driver.prepare(_request(stream=True), _binding(up, kind))
+        async with await driver.stream(call) as stream:
+            try:
+                async for batch in stream.batches():
+                    handed += batch
+                    stream.tap(deliver)
+            except UpstreamFailure:
+                assert ends == "error_event"
+            else:
+                assert ends == "done"
+    if kind == "anthropic":  # nothing passes through unchanged: nothing is tapped
+        assert tapped == []
+        return
+    assert tapped, "a paced stream's middle reads are tapped"
+    for chunks, raw in tapped:
+        assert raw.count(b"data: ") == len(chunks) and b"[DONE]" not in raw
+        assert b'"error"' not in raw
+    taken = [chunk for chunks, _ in tapped for chunk in chunks]
+    assert not {id(c) for c in taken} & {id(c) for c in handed}  # never handed out again
+    if ends == "done":  # the end is handed out, and the totals hold
+        assert stream.finish_reason == "stop" and stream.usage is not None
+
+
 async def test_stream_without_done_after_the_final_chunk_is_a_success(driver, kind):
     async with FakeUpstream("east", plan=[Behavior.ok(), Behavior.no_done()]) as up:
         _, _, expected = await _collect(driver, _binding(up, kind))

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
+import time
+import weakref
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
 
-from router.serving import CoalescingTransport
+from router.serving import KEEP_ALIVE_S, UVICORN_OPTIONS, CoalescingTransport
 from tests.gateway.harness import Route, running_gateway
 
 
@@ -174,3 +179,120 @@ async def test_a_client_leaving_mid_body_is_no_error_in_the_logs(
             assert (await http.get("/v1/models")).status_code == 200
         assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
         assert "ClientDisconnect" not in caplog.text
+
+
+class _Busy:
+    """An app served by uvloop in a thread of its own, as ``waybill serve`` serves (its
+    timers and its reads interleave as uvloop orders them), whose loop a test can keep busy."""
+
+    def __init__(self, **options: Any) -> None:
+        import uvicorn
+        import uvloop
+
+        async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            headers = [(b"content-length", b"2")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        settings = {**UVICORN_OPTIONS, "lifespan": "off", **options}
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, **settings))
+        self.loop = uvloop.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self._serve(),))
+
+    async def _serve(self) -> None:
+        await self.server.serve()
+
+    def __enter__(self) -> int:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+        port: int = self.server.servers[0].sockets[0].getsockname()[1]
+        return port
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+        self.loop.close()
+
+    def run_late(self, busy_s: float, late_s: float) -> None:
+        """Keep the server's loop busy for ``busy_s``, then for ``late_s`` more in a timer
+        it runs then, as a loop full of work is late for everything; its other timers due
+        by then run after that one, before the loop reads its sockets again."""
+
+        def stall() -> None:
+            self.loop.call_later(0.05, time.sleep, late_s)
+            time.sleep(busy_s)
+
+        self.loop.call_soon_threadsafe(stall)
+
+
+def _exchange(sock: socket.socket) -> bytes:
+    """One GET on a kept-alive connection: the answer, or what came before the close."""
+    sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = b""
+    try:
+        while not answer.endswith(b"\r\n\r\nok"):
+            piece = sock.recv(65536)
+            if not piece:
+                break
+            answer += piece
+    except ConnectionResetError:
+        pass
+    return answer
+
+
+def test_a_request_on_a_kept_alive_connection_is_answered_when_the_loop_runs_late() -> None:
+    busy = _Busy(timeout_keep_alive=0.3)
+    with busy as port, socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        assert _exchange(sock).startswith(b"HTTP/1.1 200")
+        # The loop is late: by the time it runs the keep-alive timer, the next request is
+        # in the socket's buffer, not yet read. A connection with a request waiting is not
+        # idle: it stays open and the request is answered.
+        busy.run_late(0.5, 2.0)
+        time.sleep(0.8)
+        assert _exchange(sock).startswith(b"HTTP/1.1 200")
+
+
+def test_the_keep_alive_timeout_outlasts_the_idle_timeouts_of_common_clients() -> None:
+    from openai._constants import DEFAULT_CONNECTION_LIMITS
+
+    # The client lets go of an idle connection first, and never writes into one we close.
+    expiry = DEFAULT_CONNECTION_LIMITS.keepalive_expiry  # the OpenAI SDK's pool: 5 s
+    assert expiry is not None and expiry < KEEP_ALIVE_S
+    assert UVICORN_OPTIONS["timeout_keep_alive"] == KEEP_ALIVE_S > 60  # load balancers' 60 s
+
+
+def test_the_body_writer_writes_a_chunk_only_where_an_asgi_message_would_go_at_once() -> None:
+    from router.serving import _write_body
+
+    inner = _Recording()
+    started = {
+        "response_started": True,
+        "response_complete": False,
+        "disconnected": False,
+        "chunked_encoding": True,
+    }
+    cycle = _Cycle(**started, flow=SimpleNamespace(write_paused=False), transport=inner)
+    assert _write_body(weakref.ref(cycle), b"data: x\n\n")  # type: ignore[arg-type]
+    assert inner.calls == [("write", b"9\r\ndata: x\n\n\r\n")]
+    for state, value in [
+        ("response_started", False),
+        ("response_complete", True),
+        ("disconnected", True),
+        ("chunked_encoding", False),
+    ]:
+        refused = _Cycle(**{**started, state: value}, flow=cycle.flow, transport=inner)
+        assert not _write_body(weakref.ref(refused), b"more")  # type: ignore[arg-type]
+    cycle.flow.write_paused = True  # the client reads slowly: the ASGI send waits its turn
+    assert not _write_body(weakref.ref(cycle), b"more")  # type: ignore[arg-type]
+    gone = _Cycle(**started, flow=cycle.flow, transport=inner)
+    writer = weakref.ref(gone)
+    del gone  # the request is over
+    assert not _write_body(writer, b"more")  # type: ignore[arg-type]
+    assert len(inner.calls) == 1
+
+
+class _Cycle(SimpleNamespace):
+    """A stand-in for uvicorn's RequestResponseCycle (which can be weakly referenced)."""

@@ -15,6 +15,7 @@ from router.sse import (
     MAX_FRAME_BYTES,
     EndReason,
     InvalidEvent,
+    JSONObject,
     SSEDecodeError,
     SSEError,
     SSEFrame,
@@ -806,6 +807,74 @@ async def test_stream_max_frame_bytes_can_be_configured() -> None:
         await collect(SSEStream(source(sse_json({"n": 123})), max_frame_bytes=8))
 
 
+# --- the plain path: whole data frames, kept as their bytes ------------------------------
+
+
+async def raw_batches(*chunks: bytes) -> list[tuple[list[JSONObject], bytes | None]]:
+    stream = SSEStream(source(*chunks))
+    return [(batch, stream.raw) async for batch in stream.batches()]
+
+
+async def test_a_chunk_of_whole_data_frames_keeps_its_bytes() -> None:
+    # As a provider sends them: spacing and escapes orjson would not write come back as is.
+    first = b'data: {"n": 1}\n\n'
+    second = b'data:{"t":"caf\\u00e9"}\n\ndata: {"n":  3}\n\n'
+    assert await raw_batches(first, second) == [
+        ([{"n": 1}], None),  # a stream's first bytes take the general path (a BOM?)
+        ([{"t": "café"}, {"n": 3}], second),
+    ]
+
+
+async def test_the_bytes_of_a_chunk_that_ends_the_stream_stop_before_done() -> None:
+    last = b'data: {"n": 2}\n\ndata: [DONE]\n\ndata: {"n": 3}\n\n'
+    stream = SSEStream(source(sse_json({"n": 1}), last))
+    assert [(batch, stream.raw) async for batch in stream.batches()][1:] == [
+        ([{"n": 2}], b'data: {"n": 2}\n\n')
+    ]
+    assert stream.end_reason is EndReason.DONE
+    assert stream.frames == 3
+
+
+@pytest.mark.parametrize(
+    "chunk",
+    [
+        b': ping\n\ndata: {"n": 2}\n\n',  # a comment
+        b'event: delta\ndata: {"n": 2}\n\n',  # a field
+        b'data: {"n": 2}\r\n\r\n',  # CR
+        b'data: {"n":\ndata: 2}\n\n',  # a multi-line data field
+        b'data: {"n": 2}\n\ndata: {"n"',  # a frame cut by the read
+        b'data: {"n": 2}\n\ndata: [2]\n\n',  # an event that is not a JSON object
+    ],
+)
+async def test_anything_but_whole_plain_json_frames_takes_the_general_path(chunk: bytes) -> None:
+    batches = await raw_batches(sse_json({"n": 1}), chunk, b": 3}\n\n")
+    assert batches[1] == ([{"n": 2}], None)
+    assert all(raw is None for _, raw in batches[2:])
+
+
+async def test_bytes_that_are_not_utf8_fail_the_stream_on_the_plain_path_too() -> None:
+    stream = SSEStream(source(sse_json({"n": 1}), b'data: {"t": "\xff"}\n\n'))
+    with pytest.raises(SSEDecodeError):
+        await collect(stream)
+
+
+async def test_a_relay_can_take_a_plain_chunk_outside_batches() -> None:
+    taken = sse_json({"n": 2}, {"n": 3})
+    stream = SSEStream(source(sse_json({"n": 1}), sse_json({"n": 4}), DONE_FRAME))
+    batches = stream.batches()
+    assert stream.plain(taken) is None  # not before the stream is being read
+    assert await anext(batches) == [{"n": 1}]
+    assert stream.plain(taken + b'data: {"n"') is None
+    assert stream.plain(taken + DONE_FRAME) is None  # the end is for batches() to read
+    objects = stream.plain(taken)
+    assert objects == [{"n": 2}, {"n": 3}]
+    stream.took(taken, objects)
+    assert stream.raw == taken
+    assert [batch async for batch in batches] == [[{"n": 4}]]
+    read = sse_json({"n": 1}) + taken + sse_json({"n": 4}) + DONE_FRAME
+    assert (stream.frames, stream.bytes_read) == (5, len(read))
+
+
 # --- idle timeout ------------------------------------------------------------------------
 
 
@@ -960,3 +1029,62 @@ def test_encode_data_round_trips_any_text(payload: str, cut: int) -> None:
     cut = min(cut, len(body))
     normalised = payload.replace("\r\n", "\n").replace("\r", "\n")
     assert parse(body[:cut], body[cut:]) == ([SSEFrame(normalised)], EndReason.EOF)
+
+
+_json_events = st.one_of(
+    st.dictionaries(
+        st.text(max_size=4), st.integers(-(2**53), 2**53) | st.text(max_size=6), max_size=3
+    ),
+    st.sampled_from(["[1]", "nope", "[DONE]"]),
+)
+
+
+@st.composite
+def json_streams(draw: st.DrawFn) -> list[bytes]:
+    """Data frames of JSON objects (now and then something else: not an object, not JSON,
+    [DONE], a comment, a field), split anywhere."""
+    out = bytearray()
+    for event in draw(st.lists(_json_events, max_size=8)):
+        if draw(st.integers(0, 9)) == 0:
+            out += draw(st.sampled_from([b": ping\n", b"event: x\n", b"id: 1\n"]))
+        data = event.encode() if isinstance(event, str) else orjson.dumps(event)
+        out += (b"data: " if draw(st.booleans()) else b"data:") + data + b"\n\n"
+    body = bytes(out)
+    cuts = sorted(draw(st.lists(st.integers(0, len(body)), max_size=10)))
+    return [body[start:end] for start, end in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+
+
+def _general(chunks: list[bytes]) -> tuple[list[JSONObject], int]:
+    """The objects the general path alone reads, and the invalid events it skips."""
+    parser, invalid = SSEParser(), 0
+    objects: list[JSONObject] = []
+    for frame in (frame for chunk in chunks for frame in parser.feed(chunk)):
+        if frame.is_done:
+            break
+        try:
+            payload = orjson.loads(frame.data)
+        except orjson.JSONDecodeError:
+            payload = None
+        if isinstance(payload, dict):
+            objects.append(payload)
+        else:
+            invalid += 1
+    return objects, invalid
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_streams())
+def test_the_plain_path_reads_what_the_general_path_reads_and_keeps_exactly_its_bytes(
+    chunks: list[bytes],
+) -> None:
+    async def read() -> tuple[list[tuple[list[JSONObject], bytes | None]], int]:
+        stream = SSEStream(source(*chunks))
+        batches = [(batch, stream.raw) async for batch in stream.batches()]
+        return batches, stream.invalid_events
+
+    batches, invalid = asyncio.run(read())
+    assert ([o for batch, _ in batches for o in batch], invalid) == _general(chunks)
+    for batch, raw in batches:
+        if raw is not None:  # exactly the batch's events, as plain data frames
+            assert _general([raw]) == (batch, 0)
+            assert parse_frames(raw) and b"\r" not in raw and b"[DONE]" not in raw

@@ -6,6 +6,8 @@ import asyncio
 import socket
 import ssl
 import struct
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -565,6 +567,156 @@ async def test_read_timeout_bounds_each_wait_for_response_bytes(client):
     assert not isinstance(ReadTimeout(), TimeoutError)
 
 
+async def test_a_read_deadline_bounds_the_waits_whatever_comes_before_it(client):
+    async def serve(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        while True:  # a byte now and then, never the end
+            await peer.send(b"1\r\n.\r\n")
+            await asyncio.sleep(0.02)
+
+    async with RawServer(serve) as server:
+        response = await client.request("POST", server.url, read_timeout=30)
+        response.read_deadline = asyncio.get_running_loop().time() + 0.2
+        with pytest.raises(ReadTimeout) as caught:
+            await response.aread()
+    assert caught.value.deadline
+    assert not ReadTimeout().deadline
+
+
+def _chunks(*pieces: bytes) -> bytes:
+    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in pieces)
+
+
+async def test_a_tap_takes_the_pieces_it_wants_and_the_reader_the_rest_in_order(client):
+    taken: list[bytes] = []
+    took = asyncio.Event()
+
+    async def serve(peer: Peer) -> None:
+        await peer.read_request()
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        await peer.send(head + _chunks(b"first"))
+        for piece in (b"b", b"c"):  # each its own read, taken before the next is sent
+            await took.wait()
+            took.clear()
+            await peer.send(_chunks(piece))
+        await took.wait()
+        await peer.send(_chunks(b"STOP"))
+        await peer.send(_chunks(b"d") + b"0\r\n\r\n")
+        await peer.read_request()
+
+    def tap(piece: bytes) -> bool:
+        if b"STOP" in piece:
+            return False
+        taken.append(piece)
+        took.set()
+        return True
+
+    async with RawServer(serve) as server:
+        response = await client.request("POST", server.url, read_timeout=5)
+        body = response.aiter_bytes()
+        assert await anext(body) == b"first"
+        response.tap(tap)
+        took.set()
+        rest = b"".join([piece async for piece in body])
+    assert (taken, rest) == ([b"b", b"c"], b"STOPd")  # after the first left, none is taken
+
+
+async def test_a_tap_gets_a_reads_pieces_together(client):
+    async def serve(peer: Peer) -> None:
+        await peer.read_request()
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        await peer.send(head + _chunks(b"first"))
+        await asyncio.sleep(0.05)
+        await peer.send(_chunks(b"a", b"b", b"c"))  # one write: one read of three pieces
+        await asyncio.sleep(0.05)
+        await peer.send(b"0\r\n\r\n")
+        await peer.read_request()
+
+    taken: list[bytes] = []
+
+    def tap(piece: bytes) -> bool:
+        taken.append(piece)
+        return True
+
+    async with RawServer(serve) as server:
+        response = await client.request("POST", server.url, read_timeout=5)
+        body = response.aiter_bytes()
+        assert await anext(body) == b"first"
+        response.tap(tap)
+        assert [piece async for piece in body] == []
+    assert taken == [b"abc"]
+
+
+async def test_pieces_a_tap_takes_keep_the_readers_wait_from_timing_out(client):
+    async def serve(peer: Peer) -> None:
+        await peer.read_request()
+        await peer.send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(20):  # 0.4 s of pieces 20 ms apart, each well within the timeout
+            await asyncio.sleep(0.02)
+            await peer.send(_chunks(b"."))
+        await peer.send(b"0\r\n\r\n")
+        await peer.read_request()
+
+    taken: list[bytes] = []
+
+    def tap(piece: bytes) -> bool:
+        taken.append(piece)
+        return True
+
+    async with RawServer(serve) as server:
+        response = await client.request("POST", server.url, read_timeout=0.3)
+        response.tap(tap)
+        assert await response.aread() == b""
+    assert taken == [b"."] * 20
+
+
+def test_bytes_that_wait_unread_when_the_read_timeout_fires_are_read_not_a_timeout() -> None:
+    # On uvloop, as the gateway runs: a loop full of work runs its due timers before it
+    # reads its sockets again, so a read timeout can fire with the awaited bytes already in
+    # the socket's buffer. The upstream was not silent: the wait goes on and gets them.
+    uvloop = pytest.importorskip("uvloop")
+    go, sent = threading.Event(), threading.Event()
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def upstream() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+            go.wait(20)
+            time.sleep(0.7)  # while the loop is busy in its late timer
+            conn.sendall(b"4\r\nlate\r\n0\r\n\r\n")
+            sent.set()
+            time.sleep(0.5)
+
+    async def client_side() -> bytes:
+        loop = asyncio.get_running_loop()
+        client = HTTPClient()
+        try:
+            port = listener.getsockname()[1]
+            response = await client.request("POST", f"http://127.0.0.1:{port}/", read_timeout=0.3)
+            body = response.aiter_bytes()
+            assert await anext(body) == b"first"
+            waiting = asyncio.ensure_future(anext(body))
+            await asyncio.sleep(0)  # its wait (and read timeout) has begun
+            go.set()
+            loop.call_later(0.05, time.sleep, 1.5)  # a late timer, due before the timeout
+            loop.call_soon(time.sleep, 0.5)  # a busy loop: both are due when it gets to them
+            return await waiting
+        finally:
+            await client.aclose()
+
+    thread = threading.Thread(target=upstream)
+    thread.start()
+    try:
+        assert uvloop.run(client_side()) == b"late"
+        assert sent.is_set()
+    finally:
+        thread.join(20)
+        listener.close()
+
+
 # --- TLS ---
 
 
@@ -615,6 +767,10 @@ _ON_UVLOOP = [
     test_a_cancelled_body_read_drops_the_connection,
     test_a_partly_read_body_closed_early_is_not_reused,
     test_read_timeout_bounds_each_wait_for_response_bytes,
+    test_a_read_deadline_bounds_the_waits_whatever_comes_before_it,
+    test_a_tap_takes_the_pieces_it_wants_and_the_reader_the_rest_in_order,
+    test_a_tap_gets_a_reads_pieces_together,
+    test_pieces_a_tap_takes_keep_the_readers_wait_from_timing_out,
 ]
 
 

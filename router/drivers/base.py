@@ -14,7 +14,7 @@ import functools
 import math
 import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ClassVar, Final, Self
@@ -37,7 +37,7 @@ from router.drivers.http import (
     TunnelFailed,
     prepare_request,
 )
-from router.sse import EndReason, SSEError, SSEIdleTimeout, SSEStream
+from router.sse import EndReason, SSEError, SSEStream
 
 __all__ = [
     "ATTEMPT_ID_HEADER",
@@ -60,6 +60,11 @@ __all__ = [
 ]
 
 ATTEMPT_ID_HEADER: Final = "X-Waybill-Attempt-Id"
+# Idle upstream connections kept per origin. Many long streams at once end and begin at
+# hundreds a second, and on a busy gateway a new stream takes its connection a few hundred
+# milliseconds after others were let go: a pool of 32 closed most of them, and 57% of the
+# streams at c1000 opened a connection of their own (bench/README.md).
+_MAX_IDLE: Final = 1024
 _MAX_ERROR_BODY: Final = 64 * 1024
 _MAX_MESSAGE_CHARS: Final = 300
 
@@ -161,6 +166,11 @@ class DriverStream(ABC):
     response_id: str | None = None
     upstream_request_id: str | None = None
     time_to_first_chunk_ms: int | None = None
+    raw: bytes | None = None
+    """The batch just handed out as the upstream's bytes, when those are exactly its chunks
+    as SSE ``data:`` frames (an OpenAI stream passed through); None when they are not (a
+    translated stream, an event skipped or unusual framing in that read): then the chunks
+    must be encoded."""
 
     @property
     @abstractmethod
@@ -174,6 +184,16 @@ class DriverStream(ABC):
     @abstractmethod
     def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
         """The chunks in non-empty lists, each what one read of the body completed."""
+
+    def tap(self, deliver: Callable[[list[dict[str, Any]], bytes], bool]) -> None:
+        """While :meth:`batches` waits for its next read, hand each read that would pass
+        through unchanged (:attr:`raw`) and does not end the stream to ``deliver`` as it
+        arrives, with its chunks, inside the connection's callback, instead of waking the
+        reader: a read ``deliver`` takes (True) is never handed out by :meth:`batches`. The
+        first read it leaves (False), or that cannot be tapped, goes to :meth:`batches` as
+        usual, and the tap is off until set again. ``deliver`` must not raise. A stream
+        that cannot be tapped ignores this."""
+        return None
 
     @property
     def ended(self) -> bool:
@@ -205,7 +225,7 @@ class Driver(ABC):
     requires_max_tokens: ClassVar[bool] = False
 
     def __init__(self, client: HTTPClient | None = None) -> None:
-        self._client = client or HTTPClient(max_idle_per_origin=32, idle_expiry_s=30.0)
+        self._client = client or HTTPClient(max_idle_per_origin=_MAX_IDLE, idle_expiry_s=30.0)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -441,6 +461,14 @@ class _Counted:
     # leaves both unfinished at [DONE], and the event loop would close each in a task.
     __slots__ = ("_limit", "_on_over", "_source", "_total")
 
+    def room(self) -> int:
+        """How many more bytes may go by."""
+        return self._limit - self._total
+
+    def took(self, size: int) -> None:
+        """Count ``size`` bytes read around the iterator (by a tap), within :meth:`room`."""
+        self._total += size
+
     def __init__(self, source: AsyncIterator[bytes], limit: int, on_over: Exception) -> None:
         self._source = source
         self._limit = limit
@@ -479,6 +507,9 @@ class StreamTranslator(ABC):
     usage: Usage | None = None
     finish_reason: str | None = None
     response_id: str | None = None
+    passthrough: ClassVar[bool] = False
+    """Each event is its own chunk, unchanged (``translate(event) == [event]``): the
+    upstream's bytes can be relayed as they came (:attr:`DriverStream.raw`)."""
 
     @abstractmethod
     def translate(self, event: dict[str, Any]) -> list[dict[str, Any]]:
@@ -506,6 +537,9 @@ class SSEDriverStream(DriverStream):
         self._translator = translator
         self._started_at = started_at
         self._sse: SSEStream | None = None
+        self._body: _Counted | None = None
+        self._deliver: Callable[[list[dict[str, Any]], bytes], bool] | None = None
+        self._tappable = False  # past the first chunk, in a passthrough stream's loop
         self.upstream_request_id = response.headers.get(driver._request_id_header)
 
     @property
@@ -518,6 +552,33 @@ class SSEDriverStream(DriverStream):
 
     async def aclose(self) -> None:
         await self._response.aclose()
+
+    def tap(self, deliver: Callable[[list[dict[str, Any]], bytes], bool]) -> None:
+        if self._tappable:
+            self._deliver = deliver
+            self._response.tap(self._tapped)
+
+    def _tapped(self, piece: bytes) -> bool:
+        """One piece of the body while tapped: taken if it is whole plain events without
+        ``[DONE]`` or an error, within the byte limit, and ``deliver`` takes them."""
+        sse, body, deliver = self._sse, self._body, self._deliver
+        if sse is None or body is None or deliver is None:
+            return False
+        chunks = sse.plain(piece)
+        if not chunks:
+            return False
+        translate = self._translator.translate
+        try:
+            for chunk in chunks:
+                translate(chunk)  # a passthrough translator's notes bear a second reading
+        except StreamErrorEvent:
+            return False  # the reader raises it, after what came before it
+        if len(piece) > body.room() or not deliver(chunks, piece):
+            return False  # over the limit, the reader reads it and raises
+        body.took(len(piece))
+        sse.took(piece, chunks)
+        self._sync()
+        return True
 
     def _sync(self) -> None:
         t = self._translator
@@ -540,43 +601,54 @@ class SSEDriverStream(DriverStream):
         if idle is not None and first is not None:
             idle = max(idle, first)  # before the first event, only first_token_timeout rules
         limit = self._binding.endpoint.max_response_bytes
-        body = count_bytes(self._response.aiter_bytes(), limit, _TooLarge())
-        first_deadline = None if first is None else self._started_at + first
-        # Until the first chunk, the first-token deadline (from the attempt's start) always
-        # comes before an idle timeout of at least as long from the wait's start: one timer
-        # a wait, not two. Both end the stream as first_token_timeout then.
-        sse = self._sse = SSEStream(body, idle_timeout_s=idle if first_deadline is None else None)
+        response = self._response
+        body = self._body = _Counted(response.aiter_bytes(), limit, _TooLarge())
+        # Timeouts are the body's read timeout and deadline (one timer per connection, not
+        # one per read, and none that fires while the bytes that would stop it wait unread
+        # on a busy loop: router.drivers.http). Until the first chunk, the first-token
+        # deadline (from the attempt's start) always comes before an idle timeout of at
+        # least as long from the wait's start; then the idle timeout rules.
+        if first is not None:
+            since = time.monotonic() - self._started_at
+            response.read_deadline = asyncio.get_running_loop().time() + first - since
+        idle_rules = idle is not None and first is None
+        if idle_rules:
+            response.read_timeout = idle
+        sse = self._sse = SSEStream(body)
         events = sse.batches()
-        translate = self._translator.translate
+        translator = self._translator
+        translate, passthrough = translator.translate, translator.passthrough
         yielded = False
         try:
             while True:
                 try:
-                    if not yielded and first_deadline is not None:
-                        loop_deadline = asyncio.get_running_loop().time() + (
-                            first_deadline - time.monotonic()
-                        )
-                        async with asyncio.timeout_at(loop_deadline):
-                            batch = await anext(events)
-                    else:
-                        batch = await anext(events)
+                    batch = await anext(events)
                 except StopAsyncIteration:
                     break
-                chunks: list[dict[str, Any]] = []
+                chunks: list[dict[str, Any]] = batch if passthrough else []
                 error: StreamErrorEvent | None = None
-                for event in batch:
+                for index, event in enumerate(batch):
                     try:
-                        chunks += translate(event)
+                        translated = translate(event)
                     except StreamErrorEvent as exc:
                         error = exc  # what came before it in this read still goes out
+                        chunks = chunks[:index] if passthrough else chunks
                         break
+                    if not passthrough:
+                        chunks += translated
                 self._sync()
+                self.raw = sse.raw if passthrough and error is None else None
                 if chunks:
                     if not yielded:
                         self.time_to_first_chunk_ms = elapsed_ms(self._started_at)
                         yielded = True
-                        # From here every silence is bounded by the idle limit itself.
-                        sse.idle_timeout_s = timeouts.stream_idle_timeout_s
+                        self._tappable = passthrough
+                        response.read_deadline = None
+                        # From here every silence is bounded by the idle limit itself, not
+                        # by the larger first-token one.
+                        after = timeouts.stream_idle_timeout_s
+                        if after is not None:
+                            response.read_timeout, idle_rules = after, True
                     yield chunks
                 if error is not None:
                     raise error
@@ -590,16 +662,19 @@ class SSEDriverStream(DriverStream):
             ) from None
         except _TooLarge:
             raise self._fail("response_too_large", yielded, "over max_response_bytes") from None
-        except SSEIdleTimeout as exc:
+        except ReadTimeout as exc:
+            if exc.deadline:
+                raise self._fail("first_token_timeout", yielded, "no first event in time") from exc
+            if not idle_rules:  # the attempt's own bound on the wire, not the idle timeout
+                raise self._fail("broken_stream", yielded, "connection broke mid-stream") from exc
             kind: Transport = "stream_stalled" if yielded else "first_token_timeout"
             raise self._fail(kind, yielded, "stream idle") from exc
-        except TimeoutError as exc:
-            raise self._fail("first_token_timeout", yielded, "no first event in time") from exc
         except SSEError as exc:
             raise self._fail("broken_stream", yielded, type(exc).__name__) from exc
         except HTTPError as exc:
             raise self._fail("broken_stream", yielded, "connection broke mid-stream") from exc
         finally:
+            self._tappable, self._deliver = False, None
             self._sync()
             if sse.end_reason is EndReason.DONE:
                 # Read to [DONE]: the body's end follows at once; keep the connection.

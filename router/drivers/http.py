@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import logging
 import re
 import ssl
 from collections import deque
@@ -33,6 +34,8 @@ from typing import Final, TypeVar, cast, overload
 from urllib.parse import urlsplit
 
 import httptools
+
+from router.unread import unread_bytes
 
 __all__ = [
     "ConnectFailed",
@@ -48,6 +51,8 @@ __all__ = [
     "TunnelFailed",
     "prepare_request",
 ]
+
+log = logging.getLogger("waybill.http")
 
 _HIGH_WATER: Final = 256 * 1024  # unread body bytes buffered before reading pauses
 _MANAGED: Final = frozenset({"host", "content-length", "transfer-encoding"})
@@ -79,11 +84,18 @@ class TunnelFailed(ConnectFailed):
 
 
 class ReadTimeout(HTTPError):
-    """No response bytes within ``read_timeout`` after the request was written.
+    """No response bytes within ``read_timeout`` after the request was written, or by the
+    response's ``read_deadline`` (then ``deadline`` is True).
 
     Deliberately not a :class:`TimeoutError`: callers tell their own deadlines
     (``asyncio.timeout``) from this one by the type.
     """
+
+    def __init__(
+        self, message: str = "no response bytes in time", *, deadline: bool = False
+    ) -> None:
+        super().__init__(message)
+        self.deadline = deadline
 
 
 class ConnectionBroken(HTTPError):
@@ -248,6 +260,14 @@ class _Connection(asyncio.Protocol):
         self._parser = httptools.HttpResponseParser(self)
         self.closed = False  # the peer closed it, it failed, or we closed it
         self.idle_since = 0.0
+        # The read timeout of the wait in progress: its deadline (the response's own, if
+        # that comes first: `_absolute`), and one timer that may be due earlier than it
+        # (then it re-arms) but never later (see `wait`).
+        self._read_timeout: float | None = None
+        self._deadline: float | None = None
+        self._absolute = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._begin(in_flight=False)
 
     def _begin(self, *, in_flight: bool) -> None:
@@ -266,6 +286,8 @@ class _Connection(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
         self._on_end: Callable[[], None] | None = None  # set while the rest is discarded
         self._drain_timer: asyncio.TimerHandle | None = None
+        self.tap: Callable[[bytes], bool] | None = None  # see Response.tap
+        self._tapped: list[bytes] = []  # the read being parsed, for the tap
 
     # --- the exchange, driven by the client ---
 
@@ -287,18 +309,55 @@ class _Connection(asyncio.Protocol):
         self._begin(in_flight=True)
         self._transport.write(data)
 
-    async def wait(self, read_timeout: float | None) -> None:
-        """Until the next change of the exchange, or :class:`ReadTimeout`."""
+    async def wait(self, read_timeout: float | None, deadline: float | None = None) -> None:
+        """Until the next change of the exchange, or :class:`ReadTimeout` when it does not
+        come within ``read_timeout`` or by ``deadline`` (the loop's time).
+
+        A stream waits once per read of its body: rather than a timer per wait (made and
+        cancelled each time, most of a read's timer cost), the connection keeps one, armed
+        for the first deadline and moved on when it fires early (`_on_timer`)."""
         waiter = self._waiter = self._loop.create_future()
-        timer = None
-        if read_timeout is not None:
-            timer = self._loop.call_later(read_timeout, _expire, waiter)
+        self._read_timeout = read_timeout
+        at = None if read_timeout is None else self._loop.time() + read_timeout
+        self._absolute = deadline is not None and (at is None or deadline < at)
+        if self._absolute:
+            at = deadline
+        self._deadline = at
+        if at is not None and (self._timer is None or self._timer_at > at):
+            self._arm(at)
         try:
             await waiter
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
+
+    def _arm(self, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = self._loop.call_at(at, self._on_timer), at
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        waiter, deadline, timeout = self._waiter, self._deadline, self._read_timeout or 0.0
+        if waiter is None or waiter.done() or deadline is None:
+            return  # not waiting: the next wait arms it again
+        now = self._loop.time()
+        if now < deadline:
+            self._arm(deadline)
+        elif unread_bytes(self._transport):
+            # The response's bytes are here, the loop has not read them yet (router.unread):
+            # not a silence of the upstream's. They are read before this fires again.
+            later = now if self._absolute else now + timeout
+            self._deadline = later
+            self._arm(later)
+        elif self._absolute:
+            waiter.set_exception(ReadTimeout("no response bytes by the deadline", deadline=True))
+        else:
+            waiter.set_exception(ReadTimeout("no response bytes within the read timeout"))
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def take(self) -> bytes:
         """The body bytes buffered so far (there are some), reading resumed if paused."""
@@ -313,13 +372,16 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed, self.in_flight = True, False
+        self._disarm()
         if self._transport is not None:
             self._transport.close()
 
     def abort(self) -> None:
         """Drop the connection now: whatever is left of its exchange must never be read."""
         self.closed, self.in_flight = True, False
+        self._disarm()
         self._on_end = None
+        self.tap = None
         if self._drain_timer is not None:
             self._drain_timer.cancel()
         if self._transport is not None:
@@ -355,6 +417,27 @@ class _Connection(asyncio.Protocol):
                 self.keep_alive = False
             else:
                 self._fail(ProtocolError(f"malformed response: {exc}"))
+        if self._tapped:
+            self._offer()
+
+    def _offer(self) -> None:
+        """The body pieces of the read just parsed, to the tap together, as the reader
+        would have taken them together (one parse and one write for several events)."""
+        pieces, self._tapped = self._tapped, []
+        piece = pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        tap, taken = self.tap, False
+        if tap is not None:
+            try:
+                taken = tap(piece)
+            except Exception:  # a bug in the taker: the reader gets the piece instead
+                log.exception("a tap of an upstream body failed")
+        if taken:
+            # Taken as it came: the reader's wait goes on, its silence starts again.
+            if self._read_timeout is not None and not self._absolute:
+                self._deadline = self._loop.time() + self._read_timeout
+            return
+        self.tap = None
+        self._buffer(piece)
 
     def eof_received(self) -> bool | None:
         self._peer_closed(None)
@@ -406,6 +489,12 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if self._on_end is not None:
             return  # the reader is gone; the rest is only read to free the connection
+        if self.tap is not None and not self.chunks:  # behind buffered pieces: not tapped
+            self._tapped.append(body)  # offered once the whole read is parsed
+            return
+        self._buffer(body)
+
+    def _buffer(self, body: bytes) -> None:
         self.chunks.append(body)
         self.buffered += len(body)
         if self.buffered > _HIGH_WATER and not self._paused and self._transport is not None:
@@ -428,11 +517,6 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
 
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(ReadTimeout("no response bytes within the read timeout"))
-
-
 class Response:
     """A response whose headers have arrived. Read its body once, with :meth:`aiter_bytes`.
 
@@ -450,10 +534,14 @@ class Response:
     ) -> None:
         self.status_code = conn.status_code
         self.headers = Headers(conn.headers.items())
+        conn.headers = {}  # now the response's: a stream holds one copy for its life
         self._client = client
         self._pool_key = pool_key
         self._conn: _Connection | None = conn
-        self._read_timeout = read_timeout
+        self.read_timeout = read_timeout
+        """Bounds each wait for body bytes from now on (None: unbounded)."""
+        self.read_deadline: float | None = None
+        """No wait for body bytes goes past it (the loop's time; None: none)."""
         self._ended = False
         if conn.complete and not conn.chunks:
             self._release()  # no body (204, Content-Length: 0): nothing left to read
@@ -471,6 +559,17 @@ class Response:
         if conn is not None:
             conn.abort()
 
+    def tap(self, taker: Callable[[bytes], bool] | None) -> None:
+        """Hand the body, a read at a time as it arrives, to ``taker`` (synchronously, in
+        the connection's callback) instead of to the reader: a piece it takes (True) never
+        wakes the reader, whose wait goes on (its read timeout counting from that piece).
+        The first piece it leaves (False) and every one after it go to the reader as
+        usual, and the tap is off until set again. Pieces already buffered are the
+        reader's first, so a tap never reorders the body. ``taker`` must not raise."""
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            conn.tap = taker
+
     def release_after_end(self, within_s: float = 1.0) -> None:
         """Done reading, though the body has not ended on the wire (an SSE stream read up
         to ``[DONE]``, whose terminating chunk follows): let the rest arrive and be
@@ -479,6 +578,7 @@ class Response:
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        conn.tap = None
         if conn.error is not None or conn.closed:
             conn.abort()
             return
@@ -504,7 +604,7 @@ class Response:
                 await self.aclose()
                 raise conn.error
             try:
-                await conn.wait(self._read_timeout)
+                await conn.wait(self.read_timeout, self.read_deadline)
             except BaseException:
                 # A timeout or a cancellation leaves the rest of the body on the wire.
                 await self.aclose()
@@ -514,6 +614,7 @@ class Response:
         conn, self._conn = self._conn, None
         self._ended = True
         if conn is not None:
+            conn.tap = None
             self._client._release(self._pool_key, conn)
 
 

@@ -86,6 +86,8 @@ class OpenAIDriver(Driver):
 class _OpenAIChunks(StreamTranslator):
     """OpenAI chunks pass through; this only notes the id, finish reason and usage."""
 
+    passthrough = True
+
     def translate(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         error = event.get("error")
         if isinstance(error, dict):

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, cast
 
 import httpx
 import uvicorn
@@ -265,3 +265,30 @@ async def running_gateway(
         finally:
             for client in gateway.clients:
                 await client.close()
+
+
+class Upstream(Protocol):
+    """Where a provider the test runs itself listens (what ``config_text`` reads of one)."""
+
+    root_url: str
+    base_url: str
+
+
+@asynccontextmanager
+async def gateway_before(
+    database_url: str, upstream: Upstream, *, max_in_flight: int = 512
+) -> AsyncIterator[tuple[str, str, EventStore]]:
+    """A gateway whose group ``chat`` has one mapping, endpoint ``raw`` model ``m``, to a
+    provider the test runs itself: its URL, an API key's secret and the ledger."""
+    text = config_text({"raw": cast(FakeUpstream, upstream)}, [Route("raw", model="m")])
+    config = parse_config(text, environ=ANTHROPIC_ENV)
+    engine = create_engine(database_url)
+    store = EventStore(engine)
+    try:
+        key = await apikeys.create_key(store, "acme", "client")
+        settings = AppSettings(config, database_url, max_in_flight=max_in_flight)
+        async with serve(settings) as (url, _):
+            yield url, key.secret, store
+    finally:
+        await store.close()
+        await engine.dispose()

@@ -311,3 +311,13 @@ def test_the_demos_examples_paste_and_run_as_printed(tmp_path: Path) -> None:
         timeout=60,
     )
     assert ran.returncode == 0 and "ledger OK" in ran.stdout
+
+
+def test_serve_defaults_to_the_measured_capacity() -> None:
+    import inspect
+
+    from router.app import DEFAULT_MAX_IN_FLIGHT, AppSettings
+    from router.cli import serve_command
+
+    default = inspect.signature(serve_command).parameters["max_in_flight"].default
+    assert default == DEFAULT_MAX_IN_FLIGHT == AppSettings.max_in_flight == 256
