@@ -190,7 +190,7 @@ class Console:
 
 def csrf_refused() -> GatewayError:
     return permission_denied(
-        "this form's CSRF token is missing or not this session's: reload the page and send it again"
+        "this form's CSRF token is missing or not this sign-in's: reload the page and send it again"
     )
 
 
