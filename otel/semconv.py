@@ -49,9 +49,14 @@ __all__ = [
     "WAYBILL_ALLOWED",
     "WAYBILL_AMOUNT_USD",
     "WAYBILL_ATTEMPTS",
+    "WAYBILL_ATTEMPT_ADMITTED_AS",
     "WAYBILL_ATTEMPT_CAUSE",
     "WAYBILL_ATTEMPT_ID",
+    "WAYBILL_ATTEMPT_INVALID_OUTPUT",
+    "WAYBILL_ATTEMPT_KIND",
     "WAYBILL_ATTEMPT_NUMBER",
+    "WAYBILL_ATTEMPT_RESPONSE_BYTES",
+    "WAYBILL_ATTEMPT_TIME_TO_FIRST_CHUNK_MS",
     "WAYBILL_AVAILABLE_USD",
     "WAYBILL_BACKOFF_MS",
     "WAYBILL_BREAKER_SCOPE",
@@ -180,6 +185,11 @@ WAYBILL_REQUEST_ID: Final = "waybill.request_id"
 WAYBILL_ATTEMPT_ID: Final = "waybill.attempt_id"
 WAYBILL_ATTEMPT_NUMBER: Final = "waybill.attempt_number"
 WAYBILL_ATTEMPT_CAUSE: Final = "waybill.attempt.cause"
+WAYBILL_ATTEMPT_KIND: Final = "waybill.attempt.kind"  # call, resume or hedge
+WAYBILL_ATTEMPT_ADMITTED_AS: Final = "waybill.attempt.admitted_as"  # closed or probe:...
+WAYBILL_ATTEMPT_TIME_TO_FIRST_CHUNK_MS: Final = "waybill.attempt.time_to_first_chunk_ms"
+WAYBILL_ATTEMPT_RESPONSE_BYTES: Final = "waybill.attempt.response_bytes"
+WAYBILL_ATTEMPT_INVALID_OUTPUT: Final = "waybill.attempt.invalid_output"  # where, never what
 WAYBILL_ATTEMPTS: Final = "waybill.attempts"
 WAYBILL_WORKSPACE: Final = "waybill.workspace"
 WAYBILL_KEY_ID: Final = "waybill.key_id"

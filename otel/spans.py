@@ -292,10 +292,13 @@ def _attempt_attributes(attempt: _Attempt) -> dict[str, AttributeValue]:
         sc.WAYBILL_ATTEMPT_ID: started.attempt_id,
         sc.WAYBILL_ATTEMPT_NUMBER: started.attempt_number,
         sc.WAYBILL_ATTEMPT_CAUSE: started.cause,
+        sc.WAYBILL_ATTEMPT_KIND: started.kind,
         sc.WAYBILL_ENDPOINT: started.endpoint,
         sc.WAYBILL_TIER: started.tier,
         sc.WAYBILL_WEIGHT: started.weight,
     }
+    if started.admitted_as is not None:
+        attributes[sc.WAYBILL_ATTEMPT_ADMITTED_AS] = started.admitted_as
     if started.server_address:
         attributes[sc.SERVER_ADDRESS] = started.server_address
     if started.server_port is not None:
@@ -306,6 +309,11 @@ def _attempt_attributes(attempt: _Attempt) -> dict[str, AttributeValue]:
         attributes[sc.WAYBILL_STATUS] = finished.status
         attributes[sc.WAYBILL_EVIDENCE] = finished.evidence.value
         attributes[sc.WAYBILL_STREAM_COMMITTED] = finished.stream_committed
+        attributes[sc.WAYBILL_ATTEMPT_RESPONSE_BYTES] = finished.response_bytes
+        if finished.time_to_first_chunk_ms is not None:
+            attributes[sc.WAYBILL_ATTEMPT_TIME_TO_FIRST_CHUNK_MS] = finished.time_to_first_chunk_ms
+        if finished.invalid_output is not None:
+            attributes[sc.WAYBILL_ATTEMPT_INVALID_OUTPUT] = finished.invalid_output
         if finished.http_status is not None:
             attributes[sc.HTTP_RESPONSE_STATUS_CODE] = finished.http_status
         if finished.response_model:

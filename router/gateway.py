@@ -223,6 +223,14 @@ class _Attempt:
     error_code: str | None = None  # the gateway's own, where the upstream gave none
     error: Exception | None = None  # not a failure of the upstream: raised by the request
 
+    def response_bytes(self) -> int:
+        """The upstream's body as far as this attempt read it, answered or failed."""
+        if self.result is not None:
+            return self.result.response_bytes
+        if self.upstream is not None:
+            return self.upstream.response_bytes
+        return self.failure.response_bytes if self.failure is not None else 0
+
 
 class _SeamBroken(Exception):
     """A resume's continuation cannot be joined to the text the client has."""
@@ -683,6 +691,7 @@ class _Run:
                         error_code="gateway_error",
                         duration_ms=round((time.monotonic() - attempt.started_at) * 1000),
                         stream_committed=attempt.stream_committed,
+                        response_bytes=attempt.response_bytes(),
                     )
                 )
             if self.budget.has_hold(attempt.attempt_id):
@@ -711,6 +720,7 @@ class _Run:
             response_model=_optional_str(result.response.get("model")),
             upstream_request_id=result.upstream_request_id,
             http_status=result.status,
+            response_bytes=result.response_bytes,
         )
         return Completion(
             self.request_id, result.response, route.choice.endpoint, self.attempt_count, cost
@@ -926,6 +936,7 @@ class _Run:
                 error_code=ev.HEDGE_LOST,
                 usage=usage,
                 duration_ms=round((time.monotonic() - attempt.started_at) * 1000),
+                response_bytes=attempt.response_bytes(),
             )
         )
         if usage is not None and cost is not None:
@@ -972,6 +983,7 @@ class _Run:
                 error_code=ErrorCode.LEDGER_UNAVAILABLE,
                 duration_ms=round((time.monotonic() - attempt.started_at) * 1000),
                 time_to_first_chunk_ms=upstream.time_to_first_chunk_ms,
+                response_bytes=upstream.response_bytes,
             )
         )
         self._record(self.budget.hold_unknown(attempt.attempt_id, "ledger_unavailable"))
@@ -1046,6 +1058,7 @@ class _Run:
                 http_status=200,
                 time_to_first_chunk_ms=upstream.time_to_first_chunk_ms,
                 invalid_events=upstream.invalid_events,
+                response_bytes=upstream.response_bytes,
             )
             finished = True
             yield last + DONE_FRAME
@@ -1490,6 +1503,7 @@ class _Run:
         http_status: int,
         time_to_first_chunk_ms: int | None = None,
         invalid_events: int = 0,
+        response_bytes: int = 0,
     ) -> None:
         route = attempt.route
         self._close(attempt.attempt_id)
@@ -1513,6 +1527,7 @@ class _Run:
                 stream_committed=attempt.stream_committed,
                 invalid_events=invalid_events,
                 invalid_output=attempt.invalid_output,
+                response_bytes=response_bytes,
             )
         )
         if usage is not None and cost is not None:
@@ -1584,6 +1599,7 @@ class _Run:
             stream_committed=attempt.stream_committed,
             invalid_events=invalid_events,
             invalid_output=attempt.invalid_output,
+            response_bytes=attempt.response_bytes(),
         )
 
     def _hold_outcome(self, attempt: _Attempt, classification: Classification) -> StepRecord:

@@ -91,7 +91,7 @@ class AnthropicDriver(Driver):
     async def complete(self, call: PreparedCall) -> DriverResult:
         request, binding = call.request, call.binding
         response = await self._open(call, stream=False)
-        body = await self._read_body(response, binding)
+        body, size = await self._read_body(response, binding)
         request_id = response.headers.get(self._request_id_header)
         if not isinstance(body, dict) or not isinstance(body.get("content"), list):
             raise self._transport_failure(
@@ -100,6 +100,7 @@ class AnthropicDriver(Driver):
                 status=response.status_code,
                 request_id=request_id,
                 message="response has no content",
+                response_bytes=size,
             )
         completion = to_chat_completion(body, request.upstream_model)
         return DriverResult(
@@ -109,6 +110,7 @@ class AnthropicDriver(Driver):
             upstream_request_id=request_id,
             response_id=optional_str(body.get("id")),
             status=response.status_code,
+            response_bytes=size,
         )
 
     async def stream(self, call: PreparedCall) -> DriverStream:

@@ -120,6 +120,7 @@ class DriverResult:
     upstream_request_id: str | None
     response_id: str | None
     status: int
+    response_bytes: int = 0  # the body as read off the wire
 
 
 class UpstreamFailure(Exception):
@@ -136,11 +137,13 @@ class UpstreamFailure(Exception):
         *,
         events_yielded: bool = False,
         upstream_request_id: str | None = None,
+        response_bytes: int = 0,
     ) -> None:
         self.outcome = outcome
         self.classification = classification
         self.events_yielded = events_yielded
         self.upstream_request_id = upstream_request_id
+        self.response_bytes = response_bytes  # of the body, as far as it was read
         where = outcome.transport or f"HTTP {outcome.http_status}"
         detail = f": {outcome.error_message}" if outcome.error_message else ""
         super().__init__(
@@ -175,6 +178,11 @@ class DriverStream(ABC):
     @property
     @abstractmethod
     def invalid_events(self) -> int: ...
+
+    @property
+    def response_bytes(self) -> int:
+        """The body's bytes read off the wire so far."""
+        return 0
 
     async def __aiter__(self) -> AsyncIterator[dict[str, Any]]:
         async for batch in self.batches():
@@ -341,6 +349,7 @@ class Driver(ABC):
             outcome,
             classify(outcome, trust_not_started=binding.endpoint.trust_not_started),
             upstream_request_id=request_id,
+            response_bytes=len(raw),
         )
 
     def _transport_failure(
@@ -352,6 +361,7 @@ class Driver(ABC):
         events_yielded: bool = False,
         request_id: str | None = None,
         message: str | None = None,
+        response_bytes: int = 0,
     ) -> UpstreamFailure:
         outcome = UpstreamOutcome(http_status=status, transport=transport, error_message=message)
         return UpstreamFailure(
@@ -359,10 +369,11 @@ class Driver(ABC):
             classify(outcome, trust_not_started=binding.endpoint.trust_not_started),
             events_yielded=events_yielded,
             upstream_request_id=request_id,
+            response_bytes=response_bytes,
         )
 
-    async def _read_body(self, response: Response, binding: AttemptBinding) -> Any:
-        """The whole JSON body of a 2xx, within ``max_response_bytes``."""
+    async def _read_body(self, response: Response, binding: AttemptBinding) -> tuple[Any, int]:
+        """The whole JSON body of a 2xx, within ``max_response_bytes``, and its size."""
         limit = binding.endpoint.max_response_bytes
         request_id = response.headers.get(self._request_id_header)
         chunks: list[bytes] = []
@@ -370,20 +381,24 @@ class Driver(ABC):
         try:
             declared = int(response.headers.get("content-length", "0"))
             if declared > limit:
-                raise self._too_large(binding, response.status_code, request_id)
+                raise self._too_large(binding, response.status_code, request_id, 0)
             async for piece in response.aiter_bytes():
                 size += len(piece)
                 if size > limit:
-                    raise self._too_large(binding, response.status_code, request_id)
+                    raise self._too_large(binding, response.status_code, request_id, size)
                 chunks.append(piece)
         except HTTPError as exc:  # cut, stalled past the read timeout, or garbled
             raise self._transport_failure(
-                binding, "broken_stream", status=response.status_code, request_id=request_id
+                binding,
+                "broken_stream",
+                status=response.status_code,
+                request_id=request_id,
+                response_bytes=size,
             ) from exc
         finally:
             await response.aclose()
         try:
-            return orjson.loads(b"".join(chunks))
+            return orjson.loads(b"".join(chunks)), size
         except orjson.JSONDecodeError as exc:
             raise self._transport_failure(
                 binding,
@@ -391,10 +406,11 @@ class Driver(ABC):
                 status=response.status_code,
                 request_id=request_id,
                 message="response body is not JSON",
+                response_bytes=size,
             ) from exc
 
     def _too_large(
-        self, binding: AttemptBinding, status: int, request_id: str | None
+        self, binding: AttemptBinding, status: int, request_id: str | None, size: int
     ) -> UpstreamFailure:
         limit = binding.endpoint.max_response_bytes
         return self._transport_failure(
@@ -403,6 +419,7 @@ class Driver(ABC):
             status=status,
             request_id=request_id,
             message=f"response over max_response_bytes ({limit})",
+            response_bytes=size,
         )
 
 
@@ -464,6 +481,11 @@ class _Counted:
     def room(self) -> int:
         """How many more bytes may go by."""
         return self._limit - self._total
+
+    @property
+    def total(self) -> int:
+        """How many bytes went by."""
+        return self._total
 
     def took(self, size: int) -> None:
         """Count ``size`` bytes read around the iterator (by a tap), within :meth:`room`."""
@@ -547,6 +569,10 @@ class SSEDriverStream(DriverStream):
         return self._sse.invalid_events if self._sse is not None else 0
 
     @property
+    def response_bytes(self) -> int:
+        return self._body.total if self._body is not None else 0
+
+    @property
     def ended(self) -> bool:
         return self._sse is not None and self._sse.end_reason is EndReason.DONE
 
@@ -592,6 +618,7 @@ class SSEDriverStream(DriverStream):
             events_yielded=yielded,
             request_id=self.upstream_request_id,
             message=message,
+            response_bytes=self.response_bytes,
         )
 
     async def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
@@ -659,6 +686,7 @@ class SSEDriverStream(DriverStream):
                 classify(exc.outcome, trust_not_started=trust),
                 events_yielded=yielded,
                 upstream_request_id=self.upstream_request_id,
+                response_bytes=self.response_bytes,
             ) from None
         except _TooLarge:
             raise self._fail("response_too_large", yielded, "over max_response_bytes") from None

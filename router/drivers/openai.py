@@ -56,7 +56,7 @@ class OpenAIDriver(Driver):
     async def complete(self, call: PreparedCall) -> DriverResult:
         binding = call.binding
         response = await self._open(call, stream=False)
-        body = await self._read_body(response, binding)
+        body, size = await self._read_body(response, binding)
         request_id = response.headers.get(self._request_id_header)
         choices = body.get("choices") if isinstance(body, dict) else None
         if not isinstance(body, dict) or not isinstance(choices, list) or not choices:
@@ -66,6 +66,7 @@ class OpenAIDriver(Driver):
                 status=response.status_code,
                 request_id=request_id,
                 message="response has no choices",
+                response_bytes=size,
             )
         first = choices[0] if isinstance(choices[0], dict) else {}
         return DriverResult(
@@ -75,6 +76,7 @@ class OpenAIDriver(Driver):
             upstream_request_id=request_id,
             response_id=optional_str(body.get("id")),
             status=response.status_code,
+            response_bytes=size,
         )
 
     async def stream(self, call: PreparedCall) -> DriverStream:

@@ -62,6 +62,7 @@ class Connection:
         self._buffer = bytearray()
         self._eof = False
         self.closed = False
+        self.body_sent = 0  # body bytes written since the response began (respond resets it)
 
     # Reading
 
@@ -170,11 +171,13 @@ class Connection:
 
     # Writing
 
-    async def send(self, data: bytes) -> None:
-        """Write and flush; raises ConnectionError if the client is gone."""
+    async def send(self, data: bytes, *, body: int = 0) -> None:
+        """Write and flush; raises ConnectionError if the client is gone. ``body``: how many
+        of these bytes are the response's body (counted in :attr:`body_sent`)."""
         if self._writer.is_closing():
             raise ConnectionResetError("connection closed")
         self._writer.write(data)
+        self.body_sent += body
         await self._writer.drain()
 
     @staticmethod
@@ -196,7 +199,7 @@ class Connection:
             "content-length": str(len(body)),
             "connection": "keep-alive" if keep_alive else "close",
         }
-        await self.send(self.head(status, all_headers) + body)
+        await self.send(self.head(status, all_headers) + body, body=len(body))
 
     async def start_chunked(
         self, status: int, headers: Mapping[str, str], *, keep_alive: bool
@@ -210,7 +213,7 @@ class Connection:
 
     async def send_chunk(self, data: bytes) -> None:
         if data:
-            await self.send(b"%x\r\n%b\r\n" % (len(data), data))
+            await self.send(b"%x\r\n%b\r\n" % (len(data), data), body=len(data))
 
     async def end_chunked(self) -> None:
         await self.send(b"0\r\n\r\n")

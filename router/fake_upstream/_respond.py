@@ -77,6 +77,7 @@ async def send_json(
 async def respond(ex: Exchange) -> None:
     """Answer the request as `ex.behavior` says."""
     behavior, conn = ex.behavior, ex.conn
+    conn.body_sent = 0
     if behavior.latency_ms and await conn.wait_client_gone(behavior.latency_ms / 1000):
         ex.on_client_gone()
         await conn.close()
@@ -128,15 +129,15 @@ async def _buffered(ex: Exchange, reply: Reply) -> None:
         await conn.close()
     elif kind in _CUTTING:
         # Headers and half the promised body, then silence or a close.
-        await conn.send(head + data[: len(data) // 2])
+        await conn.send(head + data[: len(data) // 2], body=len(data) // 2)
         await (_stall(ex) if kind is Kind.STALL else conn.close())
     elif kind is Kind.SPLIT_UTF8:
         await conn.send(head)
         for piece in split_awkwardly(data):
-            await conn.send(piece)
+            await conn.send(piece, body=len(piece))
             await asyncio.sleep(ex.behavior.split_delay_ms / 1000)
     else:
-        await conn.send(head + data)
+        await conn.send(head + data, body=len(data))
     if not keep_alive:
         await conn.close()
 

@@ -123,6 +123,7 @@ class FakeUpstream(Served):
         self._hits = 0
         self._hits_by_path: Counter[str] = Counter()
         self._requests: list[RecordedRequest] = []
+        self._body_sent: dict[str, int] = {}
         self._connections = 0
         self._client_gone = 0
         self._sequence = 0
@@ -175,6 +176,7 @@ class FakeUpstream(Served):
             self._hits = self._connections = self._client_gone = self._sequence = 0
             self._hits_by_path.clear()
             self._requests.clear()
+            self._body_sent.clear()
             self._notify()
 
     def _next_behavior(self) -> Behavior:
@@ -213,6 +215,12 @@ class FakeUpstream(Served):
     def requests(self) -> list[RecordedRequest]:
         with self._lock:
             return list(self._requests)
+
+    def body_sent(self, request_id: str) -> int | None:
+        """The body bytes written in answer to a request (its id is the fake's request id
+        header), once the answer is over; None before."""
+        with self._lock:
+            return self._body_sent.get(request_id)
 
     @property
     def connections(self) -> int:
@@ -470,4 +478,9 @@ class FakeUpstream(Served):
             on_client_gone=self._count_client_gone,
             partial=partial.text if partial else None,
         )
-        await respond(exchange)
+        try:
+            await respond(exchange)
+        finally:
+            with self._lock:
+                self._body_sent[request_id] = conn.body_sent
+                self._notify()

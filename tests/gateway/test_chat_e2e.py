@@ -352,3 +352,44 @@ async def test_anthropic_endpoint_buffered_and_streamed(database_url):
         chunks = [chunk async for chunk in stream]
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         assert chunks[-1].usage is not None
+
+
+async def _body_sent(gw: Any, endpoint: str, finished: dict[str, Any]) -> int:
+    """What the fake wrote as the body of the answer an attempt read."""
+    fake, request_id = gw.upstreams[endpoint], finished["upstream_request_id"]
+    await fake.wait_for_async(lambda f: f.body_sent(request_id) is not None)
+    sent = fake.body_sent(request_id)
+    assert sent is not None and sent > 0
+    return int(sent)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "streamed"])
+async def test_every_attempt_records_the_bytes_of_the_upstreams_body(database_url, stream):
+    # east answers 500 with an error body, west answers in full: each attempt records the
+    # body it read, byte for byte as the fake wrote it (a stream's body de-chunked).
+    async with running_gateway(
+        database_url, ["east", "west"], [Route("east", tier=0), Route("west", tier=1)]
+    ) as gw:
+        gw.upstreams["east"].set_plan([Behavior.server_error()])
+        body = {"model": "chat", "messages": MESSAGES, "stream": stream}
+        async with gw.http() as http:
+            response = await http.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200
+        events = await gw.events(response.headers["x-request-id"])
+        failed, succeeded = (e.data for e in events if e.type == "AttemptFinished")
+        assert failed["status"] == "failed" and succeeded["status"] == "succeeded"
+        assert failed["response_bytes"] == await _body_sent(gw, "east", failed)
+        assert succeeded["response_bytes"] == await _body_sent(gw, "west", succeeded)
+
+
+async def test_a_broken_stream_records_the_bytes_it_read_before_the_break(database_url):
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
+        gw.upstreams["east"].set_plan([Behavior.mid_stream_disconnect(after_content=3)])
+        body = {"model": "chat", "messages": MESSAGES, "stream": True}
+        async with gw.http() as http:
+            response = await http.post("/v1/chat/completions", json=body)
+        events = await gw.events(response.headers["x-request-id"])
+        finished = next(e.data for e in events if e.type == "AttemptFinished")
+        assert finished["status"] == "failed" and finished["stream_committed"] is True
+        # A close after the last write: every byte written arrived before the end.
+        assert finished["response_bytes"] == await _body_sent(gw, "east", finished)

@@ -63,6 +63,9 @@ def test_attempt_spans_carry_the_genai_and_waybill_attributes():
     assert a[sc.WAYBILL_RESERVED_USD] == "0.0030"
     assert a[sc.WAYBILL_HELD_UNKNOWN_USD] == "0.0030"
     assert a[sc.HTTP_RESPONSE_STATUS_CODE] == 502
+    assert (a[sc.WAYBILL_ATTEMPT_KIND], a[sc.WAYBILL_ATTEMPT_ADMITTED_AS]) == ("call", "closed")
+    assert a[sc.WAYBILL_ATTEMPT_RESPONSE_BYTES] == 87
+    assert sc.WAYBILL_ATTEMPT_TIME_TO_FIRST_CHUNK_MS not in a
     assert first.error == "upstream_unavailable"
 
     b = second.attributes
@@ -74,6 +77,9 @@ def test_attempt_spans_carry_the_genai_and_waybill_attributes():
     assert b[sc.WAYBILL_EVIDENCE] == "started"
     assert b[sc.WAYBILL_SETTLED_USD] == "0.000072"  # settled in the terminal's commit
     assert b[sc.WAYBILL_ATTEMPT_CAUSE] == "failover"
+    assert b[sc.WAYBILL_ATTEMPT_ADMITTED_AS] == "probe:endpoint"
+    assert b[sc.WAYBILL_ATTEMPT_TIME_TO_FIRST_CHUNK_MS] == 95
+    assert b[sc.WAYBILL_ATTEMPT_RESPONSE_BYTES] == 1024
     assert sc.ERROR_TYPE not in b and second.error is None
 
 

@@ -115,6 +115,7 @@ def started(
         weight=3 if endpoint == "east" else 1,
         server_address=f"{endpoint}.example.test",
         server_port=443,
+        admitted_as="closed" if n == 1 else "probe:endpoint",
     )
 
 
@@ -159,6 +160,7 @@ def failover_trail(request_id: str = "r_failover") -> list[RecordedEvent]:
                         http_status=502,
                         error_code="server_error",
                         duration_ms=120,
+                        response_bytes=87,
                     ),
                     ev.UnknownUsageOpened(
                         settlement_id=f"{first}-s",
@@ -208,6 +210,8 @@ def failover_trail(request_id: str = "r_failover") -> list[RecordedEvent]:
                         response_model="claude-3-5-20241022",
                         finish_reason="stop",
                         duration_ms=380,
+                        time_to_first_chunk_ms=95,
+                        response_bytes=1024,
                     ),
                     ev.RequestCompleted(
                         request_id=request_id,
