@@ -255,6 +255,12 @@ _ROLLING_KEYS = (
     "slow_call_ms",
     "slow_call_rate",
 )
+_POLICY_KEYS: dict[str, tuple[str, ...]] = {
+    "consecutive": ("failure_threshold",),
+    "rolling": _ROLLING_KEYS,
+}
+"""The keys that mean something under one policy alone (the cool-downs serve both)."""
+_OTHER_WINDOW = {"window_calls": "window_ms", "window_ms": "window_calls"}
 
 
 class Breaker(_Frozen):
@@ -433,6 +439,10 @@ class Endpoint(_Frozen):
     admin_api_key: SecretStr | None = None
     # Where the admin API is, in base_url's form for the driver (default: base_url).
     admin_base_url: StrictStr | None = None
+    # Its breakers' settings (its own and its mappings'), when it has a `breaker:` block:
+    # `Config` lays the block's keys over `defaults.breaker` before this is validated (see
+    # Config._breakers_over_defaults). None: `defaults.breaker` as it is.
+    breaker: Breaker | None = None
 
     @field_validator("api_key", "admin_api_key", mode="before")
     @classmethod
@@ -817,7 +827,8 @@ class Config(_Frozen):
         rules and with paths under `models[i].policy`. `defaults` come validated (fields are
         validated in order); when they are invalid (reported at `defaults.*`) the built-in
         ones stand in. A group's `breaker` is refused by _reference_errors: breakers belong to
-        endpoints and mappings, which groups share."""
+        endpoints and mappings, which groups share (an endpoint's is laid over defaults by
+        _breakers_over_defaults)."""
         if not isinstance(value, list):
             return value
         defaults = info.data.get("defaults")
@@ -835,6 +846,26 @@ class Config(_Frozen):
                 group = {**group, "policy": _laid_over(base, own)}
             groups.append(group)
         return groups
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _breakers_over_defaults(cls, value: object, info: ValidationInfo) -> object:
+        """Each endpoint's `breaker:` block laid over `defaults.breaker` (:func:`_breaker_over`),
+        validated as a whole `Breaker` by the same rules and with paths under
+        `endpoints[i].breaker`. As for group policies, invalid `defaults` (reported at
+        `defaults.*`) leave the built-in ones to stand in."""
+        if not isinstance(value, list):
+            return value
+        defaults = info.data.get("defaults")
+        if not isinstance(defaults, Defaults):
+            defaults = Defaults()
+        endpoints = []
+        for endpoint in value:
+            own = endpoint.get("breaker") if isinstance(endpoint, dict) else None
+            if isinstance(own, dict):
+                endpoint = {**endpoint, "breaker": _breaker_over(defaults.breaker, own)}
+            endpoints.append(endpoint)
+        return endpoints
 
     # Lookups are computed once: the request path never scans lists. Cached properties, not
     # private attributes: reading one of those goes through pydantic's __getattr__, which
@@ -866,6 +897,11 @@ class Config(_Frozen):
         group = self._model_groups[group_name]
         return self.defaults if group.policy is None else group.policy
 
+    def endpoint_breakers(self) -> dict[str, Breaker]:
+        """The breaker settings of each endpoint that has its own, by id; every other
+        endpoint's breakers, and its mappings', run by `defaults.breaker`."""
+        return {e.id: e.breaker for e in self.endpoints if e.breaker is not None}
+
     def redacted_summary(self) -> dict[str, Any]:
         """What a `ConfigActivated` event records: JSON-able, deterministic, no secrets,
         no URL paths or queries (only the host), money as decimal strings."""
@@ -873,31 +909,7 @@ class Config(_Frozen):
             "generation": self.generation,
             "defaults": _policy_summary(self.defaults),
             "limits": self.limits.model_dump(mode="json"),
-            "endpoints": [
-                {
-                    "id": e.id,
-                    "driver": e.driver,
-                    "base_url_host": e.base_url_host,
-                    "region": e.region,
-                    "data_classes": sorted(e.data_classes, key=data_class_rank),
-                    "trust_not_started": e.trust_not_started,
-                    "enabled": e.enabled,
-                    "max_response_bytes": e.max_response_bytes,
-                    "has_api_key": e.api_key is not None,
-                    "proxy": _proxy_summary(e.proxy),
-                    "provider_identity": {
-                        k: v
-                        for k, v in (
-                            ("project_id", e.provider_project_id),
-                            ("api_key_id", e.provider_api_key_id),
-                            ("workspace_id", e.provider_workspace_id),
-                        )
-                        if v is not None
-                    },
-                    "has_admin_api_key": e.admin_api_key is not None,
-                }
-                for e in self.endpoints
-            ],
+            "endpoints": [_endpoint_summary(e) for e in self.endpoints],
             "models": [_group_summary(g) for g in self.models],
             "workspaces": [
                 {
@@ -914,6 +926,35 @@ class Config(_Frozen):
         if self.checkpoints is not None:  # absent, it leaves earlier summaries as they were
             summary["checkpoints"] = self.checkpoints.summary()
         return summary
+
+
+def _endpoint_summary(e: Endpoint) -> dict[str, Any]:
+    summary: dict[str, Any] = {
+        "id": e.id,
+        "driver": e.driver,
+        "base_url_host": e.base_url_host,
+        "region": e.region,
+        "data_classes": sorted(e.data_classes, key=data_class_rank),
+        "trust_not_started": e.trust_not_started,
+        "enabled": e.enabled,
+        "max_response_bytes": e.max_response_bytes,
+        "has_api_key": e.api_key is not None,
+        "proxy": _proxy_summary(e.proxy),
+        "provider_identity": {
+            k: v
+            for k, v in (
+                ("project_id", e.provider_project_id),
+                ("api_key_id", e.provider_api_key_id),
+                ("workspace_id", e.provider_workspace_id),
+            )
+            if v is not None
+        },
+        "has_admin_api_key": e.admin_api_key is not None,
+    }
+    if e.breaker is not None:  # absent, it leaves earlier summaries as they were
+        # The effective settings, defaults' keys included: what the endpoint's breakers run by.
+        summary["breaker"] = e.breaker.summary()
+    return summary
 
 
 def _group_summary(g: ModelGroup) -> dict[str, Any]:
@@ -968,6 +1009,22 @@ def _laid_over(base: cabc.Mapping[str, Any], over: cabc.Mapping[str, Any]) -> di
             value = _laid_over(below, value)
         merged[key] = value
     return merged
+
+
+def _breaker_over(defaults: Breaker, own: cabc.Mapping[str, Any]) -> dict[str, Any]:
+    """An endpoint's `breaker:` block laid over the keys `defaults.breaker` was given: a key
+    the block leaves out keeps the value defaults give it, and a key neither gives stays
+    unset, so each policy's refusal of the other's keys judges what was written. What the
+    block replaces is dropped first: defaults' keys of their own policy when the block names
+    another, and defaults' window when the block gives one of the other kind."""
+    base = defaults.model_dump(exclude_unset=True)
+    if own.get("policy", defaults.policy) != defaults.policy:
+        for key in _POLICY_KEYS[defaults.policy]:
+            base.pop(key, None)
+    for key, other in _OTHER_WINDOW.items():
+        if key in own:
+            base.pop(other, None)
+    return _laid_over(base, own)
 
 
 def _proxy_summary(proxy: Proxy | None) -> dict[str, Any] | None:
@@ -1193,7 +1250,7 @@ def _reference_errors(data: dict[str, Any]) -> list[tuple[str, str]]:
                 (
                     f"models[{i}].policy.breaker",
                     "breakers belong to endpoints and mappings, which model groups share: "
-                    "set breaker under defaults",
+                    "set breaker under defaults or on an endpoint",
                 )
             )
         for j, mapping in _items(group, "mappings"):

@@ -160,6 +160,12 @@ def test_base_config_validates_and_lookups_find_each_object() -> None:
 
 # --- errors: exact path and message ---------------------------------------------------------
 
+
+def _rolling_defaults_and_an_endpoint_threshold(data: dict[str, Any]) -> None:
+    data["defaults"] = {"breaker": {"policy": "rolling"}}
+    _endpoint(data)["breaker"] = {"failure_threshold": 1}
+
+
 ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     (
         "unknown_key",
@@ -412,7 +418,7 @@ ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "group_policy_breaker",
         lambda d: d["models"][0].update(policy={"breaker": {"failure_threshold": 1}}),
         "models[0].policy.breaker: breakers belong to endpoints and mappings, which model groups "
-        "share: set breaker under defaults",
+        "share: set breaker under defaults or on an endpoint",
     ),
     (
         "group_policy_bad_value",
@@ -543,6 +549,38 @@ ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "unknown_priced_dimension",
         lambda d: _mapping(d)["price"].update(video_input={"tokens": 1}),
         "models[0].mappings[0].price.video_input: unknown key",
+    ),
+    (
+        "endpoint_breaker_bad_rate",
+        lambda d: _endpoint(d, 1).update(breaker={"policy": "rolling", "failure_rate": 1.5}),
+        "endpoints[1].breaker.failure_rate: must be > 0 and <= 1",
+    ),
+    (
+        "endpoint_breaker_unknown_key",
+        lambda d: _endpoint(d).update(breaker={"threshold": 1}),
+        "endpoints[0].breaker.threshold: unknown key",
+    ),
+    (
+        "endpoint_breaker_not_a_mapping",
+        lambda d: _endpoint(d).update(breaker=3),
+        "endpoints[0].breaker: must be a mapping",
+    ),
+    (
+        "endpoint_breaker_rolling_key_under_consecutive_defaults",
+        lambda d: _endpoint(d).update(breaker={"window_calls": 10}),
+        "endpoints[0].breaker: window_calls: only with policy: rolling",
+    ),
+    (
+        "endpoint_breaker_failure_threshold_under_rolling_defaults",
+        _rolling_defaults_and_an_endpoint_threshold,
+        "endpoints[0].breaker: failure_threshold counts failures in a row (policy: consecutive); "
+        "policy rolling opens at failure_rate",
+    ),
+    (
+        # Judged merged: the endpoint's base above the max cool-down defaults give it.
+        "endpoint_breaker_base_cooldown_above_the_defaults_max",
+        lambda d: _endpoint(d).update(breaker={"base_cooldown_ms": 60000}),
+        "endpoints[0].breaker: base_cooldown_ms must be <= max_cooldown_ms",
     ),
 ]
 
@@ -1066,6 +1104,95 @@ def test_the_summary_records_a_group_policy_only_when_there_is_one() -> None:
     assert "after_p95" not in summary["defaults"]["hedge"]
     with_p95 = _parse(_mutated(lambda d: d.update(defaults={"hedge": {"after_p95": True}})))
     assert with_p95.redacted_summary()["defaults"]["hedge"]["after_p95"] is True
+
+
+# --- an endpoint's breaker ---------------------------------------------------------------------
+
+
+def _with_breakers(
+    defaults: dict[str, Any] | None, **endpoints: dict[str, Any] | None
+) -> dict[str, Any]:
+    """The base config with ``defaults.breaker`` and a ``breaker:`` block on the endpoints
+    named (``east``: openai-east, ``eu``: anthropic-eu)."""
+    data = _base()
+    if defaults is not None:
+        data["defaults"] = {"breaker": defaults}
+    for name, breaker in endpoints.items():
+        _endpoint(data, ["east", "eu"].index(name))["breaker"] = breaker
+    return data
+
+
+def test_an_endpoint_breaker_merges_over_defaults_key_by_key() -> None:
+    config = _parse(
+        _with_breakers(
+            {"failure_threshold": 3, "base_cooldown_ms": 1000, "max_cooldown_ms": 9000},
+            east={"failure_threshold": 1},
+        )
+    )
+    east, eu = config.endpoints
+    assert east.breaker is not None
+    assert east.breaker.settings() == BreakerSettings(
+        failure_threshold=1, base_cooldown_ms=1000, max_cooldown_ms=9000
+    )
+    assert eu.breaker is None
+    assert config.endpoint_breakers() == {"openai-east": east.breaker}
+    assert config.defaults.breaker.failure_threshold == 3
+
+
+def test_an_endpoint_breaker_of_another_policy_drops_the_defaults_keys_of_theirs() -> None:
+    config = _parse(
+        _with_breakers(
+            {"failure_threshold": 3, "max_cooldown_ms": 9000},
+            east={
+                "policy": "rolling",
+                "window_calls": 20,
+                "minimum_calls": 10,
+                "failure_rate": 0.5,
+            },
+        )
+    )
+    settings = config.endpoint_breakers()["openai-east"].settings()
+    assert (settings.policy, settings.window_calls, settings.minimum_calls) == ("rolling", 20, 10)
+    assert (settings.failure_rate, settings.max_cooldown_ms) == (5000, 9000)
+    # And back: a consecutive endpoint under rolling defaults keeps none of their window.
+    back = _parse(
+        _with_breakers(
+            {"policy": "rolling", "window_ms": 60000, "failure_rate": 0.25},
+            eu={"policy": "consecutive", "failure_threshold": 4},
+        )
+    ).endpoint_breakers()["anthropic-eu"]
+    assert back.settings() == BreakerSettings(failure_threshold=4)
+
+
+def test_an_endpoint_window_replaces_the_defaults_window_of_the_other_kind() -> None:
+    config = _parse(
+        _with_breakers(
+            {"policy": "rolling", "window_ms": 60000, "failure_rate": 0.25},
+            east={"window_calls": 10},
+        )
+    )
+    settings = config.endpoint_breakers()["openai-east"].settings()
+    assert (settings.window_calls, settings.window_ms) == (10, None)
+    assert (settings.policy, settings.failure_rate) == ("rolling", 2500)
+
+
+def test_invalid_breaker_defaults_are_reported_once_not_again_under_each_endpoint() -> None:
+    data = _with_breakers({"failure_threshold": 0}, east={"base_cooldown_ms": 100})
+    assert _errors(data) == ["defaults.breaker.failure_threshold: must be > 0"]
+
+
+def test_the_summary_records_an_endpoint_breaker_in_effect_only_when_it_has_one() -> None:
+    summary = _parse(
+        _with_breakers({"max_cooldown_ms": 9000}, east={"failure_threshold": 1})
+    ).redacted_summary()
+    east, eu = summary["endpoints"]
+    assert east["breaker"] == {
+        "failure_threshold": 1,
+        "base_cooldown_ms": 5000,
+        "max_cooldown_ms": 9000,
+    }
+    assert "breaker" not in eu
+    assert "breaker" not in _parse(_base()).redacted_summary()["endpoints"][0]
 
 
 # --- a mapping's resume ----------------------------------------------------------------------
