@@ -60,7 +60,7 @@ from ledger.views import all_projections
 from otel.metrics import PROMETHEUS_CONTENT_TYPE
 from otel.telemetry import Telemetry
 from router import openapi as api_doc
-from router.breakers import breaker_board
+from router.breakers import BreakerBoard, breaker_board
 from router.chat import MAX_BODY_BYTES, parse_body, read_headers
 from router.config import Checkpoints, Config, ConfigError, load_config
 from router.console import Identify, console_router, secret_from
@@ -309,7 +309,7 @@ def create_app(settings: AppSettings) -> FastAPI:
         # Traces and metrics (contract §8), in the background, never on the request path.
         telemetry = Telemetry.from_env(store)
         app.state.telemetry = telemetry
-        breakers = breaker_board(config.defaults.breaker, config.generation, settings.redis_url)
+        breakers = _breakers(config, settings)
         owner = incarnation_owner(settings.instance_id or new_id("gw"), new_id("inc"))
         latency = latency_board(config.generation, settings.redis_url)
         slots = endpoint_slots(settings.redis_url)  # one for the app: every generation's
@@ -849,6 +849,17 @@ def _checkpointing(
     )
 
 
+def _breakers(config: Config, settings: AppSettings) -> BreakerBoard:
+    """The breakers of ``config``'s generation, each endpoint's run by its own settings or
+    by ``defaults.breaker``: a reload builds them afresh, so new settings hold at once."""
+    return breaker_board(
+        config.defaults.breaker,
+        config.generation,
+        settings.redis_url,
+        endpoints=config.endpoint_breakers(),
+    )
+
+
 def _serving_config(app: FastAPI, settings: AppSettings) -> Config:
     """The config new requests follow: the gateway's, once it runs; else the settings'."""
     gateway: Gateway | None = getattr(app.state, "gateway", None)
@@ -865,7 +876,7 @@ async def reload_config(app: FastAPI) -> tuple[str, str]:
     config = await asyncio.to_thread(load_config, settings.config_path)
     old: Gateway = app.state.gateway
     store: EventStore = app.state.store
-    breakers = breaker_board(config.defaults.breaker, config.generation, settings.redis_url)
+    breakers = _breakers(config, settings)
     latency = latency_board(config.generation, settings.redis_url)
     app.state.gateway = Gateway(
         config,

@@ -9,7 +9,9 @@ board holds every breaker of one config generation and applies them atomically:
 - :class:`RedisBreakers` keeps them in Redis, shared by every gateway process, and runs the
   same functions written in Lua, one script per operation.
 
-State lives under the config generation, so a new generation starts with every breaker closed.
+Each endpoint's breakers (its own and its mappings') run by the endpoint's settings when the
+config gives it some (``endpoints[].breaker``), else by ``defaults.breaker``. State lives under
+the config generation, so a new generation starts with every breaker closed.
 Every operation returns the :class:`Transition` objects it caused; the routing core records
 each one as a ``BreakerTransitioned`` ledger event.
 """
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeVar, cast
 from urllib.parse import urlsplit
@@ -52,6 +54,7 @@ __all__ = [
     "BreakerState",
     "BreakerStoreUnavailable",
     "BreakerView",
+    "EndpointSettings",
     "InProcessBreakers",
     "RedisBreakers",
     "Scope",
@@ -70,11 +73,13 @@ _REDIS_TIMEOUT_S: Final = 2.0
 
 @dataclass(frozen=True)
 class BreakerKey:
-    """Which breaker: an endpoint (``target`` = endpoint id) or a mapping
-    (``target`` = ``"endpoint_id/upstream_model"``), as in ``BreakerTransitioned``."""
+    """Which breaker: an endpoint's, or a mapping's (an endpoint and an upstream model). The
+    two are kept apart, not joined in ``target``, so that a mapping's breaker finds its
+    endpoint's settings even when a name holds a ``/``."""
 
     scope: Scope
-    target: str
+    endpoint_id: str
+    upstream_model: str | None = None  # mapping scope
 
     @staticmethod
     def endpoint(endpoint_id: str) -> BreakerKey:
@@ -82,7 +87,15 @@ class BreakerKey:
 
     @staticmethod
     def mapping(endpoint_id: str, upstream_model: str) -> BreakerKey:
-        return BreakerKey("mapping", f"{endpoint_id}/{upstream_model}")
+        return BreakerKey("mapping", endpoint_id, upstream_model)
+
+    @property
+    def target(self) -> str:
+        """As ``BreakerTransitioned`` names it: the endpoint id, or
+        ``"endpoint_id/upstream_model"``."""
+        if self.upstream_model is None:
+            return self.endpoint_id
+        return f"{self.endpoint_id}/{self.upstream_model}"
 
 
 @dataclass(frozen=True)
@@ -154,6 +167,12 @@ class BreakerBoard(ABC):
 
     generation: str
     settings: BreakerSettings
+    """``defaults.breaker``'s: what every endpoint without settings of its own runs by."""
+    _by_endpoint: Mapping[str, BreakerSettings]
+
+    def settings_for(self, key: BreakerKey) -> BreakerSettings:
+        """The settings ``key``'s breaker runs by: its endpoint's own, else the defaults'."""
+        return self._by_endpoint.get(key.endpoint_id, self.settings)
 
     @abstractmethod
     async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
@@ -217,6 +236,14 @@ def _settings(settings: Breaker | BreakerSettings) -> BreakerSettings:
     return settings.settings() if isinstance(settings, Breaker) else settings
 
 
+EndpointSettings = Mapping[str, Breaker | BreakerSettings]
+"""The settings of the endpoints that have their own (``Config.endpoint_breakers``), by id."""
+
+
+def _by_endpoint(endpoints: EndpointSettings | None) -> dict[str, BreakerSettings]:
+    return {endpoint: _settings(s) for endpoint, s in (endpoints or {}).items()}
+
+
 # --- in process -----------------------------------------------------------------------------
 
 
@@ -232,11 +259,13 @@ class InProcessBreakers(BreakerBoard):
         settings: Breaker | BreakerSettings,
         generation: str,
         *,
+        endpoints: EndpointSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
         probe_lease_ms: int = _DEFAULT_PROBE_LEASE_MS,
     ) -> None:
         self.generation = generation
         self.settings = _settings(settings)
+        self._by_endpoint = _by_endpoint(endpoints)
         self._clock = clock
         self._probe_lease_ms = probe_lease_ms
         self._records: dict[BreakerKey, Record] = {}
@@ -262,14 +291,15 @@ class InProcessBreakers(BreakerBoard):
 
     async def hear(self, key: BreakerKey, call: Call) -> list[Transition]:
         record = self._records.get(key, policy.CLOSED)
-        record, step = policy.hear(record, call, self.settings, self._now())
+        record, step = policy.hear(record, call, self.settings_for(key), self._now())
         self._put(key, record)
         return _transition(key, step, call)
 
     async def inspect(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, BreakerView]:
         now = self._now()
         return {
-            key: _view(self._records.get(key, policy.CLOSED), self.settings, now) for key in keys
+            key: _view(self._records.get(key, policy.CLOSED), self.settings_for(key), now)
+            for key in keys
         }
 
     async def state(self, key: BreakerKey) -> BreakerState:
@@ -561,13 +591,17 @@ class RedisBreakers(BreakerBoard):
         settings: Breaker | BreakerSettings,
         generation: str,
         *,
+        endpoints: EndpointSettings | None = None,
         probe_lease_ms: int = _DEFAULT_PROBE_LEASE_MS,
         prefix: str = "waybill:breaker",
         clock: Callable[[], float] | None = None,
     ) -> None:
         self.generation = generation
         self.settings = _settings(settings)
+        self._by_endpoint = _by_endpoint(endpoints)
+        # The script is given the settings on every call, each breaker its endpoint's.
         self._hear_args = _hear_args(self.settings)
+        self._endpoint_hear_args = {e: _hear_args(s) for e, s in self._by_endpoint.items()}
         self._probe_lease_ms = probe_lease_ms
         self._clock = clock
         self._namespace = f"{prefix}:{generation}"
@@ -625,10 +659,10 @@ class RedisBreakers(BreakerBoard):
             [
                 self._now(),
                 int(call.failed),
-                int(is_slow(self.settings, call.duration_ms)),
+                int(is_slow(self.settings_for(key), call.duration_ms)),
                 int(call.opens_at_once),
                 -1 if retry_after is None else retry_after,
-                *self._hear_args,
+                *self._endpoint_hear_args.get(key.endpoint_id, self._hear_args),
             ],
         )
         if before == after:
@@ -648,7 +682,7 @@ class RedisBreakers(BreakerBoard):
             return {}
         now, *rows = await self._script(self._inspect, [self._key(k) for k in keys], [self._now()])
         return {
-            key: _view(_record(row), self.settings, int(now))
+            key: _view(_record(row), self.settings_for(key), int(now))
             for key, row in zip(keys, rows, strict=True)
         }
 
@@ -665,8 +699,8 @@ def breaker_board(
 ) -> BreakerBoard:
     """The board contract §5 asks for: shared through Redis when a URL is set, else in-process.
 
-    ``kw`` goes to the chosen class (``probe_lease_ms``; ``prefix`` for Redis, ``clock`` for
-    either).
+    ``kw`` goes to the chosen class (``endpoints``, ``probe_lease_ms``; ``prefix`` for Redis,
+    ``clock`` for either).
     """
     if redis_url:
         return RedisBreakers(redis_url, settings, generation, **kw)

@@ -389,7 +389,7 @@ class Gateway:
                 cooldown_ms=t.cooldown_ms,
                 config_generation=self.config.generation,
                 request_id=request_id,
-                policy=self.breakers.settings.policy,
+                policy=self.breakers.settings_for(t.key).policy,
                 reason=t.reason,
                 duration_ms=t.duration_ms,
                 **_window_figures(t.figures),

@@ -14,10 +14,12 @@ import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable
+from decimal import Decimal
 
 import pytest
 import redis.asyncio as aioredis
 
+from router.breaker_policy import Figures
 from router.breakers import (
     Admission,
     BreakerBoard,
@@ -55,9 +57,14 @@ class Store(ABC):
         self._boards: list[BreakerBoard] = []
 
     def board(
-        self, settings: Breaker = FAST, *, generation: str = "gen-1", probe_lease_ms: int = 60_000
+        self,
+        settings: Breaker = FAST,
+        *,
+        generation: str = "gen-1",
+        probe_lease_ms: int = 60_000,
+        endpoints: dict[str, Breaker] | None = None,
     ) -> BreakerBoard:
-        board = self._make(settings, generation, probe_lease_ms)
+        board = self._make(settings, generation, probe_lease_ms, endpoints)
         self._boards.append(board)
         return board
 
@@ -69,7 +76,13 @@ class Store(ABC):
         return [self.board(settings) for _ in range(n)]
 
     @abstractmethod
-    def _make(self, settings: Breaker, generation: str, probe_lease_ms: int) -> BreakerBoard: ...
+    def _make(
+        self,
+        settings: Breaker,
+        generation: str,
+        probe_lease_ms: int,
+        endpoints: dict[str, Breaker] | None,
+    ) -> BreakerBoard: ...
 
     @abstractmethod
     def now_ms(self) -> float: ...
@@ -100,9 +113,19 @@ class InProcessStore(Store):
         super().__init__()
         self.clock = FakeClock()
 
-    def _make(self, settings: Breaker, generation: str, probe_lease_ms: int) -> BreakerBoard:
+    def _make(
+        self,
+        settings: Breaker,
+        generation: str,
+        probe_lease_ms: int,
+        endpoints: dict[str, Breaker] | None,
+    ) -> BreakerBoard:
         return InProcessBreakers(
-            settings, generation, clock=self.clock, probe_lease_ms=probe_lease_ms
+            settings,
+            generation,
+            endpoints=endpoints,
+            clock=self.clock,
+            probe_lease_ms=probe_lease_ms,
         )
 
     def now_ms(self) -> float:
@@ -123,9 +146,20 @@ class RedisStore(Store):
         super().__init__()
         self.prefix = prefix
 
-    def _make(self, settings: Breaker, generation: str, probe_lease_ms: int) -> BreakerBoard:
+    def _make(
+        self,
+        settings: Breaker,
+        generation: str,
+        probe_lease_ms: int,
+        endpoints: dict[str, Breaker] | None,
+    ) -> BreakerBoard:
         return RedisBreakers(
-            REDIS_URL, settings, generation, probe_lease_ms=probe_lease_ms, prefix=self.prefix
+            REDIS_URL,
+            settings,
+            generation,
+            endpoints=endpoints,
+            probe_lease_ms=probe_lease_ms,
+            prefix=self.prefix,
         )
 
     def now_ms(self) -> float:
@@ -241,7 +275,7 @@ async def test_a_failure_that_opens_at_once_trips_on_the_first_failure(store: St
 async def test_endpoint_and_mapping_breakers_are_separate(store: Store):
     board = store.board(SLOW)
     mapping = BreakerKey.mapping("ep-a", "gpt-4o")
-    assert mapping == BreakerKey("mapping", "ep-a/gpt-4o")
+    assert (mapping.scope, mapping.target) == ("mapping", "ep-a/gpt-4o")
     await _fail(board, "model_unavailable", key=mapping, at_once=True)
     assert await board.blocked([mapping, EP]) == {mapping: True, EP: False}
     assert await board.admit(EP) == (Admission.ALLOWED, [])
@@ -361,6 +395,64 @@ async def test_a_probe_whose_holder_never_reports_expires_after_its_lease(store:
     ]
 
 
+# --- an endpoint's own settings -------------------------------------------------------------
+
+
+async def test_an_endpoint_with_its_own_threshold_opens_at_it_and_another_at_the_defaults(
+    store: Store,
+):
+    flaky = Breaker(failure_threshold=1, base_cooldown_ms=60_000, max_cooldown_ms=120_000)
+    board = store.board(SLOW, endpoints={"flaky": flaky})
+    own, own_mapping = BreakerKey.endpoint("flaky"), BreakerKey.mapping("flaky", "org/model")
+    steady = BreakerKey.endpoint("steady")
+
+    def opened(key: BreakerKey) -> list[Transition]:
+        failures = 1 if key.endpoint_id == "flaky" else 3
+        return [
+            Transition(key, "closed", "open", UNAVAILABLE, failures, 60_000, "failure_threshold")
+        ]
+
+    # The endpoint's settings hold for its mappings' breakers too.
+    assert await _fail(board, key=own) == opened(own)
+    assert await _fail(board, key=own_mapping) == opened(own_mapping)
+    assert await _fail(board, key=steady) == []
+    assert await _fail(board, key=steady) == []
+    assert await board.blocked([own, own_mapping, steady]) == {
+        own: True,
+        own_mapping: True,
+        steady: False,
+    }
+    assert await _fail(board, key=steady) == opened(steady)
+    assert board.settings_for(own_mapping).failure_threshold == 1
+    assert board.settings_for(steady).failure_threshold == 3
+
+
+async def test_an_endpoint_may_run_a_rolling_policy_beside_consecutive_defaults(store: Store):
+    rolling = Breaker(
+        policy="rolling",
+        window_calls=4,
+        minimum_calls=2,
+        failure_rate=Decimal("0.5"),
+        base_cooldown_ms=60_000,
+        max_cooldown_ms=120_000,
+    )
+    board = store.board(SLOW, endpoints={"cheap": rolling})
+    cheap = BreakerKey.endpoint("cheap")
+    for key in (cheap, EP):
+        assert await board.record_success(key) == []
+    # One failed of two reaches the cheap endpoint's failure_rate; the defaults count one
+    # failure in a row of three.
+    assert await _fail(board, key=cheap) == [
+        Transition(
+            cheap, "closed", "open", UNAVAILABLE, 1, 60_000, "failure_rate", Figures(2, 1, 0)
+        )
+    ]
+    assert await _fail(board) == []
+    views = await board.inspect([cheap, EP])
+    assert (views[cheap].state, views[EP].state) == ("open", "closed")
+    assert (views[EP].consecutive_failures, views[EP].figures) == (1, None)
+
+
 # --- reading many breakers, generations -----------------------------------------------------
 
 
@@ -456,12 +548,16 @@ async def test_unreachable_redis_raises_breaker_store_unavailable_without_the_pa
 
 
 async def test_breaker_board_uses_redis_only_when_a_url_is_given():
-    in_process = breaker_board(SLOW, "gen-1", None, probe_lease_ms=10)
-    shared = breaker_board(SLOW, "gen-1", REDIS_URL, prefix="waybill-test:unused")
+    own = {"ep-b": FAST}
+    in_process = breaker_board(SLOW, "gen-1", None, endpoints=own, probe_lease_ms=10)
+    shared = breaker_board(SLOW, "gen-1", REDIS_URL, endpoints=own, prefix="waybill-test:unused")
     try:
         assert type(in_process) is InProcessBreakers
         assert type(shared) is RedisBreakers
         assert in_process.generation == shared.generation == "gen-1"
+        for board in (in_process, shared):
+            assert board.settings_for(BreakerKey.mapping("ep-b", "m")) == FAST.settings()
+            assert board.settings_for(EP) == SLOW.settings()
     finally:
         await in_process.aclose()
         await shared.aclose()
