@@ -1,5 +1,6 @@
 """Config reload: new requests follow the new generation, attempts in flight stay bound to
-the endpoint they were given, breakers start afresh, a bad file changes nothing."""
+the endpoint they were given, breakers start afresh by the new settings, a bad file changes
+nothing."""
 
 from __future__ import annotations
 
@@ -81,6 +82,40 @@ async def test_a_new_generation_resets_the_breakers(sqlite_url: str, tmp_path: P
                 assert (await admin_http.post("/v1/admin/config/reload")).status_code == 200
             fresh = await http.post("/v1/chat/completions", json=BODY)
             assert fresh.headers["x-waybill-endpoint"] == "east"
+
+
+async def test_a_reload_that_gives_an_endpoint_breaker_settings_holds_for_new_requests(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    config_file = tmp_path / "waybill.yaml"
+    routes = [Route("east", tier=0), Route("west", tier=1)]
+    async with running_gateway(sqlite_url, ["east", "west"], routes, config_file=config_file) as gw:
+        admin = await apikeys.create_key(gw.store, "acme", "admin")
+        east = gw.upstreams["east"]
+        east.set_default(Behavior.server_error())
+        config_file.write_text(
+            config_text(
+                gw.upstreams, routes, endpoint_extra={"east": "    breaker: {failure_threshold: 1}"}
+            ).replace("generation: test-1", "generation: test-2")
+        )
+        async with httpx.AsyncClient(
+            base_url=gw.url, headers={"Authorization": f"Bearer {admin.secret}"}
+        ) as admin_http:
+            assert (await admin_http.post("/v1/admin/config/reload")).status_code == 200
+        async with gw.http() as http:
+            served = [
+                (await http.post("/v1/chat/completions", json=BODY)).headers["x-waybill-endpoint"]
+                for _ in range(2)
+            ]
+        # One failure opens east now (the defaults' threshold is 2): the second request
+        # goes straight to west.
+        assert served == ["west", "west"] and east.hits == 1
+        activated = (await gw.store.read_stream("config"))[-1].data
+        assert activated["summary"]["endpoints"][0]["breaker"] == {
+            "failure_threshold": 1,
+            "base_cooldown_ms": 5000,
+            "max_cooldown_ms": 30000,
+        }
 
 
 async def test_a_bad_config_file_is_refused_and_the_old_one_keeps_serving(
