@@ -298,9 +298,20 @@ def _process_cpu_s(pid: int | str) -> float:
 
 
 def _tree_cpu_s(pid: int) -> float:
-    """CPU seconds of ``pid`` and of the processes it started, running or ended (``waybill
-    serve`` on PostgreSQL runs its read models in a child, ``ledger.follow``)."""
-    total = 0.0
+    """CPU seconds of ``pid`` and of every process under it, running or ended (``waybill
+    serve`` on PostgreSQL runs its read models in a child, ``ledger.follow``; with
+    ``--workers`` the workers are its children and the read models a worker's)."""
+    return sum(
+        # utime + stime, and cutime + cstime: its children that ended and were reaped
+        sum(int(v) for v in fields[11:15]) / _CLK_TCK
+        for fields in process_tree(pid).values()
+    )
+
+
+def process_tree(pid: int) -> dict[int, list[str]]:
+    """``pid`` and the processes under it, each with the fields of its ``/proc/PID/stat``
+    from the third on (``fields[0]`` is field 3, the state)."""
+    stats: dict[int, list[str]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -308,11 +319,18 @@ def _tree_cpu_s(pid: int) -> float:
             stat = (entry / "stat").read_text()
         except OSError:  # the process ended while we looked
             continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if entry.name == str(pid) or fields[1] == str(pid):  # itself, or its child
-            # utime + stime, and cutime + cstime: its children that ended and were reaped
-            total += sum(int(v) for v in fields[11:15]) / _CLK_TCK
-    return total
+        stats[int(entry.name)] = stat[stat.rfind(")") + 2 :].split()
+    children: dict[int, list[int]] = {}
+    for other, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(other)
+    tree: dict[int, list[str]] = {}
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        if current in stats:
+            tree[current] = stats[current]
+            todo += children.get(current, [])
+    return tree
 
 
 class _BackendCpu:
@@ -620,7 +638,9 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
         api_key = asyncio.run(_create_key(database_url))
         fake, fake_url = _start_fake(tmp)
         try:
-            gateway, gateway_url = _start_gateway(tmp, database_url, fake_url)
+            gateway, gateway_url = _start_gateway(
+                tmp, database_url, fake_url, serve_args=["--workers", str(args.workers)]
+            )
         except BaseException:
             fake.stop()
             raise
@@ -663,6 +683,7 @@ def main() -> None:
     parser.add_argument("--plot", default=str(BENCH / "gateway_latency.png"), help="'' for none")
     parser.add_argument("--profile", help="also profile a buffered cell (speedscope JSON)")
     parser.add_argument("--profile-concurrency", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=1, help="the gateway's `--workers`")
     parser.add_argument(
         "--database", default="waybill_gateway_bench", help="PostgreSQL: dropped and recreated"
     )

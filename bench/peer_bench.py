@@ -414,7 +414,9 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
         fake, fake_url = _start_fake(tmp)
         children = [fake]
         try:
-            gateway, gateway_url = _start_gateway(tmp, database_url, fake_url)
+            gateway, gateway_url = _start_gateway(
+                tmp, database_url, fake_url, serve_args=["--workers", str(args.workers)]
+            )
             children.append(gateway)
             peers: dict[str, _Peer] = {}
             if args.portkey:
@@ -551,6 +553,7 @@ def main() -> None:
         "--rounds", type=int, default=3, help="every cell this many times, targets in turn"
     )
     parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--workers", type=int, default=1, help="Waybill's `--workers`")
     parser.add_argument("--modes", default="buffered,streaming")
     parser.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
     parser.set_defaults(backend="postgres")  # _Run reads it: the ledger on PostgreSQL

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -66,6 +67,7 @@ from bench.gateway_bench import (
     _machine_busy_s,
     _outcomes,
     _start_gateway,
+    process_tree,
 )
 from bench.profile_summary import summarize
 from ledger.db import migrate
@@ -86,10 +88,15 @@ def _start_mock(tmp: Path, chunks: int, delay_ms: float) -> tuple[_Child, str]:
 
 
 def _rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
+    """The resident memory of ``pid`` and of the processes under it (a serving process's
+    workers and read-model follower)."""
+    total = 0
+    for each in process_tree(pid):
+        with contextlib.suppress(OSError):  # it ended while we looked
+            for line in Path(f"/proc/{each}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+    return total
 
 
 class _PeakRss:
@@ -246,7 +253,7 @@ class _Bench:
             self.database_url,
             self.mock_url,
             source=source,
-            serve_args=["--max-in-flight", str(capacity)],
+            serve_args=["--max-in-flight", str(capacity), "--workers", str(args.workers)],
         )
         try:
             # A quarter of the load first: what the gateway holds whatever the number of
@@ -255,7 +262,7 @@ class _Bench:
             cell.baseline_streams = max(4, c // 4)
             _load(f"{url}/v1", self.api_key, cell.baseline_streams, 3.0, 0.0, args.chunks)
             gateway.settle()
-            cell.rss_idle_kb = _rss_kb(gateway.pid)
+            cell.rss_idle_kb = _rss_kb(gateway.pid)  # its workers' too, with --workers
             before = asyncio.run(_outcomes(self.database_url))
             database = make_url(self.database_url).database or ""
             spy = self._spy(gateway, c) if args.profile else None
@@ -384,6 +391,7 @@ def main() -> None:
         "--max-in-flight", type=int, default=0, help="the gateway's (0: twice the concurrency)"
     )
     parser.add_argument("--database", default="waybill_streams_bench", help="dropped, recreated")
+    parser.add_argument("--workers", type=int, default=1, help="the gateway's `--workers`")
     parser.add_argument("--source", help="serve the gateway of this checkout (default: this one)")
     parser.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
     parser.add_argument("--profile", help="profile each gateway cell with py-spy into this folder")

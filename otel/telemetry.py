@@ -71,10 +71,11 @@ class Telemetry:
         self._unsubscribe = store.on_commit(self._record)
 
     @classmethod
-    def from_env(cls, store: EventStore) -> Telemetry:
-        """Metrics always (``GET /metrics``); OTLP traces and metrics as ``OTEL_*`` say. A
-        setting Waybill cannot honour is logged and that export stays off: telemetry never
-        keeps the gateway from serving."""
+    def from_env(cls, store: EventStore, *, export_traces: bool = True) -> Telemetry:
+        """Metrics always (``GET /metrics``); OTLP traces and metrics as ``OTEL_*`` say
+        (traces only if ``export_traces``: one process of several exports them). A setting Waybill
+        cannot honour is logged and that export stays off: telemetry never keeps the gateway
+        from serving."""
         resource = resource_from_env()
         try:
             metrics = MetricsPipeline(resource)
@@ -83,7 +84,7 @@ class Telemetry:
             metrics = MetricsPipeline(resource, otlp=False)
         traces = None
         try:
-            exporter = trace_exporter_from_env()
+            exporter = trace_exporter_from_env() if export_traces else None
         except OtelConfigError as error:
             _log.error("trace export is off: %s", error)
             exporter = None

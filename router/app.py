@@ -29,6 +29,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
+import httpx
 import orjson
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -54,9 +55,10 @@ from ledger.recovery import (
     register_instance,
     stop_instance,
 )
-from ledger.store import ANY_VERSION, EventStore, LedgerUnavailable
+from ledger.store import EventStore, LedgerUnavailable, WrongExpectedVersion
 from ledger.types import money_str
 from ledger.views import all_projections
+from otel.merge import merge_expositions
 from otel.metrics import PROMETHEUS_CONTENT_TYPE
 from otel.telemetry import Telemetry
 from router import openapi as api_doc
@@ -101,6 +103,8 @@ __all__ = [
 log = logging.getLogger("waybill.app")
 
 _JSON: Final = "application/json"
+_OWN_METRICS: Final = "x-waybill-own-metrics"
+"""Asks ``GET /metrics`` for this process's metrics alone (a sibling worker asks so)."""
 _SSE: Final = "text/event-stream"
 _CHAT_PATH: Final = "/v1/chat/completions"
 _MAX_RECORDED_STREAM: Final = 8 * 1024 * 1024
@@ -139,6 +143,13 @@ class AppSettings:
     # Signs the console's session cookies (WAYBILL_CONSOLE_SECRET). None: a random secret
     # of this process, so sessions end when it does.
     console_secret: bytes | None = None
+    # Whether this process also keeps the read models, takes the checkpoints and exports
+    # traces: one worker of `waybill serve --workers N` does (router.workers), the others
+    # only serve.
+    background: bool = True
+    # The Unix sockets of the other workers of the same `waybill serve --workers N`, whose
+    # metrics GET /metrics adds to this process's own.
+    siblings: tuple[str, ...] = ()
 
 
 def default_instance_id(host_name: str, bind_host: str, port: int) -> str:
@@ -295,6 +306,24 @@ def _failure_response(request: Request, error: Exception) -> Response:
     return _error_response(internal_error(), _request_id(request))
 
 
+async def _siblings_metrics(sockets: tuple[str, ...]) -> list[bytes]:
+    """The other workers' own expositions, read on their Unix sockets (router.workers); a
+    worker that does not answer (being started again) is left out."""
+
+    async def one(path: str) -> bytes | None:
+        transport = httpx.AsyncHTTPTransport(uds=path)
+        try:
+            async with httpx.AsyncClient(transport=transport, timeout=2.0) as client:
+                response = await client.get("http://worker/metrics", headers={_OWN_METRICS: "1"})
+                response.raise_for_status()
+                return response.content
+        except httpx.HTTPError as error:
+            log.warning("metrics of the worker at %s left out: %s", path, type(error).__name__)
+            return None
+
+    return [text for text in await asyncio.gather(*map(one, sockets)) if text is not None]
+
+
 def _request_id(request: Request) -> str:
     return str(request.scope.get("state", {}).get("request_id") or new_id("req"))
 
@@ -307,7 +336,7 @@ def create_app(settings: AppSettings) -> FastAPI:
         engine = create_engine(settings.database_url)
         store = EventStore(engine)
         # Traces and metrics (contract §8), in the background, never on the request path.
-        telemetry = Telemetry.from_env(store)
+        telemetry = Telemetry.from_env(store, export_traces=settings.background)
         app.state.telemetry = telemetry
         breakers = _breakers(config, settings)
         owner = incarnation_owner(settings.instance_id or new_id("gw"), new_id("inc"))
@@ -345,7 +374,10 @@ def create_app(settings: AppSettings) -> FastAPI:
         # Read models (request views, keys, ...) follow the ledger while the gateway runs:
         # from a child process when `waybill serve` runs on PostgreSQL (ledger.follow).
         stop = asyncio.Event()
-        if settings.follower_process and store.engine.dialect.name == "postgresql":
+        following: asyncio.Task[Any]
+        if not settings.background:  # another worker keeps them
+            following = asyncio.create_task(stop.wait())
+        elif settings.follower_process and store.engine.dialect.name == "postgresql":
             following = asyncio.create_task(follow_in_child(settings.database_url, stop))
         else:
             runner = ProjectionRunner(store, all_projections())
@@ -425,7 +457,11 @@ def create_app(settings: AppSettings) -> FastAPI:
     @app.get("/metrics", openapi_extra=api_doc.METRICS)
     async def metrics(request: Request) -> Response:
         telemetry: Telemetry = request.app.state.telemetry
-        return Response(telemetry.prometheus_text(), media_type=PROMETHEUS_CONTENT_TYPE)
+        own = telemetry.prometheus_text()
+        siblings = settings.siblings
+        if siblings and _OWN_METRICS not in request.headers:
+            own = merge_expositions([own, *await _siblings_metrics(siblings)])
+        return Response(own, media_type=PROMETHEUS_CONTENT_TYPE)
 
     @app.get("/readyz", openapi_extra=api_doc.READYZ)
     async def readyz(request: Request) -> Response:
@@ -836,7 +872,7 @@ def _checkpointing(
 ) -> CheckpointTask | None:
     """The config's checkpointing, if any: in a child process where the read models have
     one (``waybill serve`` on PostgreSQL), else in this process."""
-    if checkpoints is None:
+    if checkpoints is None or not settings.background:
         return None
     schedule = Schedule(checkpoints.every_events, checkpoints.every_seconds)
     in_child = settings.follower_process and store.engine.dialect.name == "postgresql"
@@ -937,18 +973,23 @@ def _disabled_gauge(telemetry: Telemetry, states: EndpointStates) -> None:
 
 
 async def _activate_config(store: EventStore, config: Config) -> None:
-    """Record ``ConfigActivated`` when this generation differs from the last one recorded."""
+    """Record ``ConfigActivated`` when this generation differs from the last one recorded
+    (once, when several workers or replicas start with it at the same time)."""
     summary = config.redacted_summary()
     digest = hashlib.sha256(orjson.dumps(summary, option=orjson.OPT_SORT_KEYS)).hexdigest()
-    history = await store.read_stream("config")
-    if history:
-        last = history[-1].event()
-        if isinstance(last, ev.ConfigActivated) and (
-            last.config_sha256 == digest and last.generation == config.generation
-        ):
-            return
-    await store.append(
-        "config",
-        ANY_VERSION,
-        [ev.ConfigActivated(generation=config.generation, config_sha256=digest, summary=summary)],
+    activated = ev.ConfigActivated(
+        generation=config.generation, config_sha256=digest, summary=summary
     )
+    while True:
+        history = await store.read_stream("config")
+        if history:
+            last = history[-1].event()
+            if isinstance(last, ev.ConfigActivated) and (
+                last.config_sha256 == digest and last.generation == config.generation
+            ):
+                return
+        try:
+            await store.append("config", len(history), [activated])
+            return
+        except WrongExpectedVersion:
+            continue  # another process recorded one meanwhile: is it this one?

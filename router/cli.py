@@ -8,6 +8,8 @@ message and a non-zero exit code, never a traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import gc
 import json
 import os
@@ -657,10 +659,21 @@ def serve_command(
         int,
         typer.Option(
             "--max-in-flight",
-            help="In-flight requests per workspace; beyond them new ones get 503 at once.",
+            help="In-flight requests per workspace and worker; beyond them new ones get 503 "
+            "at once.",
             min=1,
         ),
     ] = 256,  # router.app.DEFAULT_MAX_IN_FLIGHT (not imported: serve starts without the app)
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            envvar="WAYBILL_WORKERS",
+            help="Serving processes on the one port (about one per core); PostgreSQL only.",
+            min=1,
+            max=64,
+        ),
+    ] = 1,
     instance_id: Annotated[
         str | None,
         typer.Option(
@@ -678,6 +691,8 @@ def serve_command(
 
     url = resolve_database_url(database_url)
     with _friendly_errors():
+        if workers > 1 and not url.startswith("postgresql"):
+            raise CliError("--workers needs a PostgreSQL ledger: a SQLite ledger is one process's")
         config = _load_config(config_file)
         heartbeat_s = _heartbeat_s()
         instance = _instance_id(instance_id, host, port)
@@ -699,7 +714,10 @@ def serve_command(
         instance_id=instance,
         console_secret=console_secret,
     )
-    _serve(settings, host, port, listening)
+    if workers > 1:
+        _serve_workers(settings, host, port, listening, workers)
+    else:
+        _serve(settings, host, port, listening)
 
 
 def _console_secret() -> bytes:
@@ -786,6 +804,66 @@ def _serve(settings: Any, host: str, port: int, listening: socket.socket) -> Non
     gc.freeze()  # the server's modules, imported just now, join those frozen at start-up
     server = uvicorn.Server(uvicorn.Config(served, host=host, port=port, **UVICORN_OPTIONS))
     server.run(sockets=[listening])
+
+
+def _serve_workers(
+    settings: Any, host: str, port: int, listening: socket.socket, count: int
+) -> None:
+    """``count`` workers accepting on ``listening``, supervised (router.workers)."""
+    import shutil
+    import tempfile
+
+    import router.app  # noqa: F401  imported once, before the workers are forked
+    from router.workers import supervise, workers_of
+
+    err.print(
+        f"waybill serving on http://{host}:{port} with {count} workers "
+        f"(config generation {settings.config.generation})",
+        highlight=False,
+    )
+    directory = Path(tempfile.mkdtemp(prefix="waybill-workers-"))  # 0700: this user's
+    gc.freeze()  # what the workers share with this process, copied only if written
+    try:
+        status = supervise(
+            workers_of(settings.instance_id, count, directory),
+            functools.partial(_serve_worker, settings, host, port, listening),
+        )
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    if status:
+        raise typer.Exit(status)
+
+
+def _serve_worker(
+    settings: Any, host: str, port: int, listening: socket.socket, worker: Any
+) -> None:
+    """One worker, in its forked process: a gateway on the shared socket and its own."""
+    import dataclasses
+
+    import uvicorn
+
+    from router.app import create_app
+    from router.serving import UVICORN_OPTIONS
+
+    # Each worker's OTLP metrics are a series of their own (service.instance.id).
+    attributes = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    if "service.instance.id=" not in attributes:
+        mine = f"service.instance.id={worker.instance_id}"
+        os.environ["OTEL_RESOURCE_ATTRIBUTES"] = f"{attributes},{mine}" if attributes else mine
+    own = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(worker.socket_path)  # its earlier run's
+    own.bind(worker.socket_path)
+    served = create_app(
+        dataclasses.replace(
+            settings,
+            instance_id=worker.instance_id,
+            background=worker.index == 0,
+            siblings=worker.siblings,
+        )
+    )
+    server = uvicorn.Server(uvicorn.Config(served, host=host, port=port, **UVICORN_OPTIONS))
+    server.run(sockets=[listening, own])
 
 
 @app.command("demo")

@@ -1,0 +1,139 @@
+"""`waybill serve --workers N`: several serving processes behind one port, supervised."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from prometheus_client.parser import text_string_to_metric_families
+
+from router.fake_upstream import FakeUpstream
+from tests.gateway.harness import Route, closed_port, config_text
+from tests.gateway.processes import new_key, serve_process, wait_ready
+from tests.helpers import ledger_events
+from tests.ledger.test_cli import waybill
+
+BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _worker_pids(parent: int) -> list[int]:
+    children = Path(f"/proc/{parent}/task/{parent}/children").read_text().split()
+    return sorted(int(pid) for pid in children)
+
+
+def _requests_answered(metrics: str) -> float:
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(metrics)
+        if family.name == "waybill_requests"
+        for sample in family.samples
+        if sample.name == "waybill_requests_total"
+    )
+
+
+@contextmanager
+def _workers(tmp_path: Path, database_url: str, count: int) -> Iterator[tuple[int, Any]]:
+    with FakeUpstream("east") as east:
+        config = tmp_path / "waybill.yaml"
+        config.write_text(config_text({"east": east}, [Route("east")]))
+        port = closed_port()
+        process = serve_process(config, database_url, port, env={"WAYBILL_WORKERS": str(count)})
+        try:
+            yield port, process
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.wait(timeout=30)
+
+
+async def _send(port: int, secret: str, count: int) -> list[httpx.Response]:
+    # A connection per request, so that the kernel spreads them over the workers.
+    async def one() -> httpx.Response:
+        async with httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {secret}"}, timeout=30
+        ) as http:
+            return await http.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=BODY)
+
+    return list(await asyncio.gather(*(one() for _ in range(count))))
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_workers_share_the_port_the_ledger_and_one_metrics_answer(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    secret = new_key(postgres_url)
+    with _workers(tmp_path, postgres_url, 2) as (port, process):
+        assert len(_worker_pids(process.pid)) == 2
+        answers = asyncio.run(_send(port, secret, 60))
+        assert [a.status_code for a in answers] == [200] * 60
+        engine = sa.create_engine(postgres_url)
+        with engine.connect() as conn:
+            events = ledger_events(conn)
+        # Each worker is a gateway instance of its own; both served.
+        owners = {e.data["owner"].split("/")[0] for e in events if e.type == "BudgetReserved"}
+        assert len(owners) == 2 and {o[-3:] for o in owners} == {"-w0", "-w1"}, owners
+        assert sum(e.type == "RequestCompleted" for e in events) == 60
+        # Both started with the same config: it was activated once.
+        assert sum(e.type == "ConfigActivated" for e in events) == 1
+        # Whichever worker answers /metrics, it counts every worker's requests.
+        for _ in range(6):
+            with httpx.Client() as http:  # a new connection, maybe another worker
+                text = http.get(f"http://127.0.0.1:{port}/metrics").text
+            assert _requests_answered(text) == 60
+        # One worker keeps the read models: they reach the ledger's head.
+        deadline = time.monotonic() + 20
+        while True:
+            with engine.connect() as conn:
+                behind = conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM projection_checkpoints, ledger_head"
+                        " WHERE projection_checkpoints.position < ledger_head.position"
+                    )
+                ).scalar()
+            if behind == 0:
+                break
+            assert time.monotonic() < deadline, f"{behind} read models behind the head"
+            time.sleep(0.2)
+        engine.dispose()
+        pids = _worker_pids(process.pid)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_worker_that_dies_is_started_again_and_serves(postgres_url: str, tmp_path: Path) -> None:
+    secret = new_key(postgres_url)
+    with _workers(tmp_path, postgres_url, 2) as (port, process):
+        first = _worker_pids(process.pid)
+        os.kill(first[1], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while True:
+            now = _worker_pids(process.pid)
+            if len(now) == 2 and now != first:
+                break
+            assert process.poll() is None, "the command stopped"
+            assert time.monotonic() < deadline, "the worker was not started again"
+            time.sleep(0.1)
+        wait_ready(port, process)
+        answers = asyncio.run(_send(port, secret, 20))
+        assert [a.status_code for a in answers] == [200] * 20
+
+
+def test_workers_need_postgresql(sqlite_url: str) -> None:
+    port = str(closed_port())
+    result = waybill("serve", "--workers", "2", "--port", port, database_url=sqlite_url)
+    assert result.returncode == 1
+    assert "--workers needs a PostgreSQL ledger" in result.stderr
+    assert "Traceback" not in result.stderr
