@@ -18,6 +18,7 @@ each one as a ``BreakerTransitioned`` ledger event.
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -55,6 +56,7 @@ __all__ = [
     "BreakerStoreUnavailable",
     "BreakerView",
     "EndpointSettings",
+    "FallbackBreakers",
     "InProcessBreakers",
     "RedisBreakers",
     "Scope",
@@ -68,6 +70,9 @@ _DEFAULT_PROBE_LEASE_MS: Final = 60_000
 _KEY_TTL_MS: Final = 24 * 60 * 60 * 1000
 """A Redis breaker expires a day after its last change, so old generations clean themselves up."""
 _REDIS_TIMEOUT_S: Final = 2.0
+_FIRST_RETRY_S: Final = 1.0  # an unreachable store is tried again after this, doubling ...
+_LAST_RETRY_S: Final = 30.0  # ... up to this
+_log = logging.getLogger("waybill.breakers")
 """Default socket timeouts; a URL's own ``socket_timeout`` query option wins."""
 
 
@@ -694,14 +699,93 @@ class RedisBreakers(BreakerBoard):
         await self._redis.aclose()
 
 
+class FallbackBreakers(BreakerBoard):
+    """Breakers that outlive their shared store: ``shared`` (Redis) while it can be reached,
+    ``local`` (this process's memory) while it cannot.
+
+    The breakers are what protects the upstreams, not what serves a request: a request must
+    not fail because Redis is down. While it cannot be reached this gateway keeps its
+    breakers in-process, as a gateway without Redis does, and goes back to the shared ones
+    once Redis answers again (they resume as they were left; what the in-process ones learned
+    stays in this process). An unreachable store is not asked on every call, each of which
+    could wait for its connect timeout: after a failure it is tried again after 1 s, then 2,
+    4, ... up to 30 s. The outage and the return are logged once each.
+    """
+
+    def __init__(
+        self,
+        shared: BreakerBoard,
+        local: BreakerBoard,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.generation = shared.generation
+        self.settings = shared.settings
+        self.shared = shared
+        self.local = local
+        self._clock = clock
+        self._retry_s = 0.0  # 0: the shared store answered the last time it was asked
+        self._retry_at = 0.0
+
+    @property
+    def sharing(self) -> bool:
+        """Whether the shared store answered the last time it was asked."""
+        return self._retry_s == 0.0
+
+    def settings_for(self, key: BreakerKey) -> BreakerSettings:
+        return self.shared.settings_for(key)
+
+    async def _on_either(self, call: Callable[[BreakerBoard], Awaitable[_T]]) -> _T:
+        if self._clock() >= self._retry_at:
+            try:
+                answer = await call(self.shared)
+            except BreakerStoreUnavailable as error:
+                if self.sharing:
+                    _log.warning("%s: breakers are this process's own until it answers", error)
+                self._retry_s = min(_LAST_RETRY_S, max(_FIRST_RETRY_S, self._retry_s * 2))
+                self._retry_at = self._clock() + self._retry_s
+            else:
+                if not self.sharing:
+                    _log.warning("breaker store reachable again: breakers are shared again")
+                    self._retry_s = 0.0
+                return answer
+        return await call(self.local)
+
+    async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
+        return await self._on_either(lambda board: board.blocked(keys))
+
+    async def admit(self, key: BreakerKey) -> tuple[Admission, list[Transition]]:
+        return await self._on_either(lambda board: board.admit(key))
+
+    async def hear(self, key: BreakerKey, call: Call) -> list[Transition]:
+        return await self._on_either(lambda board: board.hear(key, call))
+
+    async def inspect(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, BreakerView]:
+        return await self._on_either(lambda board: board.inspect(keys))
+
+    async def state(self, key: BreakerKey) -> BreakerState:
+        return await self._on_either(lambda board: board.state(key))
+
+    async def aclose(self) -> None:
+        try:
+            await self.shared.aclose()
+        finally:
+            await self.local.aclose()
+
+
 def breaker_board(
     settings: Breaker | BreakerSettings, generation: str, redis_url: str | None, **kw: Any
 ) -> BreakerBoard:
-    """The board contract §5 asks for: shared through Redis when a URL is set, else in-process.
+    """The board contract §5 asks for: shared through Redis when a URL is set (in-process
+    while Redis cannot be reached: :class:`FallbackBreakers`), else in-process.
 
-    ``kw`` goes to the chosen class (``endpoints``, ``probe_lease_ms``; ``prefix`` for Redis,
+    ``kw`` goes to the boards (``endpoints``, ``probe_lease_ms``; ``prefix`` for Redis,
     ``clock`` for either).
     """
-    if redis_url:
-        return RedisBreakers(redis_url, settings, generation, **kw)
-    return InProcessBreakers(settings, generation, **kw)
+    if not redis_url:
+        return InProcessBreakers(settings, generation, **kw)
+    local = {k: v for k, v in kw.items() if k != "prefix" and v is not None}
+    return FallbackBreakers(
+        RedisBreakers(redis_url, settings, generation, **kw),
+        InProcessBreakers(settings, generation, **local),
+    )

@@ -25,6 +25,7 @@ from router.breakers import (
     BreakerBoard,
     BreakerKey,
     BreakerStoreUnavailable,
+    FallbackBreakers,
     InProcessBreakers,
     RedisBreakers,
     Transition,
@@ -553,7 +554,7 @@ async def test_breaker_board_uses_redis_only_when_a_url_is_given():
     shared = breaker_board(SLOW, "gen-1", REDIS_URL, endpoints=own, prefix="waybill-test:unused")
     try:
         assert type(in_process) is InProcessBreakers
-        assert type(shared) is RedisBreakers
+        assert isinstance(shared, FallbackBreakers) and type(shared.shared) is RedisBreakers
         assert in_process.generation == shared.generation == "gen-1"
         for board in (in_process, shared):
             assert board.settings_for(BreakerKey.mapping("ep-b", "m")) == FAST.settings()
