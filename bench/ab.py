@@ -23,7 +23,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -75,6 +77,23 @@ def _checkout(ref: str, tmp: Path, name: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run([*git, "worktree", "remove", "--force", str(path)], check=False)
+
+
+def _prepared(url: str, source: Path, python: str | None) -> str:
+    """Migrate ``url`` and make a client key on it with the side's own code (two versions
+    may differ in schema), and return the key."""
+    if source == REPO and python is None:
+        migrate(url)
+        return asyncio.run(_create_key(url))
+    command = [python or sys.executable, "-c", "from router.cli import main; main()"]
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    env.pop("WAYBILL_CONFIG", None)
+    run = functools.partial(
+        subprocess.run, env=env, cwd=source, check=True, capture_output=True, text=True
+    )
+    run([*command, "migrate", "--database-url", url])
+    made = run([*command, "keys", "create", "--workspace", "acme", "--json", "--database-url", url])
+    return str(json.loads(made.stdout)["secret"])
 
 
 def _env(pairs: list[str]) -> dict[str, str]:
@@ -145,8 +164,7 @@ def main() -> None:
             source = stack.enter_context(_checkout(ref, tmp, name))
             database = f"waybill_ab_{name}"
             url = fresh_postgres(database)
-            migrate(url)
-            api_key = asyncio.run(_create_key(url))
+            api_key = _prepared(url, source, python)
             work = tmp / name
             work.mkdir()
             gateway, gateway_url = _start_gateway(
