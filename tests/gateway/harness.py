@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import uuid
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any, Protocol, cast
 
 import httpx
+import pytest
+import redis
 import uvicorn
 from openai import AsyncOpenAI
 
@@ -22,7 +25,7 @@ from router.app import AppSettings, create_app
 from router.config import Config, parse_config
 from router.fake_upstream import FakeUpstream
 from router.serving import UVICORN_OPTIONS
-from tests.helpers import eventually
+from tests.helpers import REDIS_URL, breaker_keys_removed, eventually
 
 ANTHROPIC_ENV = {"FAKE_KEY": "sk-fake-secret-never-logged"}
 
@@ -265,6 +268,32 @@ async def running_gateway(
         finally:
             for client in gateway.clients:
                 await client.close()
+
+
+@asynccontextmanager
+async def gateway_with_breakers(
+    database_url: str, shared: bool, name: str, **options: Any
+) -> AsyncIterator[Gateway]:
+    """:func:`running_gateway` (east on tier 0, west on tier 1) with its breakers in process,
+    or ``shared`` through the test Redis (the test is skipped when none answers), under a
+    config generation of its own (``name`` and a random suffix) whose Redis keys are deleted
+    afterwards."""
+    if shared:
+        try:
+            redis.Redis.from_url(REDIS_URL).ping()
+        except redis.RedisError:
+            pytest.skip(f"no Redis at {REDIS_URL}")
+    generation = f"{name}-{uuid.uuid4().hex[:8]}"
+    with breaker_keys_removed(REDIS_URL, generation):
+        async with running_gateway(
+            database_url,
+            ["east", "west"],
+            [Route("east", tier=0), Route("west", tier=1)],
+            redis_url=REDIS_URL if shared else None,
+            generation=generation,
+            **options,
+        ) as gw:
+            yield gw
 
 
 class Upstream(Protocol):

@@ -9,15 +9,12 @@ that slow however busy the machine is: nothing here depends on how fast anything
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
-import redis
 
 from router.fake_upstream import Behavior
-from tests.gateway.harness import Route, running_gateway
-from tests.helpers import REDIS_URL, breaker_keys_removed
+from tests.gateway.harness import gateway_with_breakers
 
 BODY: dict[str, Any] = {
     "model": "chat",
@@ -34,61 +31,48 @@ ROLLING = (
 async def test_slow_first_chunks_open_a_rolling_breaker_with_its_figures_recorded(
     sqlite_url: str, shared: bool
 ) -> None:
-    if shared:
-        try:
-            redis.Redis.from_url(REDIS_URL).ping()
-        except redis.RedisError:
-            pytest.skip(f"no Redis at {REDIS_URL}")
-    generation = f"rolling-{uuid.uuid4().hex[:8]}"
-    routes = [Route("east", tier=0), Route("west", tier=1)]
-    with breaker_keys_removed(REDIS_URL, generation):
-        async with running_gateway(
-            sqlite_url,
-            ["east", "west"],
-            routes,
-            redis_url=REDIS_URL if shared else None,
-            generation=generation,
-            defaults={"breaker": ROLLING},
-        ) as gw:
-            east = gw.upstreams["east"]
-            # Quick headers, then a first chunk at least 400 ms later: slow (>= 300 ms) by
-            # its time to first chunk, whatever the rest of the stream does.
-            east.set_default(Behavior.ok(first_event_delay_ms=400))
-            async with gw.http() as http:
-                served = []
-                for _ in range(3):
-                    response = await http.post("/v1/chat/completions", json=BODY)
-                    await response.aread()
-                    assert response.status_code == 200, response.text
-                    assert response.content.endswith(b"data: [DONE]\n\n")
-                    served.append(response.headers["x-waybill-endpoint"])
-            # Two slow answers of two calls reach slow_call_rate 0.5 at minimum_calls 2:
-            # the second opens east's breakers, and the third request goes to west.
-            assert served == ["east", "east", "west"]
-            assert (east.hits, gw.upstreams["west"].hits) == (2, 1)
-            transitions = [e.data for e in await gw.store.read_stream("breaker")]
-            assert {t["scope"] for t in transitions} == {"endpoint", "mapping"}
-            for opened in transitions:
-                assert opened["duration_ms"] >= 400
-                assert {k: opened[k] for k in _FIGURES} == {
-                    "from_state": "closed",
-                    "to_state": "open",
-                    "policy": "rolling",
-                    "reason": "slow_call_rate",
-                    "failure_class": None,
-                    "calls": 2,
-                    "failed_calls": 0,
-                    "slow_calls": 2,
-                    "failure_rate": "0.0000",
-                    "slow_call_rate": "1.0000",
-                    "cooldown_ms": 60000,
-                }
-            third = await gw.events(response.headers["x-request-id"])
-            candidates = third[1].data["candidates"]
-            assert (candidates[0]["reason_code"], candidates[0]["detail"]) == (
-                "breaker_open",
-                "endpoint",
-            )
+    async with gateway_with_breakers(
+        sqlite_url, shared, "rolling", defaults={"breaker": ROLLING}
+    ) as gw:
+        east = gw.upstreams["east"]
+        # Quick headers, then a first chunk at least 400 ms later: slow (>= 300 ms) by
+        # its time to first chunk, whatever the rest of the stream does.
+        east.set_default(Behavior.ok(first_event_delay_ms=400))
+        async with gw.http() as http:
+            served = []
+            for _ in range(3):
+                response = await http.post("/v1/chat/completions", json=BODY)
+                await response.aread()
+                assert response.status_code == 200, response.text
+                assert response.content.endswith(b"data: [DONE]\n\n")
+                served.append(response.headers["x-waybill-endpoint"])
+        # Two slow answers of two calls reach slow_call_rate 0.5 at minimum_calls 2:
+        # the second opens east's breakers, and the third request goes to west.
+        assert served == ["east", "east", "west"]
+        assert (east.hits, gw.upstreams["west"].hits) == (2, 1)
+        transitions = [e.data for e in await gw.store.read_stream("breaker")]
+        assert {t["scope"] for t in transitions} == {"endpoint", "mapping"}
+        for opened in transitions:
+            assert opened["duration_ms"] >= 400
+            assert {k: opened[k] for k in _FIGURES} == {
+                "from_state": "closed",
+                "to_state": "open",
+                "policy": "rolling",
+                "reason": "slow_call_rate",
+                "failure_class": None,
+                "calls": 2,
+                "failed_calls": 0,
+                "slow_calls": 2,
+                "failure_rate": "0.0000",
+                "slow_call_rate": "1.0000",
+                "cooldown_ms": 60000,
+            }
+        third = await gw.events(response.headers["x-request-id"])
+        candidates = third[1].data["candidates"]
+        assert (candidates[0]["reason_code"], candidates[0]["detail"]) == (
+            "breaker_open",
+            "endpoint",
+        )
 
 
 _FIGURES = (

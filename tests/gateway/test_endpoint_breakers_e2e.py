@@ -9,15 +9,12 @@ are a minute, so nothing depends on how fast anything runs.
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
-import redis
 
 from router.fake_upstream import Behavior
-from tests.gateway.harness import Route, running_gateway
-from tests.helpers import REDIS_URL, breaker_keys_removed
+from tests.gateway.harness import gateway_with_breakers
 
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
 DEFAULTS = "{failure_threshold: 3, base_cooldown_ms: 60000, max_cooldown_ms: 60000}"
@@ -27,39 +24,29 @@ DEFAULTS = "{failure_threshold: 3, base_cooldown_ms: 60000, max_cooldown_ms: 600
 async def test_an_endpoint_breaker_of_its_own_opens_at_its_threshold_and_another_at_the_defaults(
     sqlite_url: str, shared: bool
 ) -> None:
-    if shared:
-        try:
-            redis.Redis.from_url(REDIS_URL).ping()
-        except redis.RedisError:
-            pytest.skip(f"no Redis at {REDIS_URL}")
-    generation = f"endpoint-breaker-{uuid.uuid4().hex[:8]}"
-    routes = [Route("east", tier=0), Route("west", tier=1)]
-    with breaker_keys_removed(REDIS_URL, generation):
-        async with running_gateway(
-            sqlite_url,
-            ["east", "west"],
-            routes,
-            redis_url=REDIS_URL if shared else None,
-            generation=generation,
-            defaults={"breaker": DEFAULTS},
-            endpoint_extra={"east": "    breaker: {failure_threshold: 1}"},
-        ) as gw:
-            east, west = gw.upstreams["east"], gw.upstreams["west"]
-            east.set_default(Behavior.server_error(503))
-            west.set_default(Behavior.server_error(503))
-            async with gw.http() as http:
-                for _ in range(4):
-                    response = await http.post("/v1/chat/completions", json=BODY)
-                    assert response.status_code == 503, response.text
-            # The first request opens east after its one failure and fails over to west;
-            # west takes three requests to open; the fourth finds both open.
-            assert (east.hits, west.hits) == (1, 3)
-            assert response.headers["retry-after"] == "1"
-            transitions = [e.data for e in await gw.store.read_stream("breaker")]
-            assert [{k: t[k] for k in _RECORDED} for t in transitions] == [
-                _opened("east", consecutive_failures=1),
-                _opened("west", consecutive_failures=3),
-            ]
+    async with gateway_with_breakers(
+        sqlite_url,
+        shared,
+        "endpoint-breaker",
+        defaults={"breaker": DEFAULTS},
+        endpoint_extra={"east": "    breaker: {failure_threshold: 1}"},
+    ) as gw:
+        east, west = gw.upstreams["east"], gw.upstreams["west"]
+        east.set_default(Behavior.server_error(503))
+        west.set_default(Behavior.server_error(503))
+        async with gw.http() as http:
+            for _ in range(4):
+                response = await http.post("/v1/chat/completions", json=BODY)
+                assert response.status_code == 503, response.text
+        # The first request opens east after its one failure and fails over to west;
+        # west takes three requests to open; the fourth finds both open.
+        assert (east.hits, west.hits) == (1, 3)
+        assert response.headers["retry-after"] == "1"
+        transitions = [e.data for e in await gw.store.read_stream("breaker")]
+        assert [{k: t[k] for k in _RECORDED} for t in transitions] == [
+            _opened("east", consecutive_failures=1),
+            _opened("west", consecutive_failures=3),
+        ]
 
 
 def _opened(target: str, *, consecutive_failures: int) -> dict[str, Any]:
