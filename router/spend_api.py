@@ -37,7 +37,7 @@ from router.errors import (
 from router.gateway import Caller
 from router.queries import decode_cursor, encode_cursor, limit_param
 
-__all__ = ["group_by_param", "settle_as", "spend_router"]
+__all__ = ["group_by_param", "parse_day", "settle_as", "spend_router"]
 
 Authenticate = Callable[[Request], Awaitable[Caller]]
 
@@ -56,8 +56,8 @@ def spend_router(authenticate: Authenticate) -> APIRouter:
         rows = await spend_report(
             _store(request).engine,
             group_by=group_by,
-            since=_day(params, "since"),
-            until=_day(params, "until"),
+            since=parse_day(params.get("since"), "since"),
+            until=parse_day(params.get("until"), "until"),
             scope=_scope(caller, params),
         )
         if output == "csv":
@@ -190,8 +190,9 @@ def group_by_param(raw: str) -> list[str]:
     return keys
 
 
-def _day(params: Mapping[str, str], name: str) -> date | None:
-    raw = params.get(name)
+def parse_day(raw: str | None, name: str) -> date | None:
+    """The date a query parameter ``name`` gives (its first ten characters), None when absent;
+    400 ``invalid_request`` naming it when it is no date (the API and the console alike)."""
     if raw is None:
         return None
     try:

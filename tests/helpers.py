@@ -20,6 +20,15 @@ REDIS_URL = os.environ.get("WAYBILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15"
 """The test Redis (its own database, 15, unless the environment says otherwise)."""
 
 
+def redis_up() -> bool:
+    """Whether the test Redis answers (the tests that need it skip, saying why, if not)."""
+    try:
+        redis.Redis.from_url(REDIS_URL).ping()
+    except redis.RedisError:
+        return False
+    return True
+
+
 def ledger_events(conn: sa.Connection) -> list[RecordedEvent]:
     """Every event of the ledger, in order, read on a synchronous connection."""
     rows = conn.execute(sa.text("SELECT position, hash, payloads FROM appends ORDER BY position"))

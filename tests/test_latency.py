@@ -3,15 +3,14 @@ shared through Redis (``WAYBILL_TEST_REDIS_URL``, default ``redis://127.0.0.1:63
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
 import redis
 
 from router.latency import ALPHA, InProcessLatency, RedisLatency, ewma
+from tests.helpers import REDIS_URL, redis_up
 
-REDIS_URL = os.environ.get("WAYBILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 EAST, WEST = ("east", "small"), ("west", "claude")
 
 
@@ -28,15 +27,7 @@ async def test_in_process_figures_follow_the_samples():
     assert await board.read([EAST, WEST]) == {EAST: pytest.approx(ewma(100, 300))}
 
 
-def _redis_up() -> bool:
-    try:
-        redis.Redis.from_url(REDIS_URL).ping()
-    except redis.RedisError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _redis_up(), reason="no Redis at WAYBILL_TEST_REDIS_URL")
+@pytest.mark.skipif(not redis_up(), reason="no Redis at WAYBILL_TEST_REDIS_URL")
 async def test_replicas_share_their_figures_through_redis():
     generation = f"test-{uuid.uuid4().hex}"
     one, two = RedisLatency(REDIS_URL, generation), RedisLatency(REDIS_URL, generation)

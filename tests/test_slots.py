@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import pytest
 import redis
 
 from router.slots import InProcessSlots, RedisSlots
-
-REDIS_URL = os.environ.get("WAYBILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+from tests.helpers import REDIS_URL, redis_up
 
 
 async def test_in_process_slots_are_taken_up_to_the_limit_and_given_back():
@@ -23,15 +21,7 @@ async def test_in_process_slots_are_taken_up_to_the_limit_and_given_back():
     assert await slots.take("east", "c", 2)
 
 
-def _redis_up() -> bool:
-    try:
-        redis.Redis.from_url(REDIS_URL).ping()
-    except redis.RedisError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _redis_up(), reason="no Redis at WAYBILL_TEST_REDIS_URL")
+@pytest.mark.skipif(not redis_up(), reason="no Redis at WAYBILL_TEST_REDIS_URL")
 async def test_replicas_share_an_endpoints_slots_through_redis():
     prefix = f"test-{uuid.uuid4().hex}"
     one, two = RedisSlots(REDIS_URL, prefix=prefix), RedisSlots(REDIS_URL, prefix=prefix)

@@ -44,7 +44,7 @@ from router.reconcile_api import (
     input_format_param,
     readable_reconciliation,
 )
-from router.spend_api import settle_as
+from router.spend_api import parse_day, settle_as
 
 __all__ = ["add_money_pages"]
 
@@ -185,25 +185,14 @@ def add_money_pages(router: APIRouter, console: Console) -> None:
 
 def _spend_filters(request: Request) -> tuple[date, date, str, str | None]:
     asked = query_values(request, "since", "until", "group", "workspace")
-    until = _day(asked["until"], "until") or datetime.now(UTC).date()
-    since = _day(asked["since"], "since") or until - timedelta(days=DEFAULT_DAYS - 1)
+    until = parse_day(asked["until"], "until") or datetime.now(UTC).date()
+    since = parse_day(asked["since"], "since") or until - timedelta(days=DEFAULT_DAYS - 1)
     group = asked["group"] or SPEND_GROUPS[0]
     if group not in SPEND_GROUPS:
         raise invalid_request(
             f"group must be one of {', '.join(SPEND_GROUPS)}, not {group!r}", param="group"
         )
     return since, until, group, asked["workspace"]
-
-
-def _day(raw: str | None, name: str) -> date | None:
-    if raw is None:
-        return None
-    try:
-        return date.fromisoformat(raw[:10])
-    except ValueError:
-        raise invalid_request(
-            f"{name} must be a date (2026-11-30), not {raw!r}", param=name
-        ) from None
 
 
 async def _spend(console: Console, request: Request, visit: Visit) -> Response:

@@ -14,7 +14,6 @@ from typing import Any, Protocol, cast
 
 import httpx
 import pytest
-import redis
 import uvicorn
 from openai import AsyncOpenAI
 
@@ -25,7 +24,7 @@ from router.app import AppSettings, create_app
 from router.config import Config, parse_config
 from router.fake_upstream import FakeUpstream
 from router.serving import UVICORN_OPTIONS
-from tests.helpers import REDIS_URL, breaker_keys_removed, eventually
+from tests.helpers import REDIS_URL, breaker_keys_removed, eventually, redis_up
 
 ANTHROPIC_ENV = {"FAKE_KEY": "sk-fake-secret-never-logged"}
 
@@ -278,11 +277,8 @@ async def gateway_with_breakers(
     or ``shared`` through the test Redis (the test is skipped when none answers), under a
     config generation of its own (``name`` and a random suffix) whose Redis keys are deleted
     afterwards."""
-    if shared:
-        try:
-            redis.Redis.from_url(REDIS_URL).ping()
-        except redis.RedisError:
-            pytest.skip(f"no Redis at {REDIS_URL}")
+    if shared and not redis_up():
+        pytest.skip(f"no Redis at {REDIS_URL}")
     generation = f"{name}-{uuid.uuid4().hex[:8]}"
     with breaker_keys_removed(REDIS_URL, generation):
         async with running_gateway(

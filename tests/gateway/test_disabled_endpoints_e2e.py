@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 
 from ledger import apikeys
 from ledger.endpoints import ENDPOINTS_STREAM
@@ -24,7 +23,7 @@ from ledger.store import LedgerUnavailable
 from router.app import AppSettings
 from router.fake_upstream import Behavior
 from tests.gateway.harness import ANTHROPIC_ENV, Gateway, Route, running_gateway, serve
-from tests.helpers import REDIS_URL, breaker_keys_removed, eventually
+from tests.helpers import REDIS_URL, breaker_keys_removed, eventually, redis_up
 from tests.ledger.test_cli import WAYBILL
 
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
@@ -275,9 +274,7 @@ async def test_the_cli_enables_an_endpoint_and_the_gateway_follows_on_its_heartb
 
 @pytest.mark.parametrize("writer", ["gateway", "cli"])
 async def test_with_redis_every_replica_follows_at_once(sqlite_url: str, writer: str) -> None:
-    try:
-        redis.Redis.from_url(REDIS_URL).ping()
-    except redis.RedisError:
+    if not redis_up():
         pytest.skip(f"no Redis at {REDIS_URL}")
     generation = f"disabled-{uuid.uuid4().hex[:8]}"
     # Heartbeats an hour apart: only the doorbell can tell the second replica.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections import Counter
@@ -11,16 +10,14 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 
 from ledger.db import migrate
 from router.fake_upstream import Behavior, FakeUpstream
 from tests.gateway.harness import Route, closed_port, config_text, running_gateway
 from tests.gateway.processes import new_key, serve_process
-from tests.helpers import breaker_keys_removed, eventually
+from tests.helpers import REDIS_URL, breaker_keys_removed, eventually, redis_up
 
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
-REDIS_URL = os.environ.get("WAYBILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 # Cool-downs long enough that a slow machine serves the next request inside one, short
 # enough to keep the tests quick.
 FAST_BREAKER = {"breaker": "{failure_threshold: 2, base_cooldown_ms: 1000, max_cooldown_ms: 2000}"}
@@ -122,9 +119,7 @@ async def test_rate_limit_retry_after_opens_the_breaker_at_once(sqlite_url: str)
 
 @pytest.mark.slow
 def test_two_gateway_processes_share_breakers_through_redis(tmp_path: Path) -> None:
-    try:
-        redis.Redis.from_url(REDIS_URL).ping()
-    except redis.RedisError:
+    if not redis_up():
         pytest.skip(f"no Redis at {REDIS_URL}")
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     migrate(url)

@@ -4,7 +4,6 @@ never exceeded, breakers are shared, and the read models agree with the ledger."
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from decimal import Decimal
@@ -13,16 +12,14 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 import sqlalchemy as sa
 
 from router.fake_upstream import Behavior, FakeUpstream
 from tests.gateway.harness import Route, closed_port, config_text
 from tests.gateway.processes import new_key, serve_process
-from tests.helpers import breaker_keys_removed, ledger_events
+from tests.helpers import REDIS_URL, breaker_keys_removed, ledger_events, redis_up
 from tests.ledger.test_cli import waybill
 
-REDIS_URL = os.environ.get("WAYBILL_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 BODY: dict[str, Any] = {
     "model": "chat",
     "messages": [{"role": "user", "content": "hi"}],
@@ -38,9 +35,7 @@ LIMIT = Decimal("0.0010")
 def test_two_replicas_share_budget_breakers_and_agree_on_the_books(
     postgres_url: str, tmp_path: Path
 ) -> None:
-    try:
-        redis.Redis.from_url(REDIS_URL).ping()
-    except redis.RedisError:
+    if not redis_up():
         pytest.skip(f"no Redis at {REDIS_URL}")
     generation = f"replicas-{uuid.uuid4().hex[:8]}"
     with (

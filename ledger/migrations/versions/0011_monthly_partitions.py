@@ -83,20 +83,7 @@ def upgrade() -> None:
         "TO ck_appends_version_positive"
     )
     op.create_index("ix_appends_stream_version", "appends", ["stream_id", "version"])
-    op.create_index(
-        "ix_appends_period_adjusted",
-        "appends",
-        ["position"],
-        postgresql_where=sa.text("types LIKE '%V%'"),
-    )
-    op.execute(
-        "CREATE TRIGGER appends_no_update_delete BEFORE UPDATE OR DELETE ON appends "
-        "FOR EACH ROW EXECUTE FUNCTION waybill_events_are_immutable()"
-    )
-    op.execute(
-        "CREATE TRIGGER appends_no_truncate BEFORE TRUNCATE ON appends "
-        "FOR EACH STATEMENT EXECUTE FUNCTION waybill_events_are_immutable()"
-    )
+    _postgres_index_and_guards()
 
 
 def downgrade() -> None:
@@ -121,20 +108,7 @@ def downgrade() -> None:
             "uq_appends_stream_version", "appends", ["stream_id", "version"]
         )
         op.create_check_constraint("ck_appends_version_positive", "appends", "version >= 1")
-        op.create_index(
-            "ix_appends_period_adjusted",
-            "appends",
-            ["position"],
-            postgresql_where=sa.text("types LIKE '%V%'"),
-        )
-        op.execute(
-            "CREATE TRIGGER appends_no_update_delete BEFORE UPDATE OR DELETE ON appends "
-            "FOR EACH ROW EXECUTE FUNCTION waybill_events_are_immutable()"
-        )
-        op.execute(
-            "CREATE TRIGGER appends_no_truncate BEFORE TRUNCATE ON appends "
-            "FOR EACH STATEMENT EXECUTE FUNCTION waybill_events_are_immutable()"
-        )
+        _postgres_index_and_guards()
     op.drop_table("archived_streams")
     op.drop_table("ledger_archives")
 
@@ -146,3 +120,22 @@ def _sqlite_triggers() -> None:
             f"ON appends BEGIN SELECT RAISE(ABORT, 'waybill ledger: events are append-only "
             f"({operation} refused)'); END"
         )
+
+
+def _postgres_index_and_guards() -> None:
+    """On a new PostgreSQL ``appends``: the period-adjustment index and the triggers that
+    refuse any change to what is written."""
+    op.create_index(
+        "ix_appends_period_adjusted",
+        "appends",
+        ["position"],
+        postgresql_where=sa.text("types LIKE '%V%'"),
+    )
+    op.execute(
+        "CREATE TRIGGER appends_no_update_delete BEFORE UPDATE OR DELETE ON appends "
+        "FOR EACH ROW EXECUTE FUNCTION waybill_events_are_immutable()"
+    )
+    op.execute(
+        "CREATE TRIGGER appends_no_truncate BEFORE TRUNCATE ON appends "
+        "FOR EACH STATEMENT EXECUTE FUNCTION waybill_events_are_immutable()"
+    )
