@@ -46,7 +46,7 @@ from decimal import (
     Overflow,
     localcontext,
 )
-from typing import Final, Literal, TypeAlias, TypeVar
+from typing import Any, Final, Literal, TypeAlias, TypeVar
 
 from ledger import events as ev
 from ledger.events import Usage
@@ -362,6 +362,12 @@ class BudgetDenied(Exception):
         super().__init__(
             f"{kind} account {account_id} cannot cover {amount} USD "
             f"({self.available_usd} of {limit} left)"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:  # across processes (ledger.shared_appends)
+        return (
+            BudgetDenied,
+            (self.account_id, self.kind, self.limit_usd, self.available_usd, self.amount_usd),
         )
 
 

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import SimpleNamespace
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 import asyncpg
 import orjson
@@ -88,6 +88,9 @@ class WrongExpectedVersion(Exception):
         self.stream_id = stream_id
         self.expected = expected
         self.actual = actual
+
+    def __reduce__(self) -> tuple[Any, ...]:  # across processes (ledger.shared_appends)
+        return (WrongExpectedVersion, (self.stream_id, self.expected, self.actual))
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +246,9 @@ class _PendingAppend:
     effects: tuple[Effect, ...] = ()
     requires: tuple[tuple[str, int], ...] = ()  # other streams' versions, only checked
     result: list[RecordedEvent] | BaseException | None = None
+    # Sent by another worker of the same `waybill serve` (ledger.shared_appends): its
+    # commit listeners are told there, not here.
+    forwarded: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +260,7 @@ class _Encoded:
     schema_version: int
     data: dict[str, Any]
     data_json: bytes  # sorted keys, as in the payload
-    event: Event
+    event: Event | None  # None: a forwarded append's (only its bytes crossed)
 
 
 @dataclass
@@ -287,6 +293,9 @@ class EventStore:
         self._listeners: list[Callable[[Sequence[RecordedEvent]], None]] = []
         self._untold: list[list[_PendingAppend]] = []  # committed, listeners not yet told
         self._tell_timer: asyncio.TimerHandle | None = None
+        # Set in the workers of `waybill serve --workers N` but the first: their batches go
+        # to the first worker's appender (ledger.shared_appends).
+        self._forwarder: Forwarder | None = None
 
     def on_commit(self, listener: Callable[[Sequence[RecordedEvent]], None]) -> Callable[[], None]:
         """Call ``listener`` with the events of each batch this store commits, soon after
@@ -467,7 +476,9 @@ class EventStore:
             self._tell_timer = None
         untold, self._untold = self._untold, []
         for batch in untold:
-            committed = [e for p in batch if isinstance(p.result, list) for e in p.result]
+            committed = [
+                e for p in batch if isinstance(p.result, list) and not p.forwarded for e in p.result
+            ]
             if not committed:
                 continue
             for listener in list(self._listeners):
@@ -477,6 +488,8 @@ class EventStore:
                     _log.exception("a commit listener failed")
 
     async def _commit(self, batch: list[_PendingAppend]) -> None:
+        if self._forwarder is not None and await self._forwarder.commit(batch):
+            return
         if self._pg is not None:
             await self._pg.commit(batch)
             return
@@ -505,6 +518,45 @@ class EventStore:
                 .where(ledger_head.c.id == 1)
                 .values(position=written.head, hash=written.head_hash)
             )
+
+    # --- the appends of several workers, through one appender (ledger.shared_appends) ---
+
+    def forward_to(self, forwarder: Forwarder) -> None:
+        """Commit each batch through ``forwarder`` (another process's appender) when it
+        takes it; this store's own connection when it does not."""
+        self._forwarder = forwarder
+
+    def take_forwarded(self, appends: Sequence[ForwardedAppend]) -> list[_PendingAppend] | None:
+        """Queue appends another worker prepared (``submit``'s checks done there); each
+        one's future is done once its commit is (``forwarded_result`` is then what to send
+        back). None while closing: the sender commits them itself."""
+        state = self._state
+        if state.closing:
+            return None
+        loop = asyncio.get_running_loop()
+        taken = []
+        for stream_id, expected, events, metadata_json, effects, requires in appends:
+            encoded = [
+                _Encoded(t, _json_string(t), schema_version, {}, data_json, None)
+                for t, schema_version, data_json in events
+            ]
+            pending = _PendingAppend(
+                stream_id,
+                expected,
+                encoded,
+                {},
+                metadata_json,
+                loop.create_future(),
+                effects,
+                requires,
+                forwarded=True,
+            )
+            state.queue.append(pending)
+            taken.append(pending)
+        if state.task is None:
+            state.task = asyncio.create_task(self._run_appender(), name="waybill-appender")
+        state.wake()
+        return taken
 
     async def close(self) -> None:
         """Commit what is queued, then stop the appender."""
@@ -1084,6 +1136,79 @@ class _PostgresAppender:
 
 
 _How = Literal["known", "read", "locked"]
+
+# An append as it crosses to another worker's appender (ledger.shared_appends): the stream,
+# the expected version, each event's type, schema version and data as JSON, the metadata as
+# JSON, the budget effects and the required versions.
+ForwardedAppend = tuple[
+    str,
+    int | None,
+    tuple[tuple[str, int, bytes], ...],
+    bytes,
+    tuple[Effect, ...],
+    tuple[tuple[str, int], ...],
+]
+# What became of it: the events' first position and version, their recorded time, hashes
+# and payloads; or why it was refused or failed.
+ForwardedResult = tuple[int, int, datetime, list[str], list[bytes]] | BaseException
+
+
+class Forwarder(Protocol):
+    async def commit(self, batch: list[_PendingAppend]) -> bool:
+        """Commit ``batch`` elsewhere, setting each append's result; False if it was not
+        sent (this process commits it then)."""
+        ...
+
+
+def forwarded(pending: _PendingAppend) -> ForwardedAppend:
+    events = tuple((e.type, e.schema_version, e.data_json) for e in pending.events)
+    return (
+        pending.stream_id,
+        pending.expected_version,
+        events,
+        pending.metadata_json,
+        pending.effects,
+        pending.requires,
+    )
+
+
+def forwarded_result(pending: _PendingAppend) -> ForwardedResult:
+    """The result of an append another worker forwarded, to send back."""
+    result = pending.result
+    if isinstance(result, BaseException):
+        return result
+    assert result  # resolved: a commit sets every append's result
+    first = result[0]
+    hashes = [r.hash for r in result]
+    return (first.position, first.version, first.recorded_at, hashes, [r.payload for r in result])
+
+
+def take_result(pending: _PendingAppend, result: ForwardedResult) -> None:
+    """Set ``pending``'s result from what the worker that committed it sent back."""
+    if isinstance(result, BaseException):
+        pending.result = result
+        return
+    position, version, recorded_at, hashes, payloads = result
+    pending.result = [
+        RecordedEvent(
+            position=position + offset,
+            stream_id=pending.stream_id,
+            version=version + offset,
+            type=encoded.type,
+            schema_version=encoded.schema_version,
+            data=encoded.data,
+            metadata=pending.metadata,
+            recorded_at=recorded_at,
+            hash=hash_,
+            payload=payload,
+            _event=encoded.event,
+        )
+        for offset, (encoded, hash_, payload) in enumerate(
+            zip(pending.events, hashes, payloads, strict=True)
+        )
+    ]
+
+
 _Learned = tuple[tuple[int, str], tuple[int, str], dict[str, int], Books | None]
 
 

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import hashlib
 import logging
+import os
 import re
 import signal
 import threading
@@ -55,6 +56,7 @@ from ledger.recovery import (
     register_instance,
     stop_instance,
 )
+from ledger.shared_appends import AppendClient, AppendServer
 from ledger.store import EventStore, LedgerUnavailable, WrongExpectedVersion
 from ledger.types import money_str
 from ledger.views import all_projections
@@ -150,6 +152,9 @@ class AppSettings:
     # The Unix sockets of the other workers of the same `waybill serve --workers N`, whose
     # metrics GET /metrics adds to this process's own.
     siblings: tuple[str, ...] = ()
+    # The Unix socket where the first worker of `waybill serve --workers N` commits the
+    # others' appends (ledger.shared_appends): it listens there (``background``), they send.
+    appends_socket: str | None = None
 
 
 def default_instance_id(host_name: str, bind_host: str, port: int) -> str:
@@ -324,6 +329,25 @@ async def _siblings_metrics(sockets: tuple[str, ...]) -> list[bytes]:
     return [text for text in await asyncio.gather(*map(one, sockets)) if text is not None]
 
 
+async def _share_appends(
+    store: EventStore, settings: AppSettings
+) -> AppendServer | AppendClient | None:
+    """The workers of `waybill serve --workers N` commit through one appender, the first
+    worker's (ledger.shared_appends)."""
+    path = settings.appends_socket
+    if path is None:
+        return None
+    if not settings.background:
+        client = AppendClient(path)
+        store.forward_to(client)
+        return client
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # an earlier run's
+    server = AppendServer(store, path)
+    await server.start()
+    return server
+
+
 def _request_id(request: Request) -> str:
     return str(request.scope.get("state", {}).get("request_id") or new_id("req"))
 
@@ -335,6 +359,7 @@ def create_app(settings: AppSettings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = create_engine(settings.database_url)
         store = EventStore(engine)
+        sharing = await _share_appends(store, settings)
         # Traces and metrics (contract §8), in the background, never on the request path.
         telemetry = Telemetry.from_env(store, export_traces=settings.background)
         app.state.telemetry = telemetry
@@ -413,6 +438,8 @@ def create_app(settings: AppSettings) -> FastAPI:
             await disabling.aclose()
             await stop_instance(engine, owner)
             await store.close()
+            if sharing is not None:
+                await sharing.close()
             await engine.dispose()
 
     app = FastAPI(

@@ -860,6 +860,7 @@ def _serve_worker(
             instance_id=worker.instance_id,
             background=worker.index == 0,
             siblings=worker.siblings,
+            appends_socket=worker.appends_socket,
         )
     )
     server = uvicorn.Server(uvicorn.Config(served, host=host, port=port, **UVICORN_OPTIONS))

@@ -7,10 +7,11 @@ connection to one of them) and supervises them:
 - Each worker is a gateway of its own, as a replica on another host would be: its instance
   id is the command's with ``-w<k>`` added (so a worker that is started again recovers the
   holds its earlier run left, ``ledger.recovery``), its capacity (``--max-in-flight``),
-  breakers, latencies and endpoint slots are its own unless Redis shares them, and the
-  ledger's append path orders the appends of all of them.
+  breakers, latencies and endpoint slots are its own unless Redis shares them.
 - Worker 0 alone keeps the read models (their follower), takes the signed checkpoints and
-  exports traces; the others only serve.
+  exports traces; the others only serve. It also commits the others' ledger appends with
+  its own, over a Unix socket in the workers' private directory (``ledger.shared_appends``):
+  one appender, so the workers do not take the ledger head's lock in turn.
 - ``GET /metrics`` on any worker answers for all of them: each worker also listens on a Unix
   socket of its own in a private directory, and the one asked reads its siblings' own
   expositions there and merges them (``otel.merge``). A worker that is being started again
@@ -56,6 +57,7 @@ class Worker:
     instance_id: str
     socket_path: str  # its own Unix socket, where its siblings read its metrics
     siblings: tuple[str, ...]  # the others' sockets
+    appends_socket: str  # where the first worker commits the others' appends
 
 
 def worker_instance_id(instance_id: str, index: int) -> str:
@@ -76,6 +78,7 @@ def workers_of(instance_id: str, count: int, directory: Path) -> list[Worker]:
             instance_id=worker_instance_id(instance_id, k),
             socket_path=paths[k],
             siblings=tuple(p for j, p in enumerate(paths) if j != k),
+            appends_socket=str(directory / "appends.sock"),
         )
         for k in range(count)
     ]
