@@ -343,6 +343,38 @@ def _table(cells: Sequence[Cell]) -> str:
     return "\n".join(lines)
 
 
+def _plot(cells: Sequence[Cell], path: Path, title: str) -> None:
+    """Streams/s (left) and time to first token (right) against concurrency, direct and
+    through the gateway."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = sorted(cells, key=lambda c: c.concurrency)
+    xs = [c.concurrency for c in rows]
+    figure, (rate, ttft) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for target, colour in (("direct", "tab:blue"), ("gateway", "tab:red")):
+        name = "Waybill" if target == "gateway" else target
+        runs = [getattr(c, target) for c in rows]
+        rate.plot(xs, [r["window_streams_per_s"] for r in runs], "-o", color=colour, label=name)
+        for stat, style in (("ttft_p50_ms", "-o"), ("ttft_p99_ms", "--^")):
+            label = f"{name} {stat.removeprefix('ttft_').removesuffix('_ms')}"
+            ttft.plot(xs, [r[stat] for r in runs], style, color=colour, label=label)
+    rate.set_ylabel("complete streams per second")
+    ttft.set_ylabel("time to first token (ms)")
+    ttft.set_yscale("log")
+    for axis in (rate, ttft):
+        axis.set_xticks(xs, [str(x) for x in xs])
+        axis.set_xlabel("concurrent streams (closed loop)")
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend()
+    figure.suptitle(title)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 # --- main -------------------------------------------------------------------------------
 
 
@@ -396,6 +428,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
     parser.add_argument("--profile", help="profile each gateway cell with py-spy into this folder")
     parser.add_argument("--native", action="store_true", help="profiles include C frames")
+    parser.add_argument(
+        "--plot", default="", help="write streams/s and TTFT against concurrency to this PNG"
+    )
     args = parser.parse_args()
     result = _bench(args)
     cells: list[Cell] = result.pop("_cells")
@@ -408,6 +443,13 @@ def main() -> None:
     print(f"\nload average (1, 5, 15 min) before / after: {before} / {after}", file=report)
     marker = " / ".join(f"{m:.3f}" for m in result["interpreter_marker_s"])
     print(f"interpreter marker (s, 10M-step loop) before / after: {marker}", file=report)
+    if args.plot:
+        title = (
+            f"{args.chunks} chunks {args.chunk_delay_ms:g} ms apart, ledger on PostgreSQL, "
+            f"{result['cpu_count']} cores"
+        )
+        _plot(cells, Path(args.plot), title)
+        print(f"plot: {args.plot}", file=report)
     if args.json:
         print(json.dumps(result, indent=2))
     if not result["valid"]:
