@@ -33,6 +33,7 @@ __all__ = [
     "budget_accounts",
     "budget_holds",
     "budget_resolutions",
+    "console_sign_outs",
     "gateway_instances",
     "idempotency_records",
     "ledger_archives",
@@ -319,6 +320,16 @@ budget_resolutions = Table(
     CheckConstraint(
         "kind IN ('settled', 'released', 'unknown_settled')", name="ck_budget_resolutions_kind"
     ),
+)
+
+# The console sessions signed out before their expiry (router.console.sessions): a session
+# cookie is signed, not stored, so every gateway process asks here before taking one. Rows
+# whose expiry passed are removed at each sign-out.
+console_sign_outs = Table(
+    "console_sign_outs",
+    metadata,
+    Column("session_id", String(64), primary_key=True),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
 )
 
 # One row per run (incarnation) of a gateway: ``instance_id`` is ``<instance id>/<incarnation

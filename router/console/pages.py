@@ -7,6 +7,7 @@ helpers the API uses) what the caller may read, call the ledger's queries, rende
 from __future__ import annotations
 
 import secrets
+import time
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -31,7 +32,7 @@ from ledger.views import all_projections
 from router.access import can_read_request, can_use_console, can_verify_ledger, read_scope
 from router.console.charts import timeline_chart
 from router.console.health import endpoint_states, visible_endpoints, visible_groups
-from router.console.sessions import CSRF_FIELD, SIGN_IN_COOKIE
+from router.console.sessions import CSRF_FIELD, SIGN_IN_COOKIE, record_sign_out
 from router.console.timeline import timeline
 from router.console.web import (
     PREFIX,
@@ -96,6 +97,7 @@ def add_request_pages(router: APIRouter, console: Console) -> None:
 
     async def sign_out(request: Request, visit: Visit) -> Response:
         console.keeper.end(visit.session)
+        await record_sign_out(_store(request).engine, visit.session, time.time())
         response = RedirectResponse(f"{PREFIX}/sign-in?ended=you+signed+out", status_code=303)
         clear_session(response)
         return response

@@ -11,9 +11,10 @@ a page of another site can neither read nor compute it. The secret is
 ``WAYBILL_CONSOLE_SECRET`` when set (several replicas share it; sessions then survive a
 restart), else random at start (sessions end when the process does).
 
-Sign-out clears the cookie and remembers the session id here until its expiry, so the
-same cookie replayed to this process is refused; another replica learns of it only by the
-cookie's absence (the browser dropped it) or its expiry.
+Sign-out clears the cookie and records the session id in the database
+(``console_sign_outs``) until its expiry, so the same cookie replayed to any process on the
+ledger (another worker, another replica) is refused; each process also remembers the
+sessions it saw ended, and asks the database only about the others.
 """
 
 from __future__ import annotations
@@ -26,9 +27,15 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Final
 
 import orjson
+from sqlalchemy import delete, insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from ledger.schema import console_sign_outs
 
 __all__ = [
     "CSRF_FIELD",
@@ -37,6 +44,8 @@ __all__ = [
     "SIGN_IN_COOKIE",
     "Session",
     "SessionKeeper",
+    "is_signed_out",
+    "record_sign_out",
     "secret_from",
 ]
 
@@ -129,7 +138,8 @@ class SessionKeeper:
         return session
 
     def end(self, session: Session) -> None:
-        """Sign-out: this process refuses the session's cookie from now on."""
+        """This process refuses the session's cookie from now on (a sign-out is also
+        recorded for the others: :func:`record_sign_out`)."""
         now = int(self._clock())
         if len(self._ended) >= _MAX_ENDED:
             self._ended = {sid: exp for sid, exp in self._ended.items() if exp > now}
@@ -151,3 +161,34 @@ class SessionKeeper:
             and token is not None
             and hmac.compare_digest(token, self.sign_in_token(nonce))
         )
+
+
+async def record_sign_out(engine: AsyncEngine, session: Session, now: float) -> None:
+    """Record that ``session`` was signed out, for every process on the ledger, and forget
+    the sign-outs whose sessions have expired anyway."""
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                delete(console_sign_outs).where(
+                    console_sign_outs.c.expires_at <= datetime.fromtimestamp(now, UTC)
+                )
+            )
+            await conn.execute(
+                insert(console_sign_outs).values(
+                    session_id=session.session_id,
+                    expires_at=datetime.fromtimestamp(session.expires_at, UTC),
+                )
+            )
+    except IntegrityError:
+        pass  # signed out already (twice at once, from two processes)
+
+
+async def is_signed_out(engine: AsyncEngine, session_id: str) -> bool:
+    """Whether any process recorded the session's sign-out."""
+    async with engine.connect() as conn:
+        found = await conn.execute(
+            select(console_sign_outs.c.session_id).where(
+                console_sign_outs.c.session_id == session_id
+            )
+        )
+        return found.first() is not None

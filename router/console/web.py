@@ -36,6 +36,7 @@ from router.console.sessions import (
     SESSION_TTL_S,
     Session,
     SessionKeeper,
+    is_signed_out,
 )
 from router.errors import GatewayError, permission_denied
 from router.gateway import Caller
@@ -153,6 +154,9 @@ class Console:
     async def visit(self, request: Request) -> Visit:
         session = self.keeper.read(request.cookies.get(SESSION_COOKIE))
         if session is None:
+            raise _SignInFirst(None)
+        if await is_signed_out(request.app.state.store.engine, session.session_id):
+            self.keeper.end(session)  # signed out through another process
             raise _SignInFirst(None)
         try:
             caller = await self.identify.by_key_id(request, session.key_id)

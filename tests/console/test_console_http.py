@@ -9,8 +9,10 @@ import httpx
 import orjson
 
 from ledger import apikeys
+from router.console.sessions import secret_from
 from router.fake_upstream import Behavior
 from tests.console.support import browser, csrf_token, sign_in, traffic
+from tests.gateway.harness import Route, running_gateway
 
 
 def _api(secret: str) -> dict[str, str]:
@@ -159,6 +161,27 @@ async def test_sign_out_ends_the_session_even_for_a_copy_of_its_cookie(sqlite_ur
         async with browser(t.gateway) as thief:
             thief.cookies.set("waybill_console", cookie or "", path="/console")
             assert (await thief.get("/console/requests")).status_code == 303
+
+
+async def test_sign_out_through_one_gateway_ends_the_session_in_every_other(
+    database_url: str,
+) -> None:
+    shared = secret_from("a console secret that replicas share")  # WAYBILL_CONSOLE_SECRET
+    async with (
+        running_gateway(database_url, ["east"], [Route("east")], console_secret=shared) as one,
+        running_gateway(database_url, ["east"], [Route("east")], console_secret=shared) as two,
+    ):
+        admin = (await apikeys.create_key(one.store, "acme", "admin")).secret
+        async with browser(one) as http, browser(two) as other:
+            assert (await sign_in(http, admin)).status_code == 303
+            other.cookies.set("waybill_console", http.cookies["waybill_console"], path="/console")
+            assert (await other.get("/console/requests")).status_code == 200  # one session
+            page = await http.get("/console/requests")
+            out = await http.post("/console/sign-out", data={"csrf_token": csrf_token(page.text)})
+            assert out.status_code == 303
+            ended = await other.get("/console/requests")
+            assert ended.status_code == 303
+            assert ended.headers["location"].startswith("/console/sign-in")
 
 
 async def test_finance_settles_unknown_usage_recorded_with_its_key_as_actor(

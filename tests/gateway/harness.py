@@ -227,9 +227,11 @@ async def running_gateway(
     plain_uvicorn: bool = False,
     environ: dict[str, str] | None = None,
     heartbeat_s: float = 5.0,
+    console_secret: bytes | None = None,
     **config_options: Any,
 ) -> AsyncIterator[Gateway]:
-    """``environ``: more of the environment the config is read in (``${env:...}``, proxies)."""
+    """``environ``: more of the environment the config is read in (``${env:...}``, proxies);
+    ``console_secret``: the console's signing secret (gateways given one share sessions)."""
     async with AsyncExitStack() as stack:
         upstreams = {
             name: await stack.enter_async_context(FakeUpstream(name)) for name in upstream_names
@@ -250,6 +252,7 @@ async def running_gateway(
             max_in_flight=max_in_flight,
             config_path=str(config_file) if config_file else None,
             heartbeat_s=heartbeat_s,
+            console_secret=console_secret,
         )
         url, app = await stack.enter_async_context(serve(settings, plain_uvicorn=plain_uvicorn))
         gateway = Gateway(
