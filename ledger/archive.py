@@ -18,6 +18,7 @@ header's hash to its trailer's.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import hashlib
 import os
@@ -33,8 +34,9 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ledger.partitions import month_bounds, month_of, partition_name
-from ledger.schema import ledger_archives
-from ledger.store import EventStore
+from ledger.queries import read_request_events, request_stream_id
+from ledger.schema import archived_streams, ledger_archives
+from ledger.store import EventStore, RecordedEvent, decode_payload
 from ledger.stored import GENESIS_HASH, StoredEvent, chain_hash, stored_events
 
 __all__ = [
@@ -65,6 +67,17 @@ class ArchiveError(Exception):
 
 class ArchiveRefused(Exception):
     """Nothing was archived, and why (one line for the user)."""
+
+
+class RequestArchived(Exception):
+    """A request recorded in an archived month, and no archive directory to read it from."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            f"request {request_id!r} was recorded in an archived month: its events are in the "
+            "archive files (give their directory: WAYBILL_ARCHIVE_DIR)"
+        )
+        self.request_id = request_id
 
 
 class HistoryArchived(Exception):
@@ -240,6 +253,30 @@ def archived_stream(
         _, events = read_segment(path)
         found += [event for event in events if needle in event[2]]
     return found
+
+
+async def request_trail(
+    engine: AsyncEngine, request_id: str, archive: Path | None
+) -> list[RecordedEvent]:
+    """All of ``request_id``'s events, in order: those of archived months read from the
+    files in ``archive`` (``RequestArchived`` without it; ``ArchiveError`` for a file that
+    is missing or not the ledger's), then the live ledger's. Only a stream the database
+    lists as archived (``archived_streams``) is looked for in the files, a pass over each."""
+    trail = await read_request_events(engine, request_id)
+    if trail and trail[0].version == 1:
+        return trail
+    stream = request_stream_id(request_id)
+    async with engine.connect() as conn:
+        archived = await conn.execute(
+            select(archived_streams.c.version).where(archived_streams.c.stream_id == stream)
+        )
+        if archived.first() is None:
+            return trail
+    if archive is None:
+        raise RequestArchived(request_id)
+    segments = await archived_segments(engine)
+    found = await asyncio.to_thread(archived_stream, archive, segments, stream)
+    return [decode_payload(*event) for event in found] + trail
 
 
 # --- the database side ---

@@ -28,6 +28,7 @@ from collections.abc import (
 )
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import httpx
@@ -155,6 +156,10 @@ class AppSettings:
     # The Unix socket where the first worker of `waybill serve --workers N` commits the
     # others' appends (ledger.shared_appends): it listens there (``background``), they send.
     appends_socket: str | None = None
+    # Where `waybill archive` put the archived months (WAYBILL_ARCHIVE_DIR): the events and
+    # explanation of a request recorded in one are read there. None: such a request's
+    # events answer 404, saying why.
+    archive_dir: Path | None = None
 
 
 def default_instance_id(host_name: str, bind_host: str, port: int) -> str:

@@ -443,27 +443,19 @@ def explain_command(
 ) -> None:
     """Why did this request go there? Its route, attempts and decisions, from the ledger
     (and from the archive, for a request recorded in an archived month)."""
-    from ledger.archive import ArchiveError, archived_segments, archived_stream
+    from ledger.archive import ArchiveError, RequestArchived, request_trail
     from ledger.explain import NotARequestTrail, explain, render_text
-    from ledger.queries import read_request_events, request_stream_id
-    from ledger.store import decode_payload
 
     async def work(store: EventStore) -> dict[str, Any]:
-        trail = await read_request_events(store.engine, request_id)
-        segments = await archived_segments(store.engine)
-        if segments and (not trail or trail[0].version != 1):
-            # Its first events are older than the live ledger: in an archived month.
-            if archive is None:
-                raise CliError(
-                    f"request {request_id!r} is not in the live ledger and months of it are "
-                    "archived: give their directory (--archive or WAYBILL_ARCHIVE_DIR)"
-                )
-            stream = request_stream_id(request_id)
-            try:
-                found = await asyncio.to_thread(archived_stream, archive, segments, stream)
-            except ArchiveError as error:
-                raise CliError(str(error)) from None
-            trail = [decode_payload(*event) for event in found] + trail
+        try:
+            trail = await request_trail(store.engine, request_id, archive)
+        except RequestArchived:
+            raise CliError(
+                f"request {request_id!r} is not in the live ledger and months of it are "
+                "archived: give their directory (--archive or WAYBILL_ARCHIVE_DIR)"
+            ) from None
+        except ArchiveError as error:
+            raise CliError(str(error)) from None
         try:
             return explain(trail)
         except NotARequestTrail:
@@ -683,6 +675,15 @@ def serve_command(
             "Default: <host name>@<host>:<port>.",
         ),
     ] = None,
+    archive: Annotated[
+        Path | None,
+        typer.Option(
+            "--archive",
+            envvar="WAYBILL_ARCHIVE_DIR",
+            help="The directory of the archived months (`waybill archive`): the events and "
+            "explanations of requests recorded in them are read there.",
+        ),
+    ] = None,
 ) -> None:
     """Run the gateway (migrates the database first unless --no-migrate)."""
     import os
@@ -694,6 +695,8 @@ def serve_command(
         if workers > 1 and not url.startswith("postgresql"):
             raise CliError("--workers needs a PostgreSQL ledger: a SQLite ledger is one process's")
         config = _load_config(config_file)
+        if archive is not None and not archive.is_dir():
+            raise CliError(f"--archive: {archive} is not a directory")
         heartbeat_s = _heartbeat_s()
         instance = _instance_id(instance_id, host, port)
         console_secret = _console_secret()
@@ -713,6 +716,7 @@ def serve_command(
         follower_process=True,
         instance_id=instance,
         console_secret=console_secret,
+        archive_dir=archive,
     )
     if workers > 1:
         _serve_workers(settings, host, port, listening, workers)

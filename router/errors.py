@@ -274,8 +274,9 @@ def model_not_found(model: str) -> GatewayError:
 # 404, never 403).
 
 
-def request_not_found(request_id: str) -> GatewayError:
-    return GatewayError(_E.REQUEST_NOT_FOUND, f"no request {request_id!r}")
+def request_not_found(request_id: str, why: str | None = None) -> GatewayError:
+    said = f"no request {request_id!r}"
+    return GatewayError(_E.REQUEST_NOT_FOUND, f"{said}: {why}" if why else said)
 
 
 def settlement_not_found(settlement_id: str) -> GatewayError:

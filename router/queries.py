@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -22,6 +23,7 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from ledger.archive import ArchiveError, RequestArchived, request_trail
 from ledger.events import RequestReceived
 from ledger.explain import explain, render_text
 from ledger.queries import (
@@ -37,8 +39,16 @@ from ledger.store import EventStore, RecordedEvent
 from ledger.verify import record_verification, verify_chain
 from router import openapi as api_doc
 from router.access import can_read_request, can_verify_ledger, narrowed
-from router.errors import GatewayError, invalid_request, permission_denied, request_not_found
+from router.errors import (
+    GatewayError,
+    invalid_request,
+    ledger_unavailable,
+    permission_denied,
+    request_not_found,
+)
 from router.gateway import Caller
+
+_log = logging.getLogger("waybill.queries")
 
 __all__ = [
     "DEFAULT_LIMIT",
@@ -94,7 +104,7 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
     async def explain_request(request_id: str, request: Request) -> Response:
         caller = await authenticate(request)
         text = _format(request.query_params)
-        trail = await read_request_events(_store(request).engine, request_id)
+        trail = await request_trail_of(request, request_id)
         check_readable(caller, request_id, trail[:1])
         explanation = explain(trail)
         if text:
@@ -109,8 +119,15 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
         after = _events_cursor(params.get("cursor"))
         engine = _store(request).engine
         first = await read_request_events(engine, request_id, limit=1)
-        check_readable(caller, request_id, first)
-        page = await read_request_events(engine, request_id, after_version=after, limit=limit + 1)
+        if first and first[0].version == 1:
+            check_readable(caller, request_id, first)
+            page = await read_request_events(
+                engine, request_id, after_version=after, limit=limit + 1
+            )
+        else:  # none live, or not its first: archived months may hold them
+            trail = await request_trail_of(request, request_id)
+            check_readable(caller, request_id, trail[:1])
+            page = [e for e in trail if e.version > after][: limit + 1]
         next_cursor = None
         if len(page) > limit:
             page = page[:limit]
@@ -128,6 +145,23 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
         return _json(result.as_json())
 
     return router
+
+
+async def request_trail_of(request: Request, request_id: str) -> list[RecordedEvent]:
+    """All of a request's events, those of archived months read from the gateway's archive
+    directory (``WAYBILL_ARCHIVE_DIR``; ``ledger.archive.request_trail``)."""
+    archive = request.app.state.settings.archive_dir
+    try:
+        return await request_trail(_store(request).engine, request_id, archive)
+    except RequestArchived:
+        raise request_not_found(
+            request_id,
+            "it was recorded in an archived month, and this gateway has no archive directory "
+            "(WAYBILL_ARCHIVE_DIR)",
+        ) from None
+    except ArchiveError as error:
+        _log.error("request %s: the archive cannot be read: %s", request_id, error)
+        raise ledger_unavailable() from None
 
 
 def _store(request: Request) -> EventStore:

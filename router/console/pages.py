@@ -20,7 +20,6 @@ from ledger.explain import explain
 from ledger.projection import ProjectionRunner
 from ledger.queries import (
     REQUEST_STATUSES,
-    read_request_events,
     recent_failures,
     search_request_views,
 )
@@ -47,7 +46,13 @@ from router.console.web import (
 from router.errors import GatewayError, invalid_request, request_not_found
 from router.gateway import Gateway
 from router.proof_api import prove_as
-from router.queries import check_readable, encode_cursor, request_cursor, request_search
+from router.queries import (
+    check_readable,
+    encode_cursor,
+    request_cursor,
+    request_search,
+    request_trail_of,
+)
 
 __all__ = ["add_request_pages"]
 
@@ -107,8 +112,7 @@ def add_request_pages(router: APIRouter, console: Console) -> None:
 
     async def request_page(request: Request, visit: Visit) -> Response:
         request_id = request.path_params["request_id"]
-        store = _store(request)
-        trail = await read_request_events(store.engine, request_id)
+        trail = await request_trail_of(request, request_id)
         check_readable(visit.caller, request_id, trail[:1])
         explanation = explain(trail)
         steps = timeline(explanation, trail)
@@ -124,8 +128,7 @@ def add_request_pages(router: APIRouter, console: Console) -> None:
 
     async def events_page(request: Request, visit: Visit) -> Response:
         request_id = request.path_params["request_id"]
-        store = _store(request)
-        trail = await read_request_events(store.engine, request_id, limit=_MAX_EVENTS)
+        trail = (await request_trail_of(request, request_id))[:_MAX_EVENTS]
         check_readable(visit.caller, request_id, trail[:1])
         shown = [(e, orjson.dumps(e.as_json(), option=orjson.OPT_INDENT_2).decode()) for e in trail]
         return console.render(

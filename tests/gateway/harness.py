@@ -228,10 +228,12 @@ async def running_gateway(
     environ: dict[str, str] | None = None,
     heartbeat_s: float = 5.0,
     console_secret: bytes | None = None,
+    archive_dir: Path | None = None,
     **config_options: Any,
 ) -> AsyncIterator[Gateway]:
     """``environ``: more of the environment the config is read in (``${env:...}``, proxies);
-    ``console_secret``: the console's signing secret (gateways given one share sessions)."""
+    ``console_secret``: the console's signing secret (gateways given one share sessions);
+    ``archive_dir``: where the archived months are (``WAYBILL_ARCHIVE_DIR``)."""
     async with AsyncExitStack() as stack:
         upstreams = {
             name: await stack.enter_async_context(FakeUpstream(name)) for name in upstream_names
@@ -253,6 +255,7 @@ async def running_gateway(
             config_path=str(config_file) if config_file else None,
             heartbeat_s=heartbeat_s,
             console_secret=console_secret,
+            archive_dir=archive_dir,
         )
         url, app = await stack.enter_async_context(serve(settings, plain_uvicorn=plain_uvicorn))
         gateway = Gateway(

@@ -17,23 +17,29 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from ledger import apikeys
 from ledger import events as ev
 from ledger.archive import (
     ArchiveError,
     ArchiveRefused,
     HistoryArchived,
+    RequestArchived,
     archive_months,
     archived_segments,
     check_segment,
     read_segment,
+    request_trail,
 )
 from ledger.db import create_engine
+from ledger.explain import explain
 from ledger.partitions import month_of
 from ledger.projection import ProjectionRunner
 from ledger.spend import spend_report
 from ledger.store import ANY_VERSION, NO_STREAM, EventStore, WrongExpectedVersion
 from ledger.verify import verify_chain
 from ledger.views import all_projections
+from tests.console.support import browser, sign_in
+from tests.gateway.harness import Route, running_gateway
 from tests.ledger.factories import succeeded_trail
 
 _NOW = datetime.now(UTC)
@@ -209,3 +215,81 @@ async def test_the_cli_archives_with_progress_and_verify_reads_the_archive(
     (archive_dir / f"ledger-{_SECOND}.jsonl.gz").unlink()
     missing = waybill("verify", "--archive", str(archive_dir), "--json")
     assert missing.returncode == 1 and "missing" in json.loads(missing.stdout)["problem"]
+
+
+@pytest.mark.postgres
+async def test_the_api_and_the_console_read_an_archived_request_in_the_archive(
+    postgres_url: str, archive_dir: Path
+) -> None:
+    store, _ = await _three_months(postgres_url)
+    try:
+        await archive_months(store, date(_NOW.year, _NOW.month, 1), archive_dir)
+        trail = await request_trail(store.engine, "m0r1", archive_dir)
+        assert [e.version for e in trail] == list(range(1, len(trail) + 1))
+        with pytest.raises(RequestArchived):
+            await request_trail(store.engine, "m0r1", None)
+        assert await request_trail(store.engine, "nowhere", None) == []  # not listed: no scan
+    finally:
+        await store.close()
+        await store.engine.dispose()
+    expected = explain(trail)
+    routes = [Route("east")]
+    async with running_gateway(postgres_url, ["east"], routes) as blind:
+        admin = (await apikeys.create_key(blind.store, "acme", "admin")).secret
+        async with blind.http() as http:
+            said = await http.get("/v1/requests/m0r1/explain", headers=_bearer(admin))
+            assert said.status_code == 404
+            assert "archived month" in said.json()["error"]["message"]
+            assert "WAYBILL_ARCHIVE_DIR" in said.json()["error"]["message"]
+    async with running_gateway(postgres_url, ["east"], routes, archive_dir=archive_dir) as gw:
+        async with gw.http() as http:
+            explained = await http.get("/v1/requests/m0r1/explain", headers=_bearer(admin))
+            assert explained.status_code == 200 and explained.json() == expected
+            versions, cursor = [], None
+            while True:  # paged two at a time, across the archive
+                params = {"limit": "2", **({"cursor": cursor} if cursor else {})}
+                page = await http.get(
+                    "/v1/requests/m0r1/events", params=params, headers=_bearer(admin)
+                )
+                assert page.status_code == 200, page.text
+                versions += [e["version"] for e in page.json()["data"]]
+                cursor = page.json()["next_cursor"]
+                if cursor is None:
+                    break
+            assert versions == [e.version for e in trail]
+            live = await http.get("/v1/requests/m2r1/explain", headers=_bearer(admin))
+            assert live.status_code == 200 and live.json()["request_id"] == "m2r1"
+            unknown = await http.get("/v1/requests/nowhere/explain", headers=_bearer(admin))
+            assert unknown.status_code == 404
+            other = (await apikeys.create_key(gw.store, "other", "auditor")).secret
+            hidden = await http.get("/v1/requests/m0r1/explain", headers=_bearer(other))
+            assert hidden.status_code == 404  # another workspace's, archived or not
+        async with browser(gw) as console:
+            assert (await sign_in(console, admin)).status_code == 303
+            page = await console.get("/console/requests/m0r1")
+            assert page.status_code == 200 and "m0r1" in page.text
+
+
+def _bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def test_serve_refuses_an_archive_directory_that_is_not_one(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    from router.fake_upstream import FakeUpstream
+    from tests.gateway.harness import ANTHROPIC_ENV, closed_port, config_text
+    from tests.ledger.test_cli import waybill
+
+    config = tmp_path / "waybill.yaml"
+    with FakeUpstream("east") as east:
+        config.write_text(config_text({"east": east}, [Route("east")]))
+    missing = tmp_path / "no-such-archive"
+    port = str(closed_port())
+    result = waybill(
+        "serve", "--config", str(config), "--archive", str(missing), "--port", port,
+        database_url=sqlite_url, env=ANTHROPIC_ENV,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert f"--archive: {missing} is not a directory" in result.stderr
+    assert "Traceback" not in result.stderr
