@@ -95,6 +95,9 @@ async def _endpoint_rows(gateway: Gateway) -> list[dict[str, Any]]:
                 "state": state,
                 "enabled": endpoint.enabled,
                 "disabled": None if found is None else found.as_json(),
+                "breaker_policy": gateway.breakers.settings_for(
+                    BreakerKey.endpoint(endpoint.id)
+                ).policy,
                 "breaker": _breaker(views[BreakerKey.endpoint(endpoint.id)]),
                 "mappings": [
                     {

@@ -334,7 +334,7 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         slow_calls=_nullable({"type": "integer"}),
     ),
     "EndpointState": _object(
-        ["id", "state", "enabled", "disabled", "breaker", "mappings"],
+        ["id", "state", "enabled", "disabled", "breaker_policy", "breaker", "mappings"],
         id=_STRING,
         driver=_STRING,
         region=_STRING,
@@ -357,6 +357,12 @@ _SCHEMAS: Final[dict[str, Schema]] = {
                 position={"type": "integer"},
             )
         ),
+        breaker_policy={
+            "type": "string",
+            "enum": ["consecutive", "rolling"],
+            "description": "The policy this endpoint's breakers run by: its own breaker "
+            "block's, else defaults.breaker's.",
+        },
         breaker=_ref("Breaker"),
         mappings={
             "type": "array",

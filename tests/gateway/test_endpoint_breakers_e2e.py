@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from ledger import apikeys
 from router.fake_upstream import Behavior
 from tests.gateway.harness import gateway_with_breakers
 
@@ -64,3 +65,23 @@ def _opened(target: str, *, consecutive_failures: int) -> dict[str, Any]:
 
 
 _RECORDED = tuple(_opened("", consecutive_failures=0))
+
+
+async def test_the_endpoints_list_names_each_endpoints_own_breaker_policy(sqlite_url: str) -> None:
+    rolling = "{policy: rolling, window_calls: 4, minimum_calls: 2, failure_rate: 1}"
+    async with gateway_with_breakers(
+        sqlite_url,
+        False,
+        "endpoint-breaker",
+        defaults={"breaker": DEFAULTS},
+        endpoint_extra={"east": f"    breaker: {rolling}"},
+    ) as gw:
+        admin = (await apikeys.create_key(gw.store, "acme", "admin")).secret
+        async with gw.http() as http:
+            listed = await http.get("/v1/endpoints", headers={"Authorization": f"Bearer {admin}"})
+        assert listed.status_code == 200, listed.text
+        policies = {row["id"]: row["breaker_policy"] for row in listed.json()["data"]}
+        assert policies == {"east": "rolling", "west": "consecutive"}
+        assert listed.json()["breaker_policy"] == "consecutive"  # defaults.breaker's
+        east = next(row for row in listed.json()["data"] if row["id"] == "east")
+        assert east["breaker"]["calls"] == 0  # a rolling breaker's window
