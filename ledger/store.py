@@ -710,18 +710,8 @@ def _assign(
             )
             previous = chain_hash(previous, position, payload)
             recorded.append(
-                RecordedEvent(
-                    position=position,
-                    stream_id=pending.stream_id,
-                    version=current + offset,
-                    type=encoded.type,
-                    schema_version=encoded.schema_version,
-                    data=encoded.data,
-                    metadata=pending.metadata,
-                    recorded_at=recorded_at,
-                    hash=previous,
-                    payload=payload,
-                    _event=encoded.event,
+                _recorded(
+                    pending, encoded, position, current + offset, recorded_at, previous, payload
                 )
             )
         rows.append(
@@ -1190,23 +1180,36 @@ def take_result(pending: _PendingAppend, result: ForwardedResult) -> None:
         return
     position, version, recorded_at, hashes, payloads = result
     pending.result = [
-        RecordedEvent(
-            position=position + offset,
-            stream_id=pending.stream_id,
-            version=version + offset,
-            type=encoded.type,
-            schema_version=encoded.schema_version,
-            data=encoded.data,
-            metadata=pending.metadata,
-            recorded_at=recorded_at,
-            hash=hash_,
-            payload=payload,
-            _event=encoded.event,
-        )
-        for offset, (encoded, hash_, payload) in enumerate(
+        _recorded(pending, encoded, position + i, version + i, recorded_at, hash_, payload)
+        for i, (encoded, hash_, payload) in enumerate(
             zip(pending.events, hashes, payloads, strict=True)
         )
     ]
+
+
+def _recorded(
+    pending: _PendingAppend,
+    encoded: _Encoded,
+    position: int,
+    version: int,
+    recorded_at: datetime,
+    hash_: str,
+    payload: bytes,
+) -> RecordedEvent:
+    """One event of ``pending`` as committed at ``position``."""
+    return RecordedEvent(
+        position=position,
+        stream_id=pending.stream_id,
+        version=version,
+        type=encoded.type,
+        schema_version=encoded.schema_version,
+        data=encoded.data,
+        metadata=pending.metadata,
+        recorded_at=recorded_at,
+        hash=hash_,
+        payload=payload,
+        _event=encoded.event,
+    )
 
 
 _Learned = tuple[tuple[int, str], tuple[int, str], dict[str, int], Books | None]
