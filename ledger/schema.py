@@ -67,15 +67,6 @@ appends = Table(
 # a stream's first append is checked by the write itself (ledger.store, THE LOCK).
 Index("ix_appends_stream_version", appends.c.stream_id, appends.c.version)
 
-# The spend report reads every PeriodAdjusted (its character is V); no other query looks
-# rows up by type often enough to pay for an index.
-Index(
-    "ix_appends_period_adjusted",
-    appends.c.position,
-    postgresql_where=text("types LIKE '%V%'"),
-    sqlite_where=text("types LIKE '%V%'"),
-)
-
 # One row per archived month (ledger.archive): the live ledger starts after the last.
 ledger_archives = Table(
     "ledger_archives",
@@ -181,6 +172,10 @@ spend_attempts = Table(
     Column("settled_usd", MoneyColumn, nullable=False),
     Column("held_unknown_usd", MoneyColumn, nullable=False),
     Column("overrun_usd", MoneyColumn, nullable=False),  # settled beyond the reservation
+    # What PeriodAdjusted events moved the attempt by since its period closed (ledger.spend).
+    Column("adjustment_settled_usd", MoneyColumn, nullable=False),
+    Column("adjustment_held_unknown_usd", MoneyColumn, nullable=False),
+    Column("adjustment_overrun_usd", MoneyColumn, nullable=False),
     Column("reserved_at", DateTime(timezone=True), nullable=False),
     # From the attempt's AttemptFinished: what a provider's usage export can be matched on.
     Column("upstream_request_id", String(200)),
@@ -193,6 +188,17 @@ spend_attempts = Table(
 Index("ix_spend_attempts_workspace_day", spend_attempts.c.workspace, spend_attempts.c.day)
 Index("ix_spend_attempts_upstream_request", spend_attempts.c.upstream_request_id)
 Index("ix_spend_attempts_day", spend_attempts.c.day)
+# The attempts a closed period's adjustments moved, which the spend report reads apart
+# (ledger.spend.ADJUSTED_ATTEMPTS; on SQLite, where money is text, it reads every row).
+_ADJUSTED = (
+    "adjustment_settled_usd <> 0 OR adjustment_held_unknown_usd <> 0 OR adjustment_overrun_usd <> 0"
+)
+Index(
+    "ix_spend_attempts_adjusted",
+    spend_attempts.c.reservation_id,
+    postgresql_where=text(_ADJUSTED),
+    sqlite_where=text(_ADJUSTED),
+)
 
 unknown_settlements = Table(
     "unknown_settlements",

@@ -15,13 +15,10 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, Final
 
-from sqlalchemy import ColumnElement, and_, case, distinct, func, or_, select
+from sqlalchemy import ColumnElement, and_, case, distinct, func, or_, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ledger import events as ev
-from ledger.schema import appends, budget_accounts, spend_attempts, unknown_settlements
-from ledger.store import decode_row
-from ledger.stored import holding, previous_hash
+from ledger.schema import budget_accounts, spend_attempts, unknown_settlements
 from ledger.types import money_str
 
 __all__ = [
@@ -212,27 +209,26 @@ ADJUSTMENT_COLUMNS: Final = (
     "adjustment_overrun_usd",
 )
 _NO_ADJUSTMENT: Final = (Decimal(0), Decimal(0), Decimal(0))
+ADJUSTED_ATTEMPTS: Final = " OR ".join(f"{column} <> 0" for column in ADJUSTMENT_COLUMNS)
+"""The spend rows of attempts a closed period's adjustments moved (a partial index on
+PostgreSQL, migration 0013)."""
 
 
 async def _adjustments(conn: AsyncConnection) -> dict[str, tuple[Decimal, Decimal, Decimal]]:
-    """What ``PeriodAdjusted`` events moved each closed-period attempt by, by reservation."""
-    a = appends.c
-    query = select(a.position, previous_hash(), a.payloads).where(holding(ev.PeriodAdjusted.type))
-    adjustments = [
-        recorded.event()
-        for row in (await conn.execute(query)).all()
-        for recorded in decode_row(row.position, row.previous, row.payloads)
-        if recorded.type == ev.PeriodAdjusted.type
-    ]
+    """What ``PeriodAdjusted`` events moved each closed-period attempt by, by reservation
+    (folded into its spend row: the events may have left for the archive)."""
+    t = spend_attempts.c
+    columns = (t.adjustment_settled_usd, t.adjustment_held_unknown_usd, t.adjustment_overrun_usd)
+    query = select(t.reservation_id, *columns)
+    if conn.dialect.name == "postgresql":
+        # The partial index's predicate word for word, so that the planner reads only the
+        # few adjusted rows (SQLite keeps money as text: its rows are all read and compared
+        # here, as its spend report reads them all anyway).
+        query = query.where(text(f"({ADJUSTED_ATTEMPTS})"))
     found: dict[str, tuple[Decimal, Decimal, Decimal]] = {}
-    for event in adjustments:
-        assert isinstance(event, ev.PeriodAdjusted)
-        settled, held, overrun = found.get(event.reservation_id, _NO_ADJUSTMENT)
-        found[event.reservation_id] = (
-            settled + event.settled_usd,
-            held + event.held_unknown_usd,
-            overrun + event.overrun_usd,
-        )
+    for reservation, settled, held, overrun in await conn.execute(query):
+        if (settled, held, overrun) != _NO_ADJUSTMENT:
+            found[str(reservation)] = (settled, held, overrun)
     return found
 
 

@@ -47,6 +47,9 @@ def fold_attempt(row: Row | None, recorded: RecordedEvent) -> Row | None:
             "settled_usd": _ZERO,
             "held_unknown_usd": _ZERO,
             "overrun_usd": _ZERO,
+            "adjustment_settled_usd": _ZERO,
+            "adjustment_held_unknown_usd": _ZERO,
+            "adjustment_overrun_usd": _ZERO,
             "reserved_at": recorded.recorded_at,
             "upstream_request_id": None,
             "response_id": None,
@@ -80,6 +83,13 @@ def fold_attempt(row: Row | None, recorded: RecordedEvent) -> Row | None:
             )
         case ev.BudgetOverrun():
             row.update(overrun_usd=event.excess_usd)
+        case ev.PeriodAdjusted():
+            row.update(
+                adjustment_settled_usd=row["adjustment_settled_usd"] + event.settled_usd,
+                adjustment_held_unknown_usd=row["adjustment_held_unknown_usd"]
+                + event.held_unknown_usd,
+                adjustment_overrun_usd=row["adjustment_overrun_usd"] + event.overrun_usd,
+            )
     return row
 
 
@@ -130,7 +140,7 @@ def _reservation_of(recorded: RecordedEvent) -> str:
 class SpendProjection(Projection):
     name = "spend"
     tables = (spend_attempts, unknown_settlements)
-    event_types = BOOK_EVENTS | {ev.AttemptFinished.type}
+    event_types = BOOK_EVENTS | {ev.AttemptFinished.type, ev.PeriodAdjusted.type}
 
     async def apply(self, writer: ModelWriter, batch: Sequence[RecordedEvent]) -> None:
         await fold_into(

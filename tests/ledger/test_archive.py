@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from datetime import UTC, date, datetime
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -293,3 +294,62 @@ def test_serve_refuses_an_archive_directory_that_is_not_one(
     assert result.returncode == 1
     assert f"--archive: {missing} is not a directory" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.postgres
+async def test_a_month_holding_a_period_adjustment_leaves_and_the_spend_report_keeps_it(
+    postgres_url: str, archive_dir: Path
+) -> None:
+    clock = _Clock()
+    store = EventStore(create_engine(postgres_url), clock=clock)
+    try:
+        for month, moment in enumerate(_MONTHS):
+            clock.moment = moment
+            for n in range(2):
+                trail = succeeded_trail(f"m{month}r{n}")
+                await store.append(f"request-m{month}r{n}", NO_STREAM, trail)
+            if month == 1:  # the first month's attempt, moved after its period closed
+                adjusted = ev.PeriodAdjusted(
+                    period=_FIRST,
+                    in_period=_SECOND,
+                    request_id="m0r1",
+                    attempt_id="m0r1-a1",
+                    reservation_id="m0r1-a1-r",
+                    workspace="acme",
+                    cause="operator_settlement",
+                    settled_usd=Decimal("0.0005"),
+                    held_unknown_usd=Decimal(0),
+                    overrun_usd=Decimal(0),
+                )
+                await store.append(f"period-{_SECOND}", ANY_VERSION, [adjusted])
+        runner = ProjectionRunner(store, all_projections())
+        await runner.catch_up()
+        before = await spend_report(store.engine, group_by=["workspace"])
+        assert before[0]["adjustment_settled_usd"] == "0.000500"
+        segments = await archive_months(store, date(_NOW.year, _NOW.month, 1), archive_dir)
+        assert [s.month for s in segments] == [_FIRST, _SECOND]
+        assert await spend_report(store.engine, group_by=["workspace"]) == before
+    finally:
+        await store.close()
+        await store.engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_a_month_the_read_models_have_not_folded_stays(
+    postgres_url: str, archive_dir: Path
+) -> None:
+    clock = _Clock()
+    store = EventStore(create_engine(postgres_url), clock=clock)
+    try:
+        for month, moment in enumerate(_MONTHS):
+            clock.moment = moment
+            await store.append(f"request-m{month}", NO_STREAM, succeeded_trail(f"m{month}"))
+        first_of_this_month = date(_NOW.year, _NOW.month, 1)
+        with pytest.raises(ArchiveRefused, match=r"\(keys, requests, spend\) have not yet folded"):
+            await archive_months(store, first_of_this_month, archive_dir)
+        assert await archived_segments(store.engine) == []
+        await ProjectionRunner(store, all_projections()).catch_up()  # a gateway's follower
+        assert len(await archive_months(store, first_of_this_month, archive_dir)) == 2
+    finally:
+        await store.close()
+        await store.engine.dispose()
