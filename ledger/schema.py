@@ -172,10 +172,11 @@ spend_attempts = Table(
     Column("settled_usd", MoneyColumn, nullable=False),
     Column("held_unknown_usd", MoneyColumn, nullable=False),
     Column("overrun_usd", MoneyColumn, nullable=False),  # settled beyond the reservation
-    # What PeriodAdjusted events moved the attempt by since its period closed (ledger.spend).
-    Column("adjustment_settled_usd", MoneyColumn, nullable=False),
-    Column("adjustment_held_unknown_usd", MoneyColumn, nullable=False),
-    Column("adjustment_overrun_usd", MoneyColumn, nullable=False),
+    # What PeriodAdjusted events moved the attempt by since its period closed (ledger.spend);
+    # NULL (no bytes on disk) for the attempts none moved: nearly all.
+    Column("adjustment_settled_usd", MoneyColumn),
+    Column("adjustment_held_unknown_usd", MoneyColumn),
+    Column("adjustment_overrun_usd", MoneyColumn),
     Column("reserved_at", DateTime(timezone=True), nullable=False),
     # From the attempt's AttemptFinished: what a provider's usage export can be matched on.
     Column("upstream_request_id", String(200)),
@@ -188,16 +189,12 @@ spend_attempts = Table(
 Index("ix_spend_attempts_workspace_day", spend_attempts.c.workspace, spend_attempts.c.day)
 Index("ix_spend_attempts_upstream_request", spend_attempts.c.upstream_request_id)
 Index("ix_spend_attempts_day", spend_attempts.c.day)
-# The attempts a closed period's adjustments moved, which the spend report reads apart
-# (ledger.spend.ADJUSTED_ATTEMPTS; on SQLite, where money is text, it reads every row).
-_ADJUSTED = (
-    "adjustment_settled_usd <> 0 OR adjustment_held_unknown_usd <> 0 OR adjustment_overrun_usd <> 0"
-)
+# The attempts a closed period's adjustments moved, which the spend report reads apart.
 Index(
     "ix_spend_attempts_adjusted",
     spend_attempts.c.reservation_id,
-    postgresql_where=text(_ADJUSTED),
-    sqlite_where=text(_ADJUSTED),
+    postgresql_where=text("adjustment_settled_usd IS NOT NULL"),
+    sqlite_where=text("adjustment_settled_usd IS NOT NULL"),
 )
 
 unknown_settlements = Table(

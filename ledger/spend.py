@@ -15,7 +15,7 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, Final
 
-from sqlalchemy import ColumnElement, and_, case, distinct, func, or_, select, text
+from sqlalchemy import ColumnElement, and_, case, distinct, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from ledger.schema import budget_accounts, spend_attempts, unknown_settlements
@@ -208,28 +208,23 @@ ADJUSTMENT_COLUMNS: Final = (
     "adjustment_held_unknown_usd",
     "adjustment_overrun_usd",
 )
-_NO_ADJUSTMENT: Final = (Decimal(0), Decimal(0), Decimal(0))
-ADJUSTED_ATTEMPTS: Final = " OR ".join(f"{column} <> 0" for column in ADJUSTMENT_COLUMNS)
-"""The spend rows of attempts a closed period's adjustments moved (a partial index on
-PostgreSQL, migration 0013)."""
 
 
 async def _adjustments(conn: AsyncConnection) -> dict[str, tuple[Decimal, Decimal, Decimal]]:
     """What ``PeriodAdjusted`` events moved each closed-period attempt by, by reservation
-    (folded into its spend row: the events may have left for the archive)."""
+    (folded into its spend row, where the columns are NULL for an attempt none moved: the
+    events may have left for the archive)."""
     t = spend_attempts.c
-    columns = (t.adjustment_settled_usd, t.adjustment_held_unknown_usd, t.adjustment_overrun_usd)
-    query = select(t.reservation_id, *columns)
-    if conn.dialect.name == "postgresql":
-        # The partial index's predicate word for word, so that the planner reads only the
-        # few adjusted rows (SQLite keeps money as text: its rows are all read and compared
-        # here, as its spend report reads them all anyway).
-        query = query.where(text(f"({ADJUSTED_ATTEMPTS})"))
-    found: dict[str, tuple[Decimal, Decimal, Decimal]] = {}
-    for reservation, settled, held, overrun in await conn.execute(query):
-        if (settled, held, overrun) != _NO_ADJUSTMENT:
-            found[str(reservation)] = (settled, held, overrun)
-    return found
+    query = select(
+        t.reservation_id,
+        t.adjustment_settled_usd,
+        t.adjustment_held_unknown_usd,
+        t.adjustment_overrun_usd,
+    ).where(t.adjustment_settled_usd.is_not(None))  # a partial index's predicate
+    return {
+        str(reservation): (settled, held, overrun)
+        for reservation, settled, held, overrun in await conn.execute(query)
+    }
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,9 +47,9 @@ def fold_attempt(row: Row | None, recorded: RecordedEvent) -> Row | None:
             "settled_usd": _ZERO,
             "held_unknown_usd": _ZERO,
             "overrun_usd": _ZERO,
-            "adjustment_settled_usd": _ZERO,
-            "adjustment_held_unknown_usd": _ZERO,
-            "adjustment_overrun_usd": _ZERO,
+            "adjustment_settled_usd": None,
+            "adjustment_held_unknown_usd": None,
+            "adjustment_overrun_usd": None,
             "reserved_at": recorded.recorded_at,
             "upstream_request_id": None,
             "response_id": None,
@@ -85,12 +85,18 @@ def fold_attempt(row: Row | None, recorded: RecordedEvent) -> Row | None:
             row.update(overrun_usd=event.excess_usd)
         case ev.PeriodAdjusted():
             row.update(
-                adjustment_settled_usd=row["adjustment_settled_usd"] + event.settled_usd,
-                adjustment_held_unknown_usd=row["adjustment_held_unknown_usd"]
-                + event.held_unknown_usd,
-                adjustment_overrun_usd=row["adjustment_overrun_usd"] + event.overrun_usd,
+                adjustment_settled_usd=_plus(row["adjustment_settled_usd"], event.settled_usd),
+                adjustment_held_unknown_usd=_plus(
+                    row["adjustment_held_unknown_usd"], event.held_unknown_usd
+                ),
+                adjustment_overrun_usd=_plus(row["adjustment_overrun_usd"], event.overrun_usd),
             )
     return row
+
+
+def _plus(adjustment: Decimal | None, delta: Decimal) -> Decimal:
+    """An adjustment column after one more delta (None: none yet)."""
+    return (adjustment or _ZERO) + delta
 
 
 def fold_settlement(row: Row | None, recorded: RecordedEvent) -> Row | None:

@@ -4,9 +4,10 @@ The spend report read every ``PeriodAdjusted`` event from the ledger, through a 
 index of the rows holding one, and so a month holding one could not leave for the archive.
 ``spend_attempts`` now keeps what the adjustments moved each attempt by
 (``adjustment_settled_usd``, ``adjustment_held_unknown_usd``, ``adjustment_overrun_usd``),
-folded by the spend projection. Existing rows get the sums of the adjustments the projection
-had already passed (those after its checkpoint it folds itself); the ledger's index is
-dropped, nothing reads it any more; the adjusted rows get a partial index of their own.
+folded by the spend projection, NULL for the attempts no adjustment moved (nearly all: no
+bytes on disk). Existing rows get the sums of the adjustments the projection had already
+passed (those after its checkpoint it folds itself); the ledger's index is dropped, nothing
+reads it any more; the adjusted rows get a partial index of their own.
 
 Revision ID: 0013
 Revises: 0012
@@ -31,7 +32,7 @@ depends_on = None
 
 _COLUMNS = ("adjustment_settled_usd", "adjustment_held_unknown_usd", "adjustment_overrun_usd")
 _FIELDS = ("settled_usd", "held_unknown_usd", "overrun_usd")  # PeriodAdjusted's deltas
-_ADJUSTED = " OR ".join(f"{column} <> 0" for column in _COLUMNS)
+_ADJUSTED = "adjustment_settled_usd IS NOT NULL"
 _PERIOD_ADJUSTED = "types LIKE '%V%'"  # ledger.stored.TYPE_CHARS["PeriodAdjusted"]
 
 
@@ -39,7 +40,7 @@ def upgrade() -> None:
     bind = op.get_bind()
     with op.batch_alter_table("spend_attempts") as batch:
         for column in _COLUMNS:
-            batch.add_column(sa.Column(column, MoneyColumn, nullable=False, server_default="0"))
+            batch.add_column(sa.Column(column, MoneyColumn))
     folded = bind.execute(
         sa.text("SELECT position FROM projection_checkpoints WHERE name = 'spend'")
     ).scalar()
