@@ -64,15 +64,37 @@ class _Clock:
         return self.moment
 
 
-async def _three_months(database_url: str) -> tuple[EventStore, _Clock]:
+async def _three_months(
+    database_url: str, *, requests: int = 3, adjusted: bool = False, folded: bool = True
+) -> tuple[EventStore, _Clock]:
+    """``requests`` requests a month; ``adjusted``: the first month's ``m0r1`` moved by a
+    period adjustment recorded in the second; ``folded``: the read models caught up."""
     clock = _Clock()
     store = EventStore(create_engine(database_url), clock=clock)
     for month, moment in enumerate(_MONTHS):
         clock.moment = moment
-        for n in range(3):
+        for n in range(requests):
             await store.append(f"request-m{month}r{n}", NO_STREAM, succeeded_trail(f"m{month}r{n}"))
-    await ProjectionRunner(store, all_projections()).catch_up()
+        if adjusted and month == 1:
+            await store.append(f"period-{_SECOND}", ANY_VERSION, [_adjustment_of_m0r1()])
+    if folded:
+        await ProjectionRunner(store, all_projections()).catch_up()
     return store, clock
+
+
+def _adjustment_of_m0r1() -> ev.PeriodAdjusted:
+    return ev.PeriodAdjusted(
+        period=_FIRST,
+        in_period=_SECOND,
+        request_id="m0r1",
+        attempt_id="m0r1-a1",
+        reservation_id="m0r1-a1-r",
+        workspace="acme",
+        cause="operator_settlement",
+        settled_usd=Decimal("0.0005"),
+        held_unknown_usd=Decimal(0),
+        overrun_usd=Decimal(0),
+    )
 
 
 @pytest.fixture
@@ -300,30 +322,8 @@ def test_serve_refuses_an_archive_directory_that_is_not_one(
 async def test_a_month_holding_a_period_adjustment_leaves_and_the_spend_report_keeps_it(
     postgres_url: str, archive_dir: Path
 ) -> None:
-    clock = _Clock()
-    store = EventStore(create_engine(postgres_url), clock=clock)
+    store, _ = await _three_months(postgres_url, requests=2, adjusted=True)
     try:
-        for month, moment in enumerate(_MONTHS):
-            clock.moment = moment
-            for n in range(2):
-                trail = succeeded_trail(f"m{month}r{n}")
-                await store.append(f"request-m{month}r{n}", NO_STREAM, trail)
-            if month == 1:  # the first month's attempt, moved after its period closed
-                adjusted = ev.PeriodAdjusted(
-                    period=_FIRST,
-                    in_period=_SECOND,
-                    request_id="m0r1",
-                    attempt_id="m0r1-a1",
-                    reservation_id="m0r1-a1-r",
-                    workspace="acme",
-                    cause="operator_settlement",
-                    settled_usd=Decimal("0.0005"),
-                    held_unknown_usd=Decimal(0),
-                    overrun_usd=Decimal(0),
-                )
-                await store.append(f"period-{_SECOND}", ANY_VERSION, [adjusted])
-        runner = ProjectionRunner(store, all_projections())
-        await runner.catch_up()
         before = await spend_report(store.engine, group_by=["workspace"])
         assert before[0]["adjustment_settled_usd"] == "0.000500"
         segments = await archive_months(store, date(_NOW.year, _NOW.month, 1), archive_dir)
@@ -338,12 +338,8 @@ async def test_a_month_holding_a_period_adjustment_leaves_and_the_spend_report_k
 async def test_a_month_the_read_models_have_not_folded_stays(
     postgres_url: str, archive_dir: Path
 ) -> None:
-    clock = _Clock()
-    store = EventStore(create_engine(postgres_url), clock=clock)
+    store, _ = await _three_months(postgres_url, requests=1, folded=False)
     try:
-        for month, moment in enumerate(_MONTHS):
-            clock.moment = moment
-            await store.append(f"request-m{month}", NO_STREAM, succeeded_trail(f"m{month}"))
         first_of_this_month = date(_NOW.year, _NOW.month, 1)
         with pytest.raises(ArchiveRefused, match=r"\(keys, requests, spend\) have not yet folded"):
             await archive_months(store, first_of_this_month, archive_dir)
