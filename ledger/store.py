@@ -193,6 +193,12 @@ def _payload_from_parts(
     )
 
 
+def _exact(encoded: bytes) -> bytes:
+    """``encoded`` in a block of its own size. orjson returns its bytes in the buffer it
+    wrote them to, 4 KB at least: an append waiting for its commit holds one per event."""
+    return memoryview(encoded).tobytes()
+
+
 @functools.lru_cache(maxsize=1024)
 def _json_string(text: str) -> bytes:
     """An event type as JSON (a few dozen, over and over: cached)."""
@@ -403,7 +409,7 @@ class EventStore:
                 raise EventValidationError(f"not a catalogue event: {event!r}")
             cls = type(event)
             data = encode_event(event)
-            data_json = orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+            data_json = _exact(orjson.dumps(data, option=orjson.OPT_SORT_KEYS))
             encoded.append(
                 _Encoded(
                     cls.type, _json_string(cls.type), cls.schema_version, data, data_json, event
@@ -411,7 +417,7 @@ class EventStore:
             )
         meta = dict(metadata or {})
         try:
-            metadata_json = orjson.dumps(meta, option=orjson.OPT_SORT_KEYS)
+            metadata_json = _exact(orjson.dumps(meta, option=orjson.OPT_SORT_KEYS))
         except TypeError as error:
             raise EventValidationError(f"metadata is not JSON: {error}") from None
         future: asyncio.Future[list[RecordedEvent]] = asyncio.get_running_loop().create_future()

@@ -55,3 +55,22 @@ def test_a_rows_hashes_are_chained_from_the_previous_rows() -> None:
     assert stored_events(1, None, compress(payloads), after=1) == [(2, second, payloads[1])]
     third = chain_hash(second, 3, b"{}")
     assert stored_events(3, bytes.fromhex(second), compress([b"{}"])) == [(3, third, b"{}")]
+
+
+def test_an_appends_encoded_json_holds_no_more_memory_than_its_bytes() -> None:
+    # orjson hands back its bytes in the buffer it wrote them to (4 KB at least); an append
+    # waiting for its commit keeps one per event, so the store keeps copies of their size.
+    import tracemalloc
+
+    import orjson
+
+    from ledger.store import _exact
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = [_exact(orjson.dumps({"config_generation": f"g{n}"})) for n in range(200)]
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(kept) == 200 and held < 200 * 256, held
