@@ -556,6 +556,12 @@ class BreakerTransitioned(Event):
     slow_calls: NonNegInt | None = None
     failure_rate: Rate | None = None  # failed_calls / calls, rounded down to 4 places
     slow_call_rate: Rate | None = None
+    # The threshold an opening crossed, as configured (reason failure_threshold: the count;
+    # failure_rate or slow_call_rate: the rate and the window's minimum_calls).
+    failure_threshold: NonNegInt | None = None
+    minimum_calls: NonNegInt | None = None
+    failure_rate_threshold: Rate | None = None
+    slow_call_rate_threshold: Rate | None = None
 
 
 class EndpointDisabled(Event):

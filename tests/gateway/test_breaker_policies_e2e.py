@@ -66,6 +66,10 @@ async def test_slow_first_chunks_open_a_rolling_breaker_with_its_figures_recorde
                 "failure_rate": "0.0000",
                 "slow_call_rate": "1.0000",
                 "cooldown_ms": 60000,
+                "minimum_calls": 2,
+                "slow_call_rate_threshold": "0.5000",
+                "failure_rate_threshold": None,
+                "failure_threshold": None,
             }
         third = await gw.events(response.headers["x-request-id"])
         candidates = third[1].data["candidates"]
@@ -87,4 +91,8 @@ _FIGURES = (
     "failure_rate",
     "slow_call_rate",
     "cooldown_ms",
+    "minimum_calls",
+    "slow_call_rate_threshold",
+    "failure_rate_threshold",
+    "failure_threshold",
 )

@@ -45,8 +45,8 @@ async def test_an_endpoint_breaker_of_its_own_opens_at_its_threshold_and_another
         assert response.headers["retry-after"] == "1"
         transitions = [e.data for e in await gw.store.read_stream("breaker")]
         assert [{k: t[k] for k in _RECORDED} for t in transitions] == [
-            _opened("east", consecutive_failures=1),
-            _opened("west", consecutive_failures=3),
+            _opened("east", consecutive_failures=1),  # its own threshold, 1
+            _opened("west", consecutive_failures=3),  # the defaults', 3
         ]
 
 
@@ -61,6 +61,8 @@ def _opened(target: str, *, consecutive_failures: int) -> dict[str, Any]:
         "failure_class": "upstream_unavailable",
         "consecutive_failures": consecutive_failures,
         "cooldown_ms": 60000,
+        "failure_threshold": consecutive_failures,  # what it opened at: the threshold
+        "minimum_calls": None,
     }
 
 
