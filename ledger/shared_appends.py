@@ -113,14 +113,11 @@ class AppendServer:
             self._handlers.discard(task)
             writer.close()
 
-    def stop_listening(self) -> None:
-        """No new senders (the store still commits what it was sent)."""
+    async def close(self) -> None:
+        """After the store's close: no new senders, and the connections ended, each idle or
+        answered."""
         if self._server is not None:
             self._server.close()
-
-    async def close(self) -> None:
-        """After the store's close: end the connections, each idle or answered."""
-        self.stop_listening()
         for task in list(self._handlers):
             task.cancel()
         await asyncio.gather(*self._handlers, return_exceptions=True)

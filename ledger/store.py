@@ -379,13 +379,9 @@ class EventStore:
                 if not required or version < 0 or required == stream_id:
                     raise EventValidationError(f"invalid requirement {required!r} at {version}")
             pending.requires = tuple(sorted(requires.items()))
-        state = self._state
-        if state.closing:
+        if self._state.closing:
             raise LedgerUnavailable("the event store is closed")
-        if state.task is None:
-            state.task = asyncio.create_task(self._run_appender(), name="waybill-appender")
-        state.queue.append(pending)
-        state.wake()
+        self._enqueue([pending])
         # A cancelled caller cancels only its wait: the append stays queued and is committed
         # all the same (an answered request must never be missing from the ledger).
         return pending.future
@@ -536,8 +532,7 @@ class EventStore:
         """Queue appends another worker prepared (``submit``'s checks done there); each
         one's future is done once its commit is (``forwarded_result`` is then what to send
         back). None while closing: the sender commits them itself."""
-        state = self._state
-        if state.closing:
+        if self._state.closing:
             return None
         loop = asyncio.get_running_loop()
         taken = []
@@ -557,12 +552,17 @@ class EventStore:
                 requires,
                 forwarded=True,
             )
-            state.queue.append(pending)
             taken.append(pending)
+        self._enqueue(taken)
+        return taken
+
+    def _enqueue(self, pendings: list[_PendingAppend]) -> None:
+        """Queue ``pendings`` for the appender, starting it on its first append."""
+        state = self._state
         if state.task is None:
             state.task = asyncio.create_task(self._run_appender(), name="waybill-appender")
+        state.queue.extend(pendings)
         state.wake()
-        return taken
 
     async def close(self) -> None:
         """Commit what is queued, then stop the appender."""

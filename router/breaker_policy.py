@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from decimal import ROUND_DOWN, Decimal
 from enum import StrEnum
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from router.classify import MAX_RETRY_AFTER_MS
 
@@ -52,6 +52,7 @@ __all__ = [
     "admit",
     "blocked",
     "clamp_retry_after",
+    "crossed",
     "figures",
     "hear",
     "is_slow",
@@ -161,6 +162,20 @@ class Figures:
 
     def slow_call_rate(self) -> Decimal:
         return _share(self.slow, self.calls)
+
+
+def crossed(reason: str | None, settings: BreakerSettings) -> dict[str, Any]:
+    """The configured threshold an opening for ``reason`` crossed, as the
+    ``BreakerTransitioned`` fields that record it (another transition: none)."""
+    if reason == StepReason.FAILURE_THRESHOLD:
+        return {"failure_threshold": settings.failure_threshold}
+    if reason == StepReason.FAILURE_RATE:
+        rate = _share(settings.failure_rate, RATE_SCALE)
+        return {"minimum_calls": settings.minimum_calls, "failure_rate_threshold": rate}
+    if reason == StepReason.SLOW_CALL_RATE:
+        rate = _share(settings.slow_call_rate, RATE_SCALE)
+        return {"minimum_calls": settings.minimum_calls, "slow_call_rate_threshold": rate}
+    return {}
 
 
 def _share(part: int, whole: int) -> Decimal:

@@ -47,7 +47,7 @@ from ledger.store import (
     WrongExpectedVersion,
 )
 from otel.ids import attempt_span_id, request_trace_id, upstream_traceparent
-from router.breaker_policy import RATE_SCALE, BreakerSettings, Figures, StepReason
+from router.breaker_policy import Figures, crossed
 from router.breakers import Admission, BreakerBoard, BreakerKey, Transition
 from router.budgets import RequestBudget, StepRecord
 from router.chat import ChatCall, HeaderNarrowing
@@ -393,7 +393,7 @@ class Gateway:
                 reason=t.reason,
                 duration_ms=t.duration_ms,
                 **_window_figures(t.figures),
-                **_crossed(t.reason, self.breakers.settings_for(t.key)),
+                **crossed(t.reason, self.breakers.settings_for(t.key)),
             )
             for t in transitions
         ]
@@ -1939,26 +1939,6 @@ def _window_figures(figures: Figures | None) -> dict[str, Any]:
         "failure_rate": figures.failure_rate(),
         "slow_call_rate": figures.slow_call_rate(),
     }
-
-
-def _crossed(reason: str | None, settings: BreakerSettings) -> dict[str, Any]:
-    """The configured threshold a breaker's opening crossed, as ``BreakerTransitioned``
-    fields (another transition: none)."""
-    if reason == StepReason.FAILURE_THRESHOLD:
-        return {"failure_threshold": settings.failure_threshold}
-    if reason == StepReason.FAILURE_RATE:
-        rate = _rate(settings.failure_rate)
-        return {"minimum_calls": settings.minimum_calls, "failure_rate_threshold": rate}
-    if reason == StepReason.SLOW_CALL_RATE:
-        rate = _rate(settings.slow_call_rate)
-        return {"minimum_calls": settings.minimum_calls, "slow_call_rate_threshold": rate}
-    return {}
-
-
-def _rate(per_scale: int) -> Decimal:
-    """A rate of the breaker's settings (per ``RATE_SCALE``) as the window's rates are
-    written: four places."""
-    return (Decimal(per_scale) / RATE_SCALE).quantize(Decimal("0.0001"))
 
 
 def _failure_message(

@@ -83,7 +83,7 @@ async def test_an_append_sent_to_the_first_worker_is_committed_there_and_answere
     assert (await verify_chain(pair.first)).ok
 
 
-async def test_appends_of_both_workers_share_the_first_ones_batches(pair: Pair) -> None:
+async def test_appends_of_both_workers_at_once_make_one_whole_chain(pair: Pair) -> None:
     await asyncio.gather(
         *(pair.other.append(f"request-o{n}", NO_STREAM, [received(f"o{n}")]) for n in range(20)),
         *(pair.first.append(f"request-f{n}", NO_STREAM, [received(f"f{n}")]) for n in range(20)),
