@@ -157,8 +157,9 @@ def _start_gateway(
     checkpoints: str = "",
     serve_args: Sequence[str] = (),
 ) -> tuple[_Child, str]:
-    """``waybill serve`` on ``database_url`` in front of the fake; with ``source``, the
-    code of that checkout (``bench/ab.py``) instead of this one, run by ``python`` (an
+    """``waybill serve`` on ``database_url`` in front of the fake: the code of this
+    checkout (whatever the environment has installed), or with ``source`` the code of that
+    checkout (``bench/ab.py``), run by ``python`` (an
     interpreter whose environment has the project's dependencies; this one by default),
     and ``extra_env`` added; ``checkpoints``: the config's checkpoints block, if any;
     ``serve_args``: more options of ``waybill serve``."""
@@ -170,13 +171,9 @@ def _start_gateway(
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "WAYBILL_"))}
     env.update(ANTHROPIC_ENV)
     env.update(extra_env or {})
-    waybill = Path(sys.executable).with_name("waybill")
-    command = [str(waybill) if waybill.exists() else shutil.which("waybill") or "waybill"]
-    if source is not None or python is not None:
-        # Its packages first on the path, for the follower child too.
-        env["PYTHONPATH"] = str(source or BENCH.parent)
-        entry = "import sys; from router.cli import main; main()"
-        command = [python or sys.executable, "-c", entry]
+    # Its packages first on the path, for the follower child too.
+    env["PYTHONPATH"] = str(source or BENCH.parent)
+    command = [python or sys.executable, "-c", "from router.cli import main; main()"]
     port = closed_port()
     serve = ["serve", "--config", str(config), "--database-url", database_url]
     serve += ["--port", str(port), "--no-migrate", *serve_args]

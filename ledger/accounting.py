@@ -286,7 +286,9 @@ class Hold:
     model: str
     amount_usd: Decimal
     accounts: tuple[str, ...]
-    owner: str
+    # The gateway incarnation that took it; the books keep it while the hold is open, so a
+    # resolved hold read back from them has none.
+    owner: str | None
     state: HoldState = "held"
 
 

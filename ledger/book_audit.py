@@ -1,17 +1,17 @@
 """The books re-derived from the ledger: ``waybill verify --books`` and the books' replay.
 
-The live balances (``budget_accounts``), holds (``budget_holds``) and resolutions
-(``budget_resolutions``) are written by the append path, in the transaction of the budget
-events they follow. They are nothing but those events folded in position order
-(``ledger.accounting.fold_books``), so they can be checked against the ledger and rebuilt
-from it:
+The live balances (``budget_accounts``), holds (``budget_holds``, and ``budget_open_holds``
+while they are open) and resolutions (``budget_resolutions``) are written by the append
+path, in the transaction of the budget events they follow. They are nothing but those
+events folded in position order (``ledger.accounting.fold_books``), so they can be checked
+against the ledger and rebuilt from it:
 
 - :func:`check_books` folds the budget events up to the head and compares the result with
   the tables, naming every account, hold and resolution that differs. It reads in one
   snapshot (PostgreSQL REPEATABLE READ; SQLite's read transaction in WAL mode), so appends
   may go on meanwhile.
 - :func:`rebuild_books` folds them under the ledger head's lock (nothing is appended
-  meanwhile: every append takes that lock) and rewrites the three tables in the same
+  meanwhile: every append takes that lock) and rewrites the four tables in the same
   transaction, to exactly what the append path would have written.
 
 Timestamps (``updated_at``, ``created_at``, ``resolved_at``) are the recorded times of the
@@ -31,9 +31,24 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.accounting import BOOK_EVENTS, UNKNOWN_OWNER, Books, FoldProblem, fold_books
 from ledger.archive import require_history
-from ledger.books import account_row, balance_of, hold_of, hold_row, resolution_row
+from ledger.books import (
+    account_row,
+    balance_of,
+    hold_of,
+    hold_row,
+    holds,
+    open_hold_row,
+    resolution_row,
+)
 from ledger.db import READ_ONLY
-from ledger.schema import appends, budget_accounts, budget_holds, budget_resolutions, ledger_head
+from ledger.schema import (
+    appends,
+    budget_accounts,
+    budget_holds,
+    budget_open_holds,
+    budget_resolutions,
+    ledger_head,
+)
 from ledger.store import EventStore, RecordedEvent, decode_row
 from ledger.stored import previous_hash, type_char
 from ledger.types import money_of
@@ -112,7 +127,7 @@ def compare_books(
     derived: Books,
     problems: list[FoldProblem],
     accounts: Sequence[Any],
-    holds: Sequence[Any],
+    stored_hold_rows: Sequence[Any],
     resolutions: Sequence[Any],
 ) -> list[Discrepancy]:
     """Every difference between the books the events add up to and the rows stored."""
@@ -122,11 +137,16 @@ def compare_books(
     ]
     stored_accounts = {row.account_id: balance_of(row) for row in accounts}
     found += _differences("account", derived.accounts, stored_accounts, _ACCOUNT_FIELDS)
-    stored_holds = {row.reservation_id: hold_of(row) for row in holds}
+    stored_holds = {row.reservation_id: hold_of(row) for row in stored_hold_rows}
     found += _differences("hold", derived.holds, stored_holds, _HOLD_FIELDS)
     for reservation, hold in derived.holds.items():
         stored = stored_holds.get(reservation)
-        if stored is not None and hold.owner != UNKNOWN_OWNER and stored.owner != hold.owner:
+        if (
+            stored is not None
+            and stored.owner is not None  # only an open hold keeps its owner
+            and hold.owner != UNKNOWN_OWNER
+            and stored.owner != hold.owner
+        ):
             found.append(
                 Discrepancy(
                     "hold", reservation, f"owner is {stored.owner}, the ledger says {hold.owner}"
@@ -279,9 +299,9 @@ def _report(head: int, folded: _Folded, found: list[Discrepancy]) -> BooksReport
 
 async def _compare_stored(conn: AsyncConnection, folded: _Folded) -> list[Discrepancy]:
     accounts = (await conn.execute(select(budget_accounts))).all()
-    holds = (await conn.execute(select(budget_holds))).all()
+    stored_holds = (await conn.execute(holds())).all()
     resolutions = (await conn.execute(select(budget_resolutions))).all()
-    return compare_books(folded.books, folded.problems, accounts, holds, resolutions)
+    return compare_books(folded.books, folded.problems, accounts, stored_holds, resolutions)
 
 
 async def rebuild_books(store: EventStore, progress: Progress | None = None) -> BooksReport:
@@ -295,9 +315,14 @@ async def rebuild_books(store: EventStore, progress: Progress | None = None) -> 
         found = await _compare_stored(conn, folded)
         # A hold whose event did not record its gateway keeps the owner it was stored with.
         owners = dict(
-            (await conn.execute(select(budget_holds.c.reservation_id, budget_holds.c.owner))).all()
+            (
+                await conn.execute(
+                    select(budget_open_holds.c.reservation_id, budget_open_holds.c.owner)
+                )
+            ).all()
         )
         await conn.execute(delete(budget_resolutions))
+        await conn.execute(delete(budget_open_holds))
         await conn.execute(delete(budget_holds))
         await conn.execute(delete(budget_accounts))
         await _write(conn, folded, owners)
@@ -306,6 +331,10 @@ async def rebuild_books(store: EventStore, progress: Progress | None = None) -> 
 
 async def _write(conn: AsyncConnection, folded: _Folded, owners: dict[str, str]) -> None:
     books = folded.books
+    kept = [
+        replace(h, owner=owners.get(h.reservation_id, h.owner)) if h.owner == UNKNOWN_OWNER else h
+        for h in books.holds.values()
+    ]
     updated_at: dict[str, datetime] = {}
     for hold in books.holds.values():
         touched = folded.touched_at[hold.reservation_id]
@@ -316,18 +345,8 @@ async def _write(conn: AsyncConnection, folded: _Folded, owners: dict[str, str])
             budget_accounts,
             [account_row(a, updated_at[a.account_id]) for a in books.accounts.values()],
         ),
-        (
-            budget_holds,
-            [
-                hold_row(
-                    replace(h, owner=owners.get(h.reservation_id, h.owner))
-                    if h.owner == UNKNOWN_OWNER
-                    else h,
-                    folded.reserved_at[h.reservation_id],
-                )
-                for h in books.holds.values()
-            ],
-        ),
+        (budget_holds, [hold_row(h, folded.reserved_at[h.reservation_id]) for h in kept]),
+        (budget_open_holds, [row for h in kept if (row := open_hold_row(h)) is not None]),
         (
             budget_resolutions,
             [resolution_row(r, folded.touched_at[r.reservation_id]) for r in books.resolutions],

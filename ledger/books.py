@@ -20,11 +20,11 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import bindparam, insert, select, update
+from sqlalchemy import Select, bindparam, delete, func, insert, literal, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.accounting import Balance, Books, Effect, Hold, Reserve, Resolution
-from ledger.schema import budget_accounts, budget_holds, budget_resolutions
+from ledger.schema import budget_accounts, budget_holds, budget_open_holds, budget_resolutions
 from ledger.types import money_of
 
 __all__ = [
@@ -35,7 +35,9 @@ __all__ = [
     "book_writes",
     "hold_of",
     "hold_row",
+    "holds",
     "load_books",
+    "open_hold_row",
     "resolution_row",
     "save_books",
 ]
@@ -51,8 +53,18 @@ def book_needs(effects: Iterable[Effect]) -> tuple[set[str], set[str]]:
     return account_ids, hold_ids
 
 
+def holds() -> Select[Any]:
+    """The holds with their state, as :func:`hold_of` reads them: a ``budget_holds`` row
+    with its ``budget_open_holds`` row's owner and state, or no owner and ``resolved``."""
+    return select(
+        budget_holds,
+        budget_open_holds.c.owner,
+        func.coalesce(budget_open_holds.c.state, literal("resolved")).label("state"),
+    ).select_from(budget_holds.outerjoin(budget_open_holds))
+
+
 def hold_of(row: Any) -> Hold:
-    """A ``budget_holds`` row (attribute access) as a :class:`Hold`."""
+    """A row of :func:`holds` (attribute access) as a :class:`Hold`."""
     return Hold(
         reservation_id=row.reservation_id,
         request_id=row.request_id,
@@ -91,7 +103,9 @@ class BookWrites:
     # account_id, limit_usd, held_usd, settled_usd, overrun_usd
     changed_accounts: list[dict[str, Any]]
     new_holds: list[dict[str, Any]]
-    changed_holds: list[dict[str, Any]]  # reservation_id, state
+    open_holds: list[dict[str, Any]]  # the new holds' open state, if not already resolved
+    unknown_holds: list[str]  # reservation ids of open holds whose usage became unknown
+    closed_holds: list[str]  # reservation ids of open holds resolved
     resolutions: list[dict[str, Any]]
 
 
@@ -123,10 +137,15 @@ def hold_row(h: Hold, at: datetime) -> dict[str, Any]:
         "model": h.model,
         "amount_usd": h.amount_usd,
         "accounts": orjson.dumps(list(h.accounts)).decode(),
-        "state": h.state,
-        "owner": h.owner,
         "created_at": at,
     }
+
+
+def open_hold_row(h: Hold) -> dict[str, Any] | None:
+    """A ``budget_open_holds`` row, whole; None for a resolved hold (it has none)."""
+    if h.state == "resolved":
+        return None
+    return {"reservation_id": h.reservation_id, "state": h.state, "owner": h.owner}
 
 
 def resolution_row(r: Resolution, at: datetime) -> dict[str, Any]:
@@ -143,7 +162,7 @@ def resolution_row(r: Resolution, at: datetime) -> dict[str, Any]:
 
 def book_writes(books: Books, now: datetime) -> BookWrites:
     accounts = books.accounts
-    holds = books.holds
+    held = books.holds
     return BookWrites(
         new_accounts=[account_row(accounts[i], now) for i in sorted(books.new_accounts)],
         changed_accounts=[
@@ -157,11 +176,12 @@ def book_writes(books: Books, now: datetime) -> BookWrites:
             }
             for a in (accounts[i] for i in sorted(books.changed_accounts - books.new_accounts))
         ],
-        new_holds=[hold_row(holds[i], now) for i in sorted(books.new_holds)],
-        changed_holds=[
-            {"reservation_id": h.reservation_id, "state": h.state}
-            for h in (holds[i] for i in sorted(books.changed_holds))
+        new_holds=[hold_row(held[i], now) for i in sorted(books.new_holds)],
+        open_holds=[
+            row for i in sorted(books.new_holds) if (row := open_hold_row(held[i])) is not None
         ],
+        unknown_holds=sorted(i for i in books.changed_holds if held[i].state == "unknown"),
+        closed_holds=sorted(i for i in books.changed_holds if held[i].state == "resolved"),
         resolutions=[resolution_row(r, now) for r in books.resolutions],
     )
 
@@ -171,7 +191,7 @@ async def load_books(conn: AsyncConnection, effects: Iterable[Effect]) -> Books:
     books = Books()
     if hold_ids:
         rows = await conn.execute(
-            select(budget_holds).where(budget_holds.c.reservation_id.in_(sorted(hold_ids)))
+            holds().where(budget_holds.c.reservation_id.in_(sorted(hold_ids)))
         )
         for row in rows:
             hold = hold_of(row)
@@ -207,12 +227,19 @@ async def save_books(conn: AsyncConnection, books: Books, recorded_at: datetime)
         )
     if writes.new_holds:
         await conn.execute(insert(budget_holds), writes.new_holds)
-    if writes.changed_holds:
+    if writes.open_holds:
+        await conn.execute(insert(budget_open_holds), writes.open_holds)
+    if writes.unknown_holds:
         await conn.execute(
-            update(budget_holds)
-            .where(budget_holds.c.reservation_id == bindparam("b_reservation_id"))
-            .values(state=bindparam("b_state")),
-            [{f"b_{k}": v for k, v in row.items()} for row in writes.changed_holds],
+            update(budget_open_holds)
+            .where(budget_open_holds.c.reservation_id.in_(writes.unknown_holds))
+            .values(state="unknown")
+        )
+    if writes.closed_holds:
+        await conn.execute(
+            delete(budget_open_holds).where(
+                budget_open_holds.c.reservation_id.in_(writes.closed_holds)
+            )
         )
     if writes.resolutions:
         await conn.execute(insert(budget_resolutions), writes.resolutions)

@@ -36,8 +36,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ledger import events as ev
 from ledger.accounting import Hold, HoldStateError, HoldUnknown, settlement_id
-from ledger.books import hold_of
-from ledger.schema import budget_holds, gateway_instances
+from ledger.books import hold_of, holds
+from ledger.schema import budget_open_holds, gateway_instances
 from ledger.store import EventStore, WrongExpectedVersion
 
 __all__ = [
@@ -132,9 +132,9 @@ async def recover_earlier_incarnations(store: EventStore, instance_id: str, owne
             update(gateway_instances).where(earlier).values(stopped_at=datetime.now(UTC))
         )
     held = and_(
-        budget_holds.c.state == "held",
-        budget_holds.c.owner.startswith(f"{instance_id}/", autoescape=True),
-        budget_holds.c.owner != owner,
+        budget_open_holds.c.state == "held",
+        budget_open_holds.c.owner.startswith(f"{instance_id}/", autoescape=True),
+        budget_open_holds.c.owner != owner,
     )
     return await _recover(store, held)
 
@@ -147,15 +147,16 @@ async def recover_abandoned_holds(store: EventStore, *, stale_after_s: float) ->
         and_(gateway_instances.c.stopped_at.is_(None), gateway_instances.c.heartbeat_at > cutoff)
     )
     return await _recover(
-        store, and_(budget_holds.c.state == "held", budget_holds.c.owner.not_in(alive))
+        store,
+        and_(budget_open_holds.c.state == "held", budget_open_holds.c.owner.not_in(alive)),
     )
 
 
 async def _recover(store: EventStore, which: Any) -> int:
     async with store.engine.connect() as conn:
-        holds = [hold_of(row) for row in (await conn.execute(select(budget_holds).where(which)))]
+        found = [hold_of(row) for row in (await conn.execute(holds().where(which)))]
     recovered = 0
-    for hold in holds:
+    for hold in found:
         stream_id = f"request-{hold.request_id}"
         trail = await store.read_stream(stream_id)
         read = [recorded.event() for recorded in trail if recorded.type in _READ]

@@ -32,6 +32,7 @@ __all__ = [
     "archived_streams",
     "budget_accounts",
     "budget_holds",
+    "budget_open_holds",
     "budget_resolutions",
     "console_sign_outs",
     "gateway_instances",
@@ -297,12 +298,29 @@ budget_holds = Table(
     Column("model", String(200), nullable=False),
     Column("amount_usd", MoneyColumn, nullable=False),
     Column("accounts", Text, nullable=False),  # JSON list of account ids
-    Column("state", String(20), nullable=False),  # held | unknown | resolved
-    Column("owner", String(100), nullable=False),  # the gateway instance that took it
     Column("created_at", DateTime(timezone=True), nullable=False),
-    CheckConstraint("state IN ('held', 'unknown', 'resolved')", name="ck_budget_holds_state"),
 )
-Index("ix_budget_holds_state_owner", budget_holds.c.state, budget_holds.c.owner)
+
+# The holds not yet resolved: a row from the reservation until the settlement or release
+# (deleted then), with the gateway incarnation that took the hold (crash recovery looks for
+# the held holds of dead owners) and whether its usage became unknown. A hold whose
+# reservation has no row here is resolved, and its resolution is in budget_resolutions. The
+# hold itself is never updated: a hold row written once, and the short row of its open
+# state written and deleted, cost the ledger less than a second version of the whole hold.
+budget_open_holds = Table(
+    "budget_open_holds",
+    metadata,
+    Column(
+        "reservation_id",
+        String(200),
+        ForeignKey("budget_holds.reservation_id"),
+        primary_key=True,
+    ),
+    Column("state", String(20), nullable=False),  # held | unknown
+    Column("owner", String(100), nullable=False),  # the gateway incarnation that took it
+    CheckConstraint("state IN ('held', 'unknown')", name="ck_budget_open_holds_state"),
+)
+Index("ix_budget_open_holds_state_owner", budget_open_holds.c.state, budget_open_holds.c.owner)
 
 # One row per hold, ever: the primary key makes "every hold is resolved exactly once" a
 # constraint rather than a convention.

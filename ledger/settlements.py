@@ -6,7 +6,6 @@ from __future__ import annotations
 from decimal import Decimal
 
 import orjson
-from sqlalchemy import select
 
 from ledger import events as ev
 from ledger.accounting import (
@@ -16,6 +15,7 @@ from ledger.accounting import (
     reservation_of_settlement,
     settlement_refusal,
 )
+from ledger.books import holds
 from ledger.periods import adjustment_for, period_of, period_stream
 from ledger.schema import budget_holds
 from ledger.store import ANY_VERSION, NO_STREAM, EventStore, WrongExpectedVersion
@@ -58,9 +58,7 @@ async def settle_unknown(
     reservation_id = _reservation_id(settlement_id)
     async with store.engine.connect() as conn:
         hold = (
-            await conn.execute(
-                select(budget_holds).where(budget_holds.c.reservation_id == reservation_id)
-            )
+            await conn.execute(holds().where(budget_holds.c.reservation_id == reservation_id))
         ).first()
     if hold is None or hold.state != "unknown":
         raise SettlementError(f"no open unknown-usage settlement {settlement_id}")

@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import SimpleNamespace
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 import asyncpg
 import orjson
@@ -797,8 +797,10 @@ _PG_READ = """
                   'reservation_id', h.reservation_id, 'request_id', h.request_id,
                   'attempt_id', h.attempt_id, 'workspace', h.workspace, 'key_id', h.key_id,
                   'endpoint', h.endpoint, 'model', h.model, 'amount_usd', h.amount_usd::text,
-                  'accounts', h.accounts, 'owner', h.owner, 'state', h.state)), '[]')
-       FROM budget_holds h WHERE h.reservation_id = ANY(:holds::text[])) AS holds,
+                  'accounts', h.accounts, 'owner', o.owner,
+                  'state', coalesce(o.state, 'resolved'))), '[]')
+       FROM budget_holds h LEFT JOIN budget_open_holds o USING (reservation_id)
+       WHERE h.reservation_id = ANY(:holds::text[])) AS holds,
       (SELECT coalesce(json_agg(json_build_object(
                   'account_id', a.account_id, 'kind', a.kind, 'workspace', a.workspace,
                   'key_id', a.key_id, 'window_start', a.window_start,
@@ -813,13 +815,14 @@ _PG_READ = """
 # Everything the batch writes, in one statement: the events as parallel arrays (asyncpg
 # encodes them in its binary format, in C; their positions follow the head read, so they
 # are numbered by the statement), each part of the books that has rows as a JSON document
-# of its own (money as exact decimal strings), the head row, and the NOTIFY that wakes
-# tailing readers at commit. (The events as one JSON document cost the same on the client
-# and halved throughput at large batches: PostgreSQL then parses every payload twice.) The
-# statement holds only the parts the batch writes (_pg_write: at most 32 shapes, each
-# prepared once; a reservation writes a hold and its accounts, a settlement resolves a
-# hold): every data-modifying CTE costs the server its setup even when it has no rows. New
-# and changed rows of a table are disjoint sets (ledger.accounting.Books), so the CTEs never
+# of its own (money as exact decimal strings) or an array of reservation ids, the head row,
+# and the NOTIFY that wakes tailing readers at commit. (The events as one JSON document
+# cost the same on the client and halved throughput at large batches: PostgreSQL then
+# parses every payload twice.) The statement holds only the parts the batch writes
+# (_pg_write: a few shapes, each prepared once; a reservation writes a hold, its open state
+# and its accounts, a settlement closes a hold and writes its resolution and accounts):
+# every data-modifying CTE costs the server its setup even when it has no rows. New and
+# changed rows of a table are disjoint sets (ledger.accounting.Books), so the CTEs never
 # touch the same row twice. Every part waits on `head`, the guarded move of the head (see
 # THE LOCK): when it moves nothing, nothing is written (`moved` = 0).
 _PG_WRITE_HEAD = """
@@ -860,23 +863,33 @@ _PG_WRITE_BOOKS = {
     "new_holds": """
     , new_holds AS (
         INSERT INTO budget_holds (reservation_id, request_id, attempt_id, workspace, key_id,
-                                  endpoint, model, amount_usd, accounts, state, owner,
-                                  created_at)
+                                  endpoint, model, amount_usd, accounts, created_at)
         SELECT u.*, :recorded_at
         FROM jsonb_to_recordset(:new_holds::jsonb) AS u(
             reservation_id text, request_id text, attempt_id text, workspace text,
-            key_id text, endpoint text, model text, amount_usd numeric, accounts text,
-            state text, owner text)
+            key_id text, endpoint text, model text, amount_usd numeric, accounts text)
         WHERE EXISTS (SELECT 1 FROM head)
         RETURNING 1
     )""",
-    "changed_holds": """
-    , changed_holds AS (
-        UPDATE budget_holds b SET state = u.state
-        FROM jsonb_to_recordset(:changed_holds::jsonb) AS u(reservation_id text, state text)
-        WHERE b.reservation_id = u.reservation_id
-          AND b.reservation_id = ANY(:changed_hold_ids::text[])
-          AND EXISTS (SELECT 1 FROM head)
+    "open_holds": """
+    , open_holds AS (
+        INSERT INTO budget_open_holds (reservation_id, state, owner)
+        SELECT u.*
+        FROM jsonb_to_recordset(:open_holds::jsonb) AS u(
+            reservation_id text, state text, owner text)
+        WHERE EXISTS (SELECT 1 FROM head)
+        RETURNING 1
+    )""",
+    "unknown_holds": """
+    , unknown_holds AS (
+        UPDATE budget_open_holds SET state = 'unknown'
+        WHERE reservation_id = ANY(:unknown_holds::text[]) AND EXISTS (SELECT 1 FROM head)
+        RETURNING 1
+    )""",
+    "closed_holds": """
+    , closed_holds AS (
+        DELETE FROM budget_open_holds
+        WHERE reservation_id = ANY(:closed_holds::text[]) AND EXISTS (SELECT 1 FROM head)
         RETURNING 1
     )""",
     "resolutions": """
@@ -909,7 +922,11 @@ _PG_WRITE_EVENTS = """
 """
 
 
-@functools.lru_cache(maxsize=32)
+_ID_PARTS: Final = frozenset({"unknown_holds", "closed_holds"})
+"""The parts of ``_PG_WRITE_BOOKS`` whose rows are reservation ids."""
+
+
+@functools.lru_cache(maxsize=64)
 def _pg_write(parts: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
     """The write statement for a batch whose books have rows in ``parts`` (names of
     ``_PG_WRITE_BOOKS``, in its order), with asyncpg's ``$n`` and the parameters' names."""
@@ -1275,10 +1292,11 @@ def _write_parameters(
     writes = book_writes(books, written.recorded_at)
     parts = tuple(part for part in _PG_WRITE_BOOKS if getattr(writes, part))
     for part in parts:
-        # Decimals as their exact strings; the timestamps are the statement's own.
-        parameters[part] = orjson.dumps(getattr(writes, part), default=str).decode()
+        rows = getattr(writes, part)
+        # Rows as JSON, Decimals as their exact strings (the timestamps are the statement's
+        # own); reservation ids as an array.
+        parameters[part] = rows if part in _ID_PARTS else orjson.dumps(rows, default=str).decode()
     parameters["changed_account_ids"] = [a["account_id"] for a in writes.changed_accounts]
-    parameters["changed_hold_ids"] = [h["reservation_id"] for h in writes.changed_holds]
     return parameters, parts
 
 

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 from ledger import apikeys
 from ledger.db import sync_url
-from ledger.schema import budget_accounts, budget_holds, budget_resolutions
+from ledger.schema import budget_accounts, budget_holds, budget_open_holds, budget_resolutions
 from router.fake_upstream import Behavior
 from tests.gateway.harness import Route, running_gateway
 from tests.helpers import eventually
@@ -25,7 +25,7 @@ BODY: dict[str, Any] = {
     "messages": [{"role": "user", "content": "hi"}],
     "max_tokens": 100,
 }
-TABLES = (budget_accounts, budget_holds, budget_resolutions)
+TABLES = (budget_accounts, budget_holds, budget_open_holds, budget_resolutions)
 
 
 async def _traffic(database_url: str) -> None:
@@ -52,7 +52,7 @@ async def _traffic(database_url: str) -> None:
             for _ in range(5):
                 assert (await http.post("/v1/chat/completions", json=BODY)).status_code == 200
         rows = await _rows(gw.store.engine)
-        unknown = [h for h in rows["budget_holds"] if h["state"] == "unknown"]
+        unknown = [h for h in rows["budget_open_holds"] if h["state"] == "unknown"]
         settlement = "unk_" + unknown[0]["reservation_id"].removeprefix("res_")
         async with gw.http() as http:
             http.headers["Authorization"] = f"Bearer {admin.secret}"
@@ -123,14 +123,18 @@ def _tamper(url: str) -> tuple[str, str, str]:
             )
             resolved = conn.execute(
                 sa.select(budget_holds.c.reservation_id)
-                .where(budget_holds.c.state == "resolved")
+                .where(
+                    budget_holds.c.reservation_id.not_in(
+                        sa.select(budget_open_holds.c.reservation_id)
+                    )
+                )
                 .order_by(budget_holds.c.reservation_id)
             ).all()
             reopened, vanished = resolved[0][0], resolved[1][0]
             conn.execute(
-                sa.update(budget_holds)
-                .where(budget_holds.c.reservation_id == reopened)
-                .values(state="held")
+                sa.insert(budget_open_holds).values(
+                    reservation_id=reopened, state="held", owner="gw/inc_reopened"
+                )
             )
             conn.execute(
                 sa.delete(budget_resolutions).where(budget_resolutions.c.reservation_id == vanished)

@@ -16,7 +16,8 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from ledger.schema import budget_accounts, budget_holds
+from ledger.books import holds
+from ledger.schema import budget_accounts
 from router.chat import parse_body
 from router.fake_upstream import Behavior, FakeUpstream
 from router.routing import worst_case_cost
@@ -268,7 +269,7 @@ def test_kill_9_mid_request_then_restart_leaves_an_open_unknown_settlement(
             deadline = time.monotonic() + 20
             while True:
                 with engine.connect() as conn:
-                    states = [r.state for r in conn.execute(sa.select(budget_holds))]
+                    states = [r.state for r in conn.execute(holds())]
                 if states == ["unknown"]:
                     break
                 assert time.monotonic() < deadline, states

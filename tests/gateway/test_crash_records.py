@@ -19,8 +19,8 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import events as ev
+from ledger.books import holds
 from ledger.recovery import MAX_INSTANCE_ID, check_instance_id
-from ledger.schema import budget_holds
 from ledger.store import LedgerUnavailable, RecordedEvent
 from router.app import default_instance_id
 from router.fake_upstream import Behavior, FakeUpstream, Kind
@@ -103,7 +103,7 @@ async def test_a_stream_whose_commit_cannot_be_recorded_is_a_503_before_any_byte
         assert opened["cause"] == "ledger_unavailable"
         assert (failed["http_status"], failed["stream_started"]) == (503, False)
         async with gw.store.engine.connect() as conn:
-            states = (await conn.execute(sa.select(budget_holds.c.state))).scalars().all()
+            states = [row.state for row in await conn.execute(holds())]
         assert states == ["unknown"]
 
 
@@ -114,7 +114,7 @@ def _holds(url: str) -> dict[str, str]:
     engine = sa.create_engine(url)
     try:
         with engine.connect() as conn:
-            rows = conn.execute(sa.select(budget_holds.c.request_id, budget_holds.c.state))
+            rows = conn.execute(holds())
             return {row.request_id: row.state for row in rows if row.state != "resolved"}
     finally:
         engine.dispose()

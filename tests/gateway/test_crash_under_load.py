@@ -103,7 +103,7 @@ def test_kill_9_under_load_loses_nothing(postgres_url: str, tmp_path: Path) -> N
             while True:
                 with engine.connect() as conn:
                     held = conn.execute(
-                        sa.text("SELECT count(*) FROM budget_holds WHERE state = 'held'")
+                        sa.text("SELECT count(*) FROM budget_open_holds WHERE state = 'held'")
                     ).scalar_one()
                 if held == 0:
                     break
@@ -114,7 +114,10 @@ def test_kill_9_under_load_loses_nothing(postgres_url: str, tmp_path: Path) -> N
                 holds: dict[str, int] = {
                     str(state): int(count)
                     for state, count in conn.execute(
-                        sa.text("SELECT state, count(*) FROM budget_holds GROUP BY state")
+                        sa.text(
+                            "SELECT coalesce(o.state, 'resolved'), count(*) FROM budget_holds h "
+                            "LEFT JOIN budget_open_holds o USING (reservation_id) GROUP BY 1"
+                        )
                     )
                 }
             engine.dispose()

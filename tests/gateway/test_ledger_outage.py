@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from ledger.schema import budget_holds
+from ledger.books import holds
 from ledger.store import LedgerUnavailable
 from tests.gateway.harness import Route, running_gateway
 from tests.helpers import eventually
@@ -140,7 +140,7 @@ async def test_a_commit_whose_answer_was_lost_is_found_and_its_attempt_closed(da
         assert released["reason"] == "not_started"
         assert failed["error_code"] == "ledger_unavailable"
         async with store.engine.connect() as conn:
-            states = (await conn.execute(sa.select(budget_holds.c.state))).scalars().all()
+            states = [row.state for row in await conn.execute(holds())]
         assert states == ["resolved"]
 
 

@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import apikeys
+from ledger.books import holds
 from ledger.events import Usage
 from ledger.projection import ProjectionRunner
 from ledger.schema import budget_holds, spend_attempts
@@ -235,12 +236,10 @@ async def _round_trip(database_url: str, export_format: str) -> None:
             async with gw.store.engine.connect() as conn:
                 hold = (
                     await conn.execute(
-                        sa.select(budget_holds.c.state).where(
-                            budget_holds.c.reservation_id == unknown.reservation_id
-                        )
+                        holds().where(budget_holds.c.reservation_id == unknown.reservation_id)
                     )
-                ).scalar_one()
-            assert hold == "resolved"
+                ).one()
+            assert hold.state == "resolved"
 
             async def released() -> bool:
                 spend = (await http.get("/v1/spend?group_by=endpoint")).json()["data"]

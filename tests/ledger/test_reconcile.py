@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from ledger import events as ev
 from ledger.accounting import AccountSpec, Hold, HoldUnknown, Reserve, Settle
+from ledger.books import holds
 from ledger.reconcile import (
     AttemptRecord,
     ReconcileScope,
@@ -438,13 +439,9 @@ async def _ledger(store: EventStore) -> bytes:
 async def _held(store: EventStore, reservation_id: str) -> str:
     async with store.engine.connect() as conn:
         return str(
-            (
-                await conn.execute(
-                    sa.select(budget_holds.c.state).where(
-                        budget_holds.c.reservation_id == reservation_id
-                    )
-                )
-            ).scalar_one()
+            (await conn.execute(holds().where(budget_holds.c.reservation_id == reservation_id)))
+            .one()
+            .state
         )
 
 

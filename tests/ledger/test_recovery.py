@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 from ledger import events as ev
 from ledger.accounting import AccountSpec, Hold, Reserve
+from ledger.books import holds
 from ledger.recovery import (
     check_instance_id,
     heartbeat,
@@ -22,7 +23,7 @@ from ledger.recovery import (
     register_instance,
     stop_instance,
 )
-from ledger.schema import budget_holds, gateway_instances
+from ledger.schema import budget_open_holds, gateway_instances
 from ledger.store import NO_STREAM, EventStore
 from ledger.verify import verify_chain
 from tests.ledger.factories import received
@@ -218,7 +219,7 @@ def test_an_instance_id_never_holds_a_slash_and_fits_an_owner() -> None:
         with pytest.raises(ValueError):
             check_instance_id(bad)
     owner = incarnation_owner("x" * 64, "inc_" + "0" * 28)
-    assert len(owner) <= budget_holds.c.owner.type.length  # type: ignore[attr-defined]
+    assert len(owner) <= budget_open_holds.c.owner.type.length  # type: ignore[attr-defined]
     assert len(owner) <= gateway_instances.c.instance_id.type.length  # type: ignore[attr-defined]
 
 
@@ -238,7 +239,7 @@ async def _in_flight(store: EventStore, request_id: str, owner: str) -> Hold:
 
 async def _states(store: EventStore) -> dict[str, str]:
     async with store.engine.connect() as conn:
-        rows = await conn.execute(sa.select(budget_holds.c.request_id, budget_holds.c.state))
+        rows = await conn.execute(holds())
         return {row.request_id: row.state for row in rows}
 
 

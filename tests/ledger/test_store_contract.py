@@ -456,9 +456,9 @@ async def test_postgres_append_finds_holds_by_index_however_many_there_are(
                 await conn.execute(
                     text(
                         "INSERT INTO budget_holds (reservation_id, request_id, attempt_id, "
-                        "workspace, key_id, endpoint, model, amount_usd, accounts, state, "
-                        "owner, created_at) SELECT 'res_' || i, 'req_' || i, 'att_' || i, "
-                        "'acme', 'k', 'east', 'm', 0.01, '[]', 'resolved', 'gw', now() "
+                        "workspace, key_id, endpoint, model, amount_usd, accounts, created_at) "
+                        "SELECT 'res_' || i, 'req_' || i, 'att_' || i, "
+                        "'acme', 'k', 'east', 'm', 0.01, '[]', now() "
                         "FROM generate_series(1, :n) AS i ON CONFLICT DO NOTHING"
                     ),
                     {"n": holds},
