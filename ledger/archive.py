@@ -47,6 +47,8 @@ __all__ = [
     "Segment",
     "SegmentWriter",
     "archive_months",
+    "archived_events",
+    "archived_history",
     "archived_segments",
     "archived_stream",
     "check_directory",
@@ -54,7 +56,6 @@ __all__ = [
     "file_name",
     "live_start",
     "read_segment",
-    "require_history",
     "write_segment",
 ]
 
@@ -82,8 +83,7 @@ class RequestArchived(Exception):
 
 class HistoryArchived(Exception):
     """Work that folds every event since position 1 (a replay, the books' audit) on a
-    ledger whose oldest months are archived: the read models and the books keep what they
-    folded from those events, and are not rebuilt without them."""
+    ledger whose oldest months are archived, and no archive directory to read them from."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,14 +311,27 @@ async def live_start(engine: AsyncEngine) -> tuple[int, str]:
     return segments[-1].last_position, segments[-1].end_hash
 
 
-async def require_history(engine: AsyncEngine, what: str) -> None:
-    """Refuse ``what`` (HistoryArchived) if months of the ledger are archived."""
+async def archived_history(engine: AsyncEngine, what: str, archive: Path | None) -> list[Segment]:
+    """The archived months that ``what`` (work that folds every event since position 1: a
+    replay, the books' audit) reads from ``archive`` before the live ledger, their files
+    checked as the chain's start (``check_directory``); none when nothing is archived.
+    HistoryArchived without ``archive``; ArchiveError for a file that does not hold."""
     segments = await archived_segments(engine)
-    if segments:
+    if not segments:
+        return []
+    if archive is None:
         raise HistoryArchived(
             f"{what} needs every event, and positions 1-{segments[-1].last_position} are "
-            "archived: the read models and the books keep what was folded from them"
+            "archived: give their directory (--archive or WAYBILL_ARCHIVE_DIR)"
         )
+    return await asyncio.to_thread(check_directory, archive, segments)
+
+
+def archived_events(directory: Path, segments: Iterable[Segment]) -> Iterator[StoredEvent]:
+    """Every event of the archived months, in position order, from their files."""
+    for segment in segments:
+        _, events = read_segment(directory / segment.file)
+        yield from events
 
 
 def check_directory(directory: Path, recorded: list[Segment]) -> list[Segment]:

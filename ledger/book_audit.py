@@ -20,17 +20,20 @@ events that last changed a row; they are not compared.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
 from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.accounting import BOOK_EVENTS, UNKNOWN_OWNER, Books, FoldProblem, fold_books
-from ledger.archive import require_history
+from ledger.archive import Segment, archived_events, archived_history
 from ledger.books import (
     account_row,
     balance_of,
@@ -49,7 +52,7 @@ from ledger.schema import (
     budget_resolutions,
     ledger_head,
 )
-from ledger.store import EventStore, RecordedEvent, decode_row
+from ledger.store import EventStore, RecordedEvent, decode_payload, decode_row
 from ledger.stored import previous_hash, type_char
 from ledger.types import money_of
 
@@ -210,16 +213,29 @@ def _shown(value: object) -> str:
 
 
 async def _budget_events(
-    conn: AsyncConnection, head: int, progress: Progress | None
+    conn: AsyncConnection, head: int, progress: Progress | None, archived: _Archived
 ) -> AsyncIterator[RecordedEvent]:
-    """The budget events up to ``head``, in position order, read a page at a time (rows
-    that hold none are told by their types and never decompressed)."""
+    """The budget events up to ``head``, in position order: the archived months' from their
+    files, then the live ledger's, read a page at a time (rows that hold none are told by
+    their types and never decompressed)."""
     a = appends.c
     wanted = {type_char(t) for t in BOOK_EVENT_TYPES}
     total = 0
     for (types,) in await conn.execute(select(a.types).where(a.position <= head)):
         total += sum(1 for char in types if char in wanted)
     after, done = 0, 0
+    if archived is not None:
+        directory, segments = archived
+        events = archived_events(directory, segments)
+        while page := await asyncio.to_thread(list, itertools.islice(events, _PAGE)):
+            for stored in page:
+                recorded = decode_payload(*stored)
+                if recorded.type in BOOK_EVENT_TYPES:
+                    done += 1
+                    yield recorded
+            if progress is not None:
+                progress(done, total + done)
+        total += done
     while True:
         rows = (
             await conn.execute(
@@ -253,8 +269,14 @@ class _Folded:
     touched_at: dict[str, datetime]  # reservation id -> its last budget event
 
 
-async def _fold(conn: AsyncConnection, head: int, progress: Progress | None) -> _Folded:
-    recorded = [r async for r in _budget_events(conn, head, progress)]
+_Archived = tuple[Path, list[Segment]] | None
+"""The archive directory and the months in it a fold reads first; None: nothing archived."""
+
+
+async def _fold(
+    conn: AsyncConnection, head: int, progress: Progress | None, archived: _Archived
+) -> _Folded:
+    recorded = [r async for r in _budget_events(conn, head, progress, archived)]
     reserved_at: dict[str, datetime] = {}
     touched_at: dict[str, datetime] = {}
     for r in recorded:
@@ -272,9 +294,12 @@ async def _head(conn: AsyncConnection, *, lock: bool = False) -> int:
     return int((await conn.execute(query)).scalar_one())
 
 
-async def check_books(store: EventStore, progress: Progress | None = None) -> BooksReport:
-    """Fold the budget events and compare them with the live tables, in one snapshot."""
-    await require_history(store.engine, "checking the books")
+async def check_books(
+    store: EventStore, progress: Progress | None = None, *, archive: Path | None = None
+) -> BooksReport:
+    """Fold the budget events and compare them with the live tables, in one snapshot; the
+    archived months' events are read from ``archive`` (``ledger.archive.archived_history``)."""
+    archived = await _archived(store, "checking the books", archive)
     async with store.engine.connect() as conn:
         options: dict[str, Any] = {READ_ONLY: True}
         if conn.dialect.name == "postgresql":
@@ -282,9 +307,14 @@ async def check_books(store: EventStore, progress: Progress | None = None) -> Bo
         conn = await conn.execution_options(**options)
         async with conn.begin():
             head = await _head(conn)
-            folded = await _fold(conn, head, progress)
+            folded = await _fold(conn, head, progress, archived)
             found = await _compare_stored(conn, folded)
     return _report(head, folded, found)
+
+
+async def _archived(store: EventStore, what: str, archive: Path | None) -> _Archived:
+    segments = await archived_history(store.engine, what, archive)
+    return (archive, segments) if archive is not None and segments else None
 
 
 def _report(head: int, folded: _Folded, found: list[Discrepancy]) -> BooksReport:
@@ -304,14 +334,16 @@ async def _compare_stored(conn: AsyncConnection, folded: _Folded) -> list[Discre
     return compare_books(folded.books, folded.problems, accounts, stored_holds, resolutions)
 
 
-async def rebuild_books(store: EventStore, progress: Progress | None = None) -> BooksReport:
+async def rebuild_books(
+    store: EventStore, progress: Progress | None = None, *, archive: Path | None = None
+) -> BooksReport:
     """Rewrite the books from the budget events, under the ledger head's lock. Returns what
     was found wrong before (an empty list: they were right, and are unchanged in value)."""
-    await require_history(store.engine, "rebuilding the books")
+    archived = await _archived(store, "rebuilding the books", archive)
     async with store.engine.begin() as conn:
         # SQLite: BEGIN IMMEDIATE (ledger.db) already holds the database's write lock.
         head = await _head(conn, lock=conn.dialect.name == "postgresql")
-        folded = await _fold(conn, head, progress)
+        folded = await _fold(conn, head, progress, archived)
         found = await _compare_stored(conn, folded)
         # A hold whose event did not record its gateway keeps the owner it was stored with.
         owners = dict(

@@ -17,24 +17,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, ClassVar
 
 from sqlalchemy import Table, delete, select, text, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ledger.archive import require_history
+from ledger.archive import archived_events, archived_history
 from ledger.db import dialect_insert, is_unavailable
 from ledger.schema import appends, ledger_head, projection_checkpoints
 from ledger.store import EventStore, RecordedEvent, decode_payload
 from ledger.stored import (
     FROM_POSITION_SQL,
     PREVIOUS_SQL,
+    StoredEvent,
     from_position,
     previous_hash,
     stored_events,
@@ -270,11 +273,17 @@ class ProjectionRunner:
             if consumed < self.page_size:
                 return done
 
-    async def replay(self, *projections: Projection, progress: Progress | None = None) -> int:
+    async def replay(
+        self,
+        *projections: Projection,
+        progress: Progress | None = None,
+        archive: Path | None = None,
+    ) -> int:
         """Clear the tables of ``projections`` (all when none is named) and rebuild them from
-        position 0, in one pass over the ledger."""
+        position 0, in one pass over the ledger: over the archived months' files in
+        ``archive`` first, if months are archived (``ledger.archive.archived_history``)."""
         chosen = sorted(projections or self.projections.values(), key=lambda p: p.name)
-        await require_history(self.store.engine, "a replay")
+        segments = await archived_history(self.store.engine, "a replay", archive)
         async with self.store.engine.begin() as conn:
             for projection in chosen:
                 await _lock_checkpoint(conn, projection.name)
@@ -292,7 +301,42 @@ class ProjectionRunner:
                 .where(projection_checkpoints.c.name.in_([p.name for p in chosen]))
                 .values(position=0, updated_at=datetime.now(UTC))
             )
-        return await self.catch_up(*chosen, progress=progress)
+        if not segments:
+            return await self.catch_up(*chosen, progress=progress)
+        assert archive is not None
+        lags = await self.lag()
+        head = max(lags[p.name] for p in chosen)
+        done = 0
+        events = archived_events(archive, segments)
+        while page := await asyncio.to_thread(list, itertools.islice(events, self.page_size)):
+            await self._apply_archived(chosen, page)
+            done += len(page)
+            if progress is not None:
+                progress(done, head)
+
+        def live(applied: int, total: int) -> None:
+            assert progress is not None
+            progress(done + applied, done + total)
+
+        return done + await self.catch_up(*chosen, progress=live if progress else None)
+
+    async def _apply_archived(self, chosen: list[Projection], page: list[StoredEvent]) -> None:
+        """A page of archived events (in position order, past every checkpoint), as
+        ``step`` applies a page of the live ledger's."""
+        wanted = _wanted(chosen)
+        events = [
+            recorded
+            for recorded in (decode_payload(*stored) for stored in page)
+            if wanted is None or recorded.type in wanted
+        ]
+        async with self.store.engine.begin() as conn:
+            checkpoints = [await _lock_checkpoint(conn, p.name) for p in chosen]
+            await _apply_page(SqlAlchemyWriter(conn), chosen, checkpoints, events)
+            await conn.execute(
+                update(projection_checkpoints)
+                .where(projection_checkpoints.c.name.in_([p.name for p in chosen]))
+                .values(position=page[-1][0], updated_at=datetime.now(UTC))
+            )
 
     async def lag(self) -> dict[str, int]:
         """Head position minus checkpoint, per projection: how far each read model trails."""
@@ -370,13 +414,7 @@ def _decode_wanted(
     one's position, and those that some projection reads, decoded. The others (route
     evaluations, the largest events, are read by none) are skipped unparsed, and a row
     holding none of them is not even decompressed."""
-    wanted: set[str] | None = set()
-    for projection in chosen:
-        if projection.event_types is None:
-            wanted = None
-            break
-        assert wanted is not None
-        wanted |= projection.event_types
+    wanted = _wanted(chosen)
     characters = None if wanted is None else {type_char(t) for t in wanted}
     last, page = start, []
     for position, types, previous, payloads in rows:
@@ -392,6 +430,16 @@ def _decode_wanted(
                     page.append(decode_payload(at, hash_, payload))
         last = position + end - 1
     return last - start, last, page
+
+
+def _wanted(chosen: Sequence[Projection]) -> set[str] | None:
+    """The event types some projection of ``chosen`` reads; None: all of them."""
+    wanted: set[str] = set()
+    for projection in chosen:
+        if projection.event_types is None:
+            return None
+        wanted |= projection.event_types
+    return wanted
 
 
 async def _apply_page(

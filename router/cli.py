@@ -35,7 +35,7 @@ from rich.table import Table
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from ledger import apikeys
-from ledger.archive import HistoryArchived
+from ledger.archive import ArchiveError, HistoryArchived
 from ledger.db import (
     DatabaseUrlError,
     create_engine,
@@ -99,7 +99,7 @@ class CliError(Exception):
 def _friendly_errors() -> Any:
     try:
         yield
-    except (CliError, DatabaseUrlError, apikeys.UnknownKey, HistoryArchived) as error:
+    except (CliError, DatabaseUrlError, apikeys.UnknownKey, HistoryArchived, ArchiveError) as error:
         err.print(f"[red]error:[/red] {escape(str(error))}", highlight=False)
         raise typer.Exit(1) from None
     except SQLAlchemyError as error:
@@ -212,7 +212,8 @@ def verify_command(
         typer.Option(
             "--archive",
             help="The directory of the archived months (`waybill archive`): checked as the "
-            "chain's start. Default: WAYBILL_ARCHIVE_DIR.",
+            "chain's start, and their budget events folded by --books. Default: "
+            "WAYBILL_ARCHIVE_DIR.",
             envvar="WAYBILL_ARCHIVE_DIR",
         ),
     ] = None,
@@ -233,7 +234,9 @@ def verify_command(
             report = None
             if books:
                 task = progress.add_task("checking the books", total=None)
-                report = await check_books(store, _progress_callback(progress, task))
+                report = await check_books(
+                    store, _progress_callback(progress, task), archive=archive
+                )
         audited = None
         if audit is not None:
             audited = await audit.finish(store.engine, complete=result.ok)
@@ -318,6 +321,16 @@ def replay_command(
             "resolutions (default: all of them).",
         ),
     ] = None,
+    archive: Annotated[
+        Path | None,
+        typer.Option(
+            "--archive",
+            help="The directory of the archived months (`waybill archive`), needed once "
+            "months are archived: their events are read from the files, checked as the "
+            "chain's start. Default: WAYBILL_ARCHIVE_DIR.",
+            envvar="WAYBILL_ARCHIVE_DIR",
+        ),
+    ] = None,
 ) -> None:
     """Rebuild projections and the books from event 0."""
     from ledger.book_audit import rebuild_books
@@ -336,12 +349,16 @@ def replay_command(
                 # once.
                 label = ", ".join(t.name for t in chosen)
                 task = progress.add_task(f"replaying {label}", total=None)
-                count = await runner.replay(*chosen, progress=_progress_callback(progress, task))
+                count = await runner.replay(
+                    *chosen, progress=_progress_callback(progress, task), archive=archive
+                )
                 applied.update((target.name, count) for target in chosen)
             if BOOKS in names:
                 # Under the ledger head's lock: appends wait until the books are rewritten.
                 task = progress.add_task("rebuilding the books", total=None)
-                report = await rebuild_books(store, _progress_callback(progress, task))
+                report = await rebuild_books(
+                    store, _progress_callback(progress, task), archive=archive
+                )
                 applied[BOOKS] = report.events
                 for found in report.discrepancies:
                     err.print(

@@ -16,10 +16,11 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import select, text
 
 from ledger import apikeys
 from ledger import events as ev
+from ledger.accounting import Effect, effect_of
 from ledger.archive import (
     ArchiveError,
     ArchiveRefused,
@@ -31,10 +32,12 @@ from ledger.archive import (
     read_segment,
     request_trail,
 )
+from ledger.book_audit import check_books, rebuild_books
 from ledger.db import create_engine
 from ledger.explain import explain
 from ledger.partitions import month_of
 from ledger.projection import ProjectionRunner
+from ledger.schema import budget_accounts, budget_holds, budget_open_holds, budget_resolutions
 from ledger.spend import spend_report
 from ledger.store import ANY_VERSION, NO_STREAM, EventStore, WrongExpectedVersion
 from ledger.verify import verify_chain
@@ -53,6 +56,7 @@ def _months_ago(count: int, day: int) -> datetime:
 
 # Two closed months with a month between them (its table empty), and this one.
 _MONTHS = [_months_ago(4, 15), _months_ago(3, 10), _NOW]
+BOOK_TABLES = (budget_accounts, budget_holds, budget_open_holds, budget_resolutions)
 _FIRST, _SECOND = (month_of(m) for m in _MONTHS[:2])
 
 
@@ -65,21 +69,38 @@ class _Clock:
 
 
 async def _three_months(
-    database_url: str, *, requests: int = 3, adjusted: bool = False, folded: bool = True
+    database_url: str,
+    *,
+    requests: int = 3,
+    adjusted: bool = False,
+    folded: bool = True,
+    books: bool = False,
 ) -> tuple[EventStore, _Clock]:
     """``requests`` requests a month; ``adjusted``: the first month's ``m0r1`` moved by a
-    period adjustment recorded in the second; ``folded``: the read models caught up."""
+    period adjustment recorded in the second; ``folded``: the read models caught up;
+    ``books``: the budget events change the books (each request reserves, then settles,
+    as the gateway appends them), and the first month's last request stays held."""
     clock = _Clock()
     store = EventStore(create_engine(database_url), clock=clock)
     for month, moment in enumerate(_MONTHS):
         clock.moment = moment
         for n in range(requests):
-            await store.append(f"request-m{month}r{n}", NO_STREAM, succeeded_trail(f"m{month}r{n}"))
+            trail, stream = succeeded_trail(f"m{month}r{n}"), f"request-m{month}r{n}"
+            if not books:
+                await store.append(stream, NO_STREAM, trail)
+                continue
+            held = await store.append(stream, NO_STREAM, trail[:4], effects=_effects(trail[:4]))
+            if (month, n) != (0, requests - 1):
+                await store.append(stream, held[-1].version, trail[4:], effects=_effects(trail[4:]))
         if adjusted and month == 1:
             await store.append(f"period-{_SECOND}", ANY_VERSION, [_adjustment_of_m0r1()])
     if folded:
         await ProjectionRunner(store, all_projections()).catch_up()
     return store, clock
+
+
+def _effects(events: list[ev.Event]) -> list[Effect]:
+    return [effect for event in events if (effect := effect_of(event)) is not None]
 
 
 def _adjustment_of_m0r1() -> ev.PeriodAdjusted:
@@ -161,11 +182,60 @@ async def test_closed_months_become_files_and_verify_checks_them_with_the_live_l
         with pytest.raises(WrongExpectedVersion):
             await store.append("request-m1r2", NO_STREAM, succeeded_trail("m1r2")[:1])
         assert (await verify_chain(store, archive=archive_dir)).ok
-        # A replay would rebuild them from the events left: refused, saying why.
-        with pytest.raises(HistoryArchived, match="positions 1-42 are archived"):
-            await ProjectionRunner(store, all_projections()).replay()
+        # A replay reads the archived months from their files: refused without them, saying
+        # why; with them, the read models come back as the follower had folded them.
+        runner = ProjectionRunner(store, all_projections())
+        await runner.catch_up()
+        folded = await _read_models(store)
+        with pytest.raises(HistoryArchived, match="positions 1-42 are archived: give their"):
+            await runner.replay()
+        seen: list[tuple[int, int]] = []
+        assert await runner.replay(archive=archive_dir, progress=lambda *p: seen.append(p)) == 64
+        assert await _read_models(store) == folded
+        assert seen[-1] == (64, 64) and seen[0][0] < 64
         # Nothing is archived twice; the current month never.
         assert await archive_months(store, date(2099, 1, 1), archive_dir) == []
+    finally:
+        await store.close()
+        await store.engine.dispose()
+
+
+async def _read_models(store: EventStore) -> dict[str, list[tuple[object, ...]]]:
+    """Every row of every read model, and the books, in key order."""
+    tables = [t for p in all_projections() for t in p.tables] + [*BOOK_TABLES]
+    async with store.engine.connect() as conn:
+        return {
+            t.name: [tuple(r) for r in await conn.execute(select(t).order_by(*t.primary_key))]
+            for t in tables
+        }
+
+
+@pytest.mark.postgres
+async def test_the_books_are_checked_and_rebuilt_through_the_archive(
+    postgres_url: str, archive_dir: Path
+) -> None:
+    store, _ = await _three_months(postgres_url, books=True)
+    try:
+        kept = await _read_models(store)
+        assert len(kept["budget_open_holds"]) == 1  # the first month's last request
+        await archive_months(store, date(_NOW.year, _NOW.month, 1), archive_dir)
+        with pytest.raises(HistoryArchived, match="give their directory"):
+            await check_books(store)
+        checked = await check_books(store, archive=archive_dir)
+        assert checked.ok and checked.holds == 9 and checked.events == 17
+
+        async with store.engine.begin() as conn:  # edits made around the ledger
+            await conn.execute(text("UPDATE budget_accounts SET settled_usd = settled_usd + 5"))
+            await conn.execute(text("DELETE FROM budget_open_holds"))
+        found = await check_books(store, archive=archive_dir)
+        assert {(d.kind, d.id) for d in found.discrepancies} == {
+            ("account", "workspace:acme"),
+            ("hold", "m0r2-a1-r"),
+        }
+        rebuilt = await rebuild_books(store, archive=archive_dir)
+        assert rebuilt.discrepancies == found.discrepancies
+        assert await _read_models(store) == kept
+        assert (await check_books(store, archive=archive_dir)).ok
     finally:
         await store.close()
         await store.engine.dispose()
@@ -206,7 +276,7 @@ async def test_sqlite_refuses_to_archive_saying_why(sqlite_url: str, archive_dir
 async def test_the_cli_archives_with_progress_and_verify_reads_the_archive(
     postgres_url: str, archive_dir: Path
 ) -> None:
-    store, _ = await _three_months(postgres_url)
+    store, _ = await _three_months(postgres_url, books=True)
     await store.close()
     await store.engine.dispose()
     month = month_of(_NOW)
@@ -219,12 +289,12 @@ async def test_the_cli_archives_with_progress_and_verify_reads_the_archive(
 
     archived = waybill("archive", "--before", f"{month}-01", "--to", str(archive_dir))
     assert archived.returncode == 0, archived.stderr
-    assert f"archived {_FIRST}: positions 1-21 (21 events)" in archived.stdout
+    assert f"archived {_FIRST}: positions 1-18 (18 events)" in archived.stdout
     assert "archiving" in archived.stderr  # the progress bar
     plain = waybill("verify")
-    assert plain.returncode == 0 and "positions 1-42 archived, not checked" in plain.stdout
+    assert plain.returncode == 0 and "positions 1-39 archived, not checked" in plain.stdout
     whole = waybill("verify", "--archive", str(archive_dir))
-    assert whole.returncode == 0 and "ledger OK: 63 events" in whole.stdout
+    assert whole.returncode == 0 and "ledger OK: 60 events" in whole.stdout
 
     # An archived request is explained from the archive, once told where it is.
     unseen = waybill("explain", "m0r1")
@@ -234,6 +304,17 @@ async def test_the_cli_archives_with_progress_and_verify_reads_the_archive(
     assert json.loads(explained.stdout)["request_id"] == "m0r1"
     live = waybill("explain", "m2r1", "--json")
     assert live.returncode == 0 and json.loads(live.stdout)["request_id"] == "m2r1"
+
+    # The read models and the books are rebuilt and checked through the archive.
+    refused = waybill("replay")
+    assert refused.returncode == 1 and "give their directory (--archive" in refused.stderr
+    replayed = waybill("replay", "--archive", str(archive_dir))
+    assert replayed.returncode == 0, replayed.stderr
+    assert "requests: rebuilt from 60 events" in replayed.stdout
+    assert "books: rebuilt from 17 events" in replayed.stdout
+    books = waybill("verify", "--books", "--archive", str(archive_dir))
+    assert books.returncode == 0, books.stdout + books.stderr
+    assert "books OK: 1 accounts and 9 holds" in books.stdout
 
     (archive_dir / f"ledger-{_SECOND}.jsonl.gz").unlink()
     missing = waybill("verify", "--archive", str(archive_dir), "--json")
