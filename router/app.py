@@ -824,6 +824,7 @@ class _EventStream(Response):
                 self._direct(writer)
             async for piece in body:
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
+                del piece  # not held while the next one is awaited: most of a stream's life
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             # Cancelled while sending, the body is left at a yield: close it now, so that

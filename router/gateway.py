@@ -996,7 +996,6 @@ class _Run:
         gateway's own end, once the completion is recorded, as a buffered answer does: one
         piece and one write fewer per stream. A stream that breaks is resumed where the walk
         says so (router.walk): the continuation's chunks follow on the same stream."""
-        include_usage = self.call.include_usage
         finished = False
         last = b""
         try:
@@ -1015,17 +1014,15 @@ class _Run:
                     raw = attempt.held_raw
                     attempt.held, attempt.held_raw = [], None
                     while batch is not None:
-                        self._note_delivered(batch)
-                        if not include_usage:
-                            kept = [chunk for chunk in batch if not _is_usage_chunk(chunk)]
-                            if len(kept) != len(batch):
-                                batch, raw = kept, None
-                        if batch:
-                            piece = raw if raw is not None else encode_json(batch)
-                            if upstream.ended:
-                                last = piece
-                            else:
-                                yield piece
+                        piece = self._piece(batch, raw)
+                        # The next read is what a stream waits for most of its life: the
+                        # chunks and bytes of this one are not held meanwhile.
+                        batch = raw = None
+                        if piece and upstream.ended:
+                            last = piece
+                        elif piece:
+                            yield piece
+                        del piece
                         if passed and self._writer is not None:
                             upstream.tap(self._deliver)  # until a read it cannot take
                         batch = await anext(batches, None)
@@ -1070,6 +1067,19 @@ class _Run:
                 self.gw._keep(self._client_left(attempt))
             if attempt.upstream is not None:
                 await attempt.upstream.aclose()
+
+    def _piece(self, batch: list[dict[str, Any]], raw: bytes | None) -> bytes:
+        """A read's chunks as the client's bytes (``raw``, the upstream's, if given and
+        nothing is dropped), without a usage chunk the client did not ask for; b"" if
+        nothing is left."""
+        self._note_delivered(batch)
+        if not self.call.include_usage:
+            kept = [chunk for chunk in batch if not _is_usage_chunk(chunk)]
+            if len(kept) != len(batch):
+                batch, raw = kept, None
+        if not batch:
+            return b""
+        return raw if raw is not None else encode_json(batch)
 
     def _note_delivered(self, batch: list[dict[str, Any]]) -> None:
         """Keep the text the client has, for a resume; anything but the text of one choice

@@ -384,7 +384,8 @@ class SSEStream:
     @property
     def raw(self) -> bytes | None:
         """The batch :meth:`batches` just yielded as the upstream's bytes, exactly its
-        events as plain ``data:`` frames; None when that chunk took the general path."""
+        events as plain ``data:`` frames; None when that chunk took the general path (and
+        once the next batch is asked for)."""
         return self._raw
 
     @property
@@ -427,33 +428,39 @@ class SSEStream:
                 except StopAsyncIteration:
                     break
             elif (timed := await self._next_chunk(source)) is not None:
-                chunk = timed
+                chunk, timed = timed, None
             else:
                 break
-            self._bytes_read += len(chunk)
-            plain = self._plain(chunk)
-            if plain is not None:
-                batch, self._raw = plain
-                if batch:
-                    yield batch
-                if self._end_reason is EndReason.DONE:
-                    return
-                continue
-            self._raw = None
-            batch = []
-            for frame in self._parser.feed(chunk):
-                self._frames += 1
-                if frame.is_done:
-                    self._end_reason = EndReason.DONE
-                    if batch:
-                        yield batch
-                    return
-                payload = self._decode(frame)
-                if payload is not None:
-                    batch.append(payload)
+            batch = self._read(chunk)
+            del chunk
             if batch:
                 yield batch
+            # The next read is what a stream waits for most of its life: the reader has
+            # this batch and its bytes, and nothing here holds them meanwhile.
+            del batch
+            self._raw = None
+            if self._end_reason is EndReason.DONE:
+                return
         self._end_reason = self._parser.close()
+
+    def _read(self, chunk: bytes) -> list[JSONObject]:
+        """The objects of one network chunk (maybe none), up to ``[DONE]``."""
+        self._bytes_read += len(chunk)
+        plain = self._plain(chunk)
+        if plain is not None:
+            batch, self._raw = plain
+            return batch
+        self._raw = None
+        batch = []
+        for frame in self._parser.feed(chunk):
+            self._frames += 1
+            if frame.is_done:
+                self._end_reason = EndReason.DONE
+                break
+            payload = self._decode(frame)
+            if payload is not None:
+                batch.append(payload)
+        return batch
 
     def plain(self, chunk: bytes) -> list[JSONObject] | None:
         """The objects of ``chunk`` if it takes the plain path (see the module's docstring)

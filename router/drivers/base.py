@@ -173,7 +173,7 @@ class DriverStream(ABC):
     """The batch just handed out as the upstream's bytes, when those are exactly its chunks
     as SSE ``data:`` frames (an OpenAI stream passed through); None when they are not (a
     translated stream, an event skipped or unusual framing in that read): then the chunks
-    must be encoded."""
+    must be encoded. None again once the next batch is asked for."""
 
     @property
     @abstractmethod
@@ -652,17 +652,8 @@ class SSEDriverStream(DriverStream):
                     batch = await anext(events)
                 except StopAsyncIteration:
                     break
-                chunks: list[dict[str, Any]] = batch if passthrough else []
-                error: StreamErrorEvent | None = None
-                for index, event in enumerate(batch):
-                    try:
-                        translated = translate(event)
-                    except StreamErrorEvent as exc:
-                        error = exc  # what came before it in this read still goes out
-                        chunks = chunks[:index] if passthrough else chunks
-                        break
-                    if not passthrough:
-                        chunks += translated
+                chunks, error = _translated(batch, translate, passthrough)
+                del batch
                 self._sync()
                 self.raw = sse.raw if passthrough and error is None else None
                 if chunks:
@@ -677,6 +668,10 @@ class SSEDriverStream(DriverStream):
                         if after is not None:
                             response.read_timeout, idle_rules = after, True
                     yield chunks
+                # The next read is what a stream waits for most of its life: the reader has
+                # these chunks and their bytes, and nothing here holds them meanwhile.
+                del chunks
+                self.raw = None
                 if error is not None:
                     raise error
         except StreamErrorEvent as exc:
@@ -713,6 +708,24 @@ class SSEDriverStream(DriverStream):
         # that stops without a finish reason (or inside a frame) is broken, never a success.
         if self.finish_reason is None or sse.end_reason is EndReason.EOF_MID_FRAME:
             raise self._fail("broken_stream", yielded, "stream ended without a finish reason")
+
+
+def _translated(
+    batch: list[dict[str, Any]],
+    translate: Callable[[dict[str, Any]], list[dict[str, Any]]],
+    passthrough: bool,
+) -> tuple[list[dict[str, Any]], StreamErrorEvent | None]:
+    """The chunks of one read's events, and the error event that cut it short, if one did:
+    what came before it in the read still goes out."""
+    chunks: list[dict[str, Any]] = batch if passthrough else []
+    for index, event in enumerate(batch):
+        try:
+            translated = translate(event)
+        except StreamErrorEvent as error:
+            return (chunks[:index] if passthrough else chunks), error
+        if not passthrough:
+            chunks += translated
+    return chunks, None
 
 
 def optional_str(value: object) -> str | None:
