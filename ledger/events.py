@@ -173,6 +173,24 @@ class _Record(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
 
+    def model_post_init(self, context: Any, /) -> None:
+        # pydantic gives each instance a set of the fields it was given: for a record of
+        # twenty fields a 2 KB hash table, more than its values, held by every event an
+        # open request keeps. A record never changes it (frozen; model_copy changes a copy),
+        # and records are made the same few ways: those given the same fields share one.
+        given = self.__pydantic_fields_set__
+        key = tuple(given)
+        shared = _FIELDS_GIVEN.get(key)
+        if shared is None:
+            if len(_FIELDS_GIVEN) >= _MAX_FIELDS_GIVEN:
+                return
+            shared = _FIELDS_GIVEN[key] = given
+        object.__setattr__(self, "__pydantic_fields_set__", shared)
+
+
+_FIELDS_GIVEN: dict[tuple[str, ...], set[str]] = {}
+_MAX_FIELDS_GIVEN: Final = 4096
+
 
 # --- value objects shared by several events ---
 
