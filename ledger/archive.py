@@ -21,9 +21,10 @@ from __future__ import annotations
 import asyncio
 import gzip
 import hashlib
+import itertools
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from pathlib import Path
@@ -49,6 +50,7 @@ __all__ = [
     "archive_months",
     "archived_events",
     "archived_history",
+    "archived_pages",
     "archived_segments",
     "archived_stream",
     "check_directory",
@@ -332,6 +334,15 @@ def archived_events(directory: Path, segments: Iterable[Segment]) -> Iterator[St
     for segment in segments:
         _, events = read_segment(directory / segment.file)
         yield from events
+
+
+async def archived_pages(
+    directory: Path, segments: Iterable[Segment], size: int
+) -> AsyncIterator[list[StoredEvent]]:
+    """:func:`archived_events` in pages of ``size``, each read off the event loop."""
+    events = archived_events(directory, segments)
+    while page := await asyncio.to_thread(list, itertools.islice(events, size)):
+        yield page
 
 
 def check_directory(directory: Path, recorded: list[Segment]) -> list[Segment]:

@@ -20,8 +20,6 @@ events that last changed a row; they are not compared.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -33,7 +31,7 @@ from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.accounting import BOOK_EVENTS, UNKNOWN_OWNER, Books, FoldProblem, fold_books
-from ledger.archive import Segment, archived_events, archived_history
+from ledger.archive import Segment, archived_history, archived_pages
 from ledger.books import (
     account_row,
     balance_of,
@@ -225,9 +223,7 @@ async def _budget_events(
         total += sum(1 for char in types if char in wanted)
     after, done = 0, 0
     if archived is not None:
-        directory, segments = archived
-        events = archived_events(directory, segments)
-        while page := await asyncio.to_thread(list, itertools.islice(events, _PAGE)):
+        async for page in archived_pages(*archived, _PAGE):
             for stored in page:
                 recorded = decode_payload(*stored)
                 if recorded.type in BOOK_EVENT_TYPES:

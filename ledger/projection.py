@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -30,7 +29,7 @@ from sqlalchemy import Table, delete, select, text, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ledger.archive import archived_events, archived_history
+from ledger.archive import archived_history, archived_pages
 from ledger.db import dialect_insert, is_unavailable
 from ledger.schema import appends, ledger_head, projection_checkpoints
 from ledger.store import EventStore, RecordedEvent, decode_payload
@@ -307,8 +306,7 @@ class ProjectionRunner:
         lags = await self.lag()
         head = max(lags[p.name] for p in chosen)
         done = 0
-        events = archived_events(archive, segments)
-        while page := await asyncio.to_thread(list, itertools.islice(events, self.page_size)):
+        async for page in archived_pages(archive, segments, self.page_size):
             await self._apply_archived(chosen, page)
             done += len(page)
             if progress is not None:
@@ -323,12 +321,7 @@ class ProjectionRunner:
     async def _apply_archived(self, chosen: list[Projection], page: list[StoredEvent]) -> None:
         """A page of archived events (in position order, past every checkpoint), as
         ``step`` applies a page of the live ledger's."""
-        wanted = _wanted(chosen)
-        events = [
-            recorded
-            for recorded in (decode_payload(*stored) for stored in page)
-            if wanted is None or recorded.type in wanted
-        ]
+        events = [decode_payload(*stored) for stored in page]
         async with self.store.engine.begin() as conn:
             checkpoints = [await _lock_checkpoint(conn, p.name) for p in chosen]
             await _apply_page(SqlAlchemyWriter(conn), chosen, checkpoints, events)
