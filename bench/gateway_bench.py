@@ -156,13 +156,16 @@ def _start_gateway(
     python: str | None = None,
     checkpoints: str = "",
     serve_args: Sequence[str] = (),
+    wrapper: Sequence[str] = (),
+    ready_within_s: float = 30.0,
 ) -> tuple[_Child, str]:
     """``waybill serve`` on ``database_url`` in front of the fake: the code of this
     checkout (whatever the environment has installed), or with ``source`` the code of that
     checkout (``bench/ab.py``), run by ``python`` (an
     interpreter whose environment has the project's dependencies; this one by default),
     and ``extra_env`` added; ``checkpoints``: the config's checkpoints block, if any;
-    ``serve_args``: more options of ``waybill serve``."""
+    ``serve_args``: more options of ``waybill serve``; ``wrapper``: a command that runs
+    the interpreter (``valgrind ...``), ready within ``ready_within_s``."""
     upstreams = {"fake": cast(FakeUpstream, _RemoteUpstream(fake_root))}
     config = tmp / "waybill.yaml"
     text = config_text(upstreams, [Route("fake")], generation="bench-1", checkpoints=checkpoints)
@@ -173,13 +176,13 @@ def _start_gateway(
     env.update(extra_env or {})
     # Its packages first on the path, for the follower child too.
     env["PYTHONPATH"] = str(source or BENCH.parent)
-    command = [python or sys.executable, "-c", "from router.cli import main; main()"]
+    command = [*wrapper, python or sys.executable, "-c", "from router.cli import main; main()"]
     port = closed_port()
     serve = ["serve", "--config", str(config), "--database-url", database_url]
     serve += ["--port", str(port), "--no-migrate", *serve_args]
     gateway = _Child([*command, *serve], tmp / "gateway.log", env, pipe=False, cwd=source)
     url = f"http://127.0.0.1:{port}"
-    gateway.wait_ready(f"{url}/readyz", "gateway")
+    gateway.wait_ready(f"{url}/readyz", "gateway", within_s=ready_within_s)
     return gateway, url
 
 

@@ -1,0 +1,151 @@
+"""Instructions per request: two versions of the gateway counted by callgrind, not timed.
+
+    .venv/bin/python bench/instructions_bench.py --a main --b WORKTREE [--env-b NAME=VALUE ...]
+        [--requests 300] [--warmup 100] [--concurrency 1] [--stream] [--repeat 1] [--json]
+
+A change that saves 3 % of the gateway's CPU is lost in this machine's noise: ``bench/ab.py``'s
+rounds of c16 requests/s move by ±20 % within minutes. Instructions do not move with the
+machine. Each side's ``waybill serve`` runs under ``valgrind --tool=callgrind`` (about fifty
+times slower; its follower child and PostgreSQL run natively, unmeasured) in front of the fake
+provider, on a fresh PostgreSQL database of its own. After ``--warmup`` requests the counters
+are zeroed (``callgrind_control -z``), ``--requests`` more are sent by the load generator, and
+the counters are dumped: the serving process's instructions over the requests, start-up and
+warm-up left out. The same version counted twice agrees to about 0.5 % (timers and the
+heartbeat run a little more or less often); at concurrency 1 each commit holds one request's
+appends, as under light load. ``--repeat`` counts each side that many times, alternating.
+
+``--a`` / ``--b`` name a git ref (checked out into a temporary worktree) or ``WORKTREE``;
+``--env-a`` / ``--env-b`` add environment variables to one side. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.ab import _checkout, _env, _prepared
+from bench.databases import fresh_postgres
+from bench.gateway_bench import _load, _post, _start_fake, _start_gateway
+
+_VALGRIND = ["valgrind", "--tool=callgrind", "--dump-instr=no", "--compress-strings=no"]
+
+
+def _totals(dump: Path) -> int:
+    """The instruction count a callgrind dump file holds (its ``summary:`` line)."""
+    for line in dump.read_text().splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise SystemExit(f"no totals in {dump}")
+
+
+def _count(
+    name: str,
+    source: Path,
+    env: dict[str, str],
+    fake_root: str,
+    tmp: Path,
+    args: argparse.Namespace,
+    run: int,
+) -> float:
+    """One side counted once: instructions per request of its serving process."""
+    where = tmp / f"{name}{run}"
+    where.mkdir()
+    database = f"waybill_instructions_{name}"
+    url = fresh_postgres(database)
+    api_key = _prepared(url, source, None)
+    out = where / "callgrind.out"
+    gateway, gateway_url = _start_gateway(
+        where,
+        url,
+        fake_root,
+        source=source,
+        extra_env=env,
+        wrapper=[*_VALGRIND, f"--callgrind-out-file={out}"],
+        ready_within_s=300.0,
+    )
+    try:
+        api = f"{gateway_url}/v1"
+        load = argparse.Namespace(seconds=3600, warmup=0)
+        warm = _load(
+            api, "chat", api_key, args.stream, args.concurrency, load, requests=args.warmup
+        )
+        if not warm["ok"]:
+            raise SystemExit(f"{name}: the warm-up failed: {warm}")
+        pid = str(gateway.pid)
+        subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
+        measured = _load(
+            api, "chat", api_key, args.stream, args.concurrency, load, requests=args.requests
+        )
+        subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
+        if not measured["ok"]:
+            raise SystemExit(f"{name}: not every response was a complete 200: {measured}")
+        dumps = sorted(where.glob("callgrind.out*"), key=lambda p: p.stat().st_mtime)
+        return _totals(dumps[-1]) / int(measured["sent"])
+    finally:
+        gateway.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--a", default="HEAD", help="git ref or WORKTREE (default HEAD)")
+    parser.add_argument("--b", default="WORKTREE", help="git ref or WORKTREE (default)")
+    parser.add_argument("--env-a", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--env-b", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--requests", type=int, default=300, help="requests counted")
+    parser.add_argument("--warmup", type=int, default=100, help="requests before counting")
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--repeat", type=int, default=1, help="counts per side, alternating")
+    parser.add_argument("--json", action="store_true", help="JSON on stdout")
+    args = parser.parse_args()
+
+    counts: dict[str, list[float]] = {"a": [], "b": []}
+    with tempfile.TemporaryDirectory(prefix="waybill-instructions-") as name:
+        tmp = Path(name)
+        fake, fake_root = _start_fake(tmp)
+        try:
+            with _checkout(args.a, tmp, "a") as a, _checkout(args.b, tmp, "b") as b:
+                sides = {"a": (a, _env(args.env_a)), "b": (b, _env(args.env_b))}
+                for run in range(args.repeat):
+                    for side in ("a", "b") if run % 2 == 0 else ("b", "a"):
+                        _post(f"{fake_root}/_fake/reset")
+                        source, env = sides[side]
+                        counts[side].append(_count(side, source, env, fake_root, tmp, args, run))
+                        print(
+                            f"  {side} run {run + 1}: {counts[side][-1]:,.0f} instructions "
+                            "per request",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+        finally:
+            fake.stop()
+    a_median, b_median = statistics.median(counts["a"]), statistics.median(counts["b"])
+    report: dict[str, Any] = {
+        "a": args.a,
+        "b": args.b,
+        "mode": "streaming" if args.stream else "buffered",
+        "concurrency": args.concurrency,
+        "requests": args.requests,
+        "a_instructions_per_request": [round(c) for c in counts["a"]],
+        "b_instructions_per_request": [round(c) for c in counts["b"]],
+        "b_over_a": round(b_median / a_median, 4),
+    }
+    print(
+        f"instructions per request ({report['mode']}, c{args.concurrency}): "
+        f"A {a_median:,.0f}, B {b_median:,.0f}, B/A {report['b_over_a']:.4f}",
+        file=sys.stderr,
+    )
+    if args.json:
+        print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
