@@ -1,7 +1,8 @@
 """Instructions per request: two versions of the gateway counted by callgrind, not timed.
 
     .venv/bin/python bench/instructions_bench.py --a main --b WORKTREE [--env-b NAME=VALUE ...]
-        [--requests 300] [--warmup 100] [--concurrency 1] [--stream] [--repeat 1] [--json]
+        [--requests 300] [--warmup 100] [--concurrency 1] [--stream] [--repeat 1]
+        [--keep DIR] [--json]
 
 A change that saves 3 % of the gateway's CPU is lost in this machine's noise: ``bench/ab.py``'s
 rounds of c16 requests/s move by ±20 % within minutes. Instructions do not move with the
@@ -15,13 +16,16 @@ heartbeat run a little more or less often); at concurrency 1 each commit holds o
 appends, as under light load. ``--repeat`` counts each side that many times, alternating.
 
 ``--a`` / ``--b`` name a git ref (checked out into a temporary worktree) or ``WORKTREE``;
-``--env-a`` / ``--env-b`` add environment variables to one side. A benchmark, not a test.
+``--env-a`` / ``--env-b`` add environment variables to one side. ``--keep DIR`` keeps each
+count's callgrind file there (``callgrind_annotate FILE``: which C functions, the interpreter's,
+the collector's, zlib's, spent them). A benchmark, not a test.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -88,6 +92,9 @@ def _count(
         if not measured["ok"]:
             raise SystemExit(f"{name}: not every response was a complete 200: {measured}")
         dumps = sorted(where.glob("callgrind.out*"), key=lambda p: p.stat().st_mtime)
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            shutil.copy(dumps[-1], args.keep / f"callgrind.{name}{run + 1}")
         return _totals(dumps[-1]) / int(measured["sent"])
     finally:
         gateway.stop()
@@ -104,6 +111,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--repeat", type=int, default=1, help="counts per side, alternating")
+    parser.add_argument("--keep", type=Path, help="keep the callgrind files in this folder")
     parser.add_argument("--json", action="store_true", help="JSON on stdout")
     args = parser.parse_args()
 

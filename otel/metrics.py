@@ -29,6 +29,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
@@ -36,6 +37,7 @@ from ledger import events as ev
 from ledger.store import RecordedEvent
 from otel import semconv as sc
 from otel.export import otlp_protocol, resource_from_env
+from otel.tallies import Tallies
 
 __all__ = [
     "PROMETHEUS_CONTENT_TYPE",
@@ -51,72 +53,88 @@ PROMETHEUS_CONTENT_TYPE: Final = CONTENT_TYPE_PLAIN_0_0_4
 
 Attributes = dict[str, str | int | bool]
 
+METER: Final = "waybill"
+
 
 class LedgerMetrics:
     """The instruments, and how each ledger event moves them."""
 
-    def __init__(self, provider: MeterProvider) -> None:
-        meter = provider.get_meter("waybill", schema_url=sc.SCHEMA_URL)
-        self._token_usage = meter.create_histogram(
+    def __init__(self, provider: MeterProvider, tallies: Tallies) -> None:
+        meter = provider.get_meter(METER, schema_url=sc.SCHEMA_URL)
+        self._token_usage = tallies.histogram(
+            meter,
             sc.GEN_AI_CLIENT_TOKEN_USAGE,
             unit="{token}",
             description="Number of input and output tokens used, per upstream attempt.",
-            explicit_bucket_boundaries_advisory=list(sc.TOKEN_BUCKETS),
+            bounds=sc.TOKEN_BUCKETS,
         )
-        self._duration = meter.create_histogram(
+        self._duration = tallies.histogram(
+            meter,
             sc.GEN_AI_CLIENT_OPERATION_DURATION,
             unit="s",
             description="Duration of each upstream attempt.",
-            explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS),
+            bounds=sc.DURATION_BUCKETS,
         )
-        self._first_chunk = meter.create_histogram(
+        self._first_chunk = tallies.histogram(
+            meter,
             sc.GEN_AI_CLIENT_OPERATION_TIME_TO_FIRST_CHUNK,
             unit="s",
             description="Time from an upstream streaming call to its first chunk.",
-            explicit_bucket_boundaries_advisory=list(sc.DURATION_BUCKETS),
+            bounds=sc.DURATION_BUCKETS,
         )
-        self._requests = meter.create_counter(
-            sc.WAYBILL_REQUESTS, unit="{request}", description="Requests answered, by status."
+        self._requests = tallies.counter(
+            meter,
+            sc.WAYBILL_REQUESTS,
+            unit="{request}",
+            description="Requests answered, by status.",
         )
-        self._failovers = meter.create_counter(
+        self._failovers = tallies.counter(
+            meter,
             sc.WAYBILL_FAILOVERS,
             unit="{failover}",
             description="Failovers to another endpoint, by the failure class that caused them.",
         )
-        self._breaker = meter.create_counter(
+        self._breaker = tallies.counter(
+            meter,
             sc.WAYBILL_BREAKER_TRANSITIONS,
             unit="{transition}",
             description="Circuit breaker transitions (to_state=open counts the openings).",
         )
-        self._budget_rejections = meter.create_counter(
+        self._budget_rejections = tallies.counter(
+            meter,
             sc.WAYBILL_BUDGET_REJECTIONS,
             unit="{rejection}",
             description="Budget reservations denied, by the account that could not cover them.",
         )
-        self._unknown_usage = meter.create_counter(
+        self._unknown_usage = tallies.counter(
+            meter,
             sc.WAYBILL_UNKNOWN_USAGE_OPENED,
             unit="{settlement}",
             description="Unknown-usage settlements opened (reservations held until reconciled).",
         )
-        self._unattributed = meter.create_counter(
+        self._unattributed = tallies.counter(
+            meter,
             sc.WAYBILL_UNATTRIBUTED_TOKENS,
             unit="{token}",
             description="Provider-reported tokens on a mapped identity that no attempt "
             "explains, by endpoint and token type (from recorded reconciliations).",
         )
-        self._hedges = meter.create_counter(
+        self._hedges = tallies.counter(
+            meter,
             sc.WAYBILL_HEDGES,
             unit="{hedge}",
             description="Hedged second ways: launched, and whether each race was won by the "
             "hedge or lost to the way it hedged.",
         )
-        self._loser_cost = meter.create_counter(
+        self._loser_cost = tallies.counter(
+            meter,
             sc.WAYBILL_HEDGE_LOSER_COST,
             unit="USD",
             description="What the ways that lost a hedged race cost (settled, or held as "
             "unknown usage until reconciled).",
         )
-        self._disablings = meter.create_counter(
+        self._disablings = tallies.counter(
+            meter,
             sc.WAYBILL_ENDPOINT_DISABLINGS,
             unit="{disabling}",
             description="Endpoints disabled because their upstream refused the credentials.",
@@ -311,10 +329,12 @@ class MetricsPipeline:
         all_readers.extend(readers)
         if otlp and (periodic := metric_exporter_from_env()) is not None:
             all_readers.append(periodic)
-        self.provider = MeterProvider(
-            metric_readers=all_readers, resource=resource or resource_from_env()
-        )
-        self.metrics = LedgerMetrics(self.provider)
+        resource = resource or resource_from_env()
+        tallies = Tallies(InstrumentationScope(METER, schema_url=sc.SCHEMA_URL), resource)
+        self.provider = MeterProvider(metric_readers=all_readers, resource=resource)
+        for reader in all_readers:
+            tallies.watch(reader)
+        self.metrics = LedgerMetrics(self.provider, tallies)
 
     def prometheus_text(self) -> bytes:
         """The current values in the Prometheus text exposition format."""
