@@ -261,7 +261,7 @@ async def authenticate(request: Request) -> Caller:
 
 
 async def _authenticate(request: Request, config: Config) -> Caller:
-    return _caller(await find_key(request.app.state.store, _secret(request)), config)
+    return _caller(await find_key(request.app.state.store, _secret(request.headers)), config)
 
 
 async def _caller_of_secret(request: Request, secret: str) -> Caller:
@@ -276,8 +276,8 @@ async def _caller_of_key_id(request: Request, key_id: str) -> Caller:
     return _caller(await find_key_by_id(request.app.state.store, key_id), gateway.config)
 
 
-def _secret(request: Request) -> str:
-    header = request.headers.get("authorization", "")
+def _secret(headers: Mapping[str, str]) -> str:
+    header = headers.get("authorization", "")
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         raise invalid_api_key("missing API key: send Authorization: Bearer <key>")
@@ -558,13 +558,14 @@ async def _chat_completions(request: Request) -> Response:
     gateway: Gateway = state.gateway
     config = gateway.config
     keys: KeyCache = state.keys
-    secret = _secret(request)
+    named = _headers_by_name(request)
+    secret = _secret(named)
     key, unconfirmed = await keys.find(secret)
     caller = _caller(key, config)
     reread = functools.partial(_reread, keys, secret, config)
     try:
-        call = parse_body(await _read_body(request), config.limits)
-        headers = read_headers(request.headers)
+        call = parse_body(await _read_body(request, named), config.limits)
+        headers = read_headers(named)
         if call.model_group not in caller.workspace.models or not config.model_group(
             call.model_group
         ):
@@ -707,8 +708,18 @@ class _Once:
             action()
 
 
-async def _read_body(request: Request) -> bytes:
-    declared = request.headers.get("content-length")
+def _headers_by_name(request: Request) -> dict[str, str]:
+    """The request's headers by (lowercase) name, the first of a repeated one, as
+    Starlette's ``Headers.get`` reads them: one pass, where each ``get`` scans them all
+    (the chat route reads a dozen)."""
+    named: dict[str, str] = {}
+    for name, value in request.scope["headers"]:
+        named.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+    return named
+
+
+async def _read_body(request: Request, headers: Mapping[str, str]) -> bytes:
+    declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise invalid_request(f"request body over {MAX_BODY_BYTES} bytes", status=413)
     chunks: list[bytes] = []
