@@ -41,7 +41,7 @@ from ledger.books import (
 )
 from ledger.db import READ_ONLY, LedgerUnavailable, asyncpg_dsn, is_unavailable
 from ledger.events import Event, EventValidationError, decode_event, encode_event
-from ledger.partitions import ensure_months, month_of
+from ledger.partitions import ensure_months, month_bounds, month_of
 from ledger.reads import HotReads, close_quietly, connect, positional
 from ledger.schema import appends, ledger_head
 from ledger.stored import (
@@ -1028,6 +1028,9 @@ def _remember(known: dict[str, _V], entries: Iterable[tuple[str, _V]]) -> None:
         del known[next(iter(known))]
 
 
+_NEVER: Final = datetime.min.replace(tzinfo=UTC)
+
+
 class _PostgresAppender:
     """The appender's own connection on PostgreSQL, and a batch in one to four statements.
 
@@ -1051,7 +1054,9 @@ class _PostgresAppender:
         self._locked_batches_left = 0
         self._known = _Known()
         self._unlearned: _Learned | None = None  # what the last batch left, for learn()
-        self._month = ""  # the month whose partitions this appender has made sure of
+        # The month whose partitions this appender has made sure of: its first instant and
+        # the next month's (a comparison per batch; formatting the month cost 5 µs).
+        self._month: tuple[datetime, datetime] = (_NEVER, _NEVER)
         self.lost_races = 0
         self.unread_batches = 0
         self.wrong_guesses = 0
@@ -1070,9 +1075,9 @@ class _PostgresAppender:
             conn = self._conn = await connect(self._dsn, appender=True)
         try:
             now = self._clock()
-            if month_of(now) != self._month:  # this month's table and the next one's exist
-                await ensure_months(conn, now)
-                self._month = month_of(now)
+            if not self._month[0] <= now < self._month[1]:
+                await ensure_months(conn, now)  # this month's table and the next one's exist
+                self._month = month_bounds(month_of(now))
             if self._locked_batches_left == 0:
                 if await self._commit(conn, batch, how="known"):
                     return
