@@ -10,7 +10,8 @@ them: a counter's sums and a histogram's count, sum, min, max and count per buck
 on a boundary counted in the bucket it closes) are kept per attribute set, for each reader
 in the temporality that reader prefers for the SDK's own counters and histograms, and are
 added to what it collects. A delta reader's points are emptied at each collection, and an
-attribute set with nothing new is left out, as the SDK does.
+attribute set with nothing new is left out, as the SDK does. One lock guards the tallies:
+a periodic OTLP reader collects from a thread of its own while the event loop records.
 
 A reader that prefers another aggregation for counters or histograms (an OTLP exporter told
 ``base2_exponential_bucket_histogram``) makes every instrument of that kind record through
@@ -22,6 +23,7 @@ under ``otel.metric.overflow=true``.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
@@ -105,10 +107,13 @@ class _Sink:
 
 
 class _Instrument:
-    def __init__(self, meter: Meter, name: str, unit: str, description: str) -> None:
+    def __init__(
+        self, meter: Meter, name: str, unit: str, description: str, lock: threading.Lock
+    ) -> None:
         self.name, self.unit, self.description = name, unit, description
         self.sinks: dict[int, _Sink] = {}  # by id of the reader
         self._meter = meter
+        self._lock = lock
         self._sdk: Any = None  # the SDK's instrument, when a reader wants it aggregated its way
 
     def _metric(self, data: Any) -> Metric:
@@ -126,8 +131,9 @@ class TalliedCounter(_Instrument):
             self._sdk.add(amount, attributes)
             return
         key = _key(attributes)
-        for sink in self.sinks.values():
-            sink.point(key, 0).sum += amount
+        with self._lock:
+            for sink in self.sinks.values():
+                sink.point(key, 0).sum += amount
 
     def use_sdk(self) -> None:
         self._sdk = self._meter.create_counter(
@@ -136,15 +142,19 @@ class TalliedCounter(_Instrument):
         self.sinks.clear()
 
     def collected(self, sink: _Sink, now: int) -> Metric | None:
-        taken, temporality = sink.take(now)
-        if not taken:
+        with self._lock:
+            taken, temporality = sink.take(now)
+            points = [
+                NumberDataPoint(
+                    attributes=dict(key),
+                    start_time_unix_nano=start,
+                    time_unix_nano=now,
+                    value=p.sum,
+                )
+                for key, p, start in taken
+            ]
+        if not points:
             return None
-        points = [
-            NumberDataPoint(
-                attributes=dict(key), start_time_unix_nano=start, time_unix_nano=now, value=p.sum
-            )
-            for key, p, start in taken
-        ]
         return self._metric(
             Sum(data_points=points, aggregation_temporality=temporality, is_monotonic=True)
         )
@@ -154,9 +164,15 @@ class TalliedHistogram(_Instrument):
     """An explicit-bucket histogram."""
 
     def __init__(
-        self, meter: Meter, name: str, unit: str, description: str, bounds: Sequence[float]
+        self,
+        meter: Meter,
+        name: str,
+        unit: str,
+        description: str,
+        lock: threading.Lock,
+        bounds: Sequence[float],
     ) -> None:
-        super().__init__(meter, name, unit, description)
+        super().__init__(meter, name, unit, description, lock)
         self.bounds = tuple(float(b) for b in bounds)
 
     def record(self, value: int | float, attributes: Mapping[str, Any]) -> None:
@@ -165,15 +181,16 @@ class TalliedHistogram(_Instrument):
             return
         key = _key(attributes)
         bucket = bisect_left(self.bounds, value)
-        for sink in self.sinks.values():
-            point = sink.point(key, len(self.bounds) + 1)
-            point.count += 1
-            point.sum += value
-            if value < point.min:
-                point.min = value
-            if value > point.max:
-                point.max = value
-            point.buckets[bucket] += 1
+        with self._lock:
+            for sink in self.sinks.values():
+                point = sink.point(key, len(self.bounds) + 1)
+                point.count += 1
+                point.sum += value
+                if value < point.min:
+                    point.min = value
+                if value > point.max:
+                    point.max = value
+                point.buckets[bucket] += 1
 
     def use_sdk(self) -> None:
         self._sdk = self._meter.create_histogram(
@@ -185,23 +202,24 @@ class TalliedHistogram(_Instrument):
         self.sinks.clear()
 
     def collected(self, sink: _Sink, now: int) -> Metric | None:
-        taken, temporality = sink.take(now)
-        if not taken:
+        with self._lock:
+            taken, temporality = sink.take(now)
+            points = [
+                HistogramDataPoint(
+                    attributes=dict(key),
+                    start_time_unix_nano=start,
+                    time_unix_nano=now,
+                    count=p.count,
+                    sum=p.sum,
+                    bucket_counts=tuple(p.buckets),
+                    explicit_bounds=self.bounds,
+                    min=p.min,
+                    max=p.max,
+                )
+                for key, p, start in taken
+            ]
+        if not points:
             return None
-        points = [
-            HistogramDataPoint(
-                attributes=dict(key),
-                start_time_unix_nano=start,
-                time_unix_nano=now,
-                count=p.count,
-                sum=p.sum,
-                bucket_counts=tuple(p.buckets),
-                explicit_bounds=self.bounds,
-                min=p.min,
-                max=p.max,
-            )
-            for key, p, start in taken
-        ]
         return self._metric(Histogram(data_points=points, aggregation_temporality=temporality))
 
 
@@ -222,6 +240,7 @@ class Tallies:
         self._readers: list[_Watched] = []
         self._sdk_counters = False  # a reader wants counters aggregated another way
         self._sdk_histograms = False  # likewise histograms
+        self._lock = threading.Lock()
 
     def watch(self, reader: MetricReader) -> None:
         """Add this reader's points to what it collects. Call once its ``MeterProvider``
@@ -253,7 +272,7 @@ class Tallies:
         reader._collect = merged  # type: ignore[assignment]
 
     def counter(self, meter: Meter, name: str, *, unit: str, description: str) -> TalliedCounter:
-        counter = TalliedCounter(meter, name, unit, description)
+        counter = TalliedCounter(meter, name, unit, description, self._lock)
         if self._sdk_counters:
             counter.use_sdk()
         self._add(counter, lambda watched: watched.delta_counters)
@@ -262,7 +281,7 @@ class Tallies:
     def histogram(
         self, meter: Meter, name: str, *, unit: str, description: str, bounds: Sequence[float]
     ) -> TalliedHistogram:
-        histogram = TalliedHistogram(meter, name, unit, description, bounds)
+        histogram = TalliedHistogram(meter, name, unit, description, self._lock, bounds)
         if self._sdk_histograms:
             histogram.use_sdk()
         self._add(histogram, lambda watched: watched.delta_histograms)

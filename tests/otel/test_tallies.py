@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import threading
 from typing import Any
 
 from hypothesis import given, settings
@@ -142,3 +144,43 @@ def test_attribute_sets_beyond_the_limit_are_counted_as_overflow() -> None:
     assert points["h"][overflow].count == 5
     assert len(points["h"]) == CARDINALITY_LIMIT + 1
     assert points["c"][overflow].value == 5
+
+
+def test_a_reader_collecting_from_another_thread_loses_and_tears_nothing() -> None:
+    # A periodic OTLP reader collects from a thread of its own while the loop records.
+    cumulative, delta = _reader(False), _reader(True)
+    provider = MeterProvider(metric_readers=[cumulative, delta], resource=RESOURCE)
+    tallies = Tallies(InstrumentationScope("ours"), RESOURCE)
+    for reader in (cumulative, delta):
+        tallies.watch(reader)
+    meter = provider.get_meter("ours")
+    histogram = tallies.histogram(meter, "h", unit="", description="", bounds=BOUNDS)
+    counter = tallies.counter(meter, "c", unit="", description="")
+    stop = threading.Event()
+    seen: list[dict[str, dict[tuple[Any, ...], Any]]] = []
+    torn: list[Any] = []
+
+    def collect() -> None:
+        while not stop.is_set():
+            seen.append(_points(delta))
+            for point in _points(cumulative).get("h", {}).values():
+                if sum(point.bucket_counts) != point.count:
+                    torn.append(point)
+
+    collector = threading.Thread(target=collect)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # the threads take turns as often as they can
+    collector.start()
+    try:
+        for i in range(20_000):
+            histogram.record(1, {"i": i % 50})
+            counter.add(1, {"i": i % 50})
+    finally:
+        stop.set()
+        collector.join()
+        sys.setswitchinterval(interval)
+    seen.append(_points(delta))
+    assert not torn
+    assert sum(p.count for points in seen for p in points.get("h", {}).values()) == 20_000
+    assert sum(p.value for points in seen for p in points.get("c", {}).values()) == 20_000
+    assert sum(p.count for p in _points(cumulative)["h"].values()) == 20_000
