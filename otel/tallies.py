@@ -116,10 +116,20 @@ class _Instrument:
         self._lock = lock
         self._sdk: Any = None  # the SDK's instrument, when a reader wants it aggregated its way
 
-    def _metric(self, data: Any) -> Metric:
+    def collected(self, sink: _Sink, now: int) -> Metric | None:
+        """A reader's points as a metric (None if it has none); a delta sink is emptied."""
+        with self._lock:
+            taken, temporality = sink.take(now)
+            points = [self._point(dict(key), p, start, now) for key, p, start in taken]
+        if not points:
+            return None
+        data = self._data(points, temporality)
         return Metric(name=self.name, description=self.description, unit=self.unit, data=data)
 
-    def collected(self, sink: _Sink, now: int) -> Metric | None:
+    def _point(self, attributes: dict[str, Any], p: _Point, start: int, now: int) -> Any:
+        raise NotImplementedError
+
+    def _data(self, points: list[Any], temporality: AggregationTemporality) -> Any:
         raise NotImplementedError
 
 
@@ -141,23 +151,13 @@ class TalliedCounter(_Instrument):
         )
         self.sinks.clear()
 
-    def collected(self, sink: _Sink, now: int) -> Metric | None:
-        with self._lock:
-            taken, temporality = sink.take(now)
-            points = [
-                NumberDataPoint(
-                    attributes=dict(key),
-                    start_time_unix_nano=start,
-                    time_unix_nano=now,
-                    value=p.sum,
-                )
-                for key, p, start in taken
-            ]
-        if not points:
-            return None
-        return self._metric(
-            Sum(data_points=points, aggregation_temporality=temporality, is_monotonic=True)
+    def _point(self, attributes: dict[str, Any], p: _Point, start: int, now: int) -> Any:
+        return NumberDataPoint(
+            attributes=attributes, start_time_unix_nano=start, time_unix_nano=now, value=p.sum
         )
+
+    def _data(self, points: list[Any], temporality: AggregationTemporality) -> Any:
+        return Sum(data_points=points, aggregation_temporality=temporality, is_monotonic=True)
 
 
 class TalliedHistogram(_Instrument):
@@ -201,26 +201,21 @@ class TalliedHistogram(_Instrument):
         )
         self.sinks.clear()
 
-    def collected(self, sink: _Sink, now: int) -> Metric | None:
-        with self._lock:
-            taken, temporality = sink.take(now)
-            points = [
-                HistogramDataPoint(
-                    attributes=dict(key),
-                    start_time_unix_nano=start,
-                    time_unix_nano=now,
-                    count=p.count,
-                    sum=p.sum,
-                    bucket_counts=tuple(p.buckets),
-                    explicit_bounds=self.bounds,
-                    min=p.min,
-                    max=p.max,
-                )
-                for key, p, start in taken
-            ]
-        if not points:
-            return None
-        return self._metric(Histogram(data_points=points, aggregation_temporality=temporality))
+    def _point(self, attributes: dict[str, Any], p: _Point, start: int, now: int) -> Any:
+        return HistogramDataPoint(
+            attributes=attributes,
+            start_time_unix_nano=start,
+            time_unix_nano=now,
+            count=p.count,
+            sum=p.sum,
+            bucket_counts=tuple(p.buckets),
+            explicit_bounds=self.bounds,
+            min=p.min,
+            max=p.max,
+        )
+
+    def _data(self, points: list[Any], temporality: AggregationTemporality) -> Any:
+        return Histogram(data_points=points, aggregation_temporality=temporality)
 
 
 @dataclasses.dataclass(frozen=True)
