@@ -1,7 +1,7 @@
 """Instructions per request: two versions of the gateway counted by callgrind, not timed.
 
     .venv/bin/python bench/instructions_bench.py --a main --b WORKTREE [--env-b NAME=VALUE ...]
-        [--requests 300] [--warmup 100] [--concurrency 1] [--stream] [--repeat 1]
+        [--requests 300] [--warmup 100] [--concurrency 1] [--stream | --chunks N] [--repeat 1]
         [--keep DIR] [--json]
 
 A change that saves 3 % of the gateway's CPU is lost in this machine's noise: ``bench/ab.py``'s
@@ -14,6 +14,9 @@ the counters are dumped: the serving process's instructions over the requests, s
 warm-up left out. The same version counted twice agrees to about 0.5 % (timers and the
 heartbeat run a little more or less often); at concurrency 1 each commit holds one request's
 appends, as under light load. ``--repeat`` counts each side that many times, alternating.
+``--chunks N`` streams from the bench mock (``bench/stream_mock.py``, N content chunks 1 ms
+apart) instead of the fake provider, whose streams are short: two runs with different N give
+the relay's instructions per chunk.
 
 ``--a`` / ``--b`` name a git ref (checked out into a temporary worktree) or ``WORKTREE``;
 ``--env-a`` / ``--env-b`` add environment variables to one side. ``--keep DIR`` keeps each
@@ -38,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.ab import _checkout, _env, _prepared
 from bench.databases import fresh_postgres
 from bench.gateway_bench import _load, _post, _start_fake, _start_gateway
+from bench.streams_bench import _start_mock
 
 _VALGRIND = ["valgrind", "--tool=callgrind", "--dump-instr=no", "--compress-strings=no"]
 
@@ -78,15 +82,14 @@ def _count(
     try:
         api = f"{gateway_url}/v1"
         load = argparse.Namespace(seconds=3600, warmup=0)
-        warm = _load(
-            api, "chat", api_key, args.stream, args.concurrency, load, requests=args.warmup
-        )
+        stream = args.stream or args.chunks > 0
+        warm = _load(api, "chat", api_key, stream, args.concurrency, load, requests=args.warmup)
         if not warm["ok"]:
             raise SystemExit(f"{name}: the warm-up failed: {warm}")
         pid = str(gateway.pid)
         subprocess.run(["callgrind_control", "-z", pid], check=True, capture_output=True)
         measured = _load(
-            api, "chat", api_key, args.stream, args.concurrency, load, requests=args.requests
+            api, "chat", api_key, stream, args.concurrency, load, requests=args.requests
         )
         subprocess.run(["callgrind_control", "-d", pid], check=True, capture_output=True)
         if not measured["ok"]:
@@ -110,6 +113,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=100, help="requests before counting")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--stream", action="store_true")
+    parser.add_argument(
+        "--chunks", type=int, default=0, help="stream N chunks from the bench mock (0: no)"
+    )
     parser.add_argument("--repeat", type=int, default=1, help="counts per side, alternating")
     parser.add_argument("--keep", type=Path, help="keep the callgrind files in this folder")
     parser.add_argument("--json", action="store_true", help="JSON on stdout")
@@ -118,13 +124,17 @@ def main() -> None:
     counts: dict[str, list[float]] = {"a": [], "b": []}
     with tempfile.TemporaryDirectory(prefix="waybill-instructions-") as name:
         tmp = Path(name)
-        fake, fake_root = _start_fake(tmp)
+        if args.chunks > 0:
+            fake, fake_root = _start_mock(tmp, args.chunks, 1.0)
+        else:
+            fake, fake_root = _start_fake(tmp)
         try:
             with _checkout(args.a, tmp, "a") as a, _checkout(args.b, tmp, "b") as b:
                 sides = {"a": (a, _env(args.env_a)), "b": (b, _env(args.env_b))}
                 for run in range(args.repeat):
                     for side in ("a", "b") if run % 2 == 0 else ("b", "a"):
-                        _post(f"{fake_root}/_fake/reset")
+                        if args.chunks == 0:
+                            _post(f"{fake_root}/_fake/reset")
                         source, env = sides[side]
                         counts[side].append(_count(side, source, env, fake_root, tmp, args, run))
                         print(
@@ -139,7 +149,11 @@ def main() -> None:
     report: dict[str, Any] = {
         "a": args.a,
         "b": args.b,
-        "mode": "streaming" if args.stream else "buffered",
+        "mode": f"{args.chunks} chunks"
+        if args.chunks
+        else "streaming"
+        if args.stream
+        else "buffered",
         "concurrency": args.concurrency,
         "requests": args.requests,
         "a_instructions_per_request": [round(c) for c in counts["a"]],

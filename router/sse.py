@@ -182,13 +182,15 @@ class SSEParser:
             or self._error is not None
             or self._closed
             or not chunk.endswith(b"\n\n")
-            or _CR_BYTE in chunk
+            # find, not `in`: CPython 3.11 tries a bytes needle of `in` as an integer first,
+            # formatting and dropping a TypeError each time (~3x the search itself).
+            or chunk.find(_CR_BYTE) != -1
         ):
             return None
         payloads = []
         limit = self._max_frame_bytes
         for frame in chunk[:-2].split(b"\n\n"):
-            if frame[:5] != b"data:" or b"\n" in frame or len(frame) > limit:
+            if frame[:5] != b"data:" or frame.find(b"\n") != -1 or len(frame) > limit:
                 return None
             payloads.append(frame[6:] if frame[5:6] == b" " else frame[5:])
         return payloads
