@@ -29,7 +29,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from opentelemetry.metrics import Meter
+from opentelemetry.metrics import Instrument, Meter
 from opentelemetry.sdk.metrics._internal.instrument import _Counter, _Histogram
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -149,7 +149,6 @@ class TalliedCounter(_Instrument):
         self._sdk = self._meter.create_counter(
             self.name, unit=self.unit, description=self.description
         )
-        self.sinks.clear()
 
     def _point(self, attributes: dict[str, Any], p: _Point, start: int, now: int) -> Any:
         return NumberDataPoint(
@@ -199,7 +198,6 @@ class TalliedHistogram(_Instrument):
             description=self.description,
             explicit_bucket_boundaries_advisory=list(self.bounds),
         )
-        self.sinks.clear()
 
     def _point(self, attributes: dict[str, Any], p: _Point, start: int, now: int) -> Any:
         return HistogramDataPoint(
@@ -218,13 +216,6 @@ class TalliedHistogram(_Instrument):
         return Histogram(data_points=points, aggregation_temporality=temporality)
 
 
-@dataclasses.dataclass(frozen=True)
-class _Watched:
-    reader: MetricReader
-    delta_counters: bool
-    delta_histograms: bool
-
-
 class Tallies:
     """The counters and histograms of one meter, and the readers that collect them."""
 
@@ -232,30 +223,12 @@ class Tallies:
         self._scope = scope
         self._resource = resource
         self._instruments: list[_Instrument] = []
-        self._readers: list[_Watched] = []
-        self._sdk_counters = False  # a reader wants counters aggregated another way
-        self._sdk_histograms = False  # likewise histograms
+        self._readers: list[MetricReader] = []
         self._lock = threading.Lock()
 
     def watch(self, reader: MetricReader) -> None:
         """Add this reader's points to what it collects. Call once its ``MeterProvider``
         has handed it the SDK's collect function, before any instrument is made."""
-        aggregations, temporalities = (
-            reader._instrument_class_aggregation,
-            reader._instrument_class_temporality,
-        )
-        if not isinstance(aggregations.get(_Counter), DefaultAggregation):
-            self._sdk_counters = True
-        if not isinstance(aggregations.get(_Histogram), DefaultAggregation):
-            self._sdk_histograms = True
-        delta = AggregationTemporality.DELTA
-        self._readers.append(
-            _Watched(
-                reader,
-                delta_counters=temporalities.get(_Counter) is delta,
-                delta_histograms=temporalities.get(_Histogram) is delta,
-            )
-        )
         collect: Collect | None = reader._collect  # type: ignore[assignment]
         if collect is None:
             raise ValueError("a reader is watched once its MeterProvider has it")
@@ -265,28 +238,33 @@ class Tallies:
 
         # (The SDK annotates it as returning metrics; it returns a MetricsData.)
         reader._collect = merged  # type: ignore[assignment]
+        self._readers.append(reader)
 
     def counter(self, meter: Meter, name: str, *, unit: str, description: str) -> TalliedCounter:
         counter = TalliedCounter(meter, name, unit, description, self._lock)
-        if self._sdk_counters:
-            counter.use_sdk()
-        self._add(counter, lambda watched: watched.delta_counters)
+        self._add(counter, _Counter)
         return counter
 
     def histogram(
         self, meter: Meter, name: str, *, unit: str, description: str, bounds: Sequence[float]
     ) -> TalliedHistogram:
         histogram = TalliedHistogram(meter, name, unit, description, self._lock, bounds)
-        if self._sdk_histograms:
-            histogram.use_sdk()
-        self._add(histogram, lambda watched: watched.delta_histograms)
+        self._add(histogram, _Histogram)
         return histogram
 
-    def _add(self, instrument: _Instrument, delta: Callable[[_Watched], bool]) -> None:
-        if instrument._sdk is None:
+    def _add(self, instrument: TalliedCounter | TalliedHistogram, kind: type[Instrument]) -> None:
+        """A sink per reader, in the temporality it prefers for the SDK's instruments of
+        ``kind``; or the SDK's own instrument, if a reader wants them aggregated its way."""
+        if any(
+            not isinstance(reader._instrument_class_aggregation.get(kind), DefaultAggregation)
+            for reader in self._readers
+        ):
+            instrument.use_sdk()
+        else:
             now = time.time_ns()
-            for watched in self._readers:
-                instrument.sinks[id(watched.reader)] = _Sink(delta(watched), now)
+            for reader in self._readers:
+                delta = reader._instrument_class_temporality.get(kind)
+                instrument.sinks[id(reader)] = _Sink(delta is AggregationTemporality.DELTA, now)
         self._instruments.append(instrument)
 
     def _merged(self, reader: MetricReader, data: MetricsData | None) -> MetricsData | None:

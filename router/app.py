@@ -296,7 +296,7 @@ def _caller(key: ApiKey | None, config: Config) -> Caller:
 async def _refuse_nul(request: Request) -> None:
     """PostgreSQL text cannot hold NUL, so no id, name or filter contains one: a URL that
     does is malformed, refused here rather than failing a query in the database."""
-    if "\x00" in request.scope["path"] or request.scope["query_string"].find(b"%00") != -1:
+    if "\x00" in request.scope["path"] or b"%00" in request.scope["query_string"]:
         raise invalid_request("the URL contains a NUL character (%00)")
 
 
