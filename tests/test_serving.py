@@ -63,6 +63,21 @@ async def test_writes_in_one_turn_go_out_as_one_in_order() -> None:
     assert inner.calls[-1] == ("write", b"next")
 
 
+async def test_a_piece_written_now_goes_out_at_once_unless_earlier_writes_wait() -> None:
+    inner = _Recording()
+    transport = CoalescingTransport(inner, asyncio.get_running_loop())  # type: ignore[arg-type]
+    transport.write_now(b"chunk 1")
+    assert inner.calls == [("write", b"chunk 1")]  # no turn waited for
+    transport.write(b"head")
+    transport.write_now(b"chunk 2")
+    assert inner.calls == [("write", b"chunk 1")]  # after the head, in order
+    await _turn()
+    assert inner.calls == [("write", b"chunk 1"), ("write", b"headchunk 2")]
+    inner.closing = True
+    transport.write_now(b"too late")
+    assert inner.calls[-1] == ("write", b"headchunk 2")
+
+
 async def test_close_sends_what_waits_first_and_abort_drops_it() -> None:
     inner = _Recording()
     transport = CoalescingTransport(inner, asyncio.get_running_loop())  # type: ignore[arg-type]
@@ -264,17 +279,18 @@ def test_the_keep_alive_timeout_outlasts_the_idle_timeouts_of_common_clients() -
     assert UVICORN_OPTIONS["timeout_keep_alive"] == KEEP_ALIVE_S > 60  # load balancers' 60 s
 
 
-def test_the_body_writer_writes_a_chunk_only_where_an_asgi_message_would_go_at_once() -> None:
+async def test_the_body_writer_writes_a_chunk_only_where_an_asgi_message_would_go_at_once() -> None:
     from router.serving import _write_body
 
     inner = _Recording()
+    transport = CoalescingTransport(inner, asyncio.get_running_loop())  # type: ignore[arg-type]
     started = {
         "response_started": True,
         "response_complete": False,
         "disconnected": False,
         "chunked_encoding": True,
     }
-    cycle = _Cycle(**started, flow=SimpleNamespace(write_paused=False), transport=inner)
+    cycle = _Cycle(**started, flow=SimpleNamespace(write_paused=False), transport=transport)
     assert _write_body(weakref.ref(cycle), b"data: x\n\n")  # type: ignore[arg-type]
     assert inner.calls == [("write", b"9\r\ndata: x\n\n\r\n")]
     for state, value in [
@@ -283,11 +299,11 @@ def test_the_body_writer_writes_a_chunk_only_where_an_asgi_message_would_go_at_o
         ("disconnected", True),
         ("chunked_encoding", False),
     ]:
-        refused = _Cycle(**{**started, state: value}, flow=cycle.flow, transport=inner)
+        refused = _Cycle(**{**started, state: value}, flow=cycle.flow, transport=transport)
         assert not _write_body(weakref.ref(refused), b"more")  # type: ignore[arg-type]
     cycle.flow.write_paused = True  # the client reads slowly: the ASGI send waits its turn
     assert not _write_body(weakref.ref(cycle), b"more")  # type: ignore[arg-type]
-    gone = _Cycle(**started, flow=cycle.flow, transport=inner)
+    gone = _Cycle(**started, flow=cycle.flow, transport=transport)
     writer = weakref.ref(gone)
     del gone  # the request is over
     assert not _write_body(writer, b"more")  # type: ignore[arg-type]
