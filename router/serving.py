@@ -246,7 +246,8 @@ def _write_body(of: weakref.ref[RequestResponseCycle], piece: bytes) -> bool:
     ):
         return False
     if piece:
-        cycle.transport.write_now(b"%x\r\n%b\r\n" % (len(piece), piece))
+        transport: CoalescingTransport = cycle.transport  # type: ignore[assignment]  # ours
+        transport.write_now(b"%x\r\n%b\r\n" % (len(piece), piece))
     return True
 
 
