@@ -748,8 +748,10 @@ class _Run:
         writer = self._writer
         if writer is None:
             return False
-        if not self.call.include_usage and any(_is_usage_chunk(chunk) for chunk in batch):
-            return False
+        if not self.call.include_usage:
+            for chunk in batch:
+                if _is_usage_chunk(chunk):
+                    return False
         if not writer(raw):
             return False
         self._note_delivered(batch)
@@ -1103,8 +1105,10 @@ class _Run:
                 content = delta.get("content")
                 if isinstance(content, str):
                     self._delivered.append(content)
-                if any(delta.get(key) for key in _CONTENT_KEYS if key != "content"):
-                    self._resumable = False
+                for key in _OTHER_CONTENT_KEYS:
+                    if delta.get(key):
+                        self._resumable = False
+                        break
 
     async def _attempt_failed(self, attempt: _Attempt) -> Failed:
         """Record a failed attempt — its end, its hold's outcome, its breakers — and say so
@@ -1824,6 +1828,7 @@ def _has_content(chunk: Mapping[str, Any]) -> bool:
 # What in a delta is content the client must see (text, a tool call, a refusal, spoken
 # audio, the legacy function call): the first of these commits the stream.
 _CONTENT_KEYS: Final = ("content", "tool_calls", "refusal", "audio", "function_call")
+_OTHER_CONTENT_KEYS: Final = _CONTENT_KEYS[1:]  # what a resume cannot continue
 
 
 def _is_usage_chunk(chunk: Mapping[str, Any]) -> bool:

@@ -187,8 +187,13 @@ class SSEParser:
             or chunk.find(_CR_BYTE) != -1
         ):
             return None
-        payloads = []
         limit = self._max_frame_bytes
+        end = len(chunk) - 2
+        if chunk.find(b"\n", 0, end) == -1:  # one frame of one line: most reads
+            if chunk[:5] != b"data:" or end > limit:
+                return None
+            return [chunk[6:end] if chunk[5:6] == b" " else chunk[5:end]]
+        payloads = []
         for frame in chunk[:-2].split(b"\n\n"):
             if frame[:5] != b"data:" or frame.find(b"\n") != -1 or len(frame) > limit:
                 return None
