@@ -190,6 +190,8 @@ class LedgerMetrics:
 
     def record(self, recorded: RecordedEvent) -> None:
         """Move the instruments for one ledger event."""
+        if recorded.type not in _MEASURED:
+            return  # most of a request's events move no instrument
         event = recorded.event()
         match event:
             case ev.AttemptStarted():
@@ -260,6 +262,25 @@ class LedgerMetrics:
         self._duration.record(event.duration_ms / 1000, attributes)
         if event.time_to_first_chunk_ms is not None:
             self._first_chunk.record(event.time_to_first_chunk_ms / 1000, attributes)
+
+
+# The events ``LedgerMetrics.record`` reads: a case of its match for each.
+_MEASURED: Final = frozenset(
+    cls.type
+    for cls in (
+        ev.AttemptStarted,
+        ev.AttemptFinished,
+        ev.BudgetSettled,
+        ev.UnknownUsageOpened,
+        ev.RequestCompleted,
+        ev.RequestFailed,
+        ev.FailoverDecided,
+        ev.BreakerTransitioned,
+        ev.BudgetReservationDenied,
+        ev.ReconciliationImported,
+        ev.EndpointDisabled,
+    )
+)
 
 
 def _remember(seen: OrderedDict[str, None], key: str, value: None) -> None:

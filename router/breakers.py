@@ -18,6 +18,7 @@ each one as a ``BreakerTransitioned`` ledger event.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -86,11 +87,15 @@ class BreakerKey:
     endpoint_id: str
     upstream_model: str | None = None  # mapping scope
 
+    # One key per breaker, made once: a request names each of its mappings' keys several
+    # times (admission, the evaluation's look-up, the outcome), and keys are immutable.
     @staticmethod
+    @functools.lru_cache(maxsize=4096)
     def endpoint(endpoint_id: str) -> BreakerKey:
         return BreakerKey("endpoint", endpoint_id)
 
     @staticmethod
+    @functools.lru_cache(maxsize=4096)
     def mapping(endpoint_id: str, upstream_model: str) -> BreakerKey:
         return BreakerKey("mapping", endpoint_id, upstream_model)
 

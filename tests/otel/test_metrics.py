@@ -166,3 +166,21 @@ def test_unattributed_provider_usage_of_a_reconciliation_is_counted_by_token_typ
     text = pipeline.prometheus_text().decode()
     assert "waybill_reconciliation_unattributed_tokens_total{" in text
     pipeline.shutdown()
+
+
+def test_the_events_the_metrics_skip_unread_are_those_no_case_reads() -> None:
+    # LedgerMetrics.record returns before reading an event whose type is not in _MEASURED:
+    # every class its match names must be there, and nothing else.
+    import ast
+    import inspect
+    import textwrap
+
+    from otel import metrics
+
+    source = textwrap.dedent(inspect.getsource(metrics.LedgerMetrics.record))
+    named = {
+        node.cls.attr
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.MatchClass) and isinstance(node.cls, ast.Attribute)
+    }
+    assert {getattr(ev, name).type for name in named} == metrics._MEASURED
