@@ -80,6 +80,7 @@ __all__ = [
     "data_class_rank",
     "decode_event",
     "encode_event",
+    "type_names",
 ]
 
 
@@ -856,6 +857,11 @@ class InvalidEventPayload(EventValidationError):
         )
         super().__init__(f"invalid {event_type} payload: {problems}")
         self.event_type = event_type
+
+
+def type_names(*classes: type[Event]) -> frozenset[str]:
+    """The stored type names of ``classes``: what a reader filters recorded events by."""
+    return frozenset(cls.type for cls in classes)
 
 
 def encode_event(event: Event) -> dict[str, Any]:

@@ -188,15 +188,12 @@ async def _recover(store: EventStore, which: Any) -> int:
 
 # --- what is recorded ---
 
-_READ: Final = frozenset(
-    cls.type
-    for cls in (
-        ev.AttemptStarted,
-        ev.StreamCommitted,
-        ev.AttemptFinished,
-        ev.RequestCompleted,
-        ev.RequestFailed,
-    )
+_READ: Final = ev.type_names(
+    ev.AttemptStarted,
+    ev.StreamCommitted,
+    ev.AttemptFinished,
+    ev.RequestCompleted,
+    ev.RequestFailed,
 )
 """The events of a request that :func:`recovery_events` looks at (only they are decoded)."""
 

@@ -265,21 +265,18 @@ class LedgerMetrics:
 
 
 # The events ``LedgerMetrics.record`` reads: a case of its match for each.
-_MEASURED: Final = frozenset(
-    cls.type
-    for cls in (
-        ev.AttemptStarted,
-        ev.AttemptFinished,
-        ev.BudgetSettled,
-        ev.UnknownUsageOpened,
-        ev.RequestCompleted,
-        ev.RequestFailed,
-        ev.FailoverDecided,
-        ev.BreakerTransitioned,
-        ev.BudgetReservationDenied,
-        ev.ReconciliationImported,
-        ev.EndpointDisabled,
-    )
+_MEASURED: Final = ev.type_names(
+    ev.AttemptStarted,
+    ev.AttemptFinished,
+    ev.BudgetSettled,
+    ev.UnknownUsageOpened,
+    ev.RequestCompleted,
+    ev.RequestFailed,
+    ev.FailoverDecided,
+    ev.BreakerTransitioned,
+    ev.BudgetReservationDenied,
+    ev.ReconciliationImported,
+    ev.EndpointDisabled,
 )
 
 
