@@ -166,6 +166,8 @@ class Cell:
     direct_cpu_s: dict[str, float] = field(default_factory=dict)
     gateway_cpu_s: dict[str, float] = field(default_factory=dict)
     other_load_cores: float = 0.0
+    gateway_window_s: float = 0.0  # from the gateway cell's start until the gateway is idle
+    client_cpu_s: float = 0.0  # the load generator's, through the gateway
     rss_idle_kb: int = 0  # after a quarter of the load (baseline_streams at once)
     rss_peak_kb: int = 0
     baseline_streams: int = 0
@@ -195,6 +197,18 @@ class Cell:
         return round(self.gateway_cpu_s["postgres"] * 1e3 / max(int(self.gateway["sent"]), 1), 3)
 
     @property
+    def cores(self) -> dict[str, float]:
+        """How much of a core each process kept busy through the gateway cell: the gateway
+        (its follower child and workers included), PostgreSQL, the mock, the load generator.
+        Beside the streams/s, whether the gateway or the machine ran out."""
+        spent = {**self.gateway_cpu_s, "load generator": self.client_cpu_s}
+        window = max(self.gateway_window_s, 1e-9)
+        return {
+            name: round(spent.get(name, 0.0) / window, 2)
+            for name in ("gateway", "postgres", "mock", "load generator")
+        }
+
+    @property
     def kb_per_open_stream(self) -> float:
         more = max(self.concurrency - self.baseline_streams, 1)
         return round((self.rss_peak_kb - self.rss_idle_kb) / more, 1)
@@ -221,6 +235,7 @@ class Cell:
             gateway_cpu_us_per_chunk=self.gateway_cpu_us_per_chunk,
             postgres_cpu_ms_per_stream=self.postgres_cpu_ms_per_stream,
             kb_per_open_stream=self.kb_per_open_stream,
+            cores=self.cores,
             valid=self.valid,
         )
         return out
@@ -287,6 +302,8 @@ class _Bench:
             client = cell.gateway["client_cpu_ms_per_request"] * cell.gateway["measured"] / 1e3
             others = machine - sum(spent.values()) - client
             cell.other_load_cores = round(max(others, 0.0) / max(end.wall - start.wall, 1e-9), 2)
+            cell.gateway_window_s = round(end.wall - start.wall, 2)
+            cell.client_cpu_s = round(client, 2)
             cell.ledger_completed = after[0] - before[0]
             cell.ledger_failed = after[1] - before[1]
         finally:
@@ -320,7 +337,8 @@ _COLUMNS = (
     ("c", 5), ("direct streams/s", 16), ("gateway streams/s", 17), ("ratio", 6),
     ("direct chunks/s", 15), ("gateway chunks/s", 16), ("direct TTFT p50/p99", 19),
     ("gateway TTFT p50/p99", 20), ("added p99", 9), ("broken", 6), ("gw CPU us/chunk", 15),
-    ("pg CPU ms/stream", 16), ("KB/open stream", 14), ("other load", 10), ("ledger", 16),
+    ("pg CPU ms/stream", 16), ("KB/open stream", 14), ("cores gw/pg/mock/load", 21),
+    ("other load", 10), ("ledger", 16),
 )  # fmt: skip
 
 
@@ -337,7 +355,8 @@ def _table(cells: Sequence[Cell]) -> str:
             f"{g['ttft_p50_ms']:.1f} / {g['ttft_p99_ms']:.1f}", f"{cell.added_ttft_p99_ms:.1f}",
             cell.broken, f"{cell.gateway_cpu_us_per_chunk:.1f}",
             f"{cell.postgres_cpu_ms_per_stream:.2f}", f"{cell.kb_per_open_stream:.1f}",
-            f"{cell.other_load_cores:.2f}", ledger,
+            "/".join(f"{v:.2f}" for v in cell.cores.values()), f"{cell.other_load_cores:.2f}",
+            ledger,
         )  # fmt: skip
         lines.append("  ".join(f"{v!s:>{w}}" for v, (_, w) in zip(values, _COLUMNS, strict=True)))
     return "\n".join(lines)
