@@ -301,8 +301,9 @@ class _Bench:
             # generator's own CPU is reported by it (client_cpu_ms_per_request).
             client = cell.gateway["client_cpu_ms_per_request"] * cell.gateway["measured"] / 1e3
             others = machine - sum(spent.values()) - client
-            cell.other_load_cores = round(max(others, 0.0) / max(end.wall - start.wall, 1e-9), 2)
-            cell.gateway_window_s = round(end.wall - start.wall, 2)
+            window = end.wall - start.wall
+            cell.other_load_cores = round(max(others, 0.0) / max(window, 1e-9), 2)
+            cell.gateway_window_s = round(window, 2)
             cell.client_cpu_s = round(client, 2)
             cell.ledger_completed = after[0] - before[0]
             cell.ledger_failed = after[1] - before[1]
