@@ -29,11 +29,12 @@ doubles and Python's integers agree exactly.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from decimal import ROUND_DOWN, Decimal
 from enum import StrEnum
 from typing import Any, Final, Literal
 
+from ledger.frozen import evolve
 from router.classify import MAX_RETRY_AFTER_MS
 
 __all__ = [
@@ -224,7 +225,7 @@ def admit(record: Record, now: int, lease_ms: int) -> tuple[Admission, Record, S
         return Admission.ALLOWED, record, None
     if blocked(record, now):
         return Admission.DENIED, record, None
-    probing = replace(record, state="half_open", lease_until=now + lease_ms)
+    probing = evolve(record, state="half_open", lease_until=now + lease_ms)
     if record.state == "half_open":
         return Admission.PROBE, probing, None
     return Admission.PROBE, probing, Step("open", "half_open", StepReason.PROBE, record.failures)
@@ -238,7 +239,7 @@ def hear(
     if record.state == "open":
         # An attempt admitted before the trip: its failure still counts as one in a row.
         if call.failed:
-            return replace(record, failures=record.failures + 1), None
+            return evolve(record, failures=record.failures + 1), None
         return record, None
     if record.state == "half_open":
         if call.failed:
@@ -252,12 +253,12 @@ def hear(
             return _open(record, settings, now, call, failures, StepReason.OPENS_AT_ONCE)
         if call.failed and failures >= settings.failure_threshold:
             return _open(record, settings, now, call, failures, StepReason.FAILURE_THRESHOLD)
-        return replace(record, failures=failures), None
+        return evolve(record, failures=failures), None
     heard = _counted(_advanced(record, settings, now), settings, call.failed, slow)
     seen = figures(heard, settings, now)
     reason = _rolling_reason(call, seen, settings)
     if reason is None:
-        return replace(heard, failures=failures), None
+        return evolve(heard, failures=failures), None
     return _open(record, settings, now, call, failures, reason, seen)
 
 
@@ -310,12 +311,12 @@ def _advanced(record: Record, settings: BreakerSettings, now: int) -> Record:
         return record
     newest = now // settings.bucket_ms
     if not record.buckets:
-        return replace(record, buckets=_EMPTY_BUCKETS, newest=newest)
+        return evolve(record, buckets=_EMPTY_BUCKETS, newest=newest)
     gone = min(max(0, newest - record.newest), TIME_BUCKETS)
     if not gone:
         return record
     buckets = record.buckets[gone:] + _EMPTY_BUCKETS[:gone]
-    return replace(record, buckets=buckets, newest=newest)
+    return evolve(record, buckets=buckets, newest=newest)
 
 
 def _counted(record: Record, settings: BreakerSettings, failed: bool, slow: bool) -> Record:
@@ -323,10 +324,10 @@ def _counted(record: Record, settings: BreakerSettings, failed: bool, slow: bool
     if settings.window_ms is None:
         assert settings.window_calls is not None
         calls = (record.calls + _CODES[(failed, slow)])[-settings.window_calls :]
-        return replace(record, calls=calls)
+        return evolve(record, calls=calls)
     calls_, failed_, slow_ = record.buckets[-1]
     newest = (calls_ + 1, failed_ + int(failed), slow_ + int(slow))
-    return replace(record, buckets=(*record.buckets[:-1], newest))
+    return evolve(record, buckets=(*record.buckets[:-1], newest))
 
 
 def figures(record: Record, settings: BreakerSettings, now: int) -> Figures:

@@ -29,7 +29,7 @@ import random
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Final, Literal, TypeVar
@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 from ledger import events as ev
 from ledger.accounting import BudgetDenied, Effect, HoldStateError, Reserve, usage_cost
 from ledger.apikeys import key_stream
+from ledger.frozen import evolve
 from ledger.store import (
     ANY_VERSION,
     NO_STREAM,
@@ -1386,7 +1387,7 @@ class _Run:
         """Reserve the attempt's worst case and record its start; BudgetRaced if the books
         refused the reservation (another request got there first)."""
         assert self._routed is not None, "a start follows its route"
-        route = replace(self._routed, cause=action.cause)
+        route = evolve(self._routed, cause=action.cause)
         attempt_id = new_id("att")
         endpoint = self.gw.config.endpoint(route.choice.endpoint)
         assert endpoint is not None

@@ -22,6 +22,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias
 
+from ledger.frozen import evolve
 from router.classify import Classification
 from router.config import Defaults, ResumeMode
 from router.routing import AttemptOutcome, Decision, RouteContext, decide, next_context
@@ -323,7 +324,7 @@ def advance(walk: Walk, happening: Happening, rng: random.Random) -> Step:
 
 
 def _route(walk: Walk, purpose: Purpose, only: tuple[Target, ...] | None = None) -> Step:
-    walk = dataclasses.replace(walk, routing=purpose)
+    walk = evolve(walk, routing=purpose)
     return Step(walk, (Route(purpose, walk.context, only),))
 
 
@@ -331,7 +332,7 @@ def _start(walk: Walk, target: Target) -> Step:
     purpose = walk.routing
     if purpose is None:
         raise ValueError("a route came that nobody asked for")
-    walk = dataclasses.replace(walk, routing=None, starting=purpose)
+    walk = evolve(walk, routing=None, starting=purpose)
     match purpose:
         case "first":
             # A start lost to a budget race is routed again: a failover if one was made.
@@ -359,7 +360,7 @@ def _start(walk: Walk, target: Target) -> Step:
 
 def _unroutable(walk: Walk) -> Step:
     purpose = walk.routing
-    walk = dataclasses.replace(walk, routing=None)
+    walk = evolve(walk, routing=None)
     if purpose == "hedge" or (purpose != "resume" and walk.running):
         return Step(walk, ())  # the ways already running carry the request
     if purpose == "retry":
@@ -371,7 +372,7 @@ def _unroutable(walk: Walk) -> Step:
 
 def _budget_raced(walk: Walk) -> Step:
     purpose = walk.starting
-    walk = dataclasses.replace(walk, starting=None, budget_races=walk.budget_races + 1)
+    walk = evolve(walk, starting=None, budget_races=walk.budget_races + 1)
     if purpose == "hedge":
         return Step(walk, ())  # no hedge: the first way goes on alone
     if walk.budget_races > MAX_BUDGET_RACES:
@@ -383,9 +384,7 @@ def _budget_raced(walk: Walk) -> Step:
 
 def _started(walk: Walk, started: Started) -> Step:
     way = _Way(started.attempt_id, started.target, started.kind)
-    walk = dataclasses.replace(
-        walk, attempts=walk.attempts + 1, starting=None, running=(*walk.running, way)
-    )
+    walk = evolve(walk, attempts=walk.attempts + 1, starting=None, running=(*walk.running, way))
     actions: list[Action] = [Run(started.attempt_id)]
     after = walk.policy.hedge_after_ms
     if (
@@ -415,7 +414,7 @@ def _hedge_due(walk: Walk) -> Step:
     context = dataclasses.replace(
         walk.context, tried_endpoints=walk.context.tried_endpoints | running
     )
-    walk = dataclasses.replace(walk, routing="hedge", hedges=walk.hedges + 1)
+    walk = evolve(walk, routing="hedge", hedges=walk.hedges + 1)
     return Step(walk, (Route("hedge", context),))
 
 
@@ -424,9 +423,9 @@ def _content(walk: Walk, attempt_id: str) -> Step:
         return Step(walk, ())  # a way already cancelled
     if walk.committed:
         # A resume's continuation: the client already has the stream's beginning.
-        return Step(dataclasses.replace(walk, winner=attempt_id), (Deliver(attempt_id),))
+        return Step(evolve(walk, winner=attempt_id), (Deliver(attempt_id),))
     losers = tuple(Cancel(w.attempt_id) for w in walk.running if w.attempt_id != attempt_id)
-    walk = dataclasses.replace(
+    walk = evolve(
         walk,
         winner=attempt_id,
         committed=True,
@@ -439,7 +438,7 @@ def _answered(walk: Walk, attempt_id: str) -> Step:
     if walk.way(attempt_id) is None:
         return Step(walk, ())
     losers = tuple(Cancel(w.attempt_id) for w in walk.running if w.attempt_id != attempt_id)
-    walk = dataclasses.replace(walk, winner=attempt_id, running=())
+    walk = evolve(walk, winner=attempt_id, running=())
     return _end(walk, *losers, Deliver(attempt_id))
 
 
@@ -447,7 +446,7 @@ def _failed(walk: Walk, failed: Failed, rng: random.Random) -> Step:
     way = walk.way(failed.attempt_id)
     if way is None:
         return Step(walk, ())  # a cancelled loser's end
-    walk = dataclasses.replace(
+    walk = evolve(
         walk,
         running=tuple(w for w in walk.running if w is not way),
         winner=None if walk.winner == way.attempt_id else walk.winner,
@@ -456,7 +455,7 @@ def _failed(walk: Walk, failed: Failed, rng: random.Random) -> Step:
     if walk.running and not walk.committed:
         # A hedged request: the other way carries it on (as a failover would have).
         context = next_context(walk.context, "failover", way.target, c.failure_class)
-        walk = dataclasses.replace(walk, context=context)
+        walk = evolve(walk, context=context)
         return Step(walk, (Decided(way.attempt_id, Decision("failover", "other_way_running")),))
     decision = decide(_outcome(walk, way, failed), walk.policy.defaults, rng)
     if walk.committed:
@@ -464,7 +463,7 @@ def _failed(walk: Walk, failed: Failed, rng: random.Random) -> Step:
     if decision.action == "stop":
         return _end(walk, Decided(way.attempt_id, decision), Fail("decision", way.attempt_id))
     endpoint = way.target.endpoint
-    walk = dataclasses.replace(
+    walk = evolve(
         walk,
         context=next_context(walk.context, decision.action, way.target, c.failure_class),
     )
@@ -473,7 +472,7 @@ def _failed(walk: Walk, failed: Failed, rng: random.Random) -> Step:
         return Step(step.walk, (Decided(way.attempt_id, decision), *step.actions))
     retries = dict(walk.retries)
     retries[endpoint] = retries.get(endpoint, 0) + 1
-    walk = dataclasses.replace(walk, retries=tuple(sorted(retries.items())))
+    walk = evolve(walk, retries=tuple(sorted(retries.items())))
     step = _route(walk, "retry", (way.target,))
     wait = (Wait(decision.backoff_ms),) if decision.backoff_ms else ()
     return Step(step.walk, (Decided(way.attempt_id, decision), *wait, *step.actions))
@@ -498,7 +497,7 @@ def _after_broken_stream(walk: Walk, way: _Way, failed: Failed, decision: Decisi
     if decision.action == "stop" and decision.reason != "failover_forbidden_by_header":
         stop = decision  # the request's limits (deadline, attempts, strictness) hold
     elif failed.resumable and failed.delivered_chars > 0:
-        walk = dataclasses.replace(
+        walk = evolve(
             walk,
             resume_of=_Resume(way.attempt_id, way.target, failed.delivered_chars),
         )
@@ -531,4 +530,4 @@ def _resume_targets(walk: Walk) -> tuple[Target, ...]:
 
 
 def _end(walk: Walk, *actions: Action) -> Step:
-    return Step(dataclasses.replace(walk, ended=True), actions)
+    return Step(evolve(walk, ended=True), actions)
