@@ -257,9 +257,11 @@ class _PendingAppend:
     forwarded: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _Encoded:
-    """One event of an append, encoded once."""
+    """One event of an append, encoded once. Never changed, yet not frozen: a frozen
+    dataclass sets each field through ``object.__setattr__`` (~4x the time), and an
+    append makes one per event."""
 
     type: str
     type_json: bytes  # the type as a JSON string
