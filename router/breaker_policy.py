@@ -253,6 +253,8 @@ def hear(
             return _open(record, settings, now, call, failures, StepReason.OPENS_AT_ONCE)
         if call.failed and failures >= settings.failure_threshold:
             return _open(record, settings, now, call, failures, StepReason.FAILURE_THRESHOLD)
+        if failures == record.failures:
+            return record, None  # a success after a success: the usual outcome, no copy
         return evolve(record, failures=failures), None
     heard = _counted(_advanced(record, settings, now), settings, call.failed, slow)
     seen = figures(heard, settings, now)

@@ -284,7 +284,7 @@ class InProcessBreakers(BreakerBoard):
         return round(self._clock() * 1000)
 
     def _put(self, key: BreakerKey, record: Record) -> None:
-        if record == policy.CLOSED:
+        if record is policy.CLOSED or record == policy.CLOSED:
             self._records.pop(key, None)
         else:
             self._records[key] = record
