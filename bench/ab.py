@@ -48,7 +48,7 @@ from bench.gateway_bench import (
     _start_fake,
     _start_gateway,
 )
-from ledger.db import migrate
+from ledger.store.db import migrate
 
 REPO = Path(__file__).resolve().parent.parent
 WORKTREE = "WORKTREE"
@@ -85,7 +85,7 @@ def _prepared(url: str, source: Path, python: str | None) -> str:
     if source == REPO and python is None:
         migrate(url)
         return asyncio.run(_create_key(url))
-    command = [python or sys.executable, "-c", "from router.cli import main; main()"]
+    command = [python or sys.executable, "-c", "from router.cli.main import main; main()"]
     env = {**os.environ, "PYTHONPATH": str(source)}
     env.pop("WAYBILL_CONFIG", None)
     run = functools.partial(

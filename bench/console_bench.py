@@ -49,12 +49,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.databases import PG_ADMIN, fresh_postgres
 from ledger import apikeys
 from ledger import events as ev
-from ledger.db import create_engine, migrate
 from ledger.store import EventStore
-from router.app import AppSettings, create_app
+from ledger.store.db import create_engine, migrate
 from router.config import parse_config
-from router.fake_upstream import Behavior, FakeUpstream
-from router.serving import UVICORN_OPTIONS
+from router.fake_provider import Behavior, FakeUpstream
+from router.http.app import AppSettings, create_app
+from router.serving.server import UVICORN_OPTIONS
 
 DATABASE = "console_bench"
 LARGE_TABLES = (

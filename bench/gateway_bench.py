@@ -5,7 +5,7 @@
         [--plot bench/gateway_latency.png] [--profile PATH.speedscope.json]
         [--profile-concurrency 16] [--database waybill_gateway_bench]
 
-Four processes: the fake provider (``python -m router.fake_upstream``), the gateway
+Four processes: the fake provider (``python -m router.fake_provider``), the gateway
 (``waybill serve``, ledger on a fresh database), this orchestrator, and for each cell a
 closed-loop keep-alive load generator (``bench/loadgen.py``). For every mode and concurrency
 the load goes first straight to the fake, then through the gateway; per cell: requests/s,
@@ -51,10 +51,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.databases import fresh_postgres
 from bench.profile_summary import summarize
 from ledger import apikeys
-from ledger.db import create_engine, migrate, sync_url
 from ledger.store import EventStore
-from ledger.stored import count_types
-from router.fake_upstream import FakeUpstream
+from ledger.store.db import create_engine, migrate, sync_url
+from ledger.store.stored import count_types
+from router.fake_provider import FakeUpstream
 from tests.gateway.harness import ANTHROPIC_ENV, Route, closed_port, config_text
 
 BENCH = Path(__file__).resolve().parent
@@ -126,7 +126,7 @@ class _Child:
 
 def _start_fake(tmp: Path) -> tuple[_Child, str]:
     fake = _Child(
-        [sys.executable, "-m", "router.fake_upstream", "--port", "0", "--name", "fake"],
+        [sys.executable, "-m", "router.fake_provider", "--port", "0", "--name", "fake"],
         tmp / "fake.log",
         pipe=True,
     )
@@ -176,7 +176,7 @@ def _start_gateway(
     env.update(extra_env or {})
     # Its packages first on the path, for the follower child too.
     env["PYTHONPATH"] = str(source or BENCH.parent)
-    command = [*wrapper, python or sys.executable, "-c", "from router.cli import main; main()"]
+    command = [*wrapper, python or sys.executable, "-c", "from router.cli.main import main; main()"]
     port = closed_port()
     serve = ["serve", "--config", str(config), "--database-url", database_url]
     serve += ["--port", str(port), "--no-migrate", *serve_args]
@@ -299,7 +299,7 @@ def _process_cpu_s(pid: int | str) -> float:
 
 def _tree_cpu_s(pid: int) -> float:
     """CPU seconds of ``pid`` and of every process under it, running or ended (``waybill
-    serve`` on PostgreSQL runs its read models in a child, ``ledger.follow``; with
+    serve`` on PostgreSQL runs its read models in a child, ``ledger.views.follow``; with
     ``--workers`` the workers are its children and the read models a worker's)."""
     return sum(
         # utime + stime, and cutime + cstime: its children that ended and were reaped

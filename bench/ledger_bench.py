@@ -22,11 +22,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.databases import fresh_postgres
-from ledger.db import create_engine, migrate
-from ledger.process import tune_gc
-from ledger.projection import ProjectionRunner
 from ledger.store import ANY_VERSION, EventStore
+from ledger.store.db import create_engine, migrate
+from ledger.support.process import tune_gc
 from ledger.views import all_projections
+from ledger.views.projection import ProjectionRunner
 from tests.ledger.factories import succeeded_trail
 
 

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.databases import fresh_postgres
 from bench.gateway_bench import _create_key, _load, _outcomes, _start_fake, _start_gateway
-from ledger.db import migrate
+from ledger.store.db import migrate
 
 _SIZES = """
     SELECT c.relname,

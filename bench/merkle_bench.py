@@ -48,15 +48,15 @@ from sqlalchemy import select
 
 from bench.databases import fresh_postgres, postgres_url
 from bench.replay_bench import _keys, _trail
-from ledger.checkpoints import generate_key, load_signing_key
-from ledger.db import create_engine, migrate
-from ledger.merkle import Frontier, event_leaf_hash
-from ledger.process import tune_gc
-from ledger.schema import appends, ledger_head
-from ledger.sink import LEVELS, read_sink
+from ledger.audit.checkpoints import generate_key, load_signing_key
+from ledger.audit.merkle import Frontier, event_leaf_hash
+from ledger.audit.sink import LEVELS, read_sink
 from ledger.store import NO_STREAM, EventStore, canonical_payload
-from ledger.stored import holding
-from router.cli import progress_bar
+from ledger.store.db import create_engine, migrate
+from ledger.store.schema import appends, ledger_head
+from ledger.store.stored import holding
+from ledger.support.process import tune_gc
+from router.cli.main import progress_bar
 from tests.ledger.factories import key_created
 
 BENCH = Path(__file__).resolve().parent
@@ -143,7 +143,7 @@ def _cli(*args: str, url: str) -> tuple[float, float, subprocess.CompletedProces
     env = {**os.environ, "WAYBILL_DATABASE_URL": url}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
-    command = [sys.executable, "-c", "from router.cli import main; main()", *args]
+    command = [sys.executable, "-c", "from router.cli.main import main; main()", *args]
     done = subprocess.run(command, env=env, capture_output=True, check=False, cwd=BENCH.parent)
     wall = time.perf_counter() - started
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 _PROJECT = ("router/", "ledger/", "otel/")
-_ENTRY_POINT = "router/cli.py"  # main -> serve_command -> uvicorn: in every sample
+_ENTRY_POINT = "router/cli/main.py"  # main -> serve_command -> uvicorn: in every sample
 _EVENT_LOOP_STEP = "Handle._run"  # the frame above it is the running task's outermost one
 _PREFIXES = (
     "site-packages/",

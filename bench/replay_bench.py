@@ -49,11 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.databases import fresh_postgres, postgres_url
 from ledger import events as ev
-from ledger.accounting import reservation_id, settlement_id
-from ledger.db import create_engine, migrate
-from ledger.process import tune_gc
-from ledger.projection import ProjectionRunner
-from ledger.schema import (
+from ledger.books.accounting import reservation_id, settlement_id
+from ledger.store import NO_STREAM, EventStore
+from ledger.store.db import create_engine, migrate
+from ledger.store.schema import (
     api_keys,
     ledger_head,
     projection_checkpoints,
@@ -61,10 +60,11 @@ from ledger.schema import (
     spend_attempts,
     unknown_settlements,
 )
-from ledger.store import NO_STREAM, EventStore
-from ledger.stored import count_types
+from ledger.store.stored import count_types
+from ledger.support.process import tune_gc
 from ledger.views import all_projections
-from router.cli import progress_bar
+from ledger.views.projection import ProjectionRunner
+from router.cli.main import progress_bar
 from tests.ledger.factories import key_created, succeeded_trail, unknown_then_failed_trail
 
 DATABASE = "waybill_replay_bench"
@@ -202,7 +202,7 @@ def _keys() -> list[tuple[str, str]]:
 def _dress(event: ev.Event, fields: dict[str, Any]) -> ev.Event:
     """``event`` with those of ``fields`` that the factory set replaced (its trails are all
     acme / k_1 / east; the gateway's ids are ``att_…``, ``res_…``, ``unk_…``), plus what the
-    gateway adds: a hold's spend dimensions (router/budgets.py) and an attempt's hold."""
+    gateway adds: a hold's spend dimensions (router/request/budget.py) and an attempt's hold."""
     present = {name: value for name, value in fields.items() if getattr(event, name, None)}
     if isinstance(event, ev.BudgetReserved):
         present.update({name: fields[name] for name in ("workspace", "key_id", "model_group")})
@@ -424,7 +424,7 @@ def _cli() -> list[str]:
     script = Path(sys.executable).parent / "waybill"
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "from router.cli import main; main()"]
+    return [sys.executable, "-c", "from router.cli.main import main; main()"]
 
 
 def _replay_cli(url: str) -> dict[str, Any]:
@@ -561,7 +561,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.events < 1000:
         parser.error("--events: at least 1000")
-    tune_gc()  # as every Waybill process runs (router.cli), so the API phases are like-for-like
+    # As every Waybill process runs (router.cli.main), so the API phases are like-for-like.
+    tune_gc()
     results = asyncio.run(_bench(args))
     if args.json:
         print(json.dumps(results, indent=2))

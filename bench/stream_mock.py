@@ -8,7 +8,7 @@ then ``--chunks`` content chunks ``--delay-ms`` apart, then, ``--delay-ms`` afte
 the finish chunk, the usage chunk and ``[DONE]`` in one write (as OpenAI ends a stream). The
 chunks are OpenAI's shape and size. Prints ``listening http://HOST:PORT`` first.
 
-It is not the fake provider (``router.fake_upstream``), which injects faults and pays for it
+It is not the fake provider (``router.fake_provider``), which injects faults and pays for it
 with a task and a timeout per event (about 140 us of CPU an event, more than the gateway it
 would measure): here each connection is one asyncio protocol and each stream a chain of
 timer callbacks, a few microseconds an event, so that on a shared 2-core machine the load is

@@ -70,7 +70,7 @@ from bench.gateway_bench import (
     process_tree,
 )
 from bench.profile_summary import summarize
-from ledger.db import migrate
+from ledger.store.db import migrate
 
 # --- the processes ----------------------------------------------------------------------
 

@@ -10,11 +10,11 @@ from decimal import Decimal
 from typing import Any, Literal, TypeGuard
 
 from ledger.events import KeyCreated, KeyRevoked
-from ledger.projection import ProjectionRunner
 from ledger.store import NO_STREAM, EventStore
-from ledger.stored import TYPE_CHARS
+from ledger.store.stored import TYPE_CHARS
 from ledger.types import money_of
 from ledger.views.keys import KeysProjection
+from ledger.views.projection import ProjectionRunner
 
 __all__ = [
     "ApiKey",
@@ -164,7 +164,7 @@ class KeyCache:
     here is accepted only by its first append, which requires the key's stream at the
     version the key was read at (``key_stream``). A revocation moves that stream, so the
     append is refused and writes nothing, no upstream call is made, and the caller evicts
-    the key and reads it again (``router.app``). Bounded: the least recently used keys are
+    the key and reads it again (``router.http.app``). Bounded: the least recently used keys are
     dropped first."""
 
     LIMIT = 10_000

@@ -4,7 +4,8 @@ The stream ``endpoints`` is the truth: ``EndpointDisabled`` when an upstream ref
 endpoint's credentials, ``EndpointEnabled`` when an operator (or a new key) lifted that.
 :class:`EndpointStates` is the fold of that stream up to a version: pure, and cheap to
 bring up to date (:func:`read_states` reads only the events after the version it has). Every
-gateway keeps one in memory (``router.disabling``); the CLI reads one to enable an endpoint.
+gateway keeps one in memory (``router.adapters.disabling``); the CLI reads one to enable an
+endpoint.
 
 Writes expect the stream at the version the writer folded, so two writers deciding on the
 same state never both append: the one that lost reads what changed and decides again.

@@ -198,7 +198,7 @@ _MAX_FIELDS_GIVEN: Final = 4096
 
 class Usage(_Record):
     """What an attempt is billed for, dimension by dimension; a settlement prices each one
-    (``ledger.accounting.usage_cost``). Audio and cached tokens are parts of the input and
+    (``ledger.books.accounting.usage_cost``). Audio and cached tokens are parts of the input and
     output counts, as OpenAI reports them; image and file tokens are not told apart from
     text (OpenAI bills them inside the prompt tokens, at the input price)."""
 
@@ -221,7 +221,7 @@ class Requirements(_Record):
     data_class: DataClass = "internal"
     estimated_input_tokens: NonNegInt = 0  # text: the prompt's bytes bound its tokens
     max_output_tokens: NonNegInt | None = None
-    # What else the request may be billed for (the worst case, router/worst_case.py):
+    # What else the request may be billed for (the worst case, router/request/worst_case.py):
     choices: Annotated[int, Field(ge=1)] = 1  # `n`: every choice's output is billed
     prediction_tokens: NonNegInt = 0  # a predicted output's bytes: rejected ones bill as output
     image_inputs: NonNegInt = 0  # content parts of each kind
@@ -567,7 +567,7 @@ class BreakerTransitioned(Event):
     request_id: Id | None = None
     policy: Literal["consecutive", "rolling"] | None = None
     # failure_threshold, opens_at_once, failure_rate, slow_call_rate, probe, probe_failed,
-    # probe_slow, probe_succeeded (router.breaker_policy.StepReason)
+    # probe_slow, probe_succeeded (router.adapters.breaker_policy.StepReason)
     reason: str | None = None
     duration_ms: NonNegInt | None = None  # the latency of the call that caused it
     calls: NonNegInt | None = None  # in the rolling window, that call included
@@ -594,7 +594,9 @@ class EndpointDisabled(Event):
     endpoint: Id
     http_status: int | None = None
     error_code: str | None = None  # the provider's error code (or type), as it gave it
-    key_check: str | None = None  # router.disabling.key_check; None: the endpoint has no key
+    key_check: str | None = (
+        None  # router.adapters.disabling.key_check; None: the endpoint has no key
+    )
     request_id: Id | None = None
     attempt_id: Id | None = None
     config_generation: str

@@ -33,10 +33,10 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger import events as ev
-from ledger.db import READ_ONLY, dialect_insert
-from ledger.schema import appends, projection_checkpoints
 from ledger.store import EventStore, RecordedEvent, decode_row
-from ledger.stored import holding, previous_hash
+from ledger.store.db import READ_ONLY, dialect_insert
+from ledger.store.schema import appends, projection_checkpoints
+from ledger.store.stored import holding, previous_hash
 from otel import semconv as sc
 from otel.spans import TERMINAL_TYPES, SpanData, request_spans
 

@@ -22,10 +22,10 @@ from typing import Any, Final
 
 from sqlalchemy import select
 
-from ledger.db import READ_ONLY
-from ledger.schema import ledger_head, projection_checkpoints
 from ledger.store import EventStore, RecordedEvent
-from ledger.tail import Wakeup
+from ledger.store.db import READ_ONLY
+from ledger.store.schema import ledger_head, projection_checkpoints
+from ledger.store.tail import Wakeup
 from otel.export import (
     ExportFailed,
     OtelConfigError,

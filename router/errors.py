@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
+from ledger.books.recovery import GATEWAY_LOST
 from ledger.events import FailureClass
-from ledger.recovery import GATEWAY_LOST
 
 __all__ = [
     "ERRORS",
@@ -80,7 +80,7 @@ class ErrorCode(StrEnum):
     UPSTREAM_RATE_LIMITED = "upstream_rate_limited"
     CLIENT_CANCELED = "client_canceled"
     INTERNAL_ERROR = "internal_error"
-    GATEWAY_LOST = GATEWAY_LOST  # crash recovery writes it (ledger.recovery), never sent
+    GATEWAY_LOST = GATEWAY_LOST  # crash recovery writes it (ledger.books.recovery), never sent
     UPSTREAM_QUOTA_EXHAUSTED = "upstream_quota_exhausted"
     UPSTREAM_CREDENTIALS = "upstream_credentials"
     UPSTREAM_POLICY_DENIED = "upstream_policy_denied"

@@ -31,13 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import ledger.store
 from ledger import apikeys
-from ledger.db import create_engine, migrate
+from ledger.audit.verify import record_verification, verify_chain
 from ledger.store import EventStore
-from ledger.verify import record_verification, verify_chain
-from router.app import AppSettings, create_app
+from ledger.store.db import create_engine, migrate
 from router.config import parse_config
-from router.fake_upstream import Behavior, FakeUpstream
-from router.serving import UVICORN_OPTIONS
+from router.fake_provider import Behavior, FakeUpstream
+from router.http.app import AppSettings, create_app
+from router.serving.server import UVICORN_OPTIONS
 
 CHROMIUM = "/usr/bin/chromium"
 BODY = {"model": "chat-default", "messages": [{"role": "user", "content": "Hello"}]}

@@ -84,7 +84,7 @@ def _check_installed(source_migrations: Path) -> None:
     import ledger
     import otel
     import router
-    from ledger.db import ALEMBIC_DIR
+    from ledger.store.db import ALEMBIC_DIR
 
     for package in (ledger, router, otel, ALEMBIC_DIR):
         where = Path(str(getattr(package, "__file__", package))).resolve()
@@ -157,7 +157,7 @@ def _env() -> dict[str, str]:
 def _fake_provider() -> Iterator[str]:
     """The bundled fake provider as its own process; yields its OpenAI-style base URL."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "router.fake_upstream", "--port", "0", "--name", "fake-primary"],
+        [sys.executable, "-m", "router.fake_provider", "--port", "0", "--name", "fake-primary"],
         stdout=subprocess.PIPE,
         text=True,
         env=_env(),
@@ -175,7 +175,7 @@ def _fake_provider() -> Iterator[str]:
 @contextlib.contextmanager
 def _serving(config: Path, url: str, log: Path) -> Iterator[str]:
     """``waybill serve`` until ``/readyz`` answers ready at the newest migration."""
-    from ledger.db import head_revision
+    from ledger.store.db import head_revision
 
     port = _free_port()
     base = f"http://127.0.0.1:{port}"

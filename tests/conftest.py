@@ -19,8 +19,8 @@ import pytest
 from hypothesis import settings
 from sqlalchemy.engine import make_url
 
-from ledger.db import create_engine, migrate
 from ledger.store import EventStore
+from ledger.store.db import create_engine, migrate
 
 # No per-example deadline: the machines that run the suite are shared and noisy, and a
 # property test's examples are judged by what they assert, never by how long they took.

@@ -12,7 +12,7 @@ import pytest
 from router.config import Endpoint
 from router.drivers import AnthropicDriver, AttemptBinding, AttemptTimeouts, ChatRequest
 from router.drivers.anthropic import AnthropicEvents, to_chat_completion, to_messages_request
-from router.fake_upstream import Behavior, FakeUpstream
+from router.fake_provider import Behavior, FakeUpstream
 
 WEATHER: dict[str, Any] = {
     "type": "function",

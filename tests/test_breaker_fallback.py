@@ -1,5 +1,5 @@
 """Breakers that outlive their shared store: in-process while Redis cannot be reached
-(``router.breakers.FallbackBreakers``)."""
+(``router.adapters.breakers.FallbackBreakers``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from router.breaker_policy import Admission, Call
-from router.breakers import (
+from router.adapters.breaker_policy import Admission, Call
+from router.adapters.breakers import (
     BreakerKey,
     BreakerStoreUnavailable,
     FallbackBreakers,

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from router.breaker_policy import Figures
-from router.breakers import (
+from router.adapters.breaker_policy import Figures
+from router.adapters.breakers import (
     Admission,
     BreakerBoard,
     BreakerKey,

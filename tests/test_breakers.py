@@ -19,8 +19,8 @@ from decimal import Decimal
 import pytest
 import redis.asyncio as aioredis
 
-from router.breaker_policy import Figures
-from router.breakers import (
+from router.adapters.breaker_policy import Figures
+from router.adapters.breakers import (
     Admission,
     BreakerBoard,
     BreakerKey,
@@ -31,8 +31,8 @@ from router.breakers import (
     Transition,
     breaker_board,
 )
-from router.classify import MAX_RETRY_AFTER_MS
 from router.config import Breaker
+from router.request.classify import MAX_RETRY_AFTER_MS
 from tests.helpers import REDIS_URL, eventually, redis_prefix
 
 # FAST cool-downs are waited out for real on Redis; SLOW ones never pass during a test.

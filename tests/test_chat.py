@@ -1,4 +1,4 @@
-"""A chat request read at the edge (router/chat.py): X-Waybill-Allow-Failover and what makes a
+"""A chat request read at the edge (router/doors/chat.py): X-Waybill-Allow-Failover and what makes a
 request strict, carried into its requirements."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from router.chat import ALLOW_FAILOVER_VALUES, HeaderNarrowing, parse_body, read_headers
 from router.config import Workspace
+from router.doors.chat import ALLOW_FAILOVER_VALUES, HeaderNarrowing, parse_body, read_headers
 from router.errors import GatewayError
 
 WORKSPACE = Workspace(id="acme", models=("chat",), regions=frozenset({"us"}), data_class="public")

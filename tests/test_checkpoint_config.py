@@ -8,7 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from ledger.checkpoints import generate_key
+from ledger.audit.checkpoints import generate_key
 from router.config import ConfigError, load_config, parse_config
 
 BASE = """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ledger.events import Evidence, FailureClass
-from router.classify import MAX_RETRY_AFTER_MS, RULES, UpstreamOutcome, classify
+from router.request.classify import MAX_RETRY_AFTER_MS, RULES, UpstreamOutcome, classify
 
 
 def _c(trust: bool = False, **facts: object):

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from ledger.events import DATA_CLASSES, FailureClass, data_class_rank
-from router.breaker_policy import BreakerSettings
+from router.adapters.breaker_policy import BreakerSettings
 from router.config import (
     FAILURE_CLASSES,
     Breaker,

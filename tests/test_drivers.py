@@ -21,8 +21,8 @@ from router.drivers import (
 from router.drivers.anthropic import to_chat_completion
 from router.drivers.http import HTTPClient
 from router.drivers.openai import openai_usage
-from router.fake_upstream import PART_TOKENS, Behavior, FakeUpstream
-from router.fake_upstream.behavior import Kind
+from router.fake_provider import PART_TOKENS, Behavior, FakeUpstream
+from router.fake_provider.behavior import Kind
 
 SECRET = "sk-test-very-secret-0123456789"
 DRIVERS = ("openai", "anthropic")

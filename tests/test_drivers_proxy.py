@@ -21,8 +21,8 @@ from router.drivers import (
     OpenAIDriver,
     UpstreamFailure,
 )
-from router.fake_upstream import Behavior, FakeProxy, FakeUpstream
-from router.fake_upstream.behavior import Kind
+from router.fake_provider import Behavior, FakeProxy, FakeUpstream
+from router.fake_provider.behavior import Kind
 from tests.gateway.harness import closed_port
 from tests.test_proxy_http import PASSWORD, tls_client, tls_server
 

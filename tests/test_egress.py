@@ -10,7 +10,12 @@ import pytest
 import yaml
 
 from router.config import ConfigError, Endpoint, parse_config
-from router.egress import environment_proxy, no_proxy_matches, split_proxy_url, split_userinfo
+from router.config.egress import (
+    environment_proxy,
+    no_proxy_matches,
+    split_proxy_url,
+    split_userinfo,
+)
 
 PASSWORD = "pr0xy-pa55-DO-NOT-LEAK"
 TOKEN = "dXNlcjpwcjB4eS1wYTU1LURPLU5PVC1MRUFL"  # base64("user:" + PASSWORD)

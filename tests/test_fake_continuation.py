@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.fake_upstream import (
+from router.fake_provider import (
     CONTINUATIONS,
     MISMATCHED_SEAM,
     Behavior,
@@ -21,7 +21,7 @@ from router.fake_upstream import (
     FakeUpstream,
     reply_pieces,
 )
-from router.fake_upstream._continuation import continued
+from router.fake_provider._continuation import continued
 
 PIECES = reply_pieces("east")  # "Hello", " from", " east:", " héllo", " 日本", " 🚀"
 WHOLE = "".join(PIECES)

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from router.fake_upstream import PART_TOKENS, Behavior, FakeUpstream, Kind, reply_pieces
+from router.fake_provider import PART_TOKENS, Behavior, FakeUpstream, Kind, reply_pieces
 
 REPLY = "Hello from east: héllo 日本 🚀"
 MESSAGES = [{"role": "user", "content": "x" * 40}]  # 40 chars -> 40 // 4 + 1 = 11 tokens
@@ -958,7 +958,7 @@ async def test_wait_for_async_sees_a_stalled_request_arrive():
 
 def test_standalone_process_prints_its_port_then_serves():
     process = subprocess.Popen(
-        [sys.executable, "-m", "router.fake_upstream", "--port", "0", "--name", "solo"],
+        [sys.executable, "-m", "router.fake_provider", "--port", "0", "--name", "solo"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,

@@ -6,7 +6,7 @@ import os
 import re
 import time
 
-from router.ids import new_id
+from router.support.ids import new_id
 
 
 def test_an_id_is_its_prefix_the_time_and_sixteen_random_hex_digits() -> None:

@@ -1,4 +1,5 @@
-"""The latency figures behind the least_latency strategy (router/latency.py): in process and
+"""The latency figures behind the least_latency strategy (router/adapters/latency.py): in process
+and
 shared through Redis (``WAYBILL_TEST_REDIS_URL``, default ``redis://127.0.0.1:6379/15``)."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import uuid
 import pytest
 import redis
 
-from router.latency import ALPHA, InProcessLatency, RedisLatency, ewma
+from router.adapters.latency import ALPHA, InProcessLatency, RedisLatency, ewma
 from tests.helpers import REDIS_URL, redis_up
 
 EAST, WEST = ("east", "small"), ("west", "claude")

@@ -1,4 +1,5 @@
-"""Output validation (router/output_check.py): what a buffered answer must satisfy, and how a
+"""Output validation (router/request/output_check.py): what a buffered answer must satisfy, and how
+a
 violation is described — by where and which rule, never by the content."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from router.output_check import demands_a_shape, output_violation
+from router.request.output_check import demands_a_shape, output_violation
 
 SCHEMA = {
     "type": "object",

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from router.config import ConfigError, parse_config
-from router.worst_case import settlement_rates
+from router.request.worst_case import settlement_rates
 from tests.test_config import ENV, _base, _mapping
 
 TODAY = datetime.now(UTC).date()

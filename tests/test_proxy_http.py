@@ -25,7 +25,7 @@ from router.drivers.http import (
     Response,
     TunnelFailed,
 )
-from router.fake_upstream import Behavior, FakeProxy, FakeUpstream, RecordedConnect
+from router.fake_provider import Behavior, FakeProxy, FakeUpstream, RecordedConnect
 from tests.gateway.harness import closed_port
 
 PASSWORD = "pr0xy-pa55-DO-NOT-LEAK"

@@ -9,16 +9,16 @@ from typing import Any
 import pytest
 import yaml
 
-from ledger.provider_reports import parse_report
-from router.config import Endpoint, parse_config
-from router.fake_upstream import FakeAdminApi
-from router.provider_reports import (
+from ledger.finance.provider_reports import parse_report
+from router.adapters.provider_reports import (
     MAX_RETRIES,
     MAX_WAIT_S,
     FetchError,
     day_window,
     fetch_report,
 )
+from router.config import Endpoint, parse_config
+from router.fake_provider import FakeAdminApi
 
 KEY = "sk-admin-do-not-print"
 T0 = datetime(2026, 11, 30, tzinfo=UTC)

@@ -1,4 +1,4 @@
-"""The continuation's request and its seam (router/resume.py)."""
+"""The continuation's request and its seam (router/request/resume.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.resume import Seam, continuation_body, prefill_text
+from router.request.resume import Seam, continuation_body, prefill_text
 
 BODY = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 

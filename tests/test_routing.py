@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger.events import Candidate, Evidence, FailureClass, ReasonCode, Requirements
-from router.classify import Classification, MayFailOver, UpstreamOutcome, classify
 from router.config import Config, Defaults, Mapping, ModelGroup, Workspace, parse_config
-from router.routing import (
+from router.request.classify import Classification, MayFailOver, UpstreamOutcome, classify
+from router.request.selection import (
     CHECK_ORDER,
     DECISION_REASONS,
     AttemptOutcome,

@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from router.serving import KEEP_ALIVE_S, UVICORN_OPTIONS, CoalescingTransport
+from router.serving.server import KEEP_ALIVE_S, UVICORN_OPTIONS, CoalescingTransport
 from tests.gateway.harness import Route, running_gateway
 
 
@@ -280,7 +280,7 @@ def test_the_keep_alive_timeout_outlasts_the_idle_timeouts_of_common_clients() -
 
 
 async def test_the_body_writer_writes_a_chunk_only_where_an_asgi_message_would_go_at_once() -> None:
-    from router.serving import _write_body
+    from router.serving.server import _write_body
 
     inner = _Recording()
     transport = CoalescingTransport(inner, asyncio.get_running_loop())  # type: ignore[arg-type]

@@ -1,4 +1,4 @@
-"""Endpoint slots for max_in_flight (router/slots.py): in process and shared through Redis
+"""Endpoint slots for max_in_flight (router/adapters/slots.py): in process and shared through Redis
 (``WAYBILL_TEST_REDIS_URL``, default ``redis://127.0.0.1:6379/15``)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import uuid
 import pytest
 import redis
 
-from router.slots import InProcessSlots, RedisSlots
+from router.adapters.slots import InProcessSlots, RedisSlots
 from tests.helpers import REDIS_URL, redis_up
 
 

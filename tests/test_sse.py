@@ -1,4 +1,5 @@
-"""Unit tests for the byte-level SSE reader and writer (router/sse.py, contract §5 Streaming)."""
+"""Unit tests for the byte-level SSE reader and writer (router/drivers/sse.py, contract §5
+Streaming)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.sse import (
+from router.drivers.sse import (
     DONE_FRAME,
     MAX_FRAME_BYTES,
     EndReason,

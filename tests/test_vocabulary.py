@@ -2,7 +2,8 @@
 
 Failure classes, reason codes and data classes are defined once in ``ledger.events``, error
 codes with their statuses and types in ``router.errors``, the classifier's rows in
-``router.classify`` and the eligibility checks' order in ``router.routing``. These tests read
+``router.request.classify`` and the eligibility checks' order in ``router.request.selection``.
+These tests read
 the tables of docs/contract.md (and what README.md says of the same things) and fail when a
 table and its definition differ, so the documents cannot drift from the code.
 """
@@ -17,9 +18,9 @@ from typing import Final
 import pytest
 
 from ledger.events import DATA_CLASSES, Evidence, FailureClass, ReasonCode
-from router.classify import RULES
 from router.errors import ERRORS, ErrorCode, error_for_failure
-from router.routing import CHECK_ORDER, DECISION_REASONS, WALK_REASONS
+from router.request.classify import RULES
+from router.request.selection import CHECK_ORDER, DECISION_REASONS, WALK_REASONS
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 CONTRACT: Final = (ROOT / "docs" / "contract.md").read_text()
@@ -138,7 +139,8 @@ def test_the_readme_names_the_chat_codes_and_points_to_the_full_table() -> None:
     assert "`docs/contract.md` §3" in README
 
 
-# --- failure classes (ledger.events, router.classify, router.errors) --------------------------
+# --- failure classes (ledger.events, router.request.classify, router.errors)
+# --------------------------
 
 
 def test_the_contract_classifier_table_is_router_classify_row_for_row() -> None:
@@ -182,7 +184,8 @@ def test_the_readme_names_only_failure_classes_that_exist() -> None:
     assert set(quoted(classes.group(0))) <= set(FailureClass)
 
 
-# --- reason codes (ledger.events, router.routing) -------------------------------------------
+# --- reason codes (ledger.events, router.request.selection)
+# -------------------------------------------
 
 
 def test_the_contract_reason_code_table_is_the_eligibility_checks_in_order() -> None:

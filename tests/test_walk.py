@@ -1,4 +1,4 @@
-"""The request's walk (router/walk.py), step by step, without I/O: every row of the failure
+"""The request's walk (router/request/walk.py), step by step, without I/O: every row of the failure
 table, retries, failovers, budget races, stream resume and hedging."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from ledger.events import Evidence, FailureClass
-from router.classify import RULES, Classification
 from router.config import Defaults
-from router.routing import Decision, RouteContext
-from router.walk import (
+from router.request.classify import RULES, Classification
+from router.request.selection import Decision, RouteContext
+from router.request.walk import (
     MAX_BUDGET_RACES,
     Answered,
     ArmHedge,

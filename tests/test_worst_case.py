@@ -1,5 +1,6 @@
-"""The worst case covers every billable dimension a request can trigger (router/worst_case.py,
-with router/chat.py reading the request): choices, both output bounds, reasoning, cached and
+"""The worst case covers every billable dimension a request can trigger
+(router/request/worst_case.py,
+with router/doors/chat.py reading the request): choices, both output bounds, reasoning, cached and
 uncached input, images, audio, files, audio output, predictions, web search — and what a
 mapping cannot price is named, never guessed."""
 
@@ -14,18 +15,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ledger.accounting import usage_cost
+from ledger.books.accounting import usage_cost
 from ledger.events import Requirements, Usage
-from router.chat import DEFAULT_LIMITS, HeaderNarrowing, parse_body
 from router.config import Limits, Mapping, Workspace
+from router.doors.chat import DEFAULT_LIMITS, HeaderNarrowing, parse_body
 from router.drivers import ChatRequest, OpenAIDriver
 from router.drivers.anthropic import to_messages_request
 from router.drivers.openai import openai_usage
 from router.errors import GatewayError
-from router.fake_upstream import PART_TOKENS, Behavior
-from router.fake_upstream._openai import OPENAI
-from router.fake_upstream._reply import make_reply
-from router.worst_case import (
+from router.fake_provider import PART_TOKENS, Behavior
+from router.fake_provider._openai import OPENAI
+from router.fake_provider._reply import make_reply
+from router.request.worst_case import (
     billed_usage,
     input_tokens,
     output_tokens,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ledger.projection import Projection
 from ledger.views.keys import KeysProjection
+from ledger.views.projection import Projection
 from ledger.views.requests import RequestViewProjection
 from ledger.views.spend import SpendProjection
 

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ledger.events import KeyCreated, KeyRevoked
-from ledger.projection import ModelWriter, Projection, fold_into
-from ledger.schema import api_keys
 from ledger.store import RecordedEvent
+from ledger.store.schema import api_keys
+from ledger.views.projection import ModelWriter, Projection, fold_into
 
 __all__ = ["KeysProjection"]
 

@@ -19,9 +19,9 @@ from decimal import Decimal
 from typing import Any
 
 from ledger import events as ev
-from ledger.projection import ModelWriter, Projection, fold_into
-from ledger.schema import request_views
 from ledger.store import RecordedEvent
+from ledger.store.schema import request_views
+from ledger.views.projection import ModelWriter, Projection, fold_into
 
 __all__ = ["RequestViewProjection", "fold_request"]
 

@@ -15,10 +15,10 @@ from decimal import Decimal
 from typing import Any
 
 from ledger import events as ev
-from ledger.accounting import BOOK_EVENTS, reservation_id
-from ledger.projection import ModelWriter, Projection, fold_into
-from ledger.schema import spend_attempts, unknown_settlements
+from ledger.books.accounting import BOOK_EVENTS, reservation_id
 from ledger.store import RecordedEvent
+from ledger.store.schema import spend_attempts, unknown_settlements
+from ledger.views.projection import ModelWriter, Projection, fold_into
 
 __all__ = ["SpendProjection", "fold_attempt", "fold_settlement"]
 
@@ -137,7 +137,7 @@ def fold_settlement(row: Row | None, recorded: RecordedEvent) -> Row | None:
 
 def _reservation_of(recorded: RecordedEvent) -> str:
     # AttemptFinished names its attempt, not its hold; the hold's id follows from it
-    # (router.budgets: one attempt, one reservation, "res_<attempt>").
+    # (router.request.budget: one attempt, one reservation, "res_<attempt>").
     if "reservation_id" in recorded.data:
         return str(recorded.data["reservation_id"])
     return reservation_id(str(recorded.data["attempt_id"]))

@@ -19,7 +19,6 @@ from typing import Any, Final
 import orjson
 
 from ledger.events import Usage
-from router.classify import UpstreamOutcome
 from router.config import Endpoint
 from router.drivers.base import (
     AttemptBinding,
@@ -34,6 +33,7 @@ from router.drivers.base import (
     optional_str,
     sanitize,
 )
+from router.request.classify import UpstreamOutcome
 
 __all__ = [
     "DEFAULT_ANTHROPIC_VERSION",
@@ -237,7 +237,7 @@ def _tool_input(arguments: object) -> dict[str, Any]:
     fail only because the route chose Anthropic. Nor could a driver refuse it cleanly: by
     the time it translates, the attempt has started and holds a reservation, and only the
     core's failure path records an attempt's end; a 400 for it belongs in the request check
-    before routing (router/chat.py). ``{}`` keeps the turn valid (the ``tool_use`` still
+    before routing (router/doors/chat.py). ``{}`` keeps the turn valid (the ``tool_use`` still
     pairs with its ``tool_result``) and tells the model that call carried no input.
     """
     if isinstance(arguments, dict):

@@ -3,7 +3,7 @@ fails, and the HTTP edge (one pooled :class:`~router.drivers.http.HTTPClient`, p
 timeouts, byte limits).
 
 A driver translates a chat request to its provider's API and the answer back to OpenAI
-shapes, and classifies failures with :func:`router.classify.classify`. It never decides a
+shapes, and classifies failures with :func:`router.request.classify.classify`. It never decides a
 retry or a failover (contract §5: "only the core decides failover; a driver only classifies").
 """
 
@@ -22,7 +22,6 @@ from typing import Any, ClassVar, Final, Self
 import orjson
 
 from ledger.events import Usage
-from router.classify import Classification, Transport, UpstreamOutcome, classify
 from router.config import Endpoint
 from router.config import Proxy as ProxySetting
 from router.drivers.http import (
@@ -37,7 +36,8 @@ from router.drivers.http import (
     TunnelFailed,
     prepare_request,
 )
-from router.sse import EndReason, SSEError, SSEStream
+from router.drivers.sse import EndReason, SSEError, SSEStream
+from router.request.classify import Classification, Transport, UpstreamOutcome, classify
 
 __all__ = [
     "ATTEMPT_ID_HEADER",
@@ -229,7 +229,7 @@ class Driver(ABC):
 
     _request_id_header: ClassVar[str]
     # The provider's API takes no request without an output bound (Anthropic's max_tokens):
-    # the core then sends the one it reserved for (router/worst_case.py).
+    # the core then sends the one it reserved for (router/request/worst_case.py).
     requires_max_tokens: ClassVar[bool] = False
 
     def __init__(self, client: HTTPClient | None = None) -> None:
@@ -543,7 +543,7 @@ class _TooLarge(Exception):
 
 
 class SSEDriverStream(DriverStream):
-    """An upstream SSE body read through :class:`router.sse.SSEStream` and a translator."""
+    """An upstream SSE body read through :class:`router.drivers.sse.SSEStream` and a translator."""
 
     def __init__(
         self,

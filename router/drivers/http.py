@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from router.unread import unread_bytes
+from router.support.unread import unread_bytes
 
 __all__ = [
     "ConnectFailed",
@@ -344,7 +344,7 @@ class _Connection(asyncio.Protocol):
         if now < deadline:
             self._arm(deadline)
         elif unread_bytes(self._transport):
-            # The response's bytes are here, the loop has not read them yet (router.unread):
+            # The response's bytes are here, the loop has not read them yet (router.support.unread):
             # not a silence of the upstream's. They are read before this fires again.
             later = now if self._absolute else now + timeout
             self._deadline = later

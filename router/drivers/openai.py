@@ -6,7 +6,6 @@ import time
 from typing import Any
 
 from ledger.events import Usage
-from router.classify import UpstreamOutcome
 from router.config import Endpoint
 from router.drivers.base import (
     AttemptBinding,
@@ -21,6 +20,7 @@ from router.drivers.base import (
     optional_str,
     sanitize,
 )
+from router.request.classify import UpstreamOutcome
 
 __all__ = ["OpenAIDriver", "openai_usage"]
 

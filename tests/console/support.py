@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import httpx
 
 from ledger import apikeys
-from router.fake_upstream import Behavior
+from router.fake_provider import Behavior
 from tests.gateway.harness import Gateway, Route, running_gateway
 from tests.gateway.test_failure_table import BODY
 from tests.helpers import eventually

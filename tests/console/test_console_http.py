@@ -9,8 +9,8 @@ import httpx
 import orjson
 
 from ledger import apikeys
-from router.console.sessions import secret_from
-from router.fake_upstream import Behavior
+from router.fake_provider import Behavior
+from router.http.console.sessions import secret_from
 from tests.console.support import browser, csrf_token, sign_in, traffic
 from tests.gateway.harness import Route, running_gateway
 

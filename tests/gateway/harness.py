@@ -18,12 +18,12 @@ import uvicorn
 from openai import AsyncOpenAI
 
 from ledger import apikeys
-from ledger.db import create_engine
 from ledger.store import EventStore, RecordedEvent
-from router.app import AppSettings, create_app
+from ledger.store.db import create_engine
 from router.config import Config, parse_config
-from router.fake_upstream import FakeUpstream
-from router.serving import UVICORN_OPTIONS
+from router.fake_provider import FakeUpstream
+from router.http.app import AppSettings, create_app
+from router.serving.server import UVICORN_OPTIONS
 from tests.helpers import REDIS_URL, breaker_keys_removed, eventually, redis_up
 
 ANTHROPIC_ENV = {"FAKE_KEY": "sk-fake-secret-never-logged"}
@@ -195,7 +195,7 @@ async def serve(
 ) -> AsyncIterator[tuple[str, Any]]:
     """The served app's URL, and the app (its ``.app.state`` holds the gateway's own store).
     ``plain_uvicorn``: served by uvicorn's own HTTP protocol, as another server would serve
-    the app, without Waybill's (``router.serving``)."""
+    the app, without Waybill's (``router.serving.server``)."""
     app = create_app(settings)
     options = {**UVICORN_OPTIONS, "http": "httptools"} if plain_uvicorn else UVICORN_OPTIONS
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, **options))

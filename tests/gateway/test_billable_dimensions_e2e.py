@@ -16,10 +16,10 @@ import pytest
 
 from ledger import apikeys
 from ledger.events import Usage
-from router.chat import HeaderNarrowing, parse_body
 from router.config import Limits
-from router.fake_upstream import PART_TOKENS
-from router.worst_case import worst_case_cost
+from router.doors.chat import HeaderNarrowing, parse_body
+from router.fake_provider import PART_TOKENS
+from router.request.worst_case import worst_case_cost
 from tests.gateway.harness import ANTHROPIC_ENV, Gateway, Route, config_text, running_gateway
 
 D = Decimal

@@ -12,9 +12,9 @@ from typing import Any
 import sqlalchemy as sa
 
 from ledger import apikeys
-from ledger.db import sync_url
-from ledger.schema import budget_accounts, budget_holds, budget_open_holds, budget_resolutions
-from router.fake_upstream import Behavior
+from ledger.store.db import sync_url
+from ledger.store.schema import budget_accounts, budget_holds, budget_open_holds, budget_resolutions
+from router.fake_provider import Behavior
 from tests.gateway.harness import Route, running_gateway
 from tests.helpers import eventually
 from tests.ledger.test_cli import waybill

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from router.fake_upstream import Behavior
+from router.fake_provider import Behavior
 from tests.gateway.harness import gateway_with_breakers
 
 BODY: dict[str, Any] = {

@@ -16,11 +16,11 @@ import orjson
 import pytest
 import sqlalchemy as sa
 
-from ledger.books import holds
-from ledger.schema import budget_accounts
-from router.chat import parse_body
-from router.fake_upstream import Behavior, FakeUpstream
-from router.routing import worst_case_cost
+from ledger.books.balances import holds
+from ledger.store.schema import budget_accounts
+from router.doors.chat import parse_body
+from router.fake_provider import Behavior, FakeUpstream
+from router.request.selection import worst_case_cost
 from tests.gateway.harness import (
     Gateway,
     Route,
@@ -46,7 +46,7 @@ def worst_case(gw: Gateway, body: dict[str, Any] = BODY, index: int = 0) -> Deci
     assert workspace is not None
     group = gw.config.model_group("chat")
     assert group is not None
-    from router.chat import HeaderNarrowing
+    from router.doors.chat import HeaderNarrowing
 
     return worst_case_cost(group.mappings[index], call.requirements(workspace, HeaderNarrowing()))
 

@@ -12,7 +12,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from ledger.store import RecordedEvent
 from otel.ids import attempt_span_id
-from router.fake_upstream import Behavior, Kind
+from router.fake_provider import Behavior, Kind
 from tests.gateway.harness import Route, running_gateway
 
 SECRET_PROMPT = "the-prompt-text-must-never-reach-the-ledger"

@@ -12,9 +12,9 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from ledger import apikeys
-from ledger.checkpoints import PublicKeys, generate_key
-from ledger.proofs import check_proof
-from ledger.sink import read_sink
+from ledger.audit.checkpoints import PublicKeys, generate_key
+from ledger.audit.proofs import check_proof
+from ledger.audit.sink import read_sink
 from tests.gateway.harness import (
     ANTHROPIC_ENV,
     Route,

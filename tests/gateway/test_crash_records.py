@@ -19,11 +19,11 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import events as ev
-from ledger.books import holds
-from ledger.recovery import MAX_INSTANCE_ID, check_instance_id
+from ledger.books.balances import holds
+from ledger.books.recovery import MAX_INSTANCE_ID, check_instance_id
 from ledger.store import LedgerUnavailable, RecordedEvent
-from router.app import default_instance_id
-from router.fake_upstream import Behavior, FakeUpstream, Kind
+from router.fake_provider import Behavior, FakeUpstream, Kind
+from router.http.app import default_instance_id
 from tests.gateway.harness import ANTHROPIC_ENV, Route, closed_port, config_text, running_gateway
 from tests.gateway.processes import new_key, serve_process
 from tests.ledger.test_cli import waybill

@@ -20,8 +20,8 @@ import pytest
 from ledger import apikeys
 from ledger.endpoints import ENDPOINTS_STREAM
 from ledger.store import LedgerUnavailable
-from router.app import AppSettings
-from router.fake_upstream import Behavior
+from router.fake_provider import Behavior
+from router.http.app import AppSettings
 from tests.gateway.harness import ANTHROPIC_ENV, Gateway, Route, running_gateway, serve
 from tests.helpers import REDIS_URL, breaker_keys_removed, eventually, redis_up
 from tests.ledger.test_cli import WAYBILL

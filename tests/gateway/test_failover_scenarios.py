@@ -24,7 +24,7 @@ from typing import Any
 import httpx
 
 from ledger.store import RecordedEvent
-from router.fake_upstream import Behavior, FakeUpstream, RecordedRequest
+from router.fake_provider import Behavior, FakeUpstream, RecordedRequest
 from tests.gateway.harness import Gateway, Route, running_gateway
 from tests.helpers import eventually
 

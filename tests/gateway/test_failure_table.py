@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from router.fake_upstream import Behavior
-from router.fake_upstream.behavior import Kind
+from router.fake_provider import Behavior
+from router.fake_provider.behavior import Kind
 from tests.gateway.harness import Gateway, Route, running_gateway
 from tests.helpers import eventually
 

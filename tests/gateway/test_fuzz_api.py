@@ -33,9 +33,9 @@ from schemathesis import Case, CheckContext, Response
 from schemathesis.checks import positive_data_acceptance
 
 from ledger import apikeys
-from router.app import AppSettings, create_app
 from router.config import parse_config
 from router.errors import codes_by_status, error_type
+from router.http.app import AppSettings, create_app
 from tests.conftest import BACKENDS, cloned_postgres
 from tests.gateway.harness import ANTHROPIC_ENV, Route, config_text, running_gateway
 

@@ -11,7 +11,7 @@ from typing import Any
 from openai.types.chat import ChatCompletionMessageParam
 
 from ledger.store import RecordedEvent
-from router.fake_upstream import Behavior
+from router.fake_provider import Behavior
 from tests.gateway.harness import Route, running_gateway
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]

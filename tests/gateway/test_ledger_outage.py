@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from ledger.books import holds
+from ledger.books.balances import holds
 from ledger.store import LedgerUnavailable
 from tests.gateway.harness import Route, running_gateway
 from tests.helpers import eventually

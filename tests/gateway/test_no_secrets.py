@@ -11,8 +11,8 @@ import orjson
 import pytest
 
 from otel.spans import request_spans
-from router.fake_upstream import Behavior
-from router.fake_upstream.behavior import Kind
+from router.fake_provider import Behavior
+from router.fake_provider.behavior import Kind
 from tests.gateway.harness import ANTHROPIC_ENV, Route, running_gateway
 
 UPSTREAM_KEY = ANTHROPIC_ENV["FAKE_KEY"]

@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from ledger.store import RecordedEvent
-from router.fake_upstream import Behavior
+from router.fake_provider import Behavior
 from tests.gateway.harness import Route, running_gateway
 
 SCHEMA = {

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from router.sse import DONE_FRAME
+from router.drivers.sse import DONE_FRAME
 from tests.gateway.harness import gateway_before
 
 CAPACITY = 8

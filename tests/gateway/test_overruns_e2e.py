@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 
 from ledger import apikeys
-from router.fake_upstream import Behavior
+from router.fake_provider import Behavior
 from tests.gateway.harness import Gateway, Route, running_gateway
 from tests.helpers import eventually
 from tests.ledger.test_cli import waybill

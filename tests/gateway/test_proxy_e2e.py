@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from router.fake_upstream import FakeProxy, FakeUpstream
+from router.fake_provider import FakeProxy, FakeUpstream
 from tests.gateway.harness import Route, closed_port, running_gateway
 from tests.gateway.processes import new_key, serve_process
 from tests.ledger.test_cli import waybill

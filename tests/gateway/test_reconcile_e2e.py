@@ -16,12 +16,12 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import apikeys
-from ledger.books import holds
+from ledger.books.balances import holds
 from ledger.events import Usage
-from ledger.projection import ProjectionRunner
-from ledger.schema import budget_holds, spend_attempts
+from ledger.store.schema import budget_holds, spend_attempts
 from ledger.views import all_projections
-from router.fake_upstream import Behavior
+from ledger.views.projection import ProjectionRunner
+from router.fake_provider import Behavior
 from tests.gateway.harness import Gateway, Route, running_gateway
 from tests.helpers import eventually
 from tests.ledger.test_cli import waybill
@@ -358,7 +358,7 @@ async def test_a_bad_export_is_refused_naming_its_line_and_field(
             )
             assert as_jsonl.status_code == 400
             assert as_jsonl.json()["error"]["message"].startswith("line 1: not valid JSON")
-            monkeypatch.setattr("router.reconcile_api.MAX_EXPORT_BYTES", 64)
+            monkeypatch.setattr("router.http.reconcile.MAX_EXPORT_BYTES", 64)
             too_large = await http.post("/v1/reconciliations", content=bad)
             assert too_large.status_code == 413
         assert await gw.store.head() == head  # nothing recorded

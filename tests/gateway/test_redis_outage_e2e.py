@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-from router.fake_upstream import Behavior
+from router.fake_provider import Behavior
 from tests.gateway.harness import Route, running_gateway
 
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}

@@ -12,7 +12,7 @@ import httpx
 from openai import AsyncOpenAI
 
 from ledger.store import EventStore
-from router.sse import DONE_FRAME
+from router.drivers.sse import DONE_FRAME
 from tests.gateway.harness import gateway_before
 
 

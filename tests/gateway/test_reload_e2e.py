@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from ledger import apikeys
-from router.fake_upstream import Behavior
+from router.fake_provider import Behavior
 from tests.gateway.harness import ANTHROPIC_ENV, Route, config_text, running_gateway
 
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}

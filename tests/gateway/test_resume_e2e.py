@@ -10,7 +10,7 @@ import pytest
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from ledger.store import RecordedEvent
-from router.fake_upstream import Behavior, reply_pieces
+from router.fake_provider import Behavior, reply_pieces
 from tests.gateway.harness import Gateway, Route, running_gateway
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "tell me a story"}]

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ledger.db import migrate
-from router.fake_upstream import Behavior, FakeUpstream
+from ledger.store.db import migrate
+from router.fake_provider import Behavior, FakeUpstream
 from tests.gateway.harness import Route, closed_port, config_text, running_gateway
 from tests.gateway.processes import new_key, serve_process
 from tests.helpers import REDIS_URL, breaker_keys_removed, eventually, redis_up

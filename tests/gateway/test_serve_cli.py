@@ -74,7 +74,7 @@ def test_sighup_reloads_the_config_file(tmp_path: Path) -> None:
 
     import sqlalchemy as sa
 
-    from router.fake_upstream import FakeUpstream
+    from router.fake_provider import FakeUpstream
     from tests.gateway.harness import Route, config_text
 
     url = f"sqlite:///{tmp_path / 'hup.db'}"
@@ -107,7 +107,7 @@ def test_sighup_reloads_the_config_file(tmp_path: Path) -> None:
 
 
 def _followers_of(pid: int) -> list[int]:
-    """The read-model followers (ledger.follow) that process ``pid`` started."""
+    """The read-model followers (ledger.views.follow) that process ``pid`` started."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -118,7 +118,7 @@ def _followers_of(pid: int) -> list[int]:
         except OSError:
             continue
         parent = int(stat[stat.rfind(")") + 2 :].split()[1])
-        if parent == pid and b"ledger.follow" in cmdline:
+        if parent == pid and b"ledger.views.follow" in cmdline:
             found.append(int(entry.name))
     return found
 
@@ -148,7 +148,7 @@ def test_serve_on_postgres_keeps_read_models_in_a_child_it_restarts_and_stops(
 
     import sqlalchemy as sa
 
-    from router.fake_upstream import FakeUpstream
+    from router.fake_provider import FakeUpstream
     from tests.gateway.harness import Route, config_text
     from tests.gateway.processes import new_key
 
@@ -196,7 +196,7 @@ def test_a_follower_whose_gateway_was_killed_stops_by_itself(
 ) -> None:
     import signal
 
-    from router.fake_upstream import FakeUpstream
+    from router.fake_provider import FakeUpstream
     from tests.gateway.harness import Route, config_text
 
     with FakeUpstream("east") as east:
@@ -316,8 +316,8 @@ def test_the_demos_examples_paste_and_run_as_printed(tmp_path: Path) -> None:
 def test_serve_defaults_to_the_measured_capacity() -> None:
     import inspect
 
-    from router.app import DEFAULT_MAX_IN_FLIGHT, AppSettings
-    from router.cli import serve_command
+    from router.cli.main import serve_command
+    from router.http.app import DEFAULT_MAX_IN_FLIGHT, AppSettings
 
     default = inspect.signature(serve_command).parameters["max_in_flight"].default
     assert default == DEFAULT_MAX_IN_FLIGHT == AppSettings.max_in_flight == 256

@@ -11,10 +11,10 @@ import httpx
 import sqlalchemy as sa
 
 from ledger import apikeys
-from ledger.projection import ProjectionRunner
-from ledger.schema import spend_attempts, unknown_settlements
+from ledger.store.schema import spend_attempts, unknown_settlements
 from ledger.views import all_projections
-from router.fake_upstream import Behavior
+from ledger.views.projection import ProjectionRunner
+from router.fake_provider import Behavior
 from tests.gateway.harness import Gateway, Route, running_gateway
 from tests.helpers import eventually
 from tests.ledger.test_cli import waybill

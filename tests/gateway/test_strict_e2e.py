@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from router.fake_upstream import Behavior
+from router.fake_provider import Behavior
 from tests.gateway.harness import Gateway, Route, running_gateway
 
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}

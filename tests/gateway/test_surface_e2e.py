@@ -11,7 +11,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from ledger import apikeys
-from router.fake_upstream import Behavior
+from router.fake_provider import Behavior
 from tests.gateway.harness import Route, running_gateway
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import sqlalchemy as sa
 
-from router.fake_upstream import Behavior, FakeUpstream
+from router.fake_provider import Behavior, FakeUpstream
 from tests.gateway.harness import Route, closed_port, config_text
 from tests.gateway.processes import new_key, serve_process
 from tests.helpers import REDIS_URL, breaker_keys_removed, ledger_events, redis_up

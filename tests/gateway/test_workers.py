@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
-from router.fake_upstream import FakeUpstream
+from router.fake_provider import FakeUpstream
 from tests.gateway.harness import Route, closed_port, config_text
 from tests.gateway.processes import new_key, serve_process, wait_ready
 from tests.helpers import ledger_events

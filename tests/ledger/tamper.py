@@ -12,9 +12,9 @@ from typing import Any
 import orjson
 from sqlalchemy import create_engine, text
 
-from ledger.db import sync_url
 from ledger.store import GENESIS_HASH, chain_hash
-from ledger.stored import TYPE_CHARS, compress, stored_events, types_of
+from ledger.store.db import sync_url
+from ledger.store.stored import TYPE_CHARS, compress, stored_events, types_of
 
 
 @dataclass

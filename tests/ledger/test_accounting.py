@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.accounting import (
+from ledger.books.accounting import (
     AccountSpec,
     Books,
     BudgetDenied,

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from ledger import events as ev
-from ledger.accounting import (
+from ledger.audit.verify import verify_chain
+from ledger.books.accounting import (
     AccountSpec,
     Books,
     BudgetDenied,
@@ -26,10 +27,9 @@ from ledger.accounting import (
     Reserve,
     Settle,
 )
-from ledger.db import create_engine
-from ledger.schema import budget_accounts
 from ledger.store import ANY_VERSION, NO_STREAM, EventStore, WrongExpectedVersion, _Known
-from ledger.verify import verify_chain
+from ledger.store.db import create_engine
+from ledger.store.schema import budget_accounts
 from tests.ledger.factories import key_created, received
 from tests.ledger.test_books import balance, release, reserve
 
@@ -90,7 +90,7 @@ async def test_the_appender_never_plans_its_statements_again(
 ) -> None:
     # Planning a write can cost as much as running it: the appender's statements run on
     # their cached generic plans from the first time, every shape of them (left to choose,
-    # PostgreSQL plans each five times first and may go on planning; ledger.reads.connect).
+    # PostgreSQL plans each five times first and may go on planning; ledger.store.reads.connect).
     store = stores[0]
     for n in range(12):
         await reserved(store, n, "0.01")

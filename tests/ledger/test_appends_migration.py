@@ -13,12 +13,12 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from ledger.db import _alembic_config, create_engine, migrate, sync_url
+from ledger.audit.verify import verify_chain
 from ledger.events import Event, encode_event
-from ledger.projection import ProjectionRunner
 from ledger.store import GENESIS_HASH, EventStore, canonical_payload, chain_hash
-from ledger.verify import verify_chain
+from ledger.store.db import _alembic_config, create_engine, migrate, sync_url
 from ledger.views import all_projections
+from ledger.views.projection import ProjectionRunner
 from tests.ledger.factories import key_created, succeeded_trail, unknown_then_failed_trail
 
 # The events table as migration 0001 made it.

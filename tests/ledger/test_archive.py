@@ -20,8 +20,7 @@ from sqlalchemy import select, text
 
 from ledger import apikeys
 from ledger import events as ev
-from ledger.accounting import Effect, effect_of
-from ledger.archive import (
+from ledger.audit.archive import (
     ArchiveError,
     ArchiveRefused,
     HistoryArchived,
@@ -32,16 +31,17 @@ from ledger.archive import (
     read_segment,
     request_trail,
 )
-from ledger.book_audit import check_books, rebuild_books
-from ledger.db import create_engine
-from ledger.explain import explain
-from ledger.partitions import month_of
-from ledger.projection import ProjectionRunner
-from ledger.schema import budget_accounts, budget_holds, budget_open_holds, budget_resolutions
-from ledger.spend import spend_report
+from ledger.audit.book_audit import check_books, rebuild_books
+from ledger.audit.verify import verify_chain
+from ledger.books.accounting import Effect, effect_of
 from ledger.store import ANY_VERSION, NO_STREAM, EventStore, WrongExpectedVersion
-from ledger.verify import verify_chain
+from ledger.store.db import create_engine
+from ledger.store.partitions import month_of
+from ledger.store.schema import budget_accounts, budget_holds, budget_open_holds, budget_resolutions
 from ledger.views import all_projections
+from ledger.views.explain import explain
+from ledger.views.projection import ProjectionRunner
+from ledger.views.spend_queries import spend_report
 from tests.console.support import browser, sign_in
 from tests.gateway.harness import Route, running_gateway
 from tests.ledger.factories import succeeded_trail
@@ -282,7 +282,7 @@ async def test_the_cli_archives_with_progress_and_verify_reads_the_archive(
     month = month_of(_NOW)
 
     def waybill(*args: str) -> subprocess.CompletedProcess[str]:
-        command = [sys.executable, "-c", "from router.cli import main; main()", *args]
+        command = [sys.executable, "-c", "from router.cli.main import main; main()", *args]
         return subprocess.run(
             [*command, "--database-url", postgres_url], capture_output=True, text=True
         )
@@ -381,7 +381,7 @@ def _bearer(secret: str) -> dict[str, str]:
 def test_serve_refuses_an_archive_directory_that_is_not_one(
     sqlite_url: str, tmp_path: Path
 ) -> None:
-    from router.fake_upstream import FakeUpstream
+    from router.fake_provider import FakeUpstream
     from tests.gateway.harness import ANTHROPIC_ENV, closed_port, config_text
     from tests.ledger.test_cli import waybill
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger import events as ev
-from ledger.accounting import (
+from ledger.books.accounting import (
     Books,
     BudgetDenied,
     HoldStateError,

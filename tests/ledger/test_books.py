@@ -14,11 +14,18 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 
 from ledger import events as ev
-from ledger.accounting import AccountSpec, BudgetDenied, Hold, HoldStateError, Release, Reserve
-from ledger.db import asyncpg_dsn, create_engine
-from ledger.schema import budget_accounts, budget_resolutions, metadata
+from ledger.audit.verify import verify_chain
+from ledger.books.accounting import (
+    AccountSpec,
+    BudgetDenied,
+    Hold,
+    HoldStateError,
+    Release,
+    Reserve,
+)
 from ledger.store import ANY_VERSION, EventStore
-from ledger.verify import verify_chain
+from ledger.store.db import asyncpg_dsn, create_engine
+from ledger.store.schema import budget_accounts, budget_resolutions, metadata
 
 D = Decimal
 SPEC = AccountSpec("key:k1:total", "key", "acme", "k1", None, D("1.00"))
@@ -193,7 +200,7 @@ async def test_postgres_itself_refuses_a_balance_over_its_limit(postgres_url: st
 
 
 def _not_a_month(name: str | None, kind: str, parents: object) -> bool:
-    # A month's table of the ledger on PostgreSQL (ledger.partitions): made as months come.
+    # A month's table of the ledger on PostgreSQL (ledger.store.partitions): made as months come.
     return not (kind == "table" and name is not None and re.fullmatch(r"appends_\d{4}_\d{2}", name))
 
 

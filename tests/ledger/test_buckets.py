@@ -9,8 +9,9 @@ from decimal import Decimal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.accounting import Rates
-from ledger.buckets import (
+from ledger.books.accounting import Rates
+from ledger.events import Usage
+from ledger.finance.buckets import (
     QUANTUM,
     EndpointIdentity,
     LedgerAttempt,
@@ -18,9 +19,8 @@ from ledger.buckets import (
     model_key,
     reconcile_buckets,
 )
-from ledger.events import Usage
-from ledger.provider_reports import Bucket, ParsedReport, ReportFormat, ReportRow
-from ledger.provider_reports._fields import Where
+from ledger.finance.provider_reports import Bucket, ParsedReport, ReportFormat, ReportRow
+from ledger.finance.provider_reports._fields import Where
 
 D = Decimal
 T0 = datetime(2026, 11, 30, 14, tzinfo=UTC)

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from ledger.checkpoint_audit import CheckpointAudit
-from ledger.checkpointer import Checkpointer, LedgerMismatch, Schedule
-from ledger.checkpoints import Checkpoint, PublicKeys, SigningKey, generate_key
-from ledger.db import create_engine
-from ledger.merkle import Frontier, event_leaf_hash, hash_leaf
-from ledger.proofs import ProofInvalid, check_proof
-from ledger.sink import LEVELS, SinkBusy, find_checkpoint, read_sink
+from ledger.audit.checkpoint_audit import CheckpointAudit
+from ledger.audit.checkpointer import Checkpointer, LedgerMismatch, Schedule
+from ledger.audit.checkpoints import Checkpoint, PublicKeys, SigningKey, generate_key
+from ledger.audit.merkle import Frontier, event_leaf_hash, hash_leaf
+from ledger.audit.proofs import ProofInvalid, check_proof
+from ledger.audit.sink import LEVELS, SinkBusy, find_checkpoint, read_sink
 from ledger.store import NO_STREAM, EventStore
+from ledger.store.db import create_engine
 from tests.helpers import eventually
 from tests.ledger.factories import succeeded_trail
 from tests.ledger.tamper import cut_tail, rewrite_event

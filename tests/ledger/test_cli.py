@@ -10,11 +10,11 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from ledger.db import sync_url
-from ledger.stored import payloads_of
+from ledger.store.db import sync_url
+from ledger.store.stored import payloads_of
 from tests.ledger.tamper import Stored, edit_ledger
 
-WAYBILL = [sys.executable, "-c", "from router.cli import main; main()"]
+WAYBILL = [sys.executable, "-c", "from router.cli.main import main; main()"]
 
 
 def waybill(

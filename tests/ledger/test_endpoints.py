@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 from ledger import events as ev
-from ledger.db import create_engine
 from ledger.endpoints import ENDPOINTS_STREAM, EndpointStates, read_states, record_disabled
 from ledger.endpoints import record_enabled as enable
 from ledger.store import EventStore
+from ledger.store.db import create_engine
 
 
 def _disabled(endpoint: str = "east", key_check: str | None = "check-a") -> ev.EndpointDisabled:

@@ -1,4 +1,4 @@
-"""The read-model follower's supervision (ledger.follow): what the gateway does when its
+"""The read-model follower's supervision (ledger.views.follow): what the gateway does when its
 child cannot be started. Starting, restarting and stopping a real child are covered through
 `waybill serve` in tests/gateway/test_serve_cli.py."""
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ledger.follow import follow_in_child
+from ledger.views.follow import follow_in_child
 
 
 async def test_a_follower_that_cannot_be_started_is_retried_not_fatal(
@@ -27,7 +27,7 @@ async def test_a_follower_that_cannot_be_started_is_retried_not_fatal(
         raise OSError(11, "Resource temporarily unavailable")
 
     monkeypatch.setattr(asyncio, "create_subprocess_exec", no_processes_left)
-    with caplog.at_level(logging.ERROR, logger="ledger.follow"):
+    with caplog.at_level(logging.ERROR, logger="ledger.views.follow"):
         await asyncio.wait_for(
             follow_in_child("sqlite:///unused.db", stop, restart_after_s=0.01), 10
         )

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger.frozen import evolve
+from ledger.support.frozen import evolve
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.script import ScriptDirectory
 
-from ledger.db import _alembic_config, migrate, sync_url
 from ledger.store import canonical_payload
+from ledger.store.db import _alembic_config, migrate, sync_url
 
 _NOW = datetime.now(UTC)
 

@@ -1,4 +1,4 @@
-"""The ledger's Merkle tree (ledger/merkle.py) against RFC 9162 §2.1: known answers from the
+"""The ledger's Merkle tree (ledger/audit/merkle.py) against RFC 9162 §2.1: known answers from the
 reference implementation's test vectors, and properties over any size."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.merkle import (
+from ledger.audit.merkle import (
     EMPTY_ROOT,
     Frontier,
     blocks,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from ledger.db import migrate
+from ledger.store.db import migrate
 
 
 def test_migrate_leaves_a_sqlite_ledger_in_wal_mode(tmp_path: Path) -> None:

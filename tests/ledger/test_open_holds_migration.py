@@ -11,9 +11,9 @@ import pytest
 import sqlalchemy as sa
 from alembic import command
 
-from ledger.books import holds
-from ledger.db import _alembic_config, migrate, sync_url
-from ledger.schema import budget_holds
+from ledger.books.balances import holds
+from ledger.store.db import _alembic_config, migrate, sync_url
+from ledger.store.schema import budget_holds
 from ledger.types import MoneyColumn
 
 _HOLDS = sa.table(
@@ -69,5 +69,5 @@ async def test_open_holds_move_to_their_own_rows_and_back(
     assert [tuple(r) for r in back] == [
         ("r1-a1-r", "held", "gw/inc_r1"),
         ("r2-a1-r", "unknown", "gw/inc_r2"),
-        ("r3-a1-r", "resolved", "unknown"),  # ledger.accounting.UNKNOWN_OWNER
+        ("r3-a1-r", "resolved", "unknown"),  # ledger.books.accounting.UNKNOWN_OWNER
     ]

@@ -14,14 +14,14 @@ import pytest
 
 from ledger import events as ev
 from ledger import store as store_module
-from ledger.accounting import AccountSpec, Hold, HoldUnknown, Reserve, Settle
-from ledger.db import create_engine
-from ledger.periods import PeriodError, close_period, period_of
-from ledger.projection import ProjectionRunner
-from ledger.settlements import settle_unknown
-from ledger.spend import spend_report
+from ledger.books.accounting import AccountSpec, Hold, HoldUnknown, Reserve, Settle
+from ledger.books.settlements import settle_unknown
+from ledger.finance.periods import PeriodError, close_period, period_of
 from ledger.store import ANY_VERSION, EventStore
+from ledger.store.db import create_engine
 from ledger.views import SpendProjection
+from ledger.views.projection import ProjectionRunner
+from ledger.views.spend_queries import spend_report
 from tests.ledger.test_cli import waybill
 
 # Noon, ten days before this month began: a day of the last month, which has ended.
@@ -269,7 +269,7 @@ async def test_a_settlement_racing_the_close_is_recorded_as_its_adjustment(
 ) -> None:
     # The settlement looked while the period was open; the close commits before its append.
     # The append, which required the period's stream absent, is refused and decided again.
-    from ledger.periods import adjustment_for as looked
+    from ledger.finance.periods import adjustment_for as looked
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(store_module, "datetime", _LastMonthClock)
@@ -286,7 +286,7 @@ async def test_a_settlement_racing_the_close_is_recorded_as_its_adjustment(
         return answer
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("ledger.settlements.adjustment_for", close_meanwhile)
+        patch.setattr("ledger.books.settlements.adjustment_for", close_meanwhile)
         await settle_unknown(store, "unk_2", D("0.0040"), actor="k_fin", reason="x")
     assert calls == 2
     trail = [r.event() for r in await store.read_stream("request-req_2")]
@@ -300,7 +300,7 @@ async def test_a_settlement_between_the_totals_and_the_close_is_in_the_totals(
     # The close read its totals; a settlement of one of the month's open unknowns commits
     # before the close's append. The append, which required that request's stream unchanged,
     # is refused; the close reads again and its totals hold the settlement.
-    from ledger.spend import spend_report as read_totals
+    from ledger.views.spend_queries import spend_report as read_totals
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(store_module, "datetime", _LastMonthClock)
@@ -316,7 +316,7 @@ async def test_a_settlement_between_the_totals_and_the_close_is_in_the_totals(
         return totals
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("ledger.periods.spend_report", settle_meanwhile)
+        patch.setattr("ledger.finance.periods.spend_report", settle_meanwhile)
         closed = await close_period(store, PERIOD, actor="test", allow_open=True, today=date.max)
     assert calls == 2
     acme = next(t for t in closed.totals if t.workspace == "acme")

@@ -9,12 +9,12 @@ from typing import Any
 from sqlalchemy import select
 
 from ledger import events as ev
-from ledger.db import create_engine
-from ledger.projection import ProjectionRunner, SqlAlchemyWriter
-from ledger.schema import api_keys, request_views
 from ledger.store import NO_STREAM, EventStore
-from ledger.tail import Wakeup
+from ledger.store.db import create_engine
+from ledger.store.schema import api_keys, request_views
+from ledger.store.tail import Wakeup
 from ledger.views import all_projections
+from ledger.views.projection import ProjectionRunner, SqlAlchemyWriter
 from ledger.views.requests import RequestViewProjection
 from tests.helpers import eventually
 from tests.ledger.factories import key_created, succeeded_trail, unknown_then_failed_trail

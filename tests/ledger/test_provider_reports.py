@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from ledger.events import Usage
-from ledger.provider_reports import ExportError, detect_format, parse_report
+from ledger.finance.provider_reports import ExportError, detect_format, parse_report
 
 D = Decimal
 REPORTS = Path(__file__).parent / "reports"

@@ -14,9 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ledger import events as ev
-from ledger.accounting import AccountSpec, Hold, HoldUnknown, Reserve, Settle
-from ledger.books import holds
-from ledger.reconcile import (
+from ledger.books.accounting import AccountSpec, Hold, HoldUnknown, Reserve, Settle
+from ledger.books.balances import holds
+from ledger.books.settlements import settle_unknown
+from ledger.finance.reconcile import (
     AttemptRecord,
     ReconcileScope,
     Settlement,
@@ -27,10 +28,9 @@ from ledger.reconcile import (
     unmatched_attempts,
     within_tolerance,
 )
-from ledger.schema import budget_accounts, budget_holds
-from ledger.settlements import settle_unknown
+from ledger.finance.usage_export import ExportError, ProviderLine, parse_export, sniff_format
 from ledger.store import ANY_VERSION, EventStore
-from ledger.usage_export import ExportError, ProviderLine, parse_export, sniff_format
+from ledger.store.schema import budget_accounts, budget_holds
 
 D = Decimal
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

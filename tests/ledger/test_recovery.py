@@ -11,9 +11,10 @@ import pytest
 import sqlalchemy as sa
 
 from ledger import events as ev
-from ledger.accounting import AccountSpec, Hold, Reserve
-from ledger.books import holds
-from ledger.recovery import (
+from ledger.audit.verify import verify_chain
+from ledger.books.accounting import AccountSpec, Hold, Reserve
+from ledger.books.balances import holds
+from ledger.books.recovery import (
     check_instance_id,
     heartbeat,
     incarnation_owner,
@@ -23,9 +24,8 @@ from ledger.recovery import (
     register_instance,
     stop_instance,
 )
-from ledger.schema import budget_open_holds, gateway_instances
 from ledger.store import NO_STREAM, EventStore
-from ledger.verify import verify_chain
+from ledger.store.schema import budget_open_holds, gateway_instances
 from tests.ledger.factories import received
 
 D = Decimal

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from ledger.db import create_engine
-from ledger.provider_reports import ExportError
-from ledger.reprice import compare, provider_costs
+from ledger.finance.provider_reports import ExportError
+from ledger.finance.reprice import compare, provider_costs
 from ledger.store import EventStore
+from ledger.store.db import create_engine
 from tests.ledger.test_cli import waybill
 from tests.ledger.test_periods import _attempt
 

@@ -1,5 +1,5 @@
 """The workers of `waybill serve --workers N` commit through the first worker's appender
-(ledger.shared_appends): what one store sends, another commits, and each append's result
+(ledger.store.shared_appends): what one store sends, another commits, and each append's result
 goes back, refusals included; when the first cannot be reached its sender commits itself."""
 
 from __future__ import annotations
@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from ledger import shared_appends
-from ledger.accounting import BudgetDenied
-from ledger.db import LedgerUnavailable, create_engine
-from ledger.shared_appends import AppendClient, AppendServer
-from ledger.store import NO_STREAM, EventStore, RecordedEvent, WrongExpectedVersion
-from ledger.verify import verify_chain
+from ledger.audit.verify import verify_chain
+from ledger.books.accounting import BudgetDenied
+from ledger.store import NO_STREAM, EventStore, RecordedEvent, WrongExpectedVersion, shared_appends
+from ledger.store.db import LedgerUnavailable, create_engine
+from ledger.store.shared_appends import AppendClient, AppendServer
 from tests.ledger.factories import received
 from tests.ledger.test_books import balance, reserve
 

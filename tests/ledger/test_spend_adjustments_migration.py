@@ -12,8 +12,8 @@ import sqlalchemy as sa
 from alembic import command
 
 from ledger import events as ev
-from ledger.db import _alembic_config, create_engine, migrate, sync_url
 from ledger.store import ANY_VERSION, EventStore
+from ledger.store.db import _alembic_config, create_engine, migrate, sync_url
 from ledger.types import MoneyColumn
 
 D = Decimal

@@ -11,8 +11,7 @@ from pydantic import ValidationError
 from sqlalchemy import func, select, text
 
 from ledger import events as ev
-from ledger.db import create_engine
-from ledger.schema import appends
+from ledger.audit.verify import verify_chain
 from ledger.store import (
     ANY_VERSION,
     GENESIS_HASH,
@@ -23,8 +22,9 @@ from ledger.store import (
     WrongExpectedVersion,
     chain_hash,
 )
-from ledger.stored import payloads_of, types_of
-from ledger.verify import verify_chain
+from ledger.store.db import create_engine
+from ledger.store.schema import appends
+from ledger.store.stored import payloads_of, types_of
 from tests.helpers import eventually
 from tests.ledger.factories import key_created, received, succeeded_trail
 from tests.ledger.tamper import Stored, edit_ledger
@@ -433,9 +433,9 @@ async def test_postgres_append_finds_holds_by_index_however_many_there_are(
     # append cost more as holds accumulate (one per attempt, forever). Checked on the plan
     # the appender's connection caches, made once while the table is empty (the plan then
     # stays: nothing re-analyses on these servers) and once when it holds 20,000 holds.
-    from ledger.db import asyncpg_dsn
-    from ledger.reads import close_quietly, connect, positional
     from ledger.store import _PG_READ
+    from ledger.store.db import asyncpg_dsn
+    from ledger.store.reads import close_quietly, connect, positional
 
     engine = create_engine(postgres_url)
     sql, names = positional(_PG_READ)

@@ -1,4 +1,4 @@
-"""The stored form (``ledger.stored``): what rows are written with never changes."""
+"""The stored form (``ledger.store.stored``): what rows are written with never changes."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import hashlib
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger._dictionary import DICTIONARY_1
 from ledger.events import CATALOGUE
-from ledger.stored import (
+from ledger.store._dictionary import DICTIONARY_1
+from ledger.store.stored import (
     GENESIS_HASH,
     TYPE_CHARACTERS,
     TYPE_CHARS,

@@ -7,7 +7,7 @@ import asyncpg
 import pytest
 from sqlalchemy import exc as sa_exc
 
-from ledger.db import is_unavailable
+from ledger.store.db import is_unavailable
 
 
 class _Sqlstate(Exception):

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.resources import Resource
 
-from ledger.db import create_engine
 from ledger.store import NO_STREAM, EventStore
+from ledger.store.db import create_engine
 from otel.export import to_readable_spans
 from otel.ids import request_span_id
 from otel.spans import request_spans
-from router.fake_upstream import Behavior
+from router.fake_provider import Behavior
 from tests.gateway.harness import Gateway, Route, running_gateway
 from tests.helpers import eventually
 from tests.ledger import factories

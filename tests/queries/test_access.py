@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from router.access import ReadScope, can_read_request, can_verify_ledger, read_scope
 from router.config import Workspace
-from router.gateway import Caller
+from router.http.access import ReadScope, can_read_request, can_verify_ledger, read_scope
+from router.request.gateway import Caller
 
 ACME = Workspace(id="acme", models=("chat",), regions=frozenset({"us-east"}), data_class="internal")
 

@@ -11,8 +11,8 @@ import pytest
 
 from ledger import events as ev
 from ledger.events import encode_event
-from ledger.explain import NotARequestTrail, explain, render_text
 from ledger.store import RecordedEvent
+from ledger.views.explain import NotARequestTrail, explain, render_text
 from tests.ledger.factories import received, succeeded_trail, unknown_then_failed_trail
 
 T0 = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from router.fake_upstream import Behavior
+from router.fake_provider import Behavior
 from tests.gateway.harness import Route, running_gateway
 from tests.gateway.test_failure_table import BODY
 from tests.ledger.test_cli import waybill

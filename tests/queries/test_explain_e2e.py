@@ -9,11 +9,11 @@ from typing import Any
 import httpx
 import pytest
 
-from ledger.db import create_engine
-from ledger.projection import ProjectionRunner
 from ledger.store import EventStore
+from ledger.store.db import create_engine
 from ledger.views import all_projections
-from router.fake_upstream import Behavior
+from ledger.views.projection import ProjectionRunner
+from router.fake_provider import Behavior
 from tests.gateway.harness import Gateway, Route, running_gateway
 from tests.gateway.test_failure_table import BODY, ROWS, Row
 from tests.helpers import eventually

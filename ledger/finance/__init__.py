@@ -1,0 +1,2 @@
+"""Finance: reconciliation against providers' exports and reports, buckets, periods, repricing,
+usage exports."""

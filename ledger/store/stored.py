@@ -1,0 +1,270 @@
+"""The stored form of the ledger: one row per append, its events' canonical bytes compressed.
+
+An append is one stream's consecutive events, recorded together: consecutive positions and
+versions, one recorded time, one metadata (``ledger.store``). The ledger keeps it as one row
+of ``appends`` (``ledger.store.schema``):
+
+- ``position`` and ``version``: its first event's; the others follow, one each;
+- ``stream_id`` and ``recorded_at``, which all its events share;
+- ``types``: one character per event, in order (``TYPE_CHARS``), so that SQL can count a row's
+  events (``length(types)``) and find the rows holding a type (``types LIKE '%C%'``);
+- ``hash``: its last event's chain hash (32 bytes); the others are derived from the previous
+  row's, as the chain defines them (``stored_events``);
+- ``payloads``: each event's canonical payload — the exact bytes that were hashed — joined by
+  newlines (compact JSON holds none), compressed (a format byte first, ``compress``).
+
+Everything else a reader sees of an event (its data, metadata, type, schema version) is read
+from those bytes; ``waybill verify`` checks the row's columns against them. Why this form: the
+queryable copies of each event's data (``data`` and ``metadata`` as JSON beside the bytes) and
+one row and index entry per event cost ~14 KB on disk per request; the bytes of an append's
+events share most of their text with each other and with other requests' events, which a
+deflate with a preset dictionary of typical events (``ledger.store._dictionary``) removes
+(``bench/ledger_size_bench.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Final
+
+from sqlalchemy import ColumnElement, Label, func, literal_column, or_, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from ledger.store._dictionary import DICTIONARY_1
+from ledger.store.schema import appends, ledger_archives
+
+__all__ = [
+    "FROM_POSITION_SQL",
+    "GENESIS_HASH",
+    "HASH_SIZE",
+    "PREVIOUS_SQL",
+    "TYPE_CHARACTERS",
+    "TYPE_CHARS",
+    "StoredEvent",
+    "chain_hash",
+    "compress",
+    "count_types",
+    "from_position",
+    "holding",
+    "payloads_of",
+    "previous_hash",
+    "read_range",
+    "row_of",
+    "stored_events",
+    "type_char",
+    "types_of",
+]
+
+HASH_SIZE: Final = 32
+GENESIS_HASH: Final = "0" * 64
+
+# One character per event type, for ever: rows are written with them. A type added to the
+# catalogue takes the next character of TYPE_CHARACTERS; none is ever reused or moved. Upper-case
+# letters and digits only: SQLite's LIKE ignores case, and neither `%` nor `_` may appear.
+TYPE_CHARS: Final[Mapping[str, str]] = {
+    "RequestReceived": "A",
+    "RouteEvaluated": "B",
+    "BudgetReserved": "C",
+    "BudgetReservationDenied": "D",
+    "AttemptStarted": "E",
+    "StreamCommitted": "F",
+    "AttemptFinished": "G",
+    "FailoverDecided": "H",
+    "BudgetSettled": "I",
+    "BudgetReleased": "J",
+    "BudgetOverrun": "K",
+    "UnknownUsageOpened": "L",
+    "UnknownUsageSettled": "M",
+    "RequestCompleted": "N",
+    "RequestFailed": "O",
+    "BreakerTransitioned": "P",
+    "ReconciliationImported": "Q",
+    "KeyCreated": "R",
+    "KeyRevoked": "S",
+    "ConfigActivated": "T",
+    "PeriodClosed": "U",
+    "PeriodAdjusted": "V",
+    "CheckpointTaken": "W",
+    "EndpointDisabled": "X",
+    "EndpointEnabled": "Y",
+}
+TYPE_CHARACTERS: Final = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+_TYPE_OF: Final = {char: name for name, char in TYPE_CHARS.items()}
+
+# A row's payloads: format 0, the joined bytes as they are; format 1, raw deflate (RFC 1951)
+# against DICTIONARY_1 in a 16 KB window. Written at level 3 with memory level 6: ~30 % less
+# CPU than level 6 for rows ~10 % larger, and a smaller state to copy per row (level 1's rows
+# are ~20 % larger; bench/README.md, "Decisions"). The level is the writer's alone: any
+# level's rows inflate the same way.
+_RAW, _DEFLATE_1 = 0, 1
+_WINDOW_BITS: Final = -14
+_COMPRESSOR: Final = zlib.compressobj(
+    3, zlib.DEFLATED, _WINDOW_BITS, 6, zlib.Z_DEFAULT_STRATEGY, zdict=DICTIONARY_1
+)
+
+StoredEvent = tuple[int, str, bytes]
+"""An event as its row holds it: position, chain hash (hex) and canonical payload."""
+
+
+def chain_hash(previous_hash: str, position: int, payload: bytes) -> str:
+    """The chain's hash of the event at ``position`` (contract §7)."""
+    digest = hashlib.sha256(bytes.fromhex(previous_hash))
+    digest.update(position.to_bytes(8, "big"))
+    digest.update(payload)
+    return digest.hexdigest()
+
+
+def type_char(event_type: str) -> str:
+    try:
+        return TYPE_CHARS[event_type]
+    except KeyError:
+        raise ValueError(f"event type {event_type!r} has no stored character") from None
+
+
+def compress(payloads: Sequence[bytes]) -> bytes:
+    """The ``payloads`` column of a row holding these canonical payloads."""
+    # A copy of a compressor that has already taken in the dictionary: priming a new one
+    # costs more than compressing an append.
+    compressor = _COMPRESSOR.copy()
+    joined = b"\n".join(payloads)
+    return bytes((_DEFLATE_1,)) + compressor.compress(joined) + compressor.flush()
+
+
+def payloads_of(column: bytes) -> list[bytes]:
+    """The canonical payloads a row's ``payloads`` column holds, in order."""
+    body = memoryview(column)[1:]
+    if column[0] == _DEFLATE_1:
+        inflater = zlib.decompressobj(_WINDOW_BITS, zdict=DICTIONARY_1)
+        joined = inflater.decompress(body) + inflater.flush()
+    elif column[0] == _RAW:
+        joined = bytes(body)
+    else:
+        raise ValueError(f"stored payloads in an unknown format ({column[0]})")
+    return joined.split(b"\n")
+
+
+def row_of(
+    position: int,
+    stream_id: str,
+    version: int,
+    types: Sequence[str],
+    recorded_at: Any,
+    hashes: Sequence[str],
+    payloads: Sequence[bytes],
+) -> dict[str, Any]:
+    """The ``appends`` row of one append's events (their hashes in hex: the last is kept)."""
+    return {
+        "position": position,
+        "recorded_at": recorded_at,
+        "version": version,
+        "stream_id": stream_id,
+        "types": "".join(type_char(t) for t in types),
+        "hash": bytes.fromhex(hashes[-1]),
+        "payloads": compress(payloads),
+    }
+
+
+def stored_events(
+    position: int, previous: bytes | None, payloads: bytes, *, after: int = 0
+) -> list[StoredEvent]:
+    """The events of one row with positions past ``after``, their hashes chained from
+    ``previous``, the previous row's ``hash`` (None: the row is the ledger's first). Not a
+    check: ``waybill verify`` compares the last with the row's own."""
+    chained = GENESIS_HASH if previous is None else bytes(previous).hex()
+    found = []
+    for offset, payload in enumerate(payloads_of(payloads)):
+        chained = chain_hash(chained, position + offset, payload)
+        if position + offset > after:
+            found.append((position + offset, chained, payload))
+    return found
+
+
+def types_of(types: str) -> list[str]:
+    """A row's ``types`` column as the events' type names."""
+    try:
+        return [_TYPE_OF[char] for char in types]
+    except KeyError as error:
+        raise ValueError(f"unknown stored event type {error.args[0]!r}") from None
+
+
+def holding(event_type: str) -> ColumnElement[bool]:
+    """Rows that hold an event of ``event_type`` (a literal, so that PostgreSQL and SQLite
+    match it to a partial index written the same way)."""
+    return appends.c.types.like(literal_column(f"'%{type_char(event_type)}%'"))
+
+
+def previous_hash() -> Label[bytes | None]:
+    """The previous row's ``hash``, as the column ``previous`` of a query of ``appends``
+    (one probe of the primary key); for the first row, the end hash of the last month
+    archived (``ledger.audit.archive``), or None: the genesis."""
+    before = appends.alias("before")
+    row = (
+        select(before.c.hash)
+        .where(before.c.position < appends.c.position)
+        .order_by(before.c.position.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    archived = (
+        select(ledger_archives.c.end_hash)
+        .order_by(ledger_archives.c.last_position.desc())
+        .limit(1)
+        .scalar_subquery()
+    )
+    return func.coalesce(row, archived).label("previous")
+
+
+PREVIOUS_SQL: Final = (
+    "coalesce((SELECT before.hash FROM appends before WHERE before.position < appends.position "
+    "ORDER BY before.position DESC LIMIT 1), (SELECT end_hash FROM ledger_archives "
+    "ORDER BY last_position DESC LIMIT 1)) AS previous"
+)
+"""``previous_hash`` as SQL text, for a query of ``appends`` (not aliased)."""
+
+
+def from_position(after: int) -> ColumnElement[bool]:
+    """Rows holding events past ``after``: the one that holds ``after + 1``, and every later
+    one (two probes of the primary key; positions have no gaps)."""
+    first = (
+        select(func.coalesce(func.max(appends.c.position), 0))
+        .where(appends.c.position <= after + 1)
+        .scalar_subquery()
+    )
+    return appends.c.position >= first
+
+
+async def read_range(conn: AsyncConnection, after: int, last: int, rows: int) -> list[StoredEvent]:
+    """The events at positions ``after`` + 1 .. ``last`` held by at most ``rows`` rows from
+    the one holding ``after`` + 1 on (fewer than asked only where the ledger ends)."""
+    a = appends.c
+    result = await conn.execute(
+        select(a.position, previous_hash(), a.payloads)
+        .where(from_position(after), a.position <= last)
+        .order_by(a.position)
+        .limit(rows)
+    )
+    found: list[StoredEvent] = []
+    for position, previous, payloads in result:
+        found += stored_events(position, previous, bytes(payloads), after=after)
+    return [event for event in found if event[0] <= last]
+
+
+async def count_types(conn: AsyncConnection, event_types: Collection[str]) -> dict[str, int]:
+    """How many events of each of ``event_types`` the ledger holds (a pass over the rows
+    holding any: for tools and checks, not the request path)."""
+    chars = {type_char(t): t for t in event_types}
+    counts = dict.fromkeys(event_types, 0)
+    query = select(appends.c.types).where(or_(*(holding(t) for t in event_types)))
+    for (types,) in await conn.execute(query):
+        for char in types:
+            if char in chars:
+                counts[chars[char]] += 1
+    return counts
+
+
+FROM_POSITION_SQL: Final = (
+    "position >= (SELECT coalesce(max(position), 0) FROM appends WHERE position <= {after} + 1)"
+)
+"""``from_position`` as SQL text, ``{after}`` being the parameter's placeholder."""

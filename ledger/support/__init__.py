@@ -1,0 +1,1 @@
+"""Generic helpers with no domain of their own: copying frozen records, process settings."""

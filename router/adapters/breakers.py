@@ -1,0 +1,796 @@
+"""Circuit breakers (contract §5): per endpoint and per mapping, in-process or shared through Redis.
+
+What a breaker does is ``router.adapters.breaker_policy``: one state machine (closed, open,
+half-open) under one of two policies, ``consecutive`` or ``rolling``, as pure functions. A
+board holds every breaker of one config generation and applies them atomically:
+
+- :class:`InProcessBreakers` keeps the records in this process's memory and calls the
+  functions directly;
+- :class:`RedisBreakers` keeps them in Redis, shared by every gateway process, and runs the
+  same functions written in Lua, one script per operation.
+
+Each endpoint's breakers (its own and its mappings') run by the endpoint's settings when the
+config gives it some (``endpoints[].breaker``), else by ``defaults.breaker``. State lives under
+the config generation, so a new generation starts with every breaker closed.
+Every operation returns the :class:`Transition` objects it caused; the routing core records
+each one as a ``BreakerTransitioned`` ledger event.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypeVar, cast
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from router.adapters import breaker_policy as policy
+from router.adapters.breaker_policy import (
+    MAX_DOUBLINGS,
+    RATE_SCALE,
+    TIME_BUCKETS,
+    Admission,
+    BreakerSettings,
+    BreakerState,
+    Call,
+    Figures,
+    Record,
+    Step,
+    clamp_retry_after,
+    is_slow,
+)
+from router.config import Breaker
+
+__all__ = [
+    "Admission",
+    "BreakerBoard",
+    "BreakerKey",
+    "BreakerState",
+    "BreakerStoreUnavailable",
+    "BreakerView",
+    "EndpointSettings",
+    "FallbackBreakers",
+    "InProcessBreakers",
+    "RedisBreakers",
+    "Scope",
+    "Transition",
+    "breaker_board",
+]
+
+Scope = Literal["endpoint", "mapping"]
+
+_DEFAULT_PROBE_LEASE_MS: Final = 60_000
+_KEY_TTL_MS: Final = 24 * 60 * 60 * 1000
+"""A Redis breaker expires a day after its last change, so old generations clean themselves up."""
+_REDIS_TIMEOUT_S: Final = 2.0
+_FIRST_RETRY_S: Final = 1.0  # an unreachable store is tried again after this, doubling ...
+_LAST_RETRY_S: Final = 30.0  # ... up to this
+_log = logging.getLogger("waybill.breakers")
+"""Default socket timeouts; a URL's own ``socket_timeout`` query option wins."""
+
+
+@dataclass(frozen=True)
+class BreakerKey:
+    """Which breaker: an endpoint's, or a mapping's (an endpoint and an upstream model). The
+    two are kept apart, not joined in ``target``, so that a mapping's breaker finds its
+    endpoint's settings even when a name holds a ``/``."""
+
+    scope: Scope
+    endpoint_id: str
+    upstream_model: str | None = None  # mapping scope
+
+    # One key per breaker, made once: a request names each of its mappings' keys several
+    # times (admission, the evaluation's look-up, the outcome), and keys are immutable.
+    @staticmethod
+    @functools.lru_cache(maxsize=4096)
+    def endpoint(endpoint_id: str) -> BreakerKey:
+        return BreakerKey("endpoint", endpoint_id)
+
+    @staticmethod
+    @functools.lru_cache(maxsize=4096)
+    def mapping(endpoint_id: str, upstream_model: str) -> BreakerKey:
+        return BreakerKey("mapping", endpoint_id, upstream_model)
+
+    @property
+    def target(self) -> str:
+        """As ``BreakerTransitioned`` names it: the endpoint id, or
+        ``"endpoint_id/upstream_model"``."""
+        if self.upstream_model is None:
+            return self.endpoint_id
+        return f"{self.endpoint_id}/{self.upstream_model}"
+
+
+@dataclass(frozen=True)
+class Transition:
+    """One change of a breaker's state; the core records it as a ``BreakerTransitioned``."""
+
+    key: BreakerKey
+    from_state: BreakerState
+    to_state: BreakerState
+    failure_class: str | None
+    consecutive_failures: int
+    cooldown_ms: int | None
+    reason: str | None = None  # a breaker_policy.StepReason
+    figures: Figures | None = None  # the rolling window, when it opened a closed breaker
+    duration_ms: int | None = None  # the latency of the call that caused it
+
+
+@dataclass(frozen=True)
+class BreakerView:
+    """One breaker as it stands, for ``GET /v1/endpoints``."""
+
+    state: BreakerState
+    blocked: bool  # an attempt would be refused now
+    consecutive_failures: int
+    trips: int
+    cooldown_ms: int | None  # the last cool-down, while open or half-open
+    probe_in_ms: int | None  # while open: how long until a probe may go
+    figures: Figures | None  # rolling: the window as it stands
+
+
+class BreakerStoreUnavailable(Exception):
+    """The shared breaker store (Redis) cannot be reached; the caller decides what follows."""
+
+
+def _transition(key: BreakerKey, step: Step | None, call: Call | None = None) -> list[Transition]:
+    if step is None:
+        return []
+    opened = step.to_state == "open" and call is not None
+    return [
+        Transition(
+            key,
+            step.from_state,
+            step.to_state,
+            call.failure_class if opened and call is not None else None,
+            step.failures,
+            step.cooldown_ms,
+            step.reason.value,
+            step.figures,
+            call.duration_ms if call is not None else None,
+        )
+    ]
+
+
+def _view(record: Record, settings: BreakerSettings, now: int) -> BreakerView:
+    cooling = record.state != "closed"
+    return BreakerView(
+        state=record.state,
+        blocked=policy.blocked(record, now),
+        consecutive_failures=record.failures,
+        trips=record.trips,
+        cooldown_ms=record.cooldown_ms if cooling else None,
+        probe_in_ms=max(0, record.cooldown_until - now) if record.state == "open" else None,
+        figures=policy.figures(record, settings, now) if settings.policy == "rolling" else None,
+    )
+
+
+class BreakerBoard(ABC):
+    """Every breaker of one config generation."""
+
+    generation: str
+    settings: BreakerSettings
+    """``defaults.breaker``'s: what every endpoint without settings of its own runs by."""
+    _by_endpoint: Mapping[str, BreakerSettings]
+
+    def settings_for(self, key: BreakerKey) -> BreakerSettings:
+        """The settings ``key``'s breaker runs by: its endpoint's own, else the defaults'."""
+        return self._by_endpoint.get(key.endpoint_id, self.settings)
+
+    @abstractmethod
+    async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
+        """For route evaluation, read-only: whether each key would refuse an attempt now.
+
+        True while open and cooling down, or half-open with a live probe lease; False when
+        closed, or when the cool-down has passed and a probe is free to take.
+        """
+
+    @abstractmethod
+    async def admit(self, key: BreakerKey) -> tuple[Admission, list[Transition]]:
+        """Atomically admit one attempt: closed → ALLOWED; cooled down and no live probe →
+        PROBE (the caller now holds the probe lease); otherwise DENIED."""
+
+    @abstractmethod
+    async def hear(self, key: BreakerKey, call: Call) -> list[Transition]:
+        """Atomically apply one attempt's outcome (``breaker_policy.hear``)."""
+
+    @abstractmethod
+    async def inspect(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, BreakerView]:
+        """Each breaker as it stands now, read-only."""
+
+    @abstractmethod
+    async def state(self, key: BreakerKey) -> BreakerState:
+        """The stored state, for tests and diagnostics (an open breaker stays "open" here
+        after its cool-down, until someone takes the probe)."""
+
+    @abstractmethod
+    async def aclose(self) -> None: ...
+
+    async def record_success(
+        self, key: BreakerKey, *, duration_ms: int | None = None
+    ) -> list[Transition]:
+        """A success: a closed breaker counts it (``consecutive``: resets the count), a
+        half-open one closes (re-opens, under ``rolling``, if it was slow). Reported while
+        open (an attempt admitted before the trip), it changes nothing."""
+        return await self.hear(key, Call(failed=False, duration_ms=duration_ms))
+
+    async def record_failure(
+        self,
+        key: BreakerKey,
+        failure_class: str,
+        *,
+        opens_at_once: bool,
+        retry_after_ms: int | None,
+        duration_ms: int | None = None,
+    ) -> list[Transition]:
+        """A failure of the breaker's scope: counted; a closed breaker opens at its policy's
+        threshold (or at once), a half-open one re-opens. While open it only counts."""
+        call = Call(
+            failed=True,
+            failure_class=failure_class,
+            opens_at_once=opens_at_once,
+            retry_after_ms=clamp_retry_after(retry_after_ms),
+            duration_ms=duration_ms,
+        )
+        return await self.hear(key, call)
+
+
+def _settings(settings: Breaker | BreakerSettings) -> BreakerSettings:
+    return settings.settings() if isinstance(settings, Breaker) else settings
+
+
+EndpointSettings = Mapping[str, Breaker | BreakerSettings]
+"""The settings of the endpoints that have their own (``Config.endpoint_breakers``), by id."""
+
+
+def _by_endpoint(endpoints: EndpointSettings | None) -> dict[str, BreakerSettings]:
+    return {endpoint: _settings(s) for endpoint, s in (endpoints or {}).items()}
+
+
+# --- in process -----------------------------------------------------------------------------
+
+
+class InProcessBreakers(BreakerBoard):
+    """Breakers held in this process's memory, for a gateway running alone.
+
+    Every method reads and writes its record without an ``await`` in between, so on the event
+    loop each one is atomic: two tasks can never both take the probe or lose a count.
+    """
+
+    def __init__(
+        self,
+        settings: Breaker | BreakerSettings,
+        generation: str,
+        *,
+        endpoints: EndpointSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        probe_lease_ms: int = _DEFAULT_PROBE_LEASE_MS,
+    ) -> None:
+        self.generation = generation
+        self.settings = _settings(settings)
+        self._by_endpoint = _by_endpoint(endpoints)
+        self._clock = clock
+        self._probe_lease_ms = probe_lease_ms
+        self._records: dict[BreakerKey, Record] = {}
+
+    def _now(self) -> int:
+        return round(self._clock() * 1000)
+
+    def _put(self, key: BreakerKey, record: Record) -> None:
+        if record is policy.CLOSED or record == policy.CLOSED:
+            self._records.pop(key, None)
+        else:
+            self._records[key] = record
+
+    async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
+        now = self._now()
+        return {key: policy.blocked(self._records.get(key, policy.CLOSED), now) for key in keys}
+
+    async def admit(self, key: BreakerKey) -> tuple[Admission, list[Transition]]:
+        record = self._records.get(key, policy.CLOSED)
+        admission, record, step = policy.admit(record, self._now(), self._probe_lease_ms)
+        self._put(key, record)
+        return admission, _transition(key, step)
+
+    async def hear(self, key: BreakerKey, call: Call) -> list[Transition]:
+        record = self._records.get(key, policy.CLOSED)
+        record, step = policy.hear(record, call, self.settings_for(key), self._now())
+        self._put(key, record)
+        return _transition(key, step, call)
+
+    async def inspect(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, BreakerView]:
+        now = self._now()
+        return {
+            key: _view(self._records.get(key, policy.CLOSED), self.settings_for(key), now)
+            for key in keys
+        }
+
+    async def state(self, key: BreakerKey) -> BreakerState:
+        return self._records.get(key, policy.CLOSED).state
+
+    async def aclose(self) -> None:
+        self._records.clear()
+
+
+# --- shared through Redis -------------------------------------------------------------------
+#
+# Each operation is one Lua script, so it is atomic across every gateway process sharing the
+# Redis: two processes can never both take the probe, and concurrent outcomes never overwrite
+# each other's count. Time is the Redis server's `TIME` (replicas need not agree on their
+# clocks) unless the board was given a clock (tests). A breaker is a hash with the fields of
+# `breaker_policy.Record`; an absent hash is a closed breaker with no failures and an empty
+# window, which is also what a success of a consecutive breaker (re)writes by deleting it.
+# The scripts are `breaker_policy`'s functions line for line; tests/test_breaker_policy.py
+# runs both on the same histories.
+
+_LUA_PRELUDE: Final = """
+local function now_ms(given)
+  if given >= 0 then return given end
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function int(n) return string.format('%d', n) end
+"""
+
+# KEYS: the breaker. ARGV: now (-1: the server's), probe_lease_ms, ttl_ms.
+# Returns {admission, state before, consecutive failures}.
+_ADMIT: Final = (
+    _LUA_PRELUDE
+    + """
+local key, lease_ms, ttl_ms = KEYS[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local h = redis.call('HMGET', key, 'state', 'failures', 'cooldown_until', 'lease_until')
+local state = h[1] or 'closed'
+if state == 'closed' then return {'allowed', state, 0} end
+local now = now_ms(tonumber(ARGV[1]))
+if (state == 'open' and now < (tonumber(h[3]) or 0))
+    or (state == 'half_open' and now < (tonumber(h[4]) or 0)) then
+  return {'denied', state, 0}
+end
+redis.call('HSET', key, 'state', 'half_open', 'lease_until', int(now + lease_ms))
+redis.call('PEXPIRE', key, ttl_ms)
+return {'probe', state, tonumber(h[2]) or 0}
+"""
+)
+
+# KEYS: the breaker. ARGV: now (-1: the server's), failed, slow, opens at once ('1'/'0'),
+# retry_after_ms (-1: none, else capped), then _HearSettings.args: policy, failure_threshold,
+# base_cooldown_ms, max_cooldown_ms, ttl_ms, max doublings, window_calls (0: time-based),
+# bucket_ms (0: count-based), buckets, minimum_calls, failure_rate, slow counts ('1'/'0'),
+# slow_call_rate, rate scale.
+# Returns {state before, state after, reason ('' : none), consecutive failures,
+# cooldown_ms (-1: none), calls, failed, slow (-1: not counted)}.
+_HEAR: Final = (
+    _LUA_PRELUDE
+    + """
+local key = KEYS[1]
+local now = now_ms(tonumber(ARGV[1]))
+local failed, slow, at_once = ARGV[2] == '1', ARGV[3] == '1', ARGV[4] == '1'
+local retry_after, rolling = tonumber(ARGV[5]), ARGV[6] == 'rolling'
+local threshold, base, max_cd = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local ttl_ms, max_doublings = tonumber(ARGV[10]), tonumber(ARGV[11])
+local window_calls, bucket_ms, nbuckets = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
+local minimum, failure_rate = tonumber(ARGV[15]), tonumber(ARGV[16])
+local slow_counts, slow_rate, scale = ARGV[17] == '1', tonumber(ARGV[18]), tonumber(ARGV[19])
+
+local h = redis.call('HMGET', key, 'state', 'failures', 'trips', 'calls', 'buckets', 'newest')
+local state = h[1] or 'closed'
+local failures, trips = tonumber(h[2]) or 0, tonumber(h[3]) or 0
+
+local function open(new_failures, reason, calls, nfailed, nslow)
+  trips = trips + 1
+  local cooldown = retry_after
+  if cooldown < 0 then
+    cooldown = math.min(max_cd, base * 2 ^ math.min(trips - 1, max_doublings))
+  end
+  redis.call('DEL', key)
+  redis.call('HSET', key, 'state', 'open', 'failures', new_failures, 'trips', trips,
+    'cooldown_ms', int(cooldown), 'cooldown_until', int(now + cooldown))
+  redis.call('PEXPIRE', key, ttl_ms)
+  return {state, 'open', reason, new_failures, cooldown, calls, nfailed, nslow}
+end
+
+if state == 'open' then
+  if failed then
+    failures = failures + 1
+    redis.call('HSET', key, 'failures', failures)
+    redis.call('PEXPIRE', key, ttl_ms)
+  end
+  return {state, state, '', failures, -1, -1, -1, -1}
+end
+if state == 'half_open' then
+  if failed then return open(failures + 1, 'probe_failed', -1, -1, -1) end
+  if slow then return open(failures, 'probe_slow', -1, -1, -1) end
+  redis.call('DEL', key)
+  return {state, 'closed', 'probe_succeeded', 0, -1, -1, -1, -1}
+end
+
+local new_failures = 0
+if failed then new_failures = failures + 1 end
+if not rolling then
+  if failed and at_once then return open(new_failures, 'opens_at_once', -1, -1, -1) end
+  if failed and new_failures >= threshold then
+    return open(new_failures, 'failure_threshold', -1, -1, -1)
+  end
+  if new_failures == 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('HSET', key, 'state', 'closed', 'failures', new_failures)
+    redis.call('PEXPIRE', key, ttl_ms)
+  end
+  return {state, state, '', new_failures, -1, -1, -1, -1}
+end
+
+local calls, nfailed, nslow = 0, 0, 0
+if window_calls > 0 then
+  local code = 'o'
+  if failed and slow then code = 'x' elseif failed then code = 'f' elseif slow then code = 's' end
+  local window = string.sub((h[4] or '') .. code, -window_calls)
+  calls = #window
+  nfailed = select(2, string.gsub(window, '[fx]', ''))
+  nslow = select(2, string.gsub(window, '[sx]', ''))
+  redis.call('HSET', key, 'calls', window)
+else
+  local now_bucket = math.floor(now / bucket_ms)
+  local c, f, s = {}, {}, {}
+  local newest = tonumber(h[6]) or 0
+  local stored = h[5] or ''
+  for i = 1, nbuckets do c[i], f[i], s[i] = 0, 0, 0 end
+  if stored == '' then
+    newest = now_bucket
+  else
+    local i = 0
+    for bc, bf, bs in string.gmatch(stored, '(%d+),(%d+),(%d+)') do
+      i = i + 1
+      c[i], f[i], s[i] = tonumber(bc), tonumber(bf), tonumber(bs)
+    end
+    local gone = math.min(math.max(0, now_bucket - newest), nbuckets)
+    if gone > 0 then
+      for j = 1, nbuckets do
+        if j + gone <= nbuckets then
+          c[j], f[j], s[j] = c[j + gone], f[j + gone], s[j + gone]
+        else
+          c[j], f[j], s[j] = 0, 0, 0
+        end
+      end
+      newest = now_bucket
+    end
+  end
+  c[nbuckets] = c[nbuckets] + 1
+  if failed then f[nbuckets] = f[nbuckets] + 1 end
+  if slow then s[nbuckets] = s[nbuckets] + 1 end
+  local parts = {}
+  for j = 1, nbuckets do
+    calls, nfailed, nslow = calls + c[j], nfailed + f[j], nslow + s[j]
+    parts[j] = c[j] .. ',' .. f[j] .. ',' .. s[j]
+  end
+  redis.call('HSET', key, 'buckets', table.concat(parts, ';'), 'newest', int(newest))
+end
+
+local reason = ''
+if failed and at_once then
+  reason = 'opens_at_once'
+elseif calls >= minimum then
+  if nfailed * scale >= failure_rate * calls then
+    reason = 'failure_rate'
+  elseif slow_counts and nslow * scale >= slow_rate * calls then
+    reason = 'slow_call_rate'
+  end
+end
+if reason ~= '' then return open(new_failures, reason, calls, nfailed, nslow) end
+redis.call('HSET', key, 'state', 'closed', 'failures', new_failures)
+redis.call('PEXPIRE', key, ttl_ms)
+return {state, state, '', new_failures, -1, calls, nfailed, nslow}
+"""
+)
+
+# KEYS: the breakers, all read in one round trip. ARGV: now (-1: the server's).
+# Returns 1 (blocked) or 0 per key, in order.
+_BLOCKED: Final = (
+    _LUA_PRELUDE
+    + """
+local now = now_ms(tonumber(ARGV[1]))
+local out = {}
+for i, key in ipairs(KEYS) do
+  local h = redis.call('HMGET', key, 'state', 'cooldown_until', 'lease_until')
+  local blocked = (h[1] == 'open' and now < (tonumber(h[2]) or 0))
+    or (h[1] == 'half_open' and now < (tonumber(h[3]) or 0))
+  out[i] = blocked and 1 or 0
+end
+return out
+"""
+)
+
+_FIELDS: Final = (
+    "state",
+    "failures",
+    "trips",
+    "cooldown_ms",
+    "cooldown_until",
+    "lease_until",
+    "calls",
+    "buckets",
+    "newest",
+)
+
+# KEYS: the breakers. ARGV: now (-1: the server's). Returns {now, fields of each key...}.
+_INSPECT: Final = (
+    _LUA_PRELUDE
+    + """
+local out = {now_ms(tonumber(ARGV[1]))}
+for _, key in ipairs(KEYS) do
+  out[#out + 1] = redis.call('HMGET', key, """
+    + ", ".join(f"'{name}'" for name in _FIELDS)
+    + """)
+end
+return out
+"""
+)
+
+_T = TypeVar("_T")
+
+
+def _redacted(url: str) -> str:
+    """The URL without its credentials, fit for an error message."""
+    parts = urlsplit(url)
+    netloc = parts.hostname or ""
+    if parts.port is not None:
+        netloc = f"{netloc}:{parts.port}"
+    return parts._replace(netloc=netloc, query="").geturl()
+
+
+def _hear_args(settings: BreakerSettings) -> list[int | str]:
+    """``_HEAR``'s arguments that the settings fix (all but the call's own)."""
+    return [
+        settings.policy,
+        settings.failure_threshold,
+        settings.base_cooldown_ms,
+        settings.max_cooldown_ms,
+        _KEY_TTL_MS,
+        MAX_DOUBLINGS,
+        settings.window_calls or 0,
+        settings.bucket_ms if settings.window_ms is not None else 0,
+        TIME_BUCKETS,
+        settings.minimum_calls,
+        settings.failure_rate,
+        int(settings.slow_call_ms is not None),
+        settings.slow_call_rate,
+        RATE_SCALE,
+    ]
+
+
+def _record(fields: Sequence[str | None]) -> Record:
+    """A breaker read from its Redis hash (absent fields: a closed breaker's)."""
+    state, failures, trips, cooldown_ms, cooldown_until, lease_until, calls, buckets, newest = (
+        fields
+    )
+    return Record(
+        state=cast(BreakerState, state or "closed"),
+        failures=int(failures or 0),
+        trips=int(trips or 0),
+        cooldown_ms=int(cooldown_ms or 0),
+        cooldown_until=int(cooldown_until or 0),
+        lease_until=int(lease_until or 0),
+        calls=calls or "",
+        buckets=tuple(
+            cast(tuple[int, int, int], tuple(int(n) for n in bucket.split(",")))
+            for bucket in buckets.split(";")
+        )
+        if buckets
+        else (),
+        newest=int(newest or 0),
+    )
+
+
+class RedisBreakers(BreakerBoard):
+    """Breakers shared by every gateway process using the same Redis (``WAYBILL_REDIS_URL``).
+
+    Keys are ``{prefix}:{generation}:{scope}:{target}``. Connection failures and timeouts are
+    raised as :class:`BreakerStoreUnavailable`. ``clock`` (seconds) replaces the server's time.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        settings: Breaker | BreakerSettings,
+        generation: str,
+        *,
+        endpoints: EndpointSettings | None = None,
+        probe_lease_ms: int = _DEFAULT_PROBE_LEASE_MS,
+        prefix: str = "waybill:breaker",
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.generation = generation
+        self.settings = _settings(settings)
+        self._by_endpoint = _by_endpoint(endpoints)
+        # The script is given the settings on every call, each breaker its endpoint's.
+        self._hear_args = _hear_args(self.settings)
+        self._endpoint_hear_args = {e: _hear_args(s) for e, s in self._by_endpoint.items()}
+        self._probe_lease_ms = probe_lease_ms
+        self._clock = clock
+        self._namespace = f"{prefix}:{generation}"
+        self._where = _redacted(url)
+        self._redis = aioredis.Redis.from_url(
+            url,
+            decode_responses=True,
+            socket_timeout=_REDIS_TIMEOUT_S,
+            socket_connect_timeout=_REDIS_TIMEOUT_S,
+        )
+        self._admit = self._redis.register_script(_ADMIT)
+        self._hear = self._redis.register_script(_HEAR)
+        self._blocked = self._redis.register_script(_BLOCKED)
+        self._inspect = self._redis.register_script(_INSPECT)
+
+    def _key(self, key: BreakerKey) -> str:
+        return f"{self._namespace}:{key.scope}:{key.target}"
+
+    def _now(self) -> int:
+        return -1 if self._clock is None else round(self._clock() * 1000)
+
+    async def _call(self, command: Awaitable[_T]) -> _T:
+        try:
+            return await command
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise BreakerStoreUnavailable(
+                f"breaker store {self._where} is unreachable: {exc}"
+            ) from exc
+
+    async def _script(
+        self, script: AsyncScript, keys: list[str], args: list[int | str]
+    ) -> list[Any]:
+        return cast(list[Any], await self._call(script(keys=keys, args=args)))
+
+    async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
+        if not keys:
+            return {}
+        flags = await self._script(self._blocked, [self._key(k) for k in keys], [self._now()])
+        return {key: bool(flag) for key, flag in zip(keys, flags, strict=True)}
+
+    async def admit(self, key: BreakerKey) -> tuple[Admission, list[Transition]]:
+        admission, before, failures = await self._script(
+            self._admit, [self._key(key)], [self._now(), self._probe_lease_ms, _KEY_TTL_MS]
+        )
+        if admission != Admission.PROBE or before == "half_open":
+            return Admission(admission), []
+        step = Step(before, "half_open", policy.StepReason.PROBE, int(failures))
+        return Admission.PROBE, _transition(key, step)
+
+    async def hear(self, key: BreakerKey, call: Call) -> list[Transition]:
+        retry_after = clamp_retry_after(call.retry_after_ms)
+        before, after, reason, failures, cooldown, calls, failed, slow = await self._script(
+            self._hear,
+            [self._key(key)],
+            [
+                self._now(),
+                int(call.failed),
+                int(is_slow(self.settings_for(key), call.duration_ms)),
+                int(call.opens_at_once),
+                -1 if retry_after is None else retry_after,
+                *self._endpoint_hear_args.get(key.endpoint_id, self._hear_args),
+            ],
+        )
+        if before == after:
+            return []
+        step = Step(
+            from_state=before,
+            to_state=after,
+            reason=policy.StepReason(reason),
+            failures=int(failures),
+            cooldown_ms=None if int(cooldown) < 0 else int(cooldown),
+            figures=None if int(calls) < 0 else Figures(int(calls), int(failed), int(slow)),
+        )
+        return _transition(key, step, call)
+
+    async def inspect(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, BreakerView]:
+        if not keys:
+            return {}
+        now, *rows = await self._script(self._inspect, [self._key(k) for k in keys], [self._now()])
+        return {
+            key: _view(_record(row), self.settings_for(key), int(now))
+            for key, row in zip(keys, rows, strict=True)
+        }
+
+    async def state(self, key: BreakerKey) -> BreakerState:
+        stored = await self._call(self._redis.hget(self._key(key), "state"))
+        return cast(BreakerState, stored or "closed")
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+
+class FallbackBreakers(BreakerBoard):
+    """Breakers that outlive their shared store: ``shared`` (Redis) while it can be reached,
+    ``local`` (this process's memory) while it cannot.
+
+    The breakers are what protects the upstreams, not what serves a request: a request must
+    not fail because Redis is down. While it cannot be reached this gateway keeps its
+    breakers in-process, as a gateway without Redis does, and goes back to the shared ones
+    once Redis answers again (they resume as they were left; what the in-process ones learned
+    stays in this process). An unreachable store is not asked on every call, each of which
+    could wait for its connect timeout: after a failure it is tried again after 1 s, then 2,
+    4, ... up to 30 s. The outage and the return are logged once each.
+    """
+
+    def __init__(
+        self,
+        shared: BreakerBoard,
+        local: BreakerBoard,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.generation = shared.generation
+        self.settings = shared.settings
+        self.shared = shared
+        self.local = local
+        self._clock = clock
+        self._retry_s = 0.0  # 0: the shared store answered the last time it was asked
+        self._retry_at = 0.0
+
+    @property
+    def sharing(self) -> bool:
+        """Whether the shared store answered the last time it was asked."""
+        return self._retry_s == 0.0
+
+    def settings_for(self, key: BreakerKey) -> BreakerSettings:
+        return self.shared.settings_for(key)
+
+    async def _on_either(self, call: Callable[[BreakerBoard], Awaitable[_T]]) -> _T:
+        if self._clock() >= self._retry_at:
+            try:
+                answer = await call(self.shared)
+            except BreakerStoreUnavailable as error:
+                if self.sharing:
+                    _log.warning("%s: breakers are this process's own until it answers", error)
+                self._retry_s = min(_LAST_RETRY_S, max(_FIRST_RETRY_S, self._retry_s * 2))
+                self._retry_at = self._clock() + self._retry_s
+            else:
+                if not self.sharing:
+                    _log.warning("breaker store reachable again: breakers are shared again")
+                    self._retry_s = 0.0
+                return answer
+        return await call(self.local)
+
+    async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
+        return await self._on_either(lambda board: board.blocked(keys))
+
+    async def admit(self, key: BreakerKey) -> tuple[Admission, list[Transition]]:
+        return await self._on_either(lambda board: board.admit(key))
+
+    async def hear(self, key: BreakerKey, call: Call) -> list[Transition]:
+        return await self._on_either(lambda board: board.hear(key, call))
+
+    async def inspect(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, BreakerView]:
+        return await self._on_either(lambda board: board.inspect(keys))
+
+    async def state(self, key: BreakerKey) -> BreakerState:
+        return await self._on_either(lambda board: board.state(key))
+
+    async def aclose(self) -> None:
+        try:
+            await self.shared.aclose()
+        finally:
+            await self.local.aclose()
+
+
+def breaker_board(
+    settings: Breaker | BreakerSettings, generation: str, redis_url: str | None, **kw: Any
+) -> BreakerBoard:
+    """The board contract §5 asks for: shared through Redis when a URL is set (in-process
+    while Redis cannot be reached: :class:`FallbackBreakers`), else in-process.
+
+    ``kw`` goes to the boards (``endpoints``, ``probe_lease_ms``; ``prefix`` for Redis,
+    ``clock`` for either).
+    """
+    if not redis_url:
+        return InProcessBreakers(settings, generation, **kw)
+    local = {k: v for k, v in kw.items() if k != "prefix" and v is not None}
+    return FallbackBreakers(
+        RedisBreakers(redis_url, settings, generation, **kw),
+        InProcessBreakers(settings, generation, **local),
+    )

@@ -1,0 +1,1 @@
+"""The `waybill` command, one module per command group."""

@@ -1,0 +1,480 @@
+"""A client's chat request, read once at the edge: the body checked, the headers read, the
+requirements inferred (contract §3 request headers, §4 "infer requirements").
+
+Everything here is pure: bytes and header values in, a frozen :class:`ChatCall` or a
+:class:`router.errors.GatewayError` (400 ``invalid_request``) out. The body is kept as the
+client sent it (unknown fields pass through to an OpenAI-compatible upstream); only the
+fields the gateway reads are type-checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Final, NamedTuple
+
+import orjson
+
+from ledger.events import DATA_CLASSES, DataClass, Requirements, data_class_rank
+from ledger.types import MONEY_LIMIT, parse_money
+from router.config import Limits, Workspace
+from router.errors import GatewayError, invalid_request
+
+__all__ = [
+    "ALLOW_FAILOVER_VALUES",
+    "DEFAULT_LIMITS",
+    "MAX_BODY_BYTES",
+    "MAX_JSON_INTEGER",
+    "ChatCall",
+    "HeaderNarrowing",
+    "parse_body",
+    "read_headers",
+]
+
+MAX_BODY_BYTES: Final = 4 * 1024 * 1024
+DEFAULT_LIMITS: Final = Limits()
+# A header's value, trimmed and lowercased, to the data class it names.
+_DATA_CLASS_BY_NAME: Final[Mapping[str, DataClass]] = {c: c for c in DATA_CLASSES}
+# Worst-case input (contract §4): a token covers at least one byte of text, so the byte count of
+# the messages' text (JSON syntax included, which outweighs the chat template's few tokens
+# per message) and of the other fields the model reads as text (tool and function
+# definitions, a response format's schema) bounds the input tokens from above. Reservations
+# are thus pessimistic for input; the difference is released at settlement.
+_BYTES_PER_TOKEN: Final = 1
+_TOKENS_PER_MESSAGE: Final = 8
+_PROMPT_FIELDS: Final = ("tools", "functions", "response_format")
+# Content parts by what bounds their cost. Text parts are text; an image, an audio clip or a
+# file is billed for what it holds, not for its bytes here (base64 data), so each is counted
+# and priced by the mapping (router/request/worst_case.py). A type not named here is recorded as
+# such: no mapping can price it.
+_TEXT_PARTS: Final = frozenset({"text", "refusal", "input_text"})
+_PART_KINDS: Final = {
+    "image_url": "image",
+    "input_image": "image",
+    "input_audio": "audio",
+    "file": "file",
+    "input_file": "file",
+}
+# Tools a client runs itself: the model only asks for a call (OpenAI's `function` and `custom`;
+# a tool without a type is a function, as the Anthropic driver reads it). Any other type
+# (`web_search`, `file_search`, `code_interpreter`, `mcp`, Anthropic's `web_search_20250305`,
+# `code_execution_*`, ...) may act on the provider's side; so may these body fields (OpenAI's
+# search, Anthropic's MCP connector). The gateway cannot tell which such effects an attempt
+# of unknown outcome had, so a request asking for them is strict (contract §5).
+_CLIENT_TOOL_TYPES: Final = frozenset({"function", "custom"})
+_SERVER_SIDE_FIELDS: Final = ("web_search_options", "mcp_servers")
+# X-Waybill-Allow-Failover, trimmed and lowercased: (failover allowed, a possible duplicate
+# execution allowed).
+_ALLOW_FAILOVER: Final[Mapping[str, tuple[bool, bool]]] = {
+    "true": (True, False),
+    "1": (True, False),
+    "yes": (True, False),
+    "false": (False, False),
+    "0": (False, False),
+    "no": (False, False),
+    "unknown": (True, True),
+}
+ALLOW_FAILOVER_VALUES: Final = tuple(_ALLOW_FAILOVER)
+"""What X-Waybill-Allow-Failover may say (trimmed, any case)."""
+# I-JSON (RFC 7493): the largest integer every JSON parser reads exactly (orjson reads larger
+# ones as floats, and cannot write integers beyond 64 bits into an event at all). Token counts
+# and deadlines beyond it are refused rather than guessed at.
+MAX_JSON_INTEGER: Final = 2**53 - 1
+# W3C Trace Context: a tracestate of at most 32 list members, 512 characters being the
+# length every vendor must be able to propagate.
+_TRACESTATE_MAX_CHARS: Final = 512
+_TRACESTATE_MAX_MEMBERS: Final = 32
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderNarrowing:
+    """What the optional contract §3 headers asked for; each may only narrow the policy."""
+
+    idempotency_key: str | None = None
+    max_cost_usd: Decimal | None = None
+    deadline_ms: int | None = None
+    allow_failover: bool = True
+    allow_unknown_execution: bool = False  # X-Waybill-Allow-Failover: unknown
+    capabilities: tuple[str, ...] = ()
+    regions: tuple[str, ...] | None = None
+    data_class: DataClass | None = None
+    traceparent: str | None = None
+    tracestate: str | None = None  # W3C, opaque; forwarded only with a valid traceparent
+
+
+@dataclass(frozen=True, slots=True)
+class ChatCall:
+    """One chat request as the gateway understands it."""
+
+    body: dict[str, Any]
+    model_group: str
+    stream: bool
+    include_usage: bool
+    max_tokens: int | None
+    capabilities: tuple[str, ...]  # inferred from the body
+    prompt_sha256: str
+    prompt_bytes: int
+    message_count: int
+    estimated_input_tokens: int
+    billed: _Billed
+    server_side_effects: bool  # server-side tools or fields: the request is strict
+
+    def body_sha256(self) -> str:
+        """The body's hash, sorted-key JSON: what an ``Idempotency-Key`` is bound to. Only
+        such requests need it, so it is computed when asked, not for every request."""
+        return hashlib.sha256(orjson.dumps(self.body, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+    def requirements(self, workspace: Workspace, headers: HeaderNarrowing) -> Requirements:
+        """Requirements for routing: the body's needs plus the headers' narrowing."""
+        data_class = workspace.data_class
+        if headers.data_class is not None and data_class_rank(headers.data_class) > data_class_rank(
+            data_class
+        ):
+            data_class = headers.data_class  # a header may raise the class, never lower it
+        return Requirements(
+            kind="chat",
+            capabilities=tuple(sorted({*self.capabilities, *headers.capabilities})),
+            regions=headers.regions,
+            data_class=data_class,
+            estimated_input_tokens=self.estimated_input_tokens,
+            max_output_tokens=self.max_tokens,
+            choices=self.billed.choices,
+            prediction_tokens=self.billed.prediction_tokens,
+            image_inputs=self.billed.image_inputs,
+            audio_inputs=self.billed.audio_inputs,
+            file_inputs=self.billed.file_inputs,
+            audio_output=self.billed.audio_output,
+            web_search=self.billed.web_search,
+            unknown_inputs=self.billed.unknown_inputs,
+            stream=self.stream,
+            allow_failover=headers.allow_failover,
+            max_cost_usd=headers.max_cost_usd,
+            deadline_ms=headers.deadline_ms,
+            allow_unknown_execution=headers.allow_unknown_execution,
+            server_side_effects=self.server_side_effects,
+        )
+
+
+@dataclass(slots=True)
+class _Parts:
+    """The content parts of a request that are not text, counted by kind as they are read."""
+
+    image: int = 0
+    audio: int = 0
+    file: int = 0
+    unknown: set[str] = field(default_factory=set)  # types the gateway does not know
+    nbytes: int = 0  # their JSON, not part of the text estimate
+
+
+class _Billed(NamedTuple):
+    """What the request may be billed for beyond its text and output bound. (A tuple: read
+    once per request, where a frozen dataclass would cost microseconds to build.)"""
+
+    choices: int
+    prediction_tokens: int
+    image_inputs: int
+    audio_inputs: int
+    file_inputs: int
+    audio_output: bool
+    web_search: bool
+    unknown_inputs: tuple[str, ...]
+
+
+def parse_body(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> ChatCall:
+    """Check a ``/v1/chat/completions`` body; a 400 names the first offending field.
+
+    ``limits`` are the config's bounds on what a request may ask for (``limits.max_n``).
+    """
+    if len(raw) > MAX_BODY_BYTES:
+        raise invalid_request(f"request body over {MAX_BODY_BYTES} bytes", status=413)
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise invalid_request("request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise invalid_request("request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise invalid_request("'model' must be a non-empty string", param="model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise invalid_request("'messages' must be a non-empty array", param="messages")
+    parts = _Parts()
+    for index, message in enumerate(messages):
+        _check_message(message, index, parts)
+    stream = _optional(body, "stream", bool, False)
+    max_tokens = _max_tokens(body)
+    billed = _billed(body, parts, limits)
+    include_usage = False
+    options = body.get("stream_options")
+    if options is not None:
+        if not isinstance(options, dict):
+            raise invalid_request("'stream_options' must be an object", param="stream_options")
+        include_usage = _optional(options, "include_usage", bool, False, "stream_options.")
+    prompt = orjson.dumps(messages, option=orjson.OPT_SORT_KEYS)
+    capabilities = _inferred_capabilities(body, stream=stream, images=parts.image)
+    # Each non-text part's JSON appears in `prompt` byte for byte (sorting keys changes no
+    # length), so taking it out leaves exactly the text's.
+    text_bytes = len(prompt) - parts.nbytes
+    for name in _PROMPT_FIELDS:
+        value = body.get(name)
+        if value:
+            text_bytes += len(orjson.dumps(value))
+    estimate = math.ceil(text_bytes / _BYTES_PER_TOKEN) + _TOKENS_PER_MESSAGE * len(messages)
+    return ChatCall(
+        body=body,
+        model_group=model,
+        stream=stream,
+        include_usage=include_usage,
+        max_tokens=max_tokens,
+        capabilities=capabilities,
+        prompt_sha256=hashlib.sha256(prompt).hexdigest(),
+        prompt_bytes=len(prompt),
+        message_count=len(messages),
+        estimated_input_tokens=estimate,
+        billed=billed,
+        server_side_effects=_server_side_effects(body),
+    )
+
+
+def _check_message(message: object, index: int, parts: _Parts) -> None:
+    where = f"messages[{index}]"
+    if not isinstance(message, dict):
+        raise invalid_request(f"'{where}' must be an object", param=where)
+    role = message.get("role")
+    if not isinstance(role, str) or not role:
+        raise invalid_request(f"'{where}.role' must be a non-empty string", param=where)
+    if message.get("audio") is not None:
+        # An assistant turn that refers to its earlier spoken answer (`audio: {"id": ...}`):
+        # the provider reads that audio back as input.
+        parts.audio += 1
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return
+    if not isinstance(content, list):
+        raise invalid_request(f"'{where}.content' must be a string or an array", param=where)
+    for part in content:
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise invalid_request(f"'{where}.content' parts must be typed objects", param=where)
+        kind = part["type"]
+        if kind in _TEXT_PARTS:
+            continue
+        parts.nbytes += len(orjson.dumps(part))
+        match _PART_KINDS.get(kind):
+            case "image":
+                parts.image += 1
+            case "audio":
+                parts.audio += 1
+            case "file":
+                parts.file += 1
+            case _:
+                parts.unknown.add(kind)
+
+
+def _billed(body: Mapping[str, Any], parts: _Parts, limits: Limits) -> _Billed:
+    """The request's billable dimensions beyond text; ``n`` above ``limits.max_n`` is a 400."""
+    modalities = body.get("modalities")
+    prediction = body.get("prediction")
+    return _Billed(
+        choices=_choices(body.get("n"), limits.max_n),
+        # A token covers at least one byte, so the prediction's JSON bounds its tokens.
+        prediction_tokens=len(orjson.dumps(prediction)) if prediction is not None else 0,
+        image_inputs=parts.image,
+        audio_inputs=parts.audio,
+        file_inputs=parts.file,
+        audio_output=body.get("audio") is not None
+        or modalities == "audio"
+        or (isinstance(modalities, list) and "audio" in modalities),
+        web_search=body.get("web_search_options") is not None,
+        unknown_inputs=tuple(sorted(parts.unknown)) if parts.unknown else (),
+    )
+
+
+def _server_side_effects(body: Mapping[str, Any]) -> bool:
+    """Whether the request asks the provider for effects of its own (``_CLIENT_TOOL_TYPES``).
+    ``tools`` is known to be an array or absent (``_inferred_capabilities``)."""
+    if any(body.get(name) is not None for name in _SERVER_SIDE_FIELDS):
+        return True
+    tools = body.get("tools") or ()
+    return any(
+        isinstance(tool, dict) and tool.get("type", "function") not in _CLIENT_TOOL_TYPES
+        for tool in tools
+    )
+
+
+def _choices(value: object, max_n: int) -> int:
+    if value is None:
+        return 1
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON has numbers, not ints: 2.0 is the integer 2
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= max_n:
+        raise invalid_request(
+            f"'n' must be an integer from 1 to {max_n} (this gateway's limits.max_n)", param="n"
+        )
+    return value
+
+
+def _optional(
+    source: Mapping[str, Any], name: str, kind: type, default: Any, prefix: str = ""
+) -> Any:
+    value = source.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        raise invalid_request(
+            f"'{prefix}{name}' must be a {kind.__name__}", param=f"{prefix}{name}"
+        )
+    return value
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    """The output bound. Both names at once is refused, as OpenAI refuses it: which one an
+    upstream would honour is not ours to guess, and the bound is what the budget reserves."""
+    if body.get("max_tokens") is not None and body.get("max_completion_tokens") is not None:
+        raise invalid_request(
+            "'max_tokens' and 'max_completion_tokens' may not both be set; "
+            "'max_completion_tokens' bounds every output token, reasoning included",
+            param="max_tokens",
+        )
+    found: int | None = None
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)  # JSON has numbers, not ints: 2799.0 is the integer 2799
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not 0 < value <= MAX_JSON_INTEGER
+        ):
+            raise invalid_request(
+                f"'{name}' must be an integer from 1 to {MAX_JSON_INTEGER}", param=name
+            )
+        found = value
+    return found
+
+
+def _inferred_capabilities(
+    body: Mapping[str, Any], *, stream: bool, images: int
+) -> tuple[str, ...]:
+    capabilities = {"text"}
+    tools = body.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list):
+            raise invalid_request("'tools' must be an array", param="tools")
+        if tools:
+            capabilities.add("tools")
+    response_format = body.get("response_format")
+    if response_format is not None:
+        if not isinstance(response_format, dict):
+            raise invalid_request("'response_format' must be an object", param="response_format")
+        if response_format.get("type") == "json_schema":
+            capabilities.add("json_schema")
+    if images:
+        capabilities.add("vision")
+    if stream:
+        capabilities.add("stream")
+    return tuple(sorted(capabilities))
+
+
+# --- headers ---
+
+
+def read_headers(headers: Mapping[str, str]) -> HeaderNarrowing:
+    """The optional contract §3 request headers; a bad value is a 400 naming the header."""
+    allow_failover, allow_unknown_execution = _allow_failover(
+        headers.get("x-waybill-allow-failover")
+    )
+    return HeaderNarrowing(
+        idempotency_key=_idempotency_key(headers.get("idempotency-key")),
+        max_cost_usd=_max_cost(headers.get("x-waybill-max-cost-usd")),
+        deadline_ms=_positive_int(headers.get("x-waybill-deadline-ms"), "X-Waybill-Deadline-Ms"),
+        allow_failover=allow_failover,
+        allow_unknown_execution=allow_unknown_execution,
+        capabilities=_csv(headers.get("x-waybill-capabilities"), "X-Waybill-Capabilities") or (),
+        regions=_csv(headers.get("x-waybill-regions"), "X-Waybill-Regions"),
+        data_class=_data_class(headers.get("x-waybill-data-class")),
+        traceparent=headers.get("traceparent"),
+        tracestate=_tracestate(headers.get("tracestate")),
+    )
+
+
+def _bad_header(name: str, why: str) -> GatewayError:
+    return invalid_request(f"header {name}: {why}", param=name)
+
+
+def _idempotency_key(value: str | None) -> str | None:
+    if value is None:
+        return None
+    value = value.strip()
+    if not value or len(value) > 255:
+        raise _bad_header("Idempotency-Key", "must be 1 to 255 characters")
+    return value
+
+
+def _max_cost(value: str | None) -> Decimal | None:
+    if value is None:
+        return None
+    amount = parse_money(value)
+    if amount is None:
+        raise _bad_header(
+            "X-Waybill-Max-Cost-Usd", f"must be a decimal amount (0.25) below {MONEY_LIMIT}"
+        )
+    return amount
+
+
+def _positive_int(value: str | None, name: str) -> int | None:
+    if value is None:
+        return None
+    text = value.strip()
+    # ASCII digits only: "²" is a digit to str.isdigit, and not a number to int().
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) <= MAX_JSON_INTEGER:
+        raise _bad_header(name, f"must be an integer from 1 to {MAX_JSON_INTEGER}")
+    return int(text)
+
+
+def _allow_failover(value: str | None) -> tuple[bool, bool]:
+    """(failover allowed, a possible duplicate execution allowed); absent: failover allowed."""
+    if value is None:
+        return True, False
+    allowed = _ALLOW_FAILOVER.get(value.strip().lower())
+    if allowed is None:
+        raise _bad_header(
+            "X-Waybill-Allow-Failover", "must be true, false or unknown (also 1, 0, yes, no)"
+        )
+    return allowed
+
+
+def _csv(value: str | None, name: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    items = tuple(sorted({part.strip() for part in value.split(",") if part.strip()}))
+    if not items:
+        raise _bad_header(name, "must name at least one value")
+    return items
+
+
+def _data_class(value: str | None) -> DataClass | None:
+    if value is None:
+        return None
+    data_class = _DATA_CLASS_BY_NAME.get(value.strip().lower())
+    if data_class is None:
+        raise _bad_header("X-Waybill-Data-Class", f"must be one of {', '.join(DATA_CLASSES)}")
+    return data_class
+
+
+def _tracestate(value: str | None) -> str | None:
+    """The caller's ``tracestate``, to forward unchanged; None if absent, empty, over the
+    W3C limits or not printable ASCII. Its entries are other vendors' and opaque: the value
+    is dropped, never trimmed or refused (trace context must not fail a request)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if len(value) > _TRACESTATE_MAX_CHARS or not (value.isascii() and value.isprintable()):
+        return None
+    members = [member for member in value.split(",") if member.strip()]
+    return value if 0 < len(members) <= _TRACESTATE_MAX_MEMBERS else None

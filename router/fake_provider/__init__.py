@@ -1,0 +1,42 @@
+"""The fault-injecting fake LLM provider that tests and `waybill demo` run over real HTTP.
+
+`FakeUpstream` serves OpenAI `POST /v1/chat/completions`, `GET /v1/models` and Anthropic
+`POST /v1/messages` on 127.0.0.1, answering each inference request with the next `Behavior`
+of its plan. It bills as the providers do: every choice of `n`, reasoning inside the output,
+cached input reported, each image, audio clip or file at its `PART_TOKENS`, audio input and
+an answer asked for as audio reported as audio tokens (OpenAI's usage details). Standalone:
+`python -m router.fake_provider --port 8900`. `FakeProxy` is an HTTP CONNECT proxy beside
+it, with faults of its own (a refused, dropped or silent tunnel). `FakeAdminApi` serves both
+providers' usage and cost report endpoints (paging, auth, 429 / 401 / 5xx faults).
+`reply_pieces` is the answer's text, piece by piece, for tests that count what was sent.
+
+It continues a partial assistant message as its `continuation` rule says (the form it takes
+on the OpenAI wire: `assistant_prefill`, `prefix_flag`, `continue_final_message`, or `none`;
+a trailing assistant message always on the Anthropic wire), answering the rest of the answer
+and refusing any other form with 400 `invalid_prefill`.
+"""
+
+from router.fake_provider._continuation import CONTINUATIONS, MISMATCHED_SEAM, Continuation
+from router.fake_provider._reply import PART_TOKENS, reply_pieces
+from router.fake_provider.admin_api import AdminRequest, FakeAdminApi
+from router.fake_provider.behavior import Behavior, Kind, LineEnding
+from router.fake_provider.proxy import FakeProxy, ProxyMode, RecordedConnect
+from router.fake_provider.server import FakeUpstream, RecordedRequest
+
+__all__ = [
+    "CONTINUATIONS",
+    "MISMATCHED_SEAM",
+    "PART_TOKENS",
+    "AdminRequest",
+    "Behavior",
+    "Continuation",
+    "FakeAdminApi",
+    "FakeProxy",
+    "FakeUpstream",
+    "Kind",
+    "LineEnding",
+    "ProxyMode",
+    "RecordedConnect",
+    "RecordedRequest",
+    "reply_pieces",
+]

@@ -1,0 +1,235 @@
+"""FakeAdminApi: the providers' usage and cost report endpoints, over real HTTP on 127.0.0.1.
+
+It serves OpenAI ``GET /v1/organization/usage/completions`` and ``/v1/organization/costs``
+and Anthropic ``GET /v1/organizations/usage_report/messages`` and
+``/v1/organizations/cost_report`` from buckets a test gives (each as the provider writes
+it), ``page_size`` buckets a page with ``has_more`` / ``next_page``, within the requested
+window and narrowed by the requested ids. It checks each provider's auth (``Authorization:
+Bearer`` / ``x-api-key`` with ``anthropic-version``) and answers in its error shapes; faults
+queued with :meth:`FakeAdminApi.fail_next` answer the next requests instead (a 429 with
+``Retry-After``, a 401, a 5xx). Every request is recorded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Self
+from urllib.parse import parse_qsl
+
+from router.fake_provider._http import BadRequest, Connection, HttpRequest
+from router.fake_provider._respond import send_json
+from router.fake_provider._serving import Served
+
+__all__ = ["AdminRequest", "FakeAdminApi"]
+
+_OPENAI = {
+    "/v1/organization/usage/completions": "openai-usage",
+    "/v1/organization/costs": "openai-costs",
+}
+_ANTHROPIC = {
+    "/v1/organizations/usage_report/messages": "anthropic-usage",
+    "/v1/organizations/cost_report": "anthropic-costs",
+}
+_FILTERS = {
+    "project_ids": "project_id",
+    "api_key_ids": "api_key_id",
+    "workspace_ids[]": "workspace_id",
+    "api_key_ids[]": "api_key_id",
+}
+
+
+@dataclass(frozen=True)
+class AdminRequest:
+    path: str
+    params: list[tuple[str, str]]
+    headers: dict[str, str]
+    status: int
+
+
+@dataclass(frozen=True)
+class _Fault:
+    status: int
+    retry_after: str | None
+
+
+class FakeAdminApi(Served):
+    """Both providers' admin report endpoints, serving the buckets of ``reports`` (by
+    format: ``openai-usage`` ... ``anthropic-costs``) to a caller with ``admin_key``."""
+
+    def __init__(
+        self,
+        reports: dict[str, list[dict[str, Any]]] | None = None,
+        *,
+        admin_key: str = "sk-admin-fake",
+        page_size: int = 2,
+    ) -> None:
+        self.admin_key = admin_key
+        self.page_size = page_size
+        self._reports = {k: list(v) for k, v in (reports or {}).items()}
+        self._lock = threading.Lock()
+        self._faults: deque[_Fault] = deque()
+        self._requests: list[AdminRequest] = []
+        self._server: asyncio.Server | None = None
+        self._port = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        """OpenAI's form of an admin base URL (ends in /v1)."""
+        return f"{self.root_url}/v1"
+
+    @property
+    def root_url(self) -> str:
+        """Anthropic's form (the host alone)."""
+        if not self._port:
+            raise RuntimeError("FakeAdminApi is not running")
+        return f"http://127.0.0.1:{self._port}"
+
+    def set_report(self, report_format: str, buckets: list[dict[str, Any]]) -> None:
+        with self._lock:
+            self._reports[report_format] = list(buckets)
+
+    def fail_next(self, status: int, *, times: int = 1, retry_after: str | None = None) -> None:
+        """The next ``times`` report requests answer ``status`` (in the provider's shape)."""
+        with self._lock:
+            self._faults.extend(_Fault(status, retry_after) for _ in range(times))
+
+    @property
+    def requests(self) -> list[AdminRequest]:
+        with self._lock:
+            return list(self._requests)
+
+    # --- serving ---
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = Connection(reader, writer)
+        try:
+            while not conn.closed:
+                try:
+                    request = await conn.read_request()
+                except BadRequest:
+                    break
+                if request is None:
+                    break
+                await self._answer(conn, request)
+                if not request.keep_alive:
+                    break
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            if not conn.closed:
+                conn.closed = True
+                writer.close()
+
+    async def _answer(self, conn: Connection, request: HttpRequest) -> None:
+        params = parse_qsl(request.query, keep_blank_values=True)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        openai = request.path in _OPENAI
+        status, body, extra = self._respond(request.path, params, headers)
+        with self._lock:
+            self._requests.append(AdminRequest(request.path, params, headers, status))
+        if status != 200:
+            body = _error(openai, status, body["message"])
+        await send_json(conn, status, body, keep_alive=request.keep_alive, headers=extra)
+
+    def _respond(
+        self, path: str, params: list[tuple[str, str]], headers: dict[str, str]
+    ) -> tuple[int, dict[str, Any], dict[str, str]]:
+        report_format = _OPENAI.get(path) or _ANTHROPIC.get(path)
+        if report_format is None or path is None:
+            return 404, {"message": f"Unknown request URL: GET {path}"}, {}
+        with self._lock:
+            fault = self._faults.popleft() if self._faults else None
+        if fault is not None:
+            extra = {"retry-after": fault.retry_after} if fault.retry_after else {}
+            return fault.status, {"message": f"fault {fault.status}"}, extra
+        if path in _OPENAI:
+            if headers.get("authorization") != f"Bearer {self.admin_key}":
+                return 401, {"message": "Incorrect API key provided."}, {}
+        elif headers.get("x-api-key") != self.admin_key:
+            return 401, {"message": "invalid x-api-key"}, {}
+        elif not headers.get("anthropic-version"):
+            return 400, {"message": "anthropic-version: header is required"}, {}
+        with self._lock:
+            buckets = list(self._reports.get(report_format, []))
+        return 200, self._page(path in _OPENAI, buckets, params), {}
+
+    def _page(
+        self, openai: bool, buckets: list[dict[str, Any]], params: list[tuple[str, str]]
+    ) -> dict[str, Any]:
+        query = dict(params)
+        start_key, end_key = ("start_time", "end_time") if openai else ("starting_at", "ending_at")
+        start, end = _instant(query.get(start_key)), _instant(query.get(end_key))
+        wanted: dict[str, set[str]] = {}
+        for key, value in params:
+            if key in _FILTERS:
+                wanted.setdefault(_FILTERS[key], set()).add(value)
+        chosen = []
+        for bucket in buckets:
+            at = _instant(bucket[start_key])
+            if (start is not None and at is not None and at < start) or (
+                end is not None and at is not None and at >= end
+            ):
+                continue
+            results = [
+                r
+                for r in bucket.get("results", [])
+                if all(r.get(field) in ids for field, ids in wanted.items())
+            ]
+            chosen.append({**bucket, "results": results})
+        offset = int(query.get("page", "page_0").removeprefix("page_") or 0)
+        page = chosen[offset : offset + self.page_size]
+        more = offset + self.page_size < len(chosen)
+        body: dict[str, Any] = {
+            "data": page,
+            "has_more": more,
+            "next_page": f"page_{offset + self.page_size}" if more else None,
+        }
+        return {"object": "page", **body} if openai else body
+
+    # --- lifecycle: on the caller's loop, or on a loop of its own in a thread ---
+
+    async def astart(self) -> Self:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def aclose(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+            await server.wait_closed()
+
+
+def _instant(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, int) or (isinstance(value, str) and value.isdigit()):
+        return datetime.fromtimestamp(int(value), UTC)
+    try:
+        moment = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _error(openai: bool, status: int, message: str) -> dict[str, Any]:
+    """Each provider's error shape."""
+    if openai:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        code = {401: "invalid_api_key", 429: "rate_limit_exceeded"}.get(status)
+        return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    kind = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        429: "rate_limit_error",
+        529: "overloaded_error",
+    }.get(status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}

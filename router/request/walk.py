@@ -1,0 +1,533 @@
+"""The request's walk as a pure state machine (contract §4, §5).
+
+A request goes route → reserve and start → run → (wait / retry / fail over / resume /
+hedge) → finish. This module decides every one of those moves and does none of them: the
+gateway's driver (:mod:`router.request.gateway`) tells :func:`advance` what happened — a route was
+found or not, an attempt started, produced content, answered or failed, a hedge's delay
+ran out — and executes the actions it gets back, in order, recording each fact on the
+ledger as it goes. The walk reads no clock (the driver passes the deadline left with each
+failure), does no I/O, and draws randomness only from the ``random.Random`` it is given, so
+every path is unit-tested without a server (tests/test_walk.py).
+
+State is a frozen :class:`Walk`; a step returns the next ``Walk`` and its actions. What is
+decided after a failure is :func:`router.request.selection.decide` (retry, fail over or stop), plus
+what only the walk can know: that a committed stream may be resumed on the same upstream
+model, and that a failed way of a hedged request leaves the request to the other way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+from typing import Final, Literal, TypeAlias
+
+from ledger.support.frozen import evolve
+from router.config import Defaults, ResumeMode
+from router.request.classify import Classification
+from router.request.selection import AttemptOutcome, Decision, RouteContext, decide, next_context
+
+__all__ = [
+    "MAX_BUDGET_RACES",
+    "Action",
+    "Answered",
+    "ArmHedge",
+    "Begin",
+    "BudgetRaced",
+    "Cancel",
+    "Commit",
+    "Content",
+    "Decided",
+    "Deliver",
+    "Fail",
+    "Failed",
+    "Happening",
+    "HedgeDue",
+    "Kind",
+    "Purpose",
+    "Route",
+    "Routed",
+    "Run",
+    "Start",
+    "Started",
+    "Step",
+    "Target",
+    "Unroutable",
+    "Wait",
+    "Walk",
+    "WalkPolicy",
+    "advance",
+]
+
+MAX_BUDGET_RACES: Final = 5  # reservations lost to concurrent requests before giving up
+
+Kind: TypeAlias = Literal["call", "resume", "hedge"]
+Purpose: TypeAlias = Literal["first", "retry", "failover", "resume", "hedge"]
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A mapping an attempt may run on: what the walk needs to know of it."""
+
+    endpoint: str
+    mapping_index: int
+    model: str  # the upstream model
+    context_window: int
+    resume: ResumeMode = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class WalkPolicy:
+    """What is fixed for the whole request: the group's effective policy and the caller's
+    narrowing of it."""
+
+    defaults: Defaults
+    allow_failover: bool = True
+    allow_unknown_execution: bool = False
+    server_side_effects: bool = False
+    hedge_after_ms: int | None = None  # None: this request is never hedged
+    max_ways: int = 1
+    siblings: tuple[Target, ...] = ()  # every mapping of the group (for resume targets)
+
+
+@dataclass(frozen=True, slots=True)
+class _Way:
+    attempt_id: str
+    target: Target
+    kind: Kind
+
+
+@dataclass(frozen=True, slots=True)
+class _Resume:
+    attempt_id: str
+    target: Target  # the broken attempt's mapping
+    delivered_chars: int
+
+
+@dataclass(frozen=True, slots=True)
+class Walk:
+    """Everything the walk has learnt so far."""
+
+    policy: WalkPolicy
+    attempts: int = 0
+    retries: tuple[tuple[str, int], ...] = ()  # endpoint → same-endpoint retries made
+    context: RouteContext = field(default_factory=RouteContext)
+    budget_races: int = 0
+    running: tuple[_Way, ...] = ()  # started and not yet finished (two while hedged)
+    winner: str | None = None  # the attempt whose content reached the client first
+    committed: bool = False  # a stream's first event went to the client: the model is fixed
+    hedges: int = 0
+    hedge_armed: bool = False
+    routing: Purpose | None = None  # what the route being looked for is for
+    starting: Purpose | None = None  # what the attempt being started is for
+    resume_of: _Resume | None = None  # the broken attempt a resume continues
+    ended: bool = False
+
+    def retries_on(self, endpoint: str) -> int:
+        return dict(self.retries).get(endpoint, 0)
+
+    def way(self, attempt_id: str) -> _Way | None:
+        return next((w for w in self.running if w.attempt_id == attempt_id), None)
+
+
+# --- what happened ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    """The request was received."""
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A route was found (and its breakers admitted it) for the walk's current purpose."""
+
+    target: Target
+
+
+@dataclass(frozen=True, slots=True)
+class Unroutable:
+    """No candidate is eligible for the walk's current purpose."""
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetRaced:
+    """The start's reservation was refused: another request took the budget first."""
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """An attempt's start (and its reservation) is on the ledger."""
+
+    attempt_id: str
+    target: Target
+    kind: Kind = "call"
+
+
+@dataclass(frozen=True, slots=True)
+class Content:
+    """A stream's attempt produced its first content (before anything reached the client)."""
+
+    attempt_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """An attempt finished with an answer (a buffered answer, or a stream's end)."""
+
+    attempt_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """An attempt failed (its end and its hold's outcome are being recorded)."""
+
+    attempt_id: str
+    classification: Classification
+    remaining_ms: int  # of the whole-request deadline
+    delivered_chars: int = 0  # text of this request's stream the client already has
+    resumable: bool = False  # what was delivered is text a continuation can follow
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeDue:
+    """The hedge delay ran out."""
+
+
+Happening: TypeAlias = (
+    Begin | Routed | Unroutable | BudgetRaced | Started | Content | Answered | Failed | HedgeDue
+)
+
+
+# --- what to do ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Evaluate the group and choose a mapping (``only``: among these targets alone); the
+    driver answers with :class:`Routed` or :class:`Unroutable`."""
+
+    purpose: Purpose
+    context: RouteContext
+    only: tuple[Target, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    """Reserve the worst case and record the attempt's start; answered with
+    :class:`Started` or :class:`BudgetRaced`."""
+
+    target: Target
+    cause: Literal["first", "retry", "failover", "hedge"]
+    kind: Kind = "call"
+    resumed_from: str | None = None
+    delivered_chars: int | None = None
+    hedge_of: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """Send the started attempt upstream (in a task of its own)."""
+
+    attempt_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ArmHedge:
+    """Raise :class:`HedgeDue` after ``after_ms`` unless content arrived first."""
+
+    after_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """Back off before the next action."""
+
+    ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """Record the decision taken after a failed attempt."""
+
+    attempt_id: str
+    decision: Decision
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Stop a way that lost the race; its usage is settled or held unknown."""
+
+    attempt_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """Commit the stream of this attempt to the client (its first event goes out)."""
+
+    attempt_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """Give this attempt's answer (or the rest of its stream) to the client."""
+
+    attempt_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Fail:
+    """End the request with the error of ``why``."""
+
+    why: Literal["no_route", "budget_raced", "decision"]
+    attempt_id: str | None = None  # the failed attempt a decision stopped after
+
+
+Action: TypeAlias = (
+    Route | Start | Run | ArmHedge | Wait | Decided | Cancel | Commit | Deliver | Fail
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    walk: Walk
+    actions: tuple[Action, ...]
+
+
+# --- the walk ------------------------------------------------------------------------------
+
+
+def advance(walk: Walk, happening: Happening, rng: random.Random) -> Step:
+    """The next state of ``walk`` after ``happening``, and what to do about it."""
+    if walk.ended:
+        raise ValueError(f"the walk has ended; {happening!r} came after")
+    match happening:
+        case Begin():
+            return _route(walk, "first")
+        case Routed(target=target):
+            return _start(walk, target)
+        case Unroutable():
+            return _unroutable(walk)
+        case BudgetRaced():
+            return _budget_raced(walk)
+        case Started():
+            return _started(walk, happening)
+        case Content(attempt_id=attempt_id):
+            return _content(walk, attempt_id)
+        case Answered(attempt_id=attempt_id):
+            return _answered(walk, attempt_id)
+        case Failed():
+            return _failed(walk, happening, rng)
+        case HedgeDue():
+            return _hedge_due(walk)
+    raise TypeError(f"not a happening: {happening!r}")
+
+
+def _route(walk: Walk, purpose: Purpose, only: tuple[Target, ...] | None = None) -> Step:
+    walk = evolve(walk, routing=purpose)
+    return Step(walk, (Route(purpose, walk.context, only),))
+
+
+def _start(walk: Walk, target: Target) -> Step:
+    purpose = walk.routing
+    if purpose is None:
+        raise ValueError("a route came that nobody asked for")
+    walk = evolve(walk, routing=None, starting=purpose)
+    match purpose:
+        case "first":
+            # A start lost to a budget race is routed again: a failover if one was made.
+            return Step(walk, (Start(target, "failover" if walk.attempts else "first"),))
+        case "hedge":
+            first = walk.running[0].attempt_id if walk.running else None
+            return Step(walk, (Start(target, "hedge", "hedge", hedge_of=first),))
+        case "resume":
+            resume = walk.resume_of
+            assert resume is not None, "a resume is routed only after a broken stream"
+            cause: Literal["retry", "failover"] = (
+                "retry" if target.endpoint == resume.target.endpoint else "failover"
+            )
+            start = Start(
+                target,
+                cause,
+                "resume",
+                resumed_from=resume.attempt_id,
+                delivered_chars=resume.delivered_chars,
+            )
+            return Step(walk, (start,))
+        case "retry" | "failover":
+            return Step(walk, (Start(target, purpose),))
+
+
+def _unroutable(walk: Walk) -> Step:
+    purpose = walk.routing
+    walk = evolve(walk, routing=None)
+    if purpose == "hedge" or (purpose != "resume" and walk.running):
+        return Step(walk, ())  # the ways already running carry the request
+    if purpose == "retry":
+        # The endpoint's breaker refused the retry (another request took its probe):
+        # evaluate the whole group again, that breaker counted as open.
+        return _route(walk, "failover")
+    return _end(walk, Fail("no_route"))
+
+
+def _budget_raced(walk: Walk) -> Step:
+    purpose = walk.starting
+    walk = evolve(walk, starting=None, budget_races=walk.budget_races + 1)
+    if purpose == "hedge":
+        return Step(walk, ())  # no hedge: the first way goes on alone
+    if walk.budget_races > MAX_BUDGET_RACES:
+        return _end(walk, Fail("budget_raced")) if not walk.running else Step(walk, ())
+    if purpose == "resume":
+        return _route(walk, "resume", _resume_targets(walk))
+    return _route(walk, "failover" if walk.attempts else "first")
+
+
+def _started(walk: Walk, started: Started) -> Step:
+    way = _Way(started.attempt_id, started.target, started.kind)
+    walk = evolve(walk, attempts=walk.attempts + 1, starting=None, running=(*walk.running, way))
+    actions: list[Action] = [Run(started.attempt_id)]
+    after = walk.policy.hedge_after_ms
+    if (
+        after is not None
+        and started.kind != "resume"
+        and not walk.committed
+        and len(walk.running) < walk.policy.max_ways
+    ):
+        actions.append(ArmHedge(after))
+    return Step(walk, tuple(actions))
+
+
+def _hedge_due(walk: Walk) -> Step:
+    policy = walk.policy
+    if (
+        walk.committed
+        or walk.winner is not None
+        or not walk.running
+        or walk.routing is not None
+        or walk.starting is not None
+        or len(walk.running) >= policy.max_ways
+        or walk.attempts >= policy.defaults.max_attempts
+    ):
+        return Step(walk, ())
+    # The way the router would fail over to next: every running endpoint counted as left.
+    running = frozenset(w.target.endpoint for w in walk.running)
+    context = dataclasses.replace(
+        walk.context, tried_endpoints=walk.context.tried_endpoints | running
+    )
+    walk = evolve(walk, routing="hedge", hedges=walk.hedges + 1)
+    return Step(walk, (Route("hedge", context),))
+
+
+def _content(walk: Walk, attempt_id: str) -> Step:
+    if walk.way(attempt_id) is None or (walk.winner is not None and not walk.committed):
+        return Step(walk, ())  # a way already cancelled
+    if walk.committed:
+        # A resume's continuation: the client already has the stream's beginning.
+        return Step(evolve(walk, winner=attempt_id), (Deliver(attempt_id),))
+    losers = tuple(Cancel(w.attempt_id) for w in walk.running if w.attempt_id != attempt_id)
+    walk = evolve(
+        walk,
+        winner=attempt_id,
+        committed=True,
+        running=tuple(w for w in walk.running if w.attempt_id == attempt_id),
+    )
+    return Step(walk, (*losers, Commit(attempt_id)))
+
+
+def _answered(walk: Walk, attempt_id: str) -> Step:
+    if walk.way(attempt_id) is None:
+        return Step(walk, ())
+    losers = tuple(Cancel(w.attempt_id) for w in walk.running if w.attempt_id != attempt_id)
+    walk = evolve(walk, winner=attempt_id, running=())
+    return _end(walk, *losers, Deliver(attempt_id))
+
+
+def _failed(walk: Walk, failed: Failed, rng: random.Random) -> Step:
+    way = walk.way(failed.attempt_id)
+    if way is None:
+        return Step(walk, ())  # a cancelled loser's end
+    walk = evolve(
+        walk,
+        running=tuple(w for w in walk.running if w is not way),
+        winner=None if walk.winner == way.attempt_id else walk.winner,
+    )
+    c = failed.classification
+    if walk.running and not walk.committed:
+        # A hedged request: the other way carries it on (as a failover would have).
+        context = next_context(walk.context, "failover", way.target, c.failure_class)
+        walk = evolve(walk, context=context)
+        return Step(walk, (Decided(way.attempt_id, Decision("failover", "other_way_running")),))
+    decision = decide(_outcome(walk, way, failed), walk.policy.defaults, rng)
+    if walk.committed:
+        return _after_broken_stream(walk, way, failed, decision)
+    if decision.action == "stop":
+        return _end(walk, Decided(way.attempt_id, decision), Fail("decision", way.attempt_id))
+    endpoint = way.target.endpoint
+    walk = evolve(
+        walk,
+        context=next_context(walk.context, decision.action, way.target, c.failure_class),
+    )
+    if decision.action == "failover":
+        step = _route(walk, "failover")
+        return Step(step.walk, (Decided(way.attempt_id, decision), *step.actions))
+    retries = dict(walk.retries)
+    retries[endpoint] = retries.get(endpoint, 0) + 1
+    walk = evolve(walk, retries=tuple(sorted(retries.items())))
+    step = _route(walk, "retry", (way.target,))
+    wait = (Wait(decision.backoff_ms),) if decision.backoff_ms else ()
+    return Step(step.walk, (Decided(way.attempt_id, decision), *wait, *step.actions))
+
+
+def _outcome(walk: Walk, way: _Way, failed: Failed) -> AttemptOutcome:
+    policy = walk.policy
+    return AttemptOutcome(
+        classification=failed.classification,
+        attempts_made=walk.attempts,
+        retries_on_endpoint=walk.retries_on(way.target.endpoint),
+        remaining_ms=failed.remaining_ms,
+        allow_failover=policy.allow_failover,
+        allow_unknown_execution=policy.allow_unknown_execution,
+        server_side_effects=policy.server_side_effects,
+    )
+
+
+def _after_broken_stream(walk: Walk, way: _Way, failed: Failed, decision: Decision) -> Step:
+    """A committed stream broke: resume it on the same upstream model, or end it."""
+    stop = Decision("stop", "stream_committed")
+    if decision.action == "stop" and decision.reason != "failover_forbidden_by_header":
+        stop = decision  # the request's limits (deadline, attempts, strictness) hold
+    elif failed.resumable and failed.delivered_chars > 0:
+        walk = evolve(
+            walk,
+            resume_of=_Resume(way.attempt_id, way.target, failed.delivered_chars),
+        )
+        targets = _resume_targets(walk)
+        if targets:
+            step = _route(walk, "resume", targets)
+            resume = Decision("resume", "resume_same_model")
+            return Step(step.walk, (Decided(way.attempt_id, resume), *step.actions))
+    return _end(walk, Decided(way.attempt_id, stop), Fail("decision", way.attempt_id))
+
+
+def _resume_targets(walk: Walk) -> tuple[Target, ...]:
+    """The mappings that can continue the broken stream: its own, if it can resume, then
+    every other mapping of the same upstream model that can (unless the caller forbade
+    moving to another endpoint). Never one without the capability."""
+    resume = walk.resume_of
+    assert resume is not None
+    policy = walk.policy
+    broken = resume.target
+    own = (broken,) if broken.resume != "none" else ()
+    others = tuple(
+        t
+        for t in policy.siblings
+        if t.model == broken.model
+        and t.resume != "none"
+        and t.endpoint != broken.endpoint
+        and policy.allow_failover
+    )
+    return own + others
+
+
+def _end(walk: Walk, *actions: Action) -> Step:
+    return Step(evolve(walk, ended=True), actions)

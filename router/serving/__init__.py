@@ -1,0 +1,1 @@
+"""The serving processes: uvicorn's options, the workers of `waybill serve --workers N`."""
