@@ -6,7 +6,7 @@ A breaker is a :class:`Record`; what happens to it is a function of the record, 
 attempt's outcome). Each returns the next record and the :class:`Step` it took, if the
 state changed. ``router.adapters.breakers`` keeps records in this process's memory and calls these
 functions directly; its Redis scripts are these functions written again in Lua, line for
-line, and ``tests/test_breaker_policy.py`` feeds both the same random histories and
+line, and ``tests/adapters/test_breaker_policy.py`` feeds both the same random histories and
 requires the same steps.
 
 Two policies decide when a closed breaker opens:

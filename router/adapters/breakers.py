@@ -327,7 +327,7 @@ class InProcessBreakers(BreakerBoard):
 # clocks) unless the board was given a clock (tests). A breaker is a hash with the fields of
 # `breaker_policy.Record`; an absent hash is a closed breaker with no failures and an empty
 # window, which is also what a success of a consecutive breaker (re)writes by deleting it.
-# The scripts are `breaker_policy`'s functions line for line; tests/test_breaker_policy.py
+# The scripts are `breaker_policy`'s functions line for line; tests/adapters/test_breaker_policy.py
 # runs both on the same histories.
 
 _LUA_PRELUDE: Final = """

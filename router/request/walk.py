@@ -7,7 +7,7 @@ found or not, an attempt started, produced content, answered or failed, a hedge'
 ran out — and executes the actions it gets back, in order, recording each fact on the
 ledger as it goes. The walk reads no clock (the driver passes the deadline left with each
 failure), does no I/O, and draws randomness only from the ``random.Random`` it is given, so
-every path is unit-tested without a server (tests/test_walk.py).
+every path is unit-tested without a server (tests/request/test_walk.py).
 
 State is a frozen :class:`Walk`; a step returns the next ``Walk`` and its actions. What is
 decided after a failure is :func:`router.request.selection.decide` (retry, fail over or stop), plus

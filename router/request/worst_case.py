@@ -64,8 +64,8 @@ class Dimension(StrEnum):
 # Whether a driver sends the client's body on as it is. The OpenAI driver does, so every
 # dimension of the request reaches the upstream. The Anthropic driver sends text and function
 # tools only: `n`, non-text content parts, audio, predictions and web search have no Messages
-# API counterpart and are left out (router/drivers/anthropic.py; tests/test_worst_case.py holds
-# it to that), so they cannot be billed there.
+# API counterpart and are left out (router/drivers/anthropic.py;
+# tests/request/test_worst_case.py holds it to that), so they cannot be billed there.
 _PASSES_BODY_THROUGH: Final[AnyMapping[Driver, bool]] = {"openai": True, "anthropic": False}
 
 _PER_MTOK_EXPONENT: Final = -6

@@ -23,7 +23,7 @@ MESSAGES = [{"role": "user", "content": "x" * 40}]  # 40 chars -> 40 // 4 + 1 = 
 CHAT: dict[str, Any] = {"model": "gpt-test", "messages": MESSAGES}
 STREAM: dict[str, Any] = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
 ANTHROPIC: dict[str, Any] = {"model": "claude-test", "max_tokens": 100, "messages": MESSAGES}
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

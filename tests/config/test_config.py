@@ -29,7 +29,7 @@ from router.config import (
     parse_config,
 )
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "docs" / "config.example.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "config.example.yaml"
 SECRET = "sk-live-DO-NOT-LEAK-0123456789"
 ENV = {"OPENAI_API_KEY": SECRET, "ANTHROPIC_API_KEY": SECRET + "-ant"}
 

@@ -12,7 +12,7 @@ import yaml
 
 from router.config import ConfigError, parse_config
 from router.request.worst_case import settlement_rates
-from tests.test_config import ENV, _base, _mapping
+from tests.config.test_config import ENV, _base, _mapping
 
 TODAY = datetime.now(UTC).date()
 

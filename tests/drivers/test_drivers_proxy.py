@@ -23,8 +23,8 @@ from router.drivers import (
 )
 from router.fake_provider import Behavior, FakeProxy, FakeUpstream
 from router.fake_provider.behavior import Kind
+from tests.drivers.test_proxy_http import PASSWORD, tls_client, tls_server
 from tests.gateway.harness import closed_port
-from tests.test_proxy_http import PASSWORD, tls_client, tls_server
 
 KEY = "sk-test-very-secret-0123456789"
 BODY = {"model": "m", "messages": [{"role": "user", "content": "Say hello."}]}
