@@ -36,7 +36,7 @@ import time
 from typing import Any, Final
 
 from ledger.books.accounting import BudgetDenied, HoldStateError
-from ledger.store import (
+from ledger.store.append import (
     EventStore,
     WrongExpectedVersion,
     _PendingAppend,

@@ -27,7 +27,8 @@ from ledger.books.accounting import (
     Reserve,
     Settle,
 )
-from ledger.store import ANY_VERSION, NO_STREAM, EventStore, WrongExpectedVersion, _Known
+from ledger.store import ANY_VERSION, NO_STREAM, EventStore, WrongExpectedVersion
+from ledger.store.append import _Known
 from ledger.store.db import create_engine
 from ledger.store.schema import budget_accounts
 from tests.ledger.factories import key_created, received

@@ -10,7 +10,8 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger.store import _payload_from_parts, canonical_payload
+from ledger.store import canonical_payload
+from ledger.store.append import _payload_from_parts
 
 _SCALARS = (
     st.none()
