@@ -17,7 +17,7 @@ from ledger.books.accounting import AccountSpec, Hold, HoldUnknown, Reserve, Set
 from ledger.books.settlements import settle_unknown
 from ledger.finance.periods import PeriodError, close_period, period_of
 from ledger.store import ANY_VERSION, EventStore
-from ledger.store import append as store_module
+from ledger.store import event_store as store_module
 from ledger.store.db import create_engine
 from ledger.views import SpendProjection
 from ledger.views.projection import ProjectionRunner

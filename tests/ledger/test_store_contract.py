@@ -433,8 +433,8 @@ async def test_postgres_append_finds_holds_by_index_however_many_there_are(
     # append cost more as holds accumulate (one per attempt, forever). Checked on the plan
     # the appender's connection caches, made once while the table is empty (the plan then
     # stays: nothing re-analyses on these servers) and once when it holds 20,000 holds.
-    from ledger.store.append import _PG_READ
     from ledger.store.db import asyncpg_dsn
+    from ledger.store.postgres import _PG_READ
     from ledger.store.reads import close_quietly, connect, positional
 
     engine = create_engine(postgres_url)
