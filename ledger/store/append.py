@@ -65,7 +65,7 @@ _log = logging.getLogger("waybill.ledger")
 class EncodedEvent:
     """One event of an append, encoded once. Never changed, yet not frozen: a frozen
     dataclass sets each field through ``object.__setattr__``, and an append makes one per
-    event (see bench/README.md, Decisions: frozen dataclasses are copied by ``evolve``)."""
+    event (see bench/README.md, Decisions: the event store)."""
 
     type: str
     type_json: bytes  # the type as a JSON string
@@ -98,7 +98,8 @@ Batch = list[PendingAppend]
 
 def _exact(encoded: bytes) -> bytes:
     """``encoded`` in a block of its own size. orjson returns its bytes in the buffer it
-    wrote them to, 4 KB at least: an append waiting for its commit holds one per event."""
+    wrote them to, far larger than an event's JSON, and an append waiting for its commit
+    would hold one per event (see bench/README.md, Decisions: the event store)."""
     return memoryview(encoded).tobytes()
 
 
@@ -307,7 +308,7 @@ class Appender:
         self.batches = 0
         self._queue: deque[PendingAppend] = deque()
         # What the idle appender waits on: a bare future, not an asyncio.Event, set and
-        # awaited twice a request (see bench/README.md, Decisions: the ledger's append path).
+        # awaited twice a request (see bench/README.md, Decisions: the event store).
         self._idle: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -393,7 +394,7 @@ class Appender:
                 # Not now: the callers this commit woke answer first. Told while the next
                 # batch's statement is with the database (above), or by the timer when idle:
                 # told in the loop's next turns instead, they held up the next request at c1
-                # (see bench/README.md, Decisions: the ledger's append path).
+                # (see bench/README.md, Decisions: the event store).
                 self._untold.append(batch)
                 if self._tell_timer is None:
                     self._tell_timer = loop.call_later(_TELL_WITHIN_S, self._tell_untold)

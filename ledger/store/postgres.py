@@ -348,7 +348,8 @@ class PostgresCommitter:
         self._known = _Known()
         self._unlearned: _Learned | None = None  # what the last batch left, for learn()
         # The month whose partitions this appender has made sure of: its first instant and
-        # the next month's (a comparison per batch, cheaper than formatting its month).
+        # the next month's (a comparison per batch costs less than formatting its month:
+        # see bench/README.md, Decisions: the event store).
         self._month: tuple[datetime, datetime] = (_NEVER, _NEVER)
         self.lost_races = 0
         self.unread_batches = 0
