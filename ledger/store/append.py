@@ -299,9 +299,10 @@ class Appender:
     """The one task that commits a store's appends, in batches (group commit).
 
     One task per store and event loop is the only writer through the store's committer, so
-    nothing here takes a lock: the queue, the committer's connection and what it knows are
-    only ever touched by this task, between its awaits. Across tasks and processes, the
-    ledger's own lock serializes the commits (``ledger.store.postgres``, THE LOCK)."""
+    nothing here takes a lock: the callers only append to the queue, and the committer's
+    connection and what it knows are only ever touched by this task. Between stores and
+    processes, the ledger's own lock serializes the commits (THE LOCK, in
+    ``ledger.store.postgres``)."""
 
     def __init__(self, committer: Committer) -> None:
         self.committer = committer
