@@ -35,9 +35,9 @@ from rich.table import Table
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from ledger import apikeys
-from ledger.audit.archive import ArchiveError, HistoryArchived
 from ledger.audit.verify import record_verification, verify_chain
 from ledger.store import EventStore
+from ledger.store.archived import ArchiveError, HistoryArchived
 from ledger.store.db import (
     DatabaseUrlError,
     create_engine,
@@ -412,7 +412,7 @@ def archive_command(
     from dataclasses import asdict
     from datetime import date
 
-    from ledger.audit.archive import ArchiveError, ArchiveRefused, archive_months
+    from ledger.audit.archive import ArchiveRefused, archive_months
 
     try:
         day = date.fromisoformat(before)
@@ -460,8 +460,8 @@ def explain_command(
 ) -> None:
     """Why did this request go there? Its route, attempts and decisions, from the ledger
     (and from the archive, for a request recorded in an archived month)."""
-    from ledger.audit.archive import ArchiveError, RequestArchived, request_trail
     from ledger.views.explain import NotARequestTrail, explain, render_text
+    from ledger.views.queries import RequestArchived, request_trail
 
     async def work(store: EventStore) -> dict[str, Any]:
         try:
