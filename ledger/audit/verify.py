@@ -20,8 +20,8 @@ import orjson
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ledger.audit.archive import ArchiveError, archived_segments, check_directory, read_segment
 from ledger.store import GENESIS_HASH, EventStore, chain_hash
+from ledger.store.archived import ArchiveError, archived_segments, check_directory, read_segment
 from ledger.store.schema import appends, ledger_head, ledger_verifications
 from ledger.store.stored import payloads_of, types_of
 
@@ -43,7 +43,7 @@ class VerifyResult:
     head_position: int
     first_bad_position: int | None = None
     problem: str | None = None
-    archived: int = 0  # positions 1 .. archived are in archive files (ledger.audit.archive)
+    archived: int = 0  # positions 1 .. archived are in archive files (ledger.store.archived)
     archive_checked: bool = False  # and their files were checked as part of the chain
 
     def as_json(self) -> dict[str, Any]:
@@ -98,7 +98,7 @@ async def verify_chain(
     """Walk the whole chain; stop at the first bad event and name its position.
     ``observe`` is told each good event's position, stored bytes and hash, in order (the
     checkpoint audit recomputes the Merkle tree in this same pass). Months archived
-    (``ledger.audit.archive``) are checked from their files in ``archive``, as the chain's start;
+    (``ledger.store.archived``) are checked from their files in ``archive``, as the chain's start;
     without it the live ledger is checked from the last one's end hash."""
     async with store.engine.connect() as conn:
         head = (await conn.execute(select(ledger_head.c.position, ledger_head.c.hash))).one()
