@@ -48,9 +48,7 @@ class Row:
     stream: bool = False
     headers: dict[str, str] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
-
-
-ROUTES = (Route("east", tier=0), Route("west", tier=1))
+    routes: tuple[Route, ...] = (Route("east", tier=0), Route("west", tier=1))
 
 
 ROWS = [
@@ -149,7 +147,7 @@ ROWS = [
 
 @pytest.mark.parametrize("row", ROWS, ids=[row.name for row in ROWS])
 async def test_failure_table_row(sqlite_url: str, row: Row) -> None:
-    async with running_gateway(sqlite_url, ["east", "west"], ROUTES, **row.options) as gw:
+    async with running_gateway(sqlite_url, ["east", "west"], row.routes, **row.options) as gw:
         gw.upstreams["east"].set_plan(row.east)
         gw.upstreams["west"].set_plan(row.west)
         body = {**BODY, "stream": row.stream}
