@@ -186,7 +186,8 @@ class SSEParser:
             or self._closed
             or not chunk.endswith(b"\n\n")
             # find, not `in`: CPython 3.11 tries a bytes needle of `in` as an integer first,
-            # formatting and dropping a TypeError each time (~3x the search itself).
+            # formatting and dropping a TypeError each time, dearer than the search itself
+            # (bench/README.md, "Instructions").
             or chunk.find(_CR_BYTE) != -1
         ):
             return None
@@ -270,7 +271,8 @@ class SSEParser:
     def _consume_lf_lines(self, data: bytes, frames: list[SSEFrame]) -> None:
         """``_consume`` for what providers send: whole lines ended by LF alone, no line of
         an earlier chunk to finish. The same rules, with a ``data`` line taken in place
-        (the parse was ~36 us of a ten-event stream's CPU, one method call a line)."""
+        (one method call a line was most of a stream's parse: bench/README.md,
+        "Decisions")."""
         base, pos = self._offset, 0
         lines = data.split(b"\n")
         rest = lines.pop()  # after the last LF: the start of a line, or nothing
