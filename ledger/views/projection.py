@@ -71,7 +71,7 @@ class ModelWriter(ABC):
     """What a projection may do to its tables inside the page's transaction: read rows by
     key, and upsert whole rows. One implementation per backend: SQLAlchemy (SQLite), and
     asyncpg on PostgreSQL, where SQLAlchemy's per-statement and per-row costs made the
-    read models a fifth of the gateway's CPU."""
+    read models a large part of the gateway's CPU (bench/README.md, "Decisions")."""
 
     @abstractmethod
     async def rows(self, table: Table, key: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
