@@ -34,8 +34,9 @@ import logging
 import pickle
 import struct
 import time
+from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 from ledger.books.accounting import BudgetDenied, Effect, HoldStateError
 from ledger.store.append import (
@@ -49,8 +50,13 @@ from ledger.store.append import (
 from ledger.store.db import LedgerUnavailable
 from ledger.store.recorded import WrongExpectedVersion
 
-if TYPE_CHECKING:
-    from ledger.store.event_store import EventStore
+
+class _Taker(Protocol):
+    """What the first worker's server needs of its store (``EventStore.take_forwarded``):
+    a protocol rather than the class, which builds the committers of this module."""
+
+    def take_forwarded(self, pendings: Sequence[PendingAppend]) -> bool: ...
+
 
 __all__ = [
     "MAX_RETRY_AFTER_S",
@@ -177,7 +183,7 @@ class ForwardingCommitter:
 class AppendServer:
     """The first worker's side: commits the batches the other workers send."""
 
-    def __init__(self, store: EventStore, path: str) -> None:
+    def __init__(self, store: _Taker, path: str) -> None:
         self._store = store
         self._path = path
         self._server: asyncio.Server | None = None
