@@ -7,9 +7,10 @@
    while one transaction is in flight, the next appends queue up and share the following one.
 3. The backend's ``Committer`` (``ledger.store.postgres``, ``ledger.store.sqlite``; in the
    workers of ``waybill serve --workers N`` but the first, the forwarding committer of
-   ``ledger.store.shared_appends``) reads, under the ledger's one lock, what the batch is
-   decided on (the head, the streams' versions, the books), has ``decide`` decide it, and
-   writes what passed in one transaction.
+   ``ledger.store.shared_appends``) finds what the batch is decided on (the head, the streams'
+   versions, the books), has ``decide`` decide it, and writes what passed in one transaction,
+   which holds the ledger's one lock when it commits: whatever the batch was decided on is
+   what the ledger held then (THE LOCK, in ``ledger.store.postgres``).
 4. ``decide`` checks each append on its own (its expected version, the streams it requires,
    its budget effects): a stream version that is already taken fails that append alone, with
    nothing of it written. Those that pass get the next positions and versions, and each event's
@@ -285,8 +286,9 @@ class Committer(Protocol):
     ``ledger.store.sqlite``), or the first worker's appender (``ledger.store.shared_appends``)."""
 
     async def commit(self, batch: Batch) -> Bookkeeping | None:
-        """Decide ``batch`` with ``decide`` on the ledger as it stands under its lock and
-        write what passed, in one transaction, setting every append's ``result``.
+        """Decide ``batch`` with ``decide`` on the ledger as it stands when the write holds
+        the ledger's lock (read under the lock, or checked by the write's guard at it), and
+        write what passed in one transaction, setting every append's ``result``.
 
         Raises if the transaction's fate is not known to be a commit: ``LedgerUnavailable``
         when the database could not commit now (the driver's errors are translated here, at
