@@ -192,7 +192,10 @@ def listening_socket(host: str, port: int) -> socket.socket:
     except OSError as error:
         listening.close()
         raise CliError(f"cannot listen on {where}: {error.strerror or error}") from None
-    listening.set_inheritable(True)
+    # Left non-inheritable (Python's default): `--workers N` forks, which shares it anyway,
+    # and a child started with exec (the read-model follower, the checkpointer) must not
+    # keep it — uvloop's spawn passes inheritable descriptors on, and a child holding it
+    # after the gateway died would accept connections nobody serves.
     return listening
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -207,6 +209,57 @@ def test_a_follower_whose_gateway_was_killed_stops_by_itself(
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
         _wait_for(lambda: not _alive(follower), within_s=10)
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """The inodes of the TCP sockets listening on ``port`` (state 0A in /proc/net/tcp*)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
+                    found.add(fields[9])
+    return found
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    return inodes
+
+
+@pytest.mark.postgres
+def test_the_gateways_children_never_hold_its_listening_socket(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    # A child that kept it (say, after the gateway was killed) would accept connections
+    # nobody ever serves.
+    import signal
+
+    from router.fake_provider import FakeUpstream
+    from tests.gateway.harness import Route, config_text
+
+    with FakeUpstream("east") as east:
+        config = tmp_path / "waybill.yaml"
+        config.write_text(config_text({"east": east}, [Route("east")]))
+        port = closed_port()
+        process = serve_process(config, postgres_url, port)
+        try:
+            [follower] = _wait_for(lambda: _followers_of(process.pid))
+            listening = _listening_inodes(port)
+            assert listening & _socket_inodes(process.pid)  # the gateway's own, seen
+            assert not listening & _socket_inodes(follower)
+        finally:
+            process.send_signal(signal.SIGKILL)
+            process.wait(timeout=10)
+        _wait_for(lambda: not _alive(follower), within_s=10)
+        # Nothing listens on the port once the gateway is gone.
+        assert not _listening_inodes(port)
 
 
 KEYS = {"OPENAI_API_KEY": "k", "ANTHROPIC_API_KEY": "k"}
