@@ -23,6 +23,7 @@ from collections.abc import (
     Awaitable,
     Callable,
     Coroutine,
+    Iterable,
     Mapping,
     MutableMapping,
 )
@@ -259,6 +260,7 @@ async def authenticate(request: Request) -> Caller:
 
 
 async def _authenticate(request: Request, config: Config) -> Caller:
+    _refuse_repeated(request.scope["headers"])
     return _caller(await find_key(request.app.state.store, _secret(request.headers)), config)
 
 
@@ -707,13 +709,40 @@ class _Once:
 
 
 def _headers_by_name(request: Request) -> dict[str, str]:
-    """The request's headers by (lowercase) name, the first of a repeated one, as
-    Starlette's ``Headers.get`` reads them: one pass, where each ``get`` scans them all
-    (the chat route reads a dozen)."""
+    """The request's headers by (lowercase) name: one pass, where each Starlette
+    ``Headers.get`` scans them all (the chat route reads a dozen). A single-valued header
+    sent twice is refused (:func:`_refuse_repeated`)."""
     named: dict[str, str] = {}
     for name, value in request.scope["headers"]:
-        named.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+        key = name.decode("latin-1")
+        if key in named and _single_valued(key):
+            raise _repeated(key)
+        named[key] = value.decode("latin-1")
     return named
+
+
+def _single_valued(name: str) -> bool:
+    """A header that must come once (contract §3): with two, which one wins is a guess — a
+    proxy adding a stricter cost limit would be ignored, a second key silently dropped."""
+    return name in _SINGLE_VALUED or name.startswith("x-waybill-")
+
+
+_SINGLE_VALUED: Final = frozenset({"authorization", "idempotency-key"})
+
+
+def _refuse_repeated(raw: Iterable[tuple[bytes, bytes]]) -> None:
+    seen: set[str] = set()
+    for name, _ in raw:
+        key = name.decode("latin-1")
+        if _single_valued(key):
+            if key in seen:
+                raise _repeated(key)
+            seen.add(key)
+
+
+def _repeated(name: str) -> GatewayError:
+    shown = "-".join(part.capitalize() for part in name.split("-"))
+    return invalid_request(f"header {shown}: sent more than once; send it once", param=shown)
 
 
 async def _read_body(request: Request, headers: Mapping[str, str]) -> bytes:

@@ -120,6 +120,31 @@ async def test_bad_header_values_are_a_400(database_url):
             assert error["param"] == name
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["Authorization", "Idempotency-Key", "X-Waybill-Max-Cost-Usd", "X-Waybill-Allow-Failover"],
+)
+async def test_a_single_valued_header_sent_twice_is_a_400_naming_it(database_url, name):
+    # Which of two values wins is a guess: a proxy's stricter cost limit would be ignored, a
+    # second key silently dropped. Nothing is reserved or sent upstream.
+    values = {
+        "Authorization": ("Bearer wb_one", "Bearer wb_two"),
+        "Idempotency-Key": ("a", "b"),
+        "X-Waybill-Max-Cost-Usd": ("1", "0.0001"),
+        "X-Waybill-Allow-Failover": ("true", "false"),
+    }[name]
+    async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        twice = [(name, value) for value in values]
+        response = await http.post("/v1/chat/completions", json=BODY, headers=twice)
+        error = assert_error_shape(response, 400, "invalid_request")
+        assert error["param"] == name and "more than once" in error["message"]
+        assert gw.upstreams["east"].hits == 0
+        if name == "Authorization":  # every authenticated route, not the chat route alone
+            response = await http.get("/v1/models", headers=twice)
+            assert response.status_code == 400, response.text
+            assert response.json()["error"]["param"] == name
+
+
 async def test_unknown_model_is_404_model_not_found(database_url):
     async with running_gateway(database_url, ["east"], [Route("east")]) as gw:
         with pytest.raises(openai.NotFoundError) as caught:
