@@ -216,6 +216,7 @@ def parse_body(raw: bytes, limits: Limits = DEFAULT_LIMITS) -> ChatCall:
         include_usage = _optional(options, "include_usage", bool, False, "stream_options.")
     prompt = orjson.dumps(messages, option=orjson.OPT_SORT_KEYS)
     capabilities = _inferred_capabilities(body, stream=stream, images=parts.image)
+    _check_forced_function(body)
     # Each non-text part's JSON appears in `prompt` byte for byte (sorting keys changes no
     # length), so taking it out leaves exactly the text's.
     text_bytes = len(prompt) - parts.nbytes
@@ -379,6 +380,38 @@ def _inferred_capabilities(
     if stream:
         capabilities.add("stream")
     return tuple(sorted(capabilities))
+
+
+def _check_forced_function(body: Mapping[str, Any]) -> None:
+    """A ``tool_choice`` (or the legacy ``function_call``) that forces a function the request
+    does not declare is the client's own mistake: a 400 before anything is reserved, never an
+    upstream's 400 counted against a breaker other tenants share. Shapes the gateway does not
+    know pass through to the upstream as they are."""
+    forced = body.get("tool_choice")
+    if isinstance(forced, dict) and forced.get("type") == "function":
+        function = forced.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        declared = {
+            tool["function"].get("name")
+            for tool in body.get("tools") or ()
+            if isinstance(tool, dict)
+            and tool.get("type", "function") == "function"
+            and isinstance(tool.get("function"), dict)
+        }
+        if not isinstance(name, str) or name not in declared:
+            raise invalid_request(
+                f"'tool_choice' forces function {name!r}, which 'tools' does not declare",
+                param="tool_choice",
+            )
+    legacy = body.get("function_call")
+    if isinstance(legacy, dict):
+        name = legacy.get("name")
+        declared = {f.get("name") for f in body.get("functions") or () if isinstance(f, dict)}
+        if not isinstance(name, str) or name not in declared:
+            raise invalid_request(
+                f"'function_call' forces function {name!r}, which 'functions' does not declare",
+                param="function_call",
+            )
 
 
 # --- headers ---

@@ -122,3 +122,51 @@ def test_client_run_tools_leave_the_request_as_its_policy_says(body: dict[str, A
 def test_header_narrowing_defaults_allow_failover_but_no_duplicate() -> None:
     narrowing = HeaderNarrowing()
     assert (narrowing.allow_failover, narrowing.allow_unknown_execution) == (True, False)
+
+
+def _body(**fields: Any) -> bytes:
+    return orjson.dumps({"model": "chat", "messages": MESSAGES, **fields})
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        (
+            {"tools": [FUNCTION], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+            "tool_choice",
+        ),
+        ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
+        ({"tools": [FUNCTION], "tool_choice": {"type": "function"}}, "tool_choice"),
+        ({"functions": [{"name": "a"}], "function_call": {"name": "b"}}, "function_call"),
+    ],
+    ids=["undeclared", "no-tools", "no-name", "legacy-undeclared"],
+)
+def test_forcing_a_function_the_request_does_not_declare_is_a_400(
+    fields: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(GatewayError) as caught:
+        parse_body(_body(**fields))
+    assert caught.value.status == 400 and caught.value.param == param
+    assert "does not declare" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {
+            "tools": [FUNCTION],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        },
+        {"tools": [FUNCTION], "tool_choice": "required"},
+        {"tools": [FUNCTION], "tool_choice": "none"},
+        {
+            "tools": [{"type": "custom", "custom": {"name": "g"}}],
+            "tool_choice": {"type": "custom", "custom": {"name": "g"}},
+        },
+        {"functions": [{"name": "a"}], "function_call": {"name": "a"}},
+        {"functions": [{"name": "a"}], "function_call": "auto"},
+    ],
+    ids=["declared", "required", "none", "custom-passes-through", "legacy-declared", "legacy-auto"],
+)
+def test_a_choice_of_a_declared_function_or_a_mode_passes(fields: dict[str, Any]) -> None:
+    assert parse_body(_body(**fields)).body["model"] == "chat"
