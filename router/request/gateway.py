@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
 import random
 import time
 from collections import deque
@@ -87,6 +86,7 @@ from router.errors import (
 from router.request.budget import RequestBudget, StepRecord
 from router.request.classify import Classification
 from router.request.output_check import INVALID_OUTPUT, demands_a_shape, output_violation
+from router.request.policy import FirstAnswerTimes, group_targets, hedge_p95, walk_policy
 from router.request.resume import Seam, continuation_body
 from router.request.selection import (
     Decision,
@@ -120,7 +120,6 @@ from router.request.walk import (
     Unroutable,
     Wait,
     Walk,
-    WalkPolicy,
     advance,
 )
 from router.request.worst_case import billed_usage, settlement_rates, worst_case_cost
@@ -131,9 +130,6 @@ __all__ = ["Caller", "Completion", "Gateway", "KeyMoved", "StreamingCompletion"]
 log = logging.getLogger("waybill.gateway")
 
 _T = TypeVar("_T")
-
-_LATENCY_WINDOW: Final = 200  # the answers a group's p95 is taken over
-_LATENCY_MIN_SAMPLES: Final = 20  # fewer: hedge.after_ms stands
 
 _DEADLINE: Final = Classification(
     failure_class=ev.FailureClass.DEADLINE_EXCEEDED,
@@ -266,28 +262,6 @@ class _Tally:
     classes: list[ev.FailureClass] = field(default_factory=list)
     retry_after_ms: int | None = None
     retries: dict[str, int] = field(default_factory=dict)  # endpoint -> same-endpoint retries
-
-
-class FirstAnswerTimes:
-    """How long a model group's attempts took to answer (a stream: to its first content), the
-    last :data:`_LATENCY_WINDOW` of each group and shape, for ``hedge.after_p95``."""
-
-    def __init__(self) -> None:
-        self._seen: dict[tuple[str, bool], deque[int]] = {}
-
-    def add(self, group: str, stream: bool, ms: int) -> None:
-        window = self._seen.get((group, stream))
-        if window is None:
-            window = self._seen[(group, stream)] = deque(maxlen=_LATENCY_WINDOW)
-        window.append(ms)
-
-    def p95(self, group: str, stream: bool) -> int | None:
-        """The 95th percentile, once :data:`_LATENCY_MIN_SAMPLES` were seen (else None)."""
-        window = self._seen.get((group, stream))
-        if window is None or len(window) < _LATENCY_MIN_SAMPLES:
-            return None
-        ordered = sorted(window)
-        return max(1, ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)])
 
 
 class Gateway:
@@ -446,12 +420,10 @@ class _Run:
         self._pending_effects: list[Effect] = []
         self.open: dict[str, _Attempt] = {}  # started, their end not yet recorded
         self._demands_shape = not call.stream and demands_a_shape(call.body)
-        self.walk = Walk(policy=self._walk_policy())
         self._places = tuple((m.endpoint, m.model) for m in group.mappings)
-        self._targets = tuple(
-            Target(m.endpoint, i, m.model, m.context_window, m.resume)
-            for i, m in enumerate(group.mappings)
-        )
+        self._targets = group_targets(group)
+        p95 = gateway.latencies.p95(group.name, call.stream) if hedge_p95(self.defaults) else None
+        self.walk = Walk(policy=walk_policy(self.defaults, self.requirements, self._targets, p95))
         self._can_resume = any(target.resume != "none" for target in self._targets)
         # What the attempts' tasks and the hedge timer (None) report, in order.
         self._happenings = _Mailbox()
@@ -505,26 +477,6 @@ class _Run:
                 parent_span_id=caller_trace[1] if caller_trace else None,
             )
         ]
-
-    def _walk_policy(self) -> WalkPolicy:
-        """What the walk needs to know of the group's policy and the caller's narrowing."""
-        policy, requirements = self.defaults, self.requirements
-        hedge = policy.hedge
-        # A request that asks the provider for server-side effects is never sent twice.
-        hedged = hedge.enabled and not requirements.server_side_effects
-        after_ms = None
-        if hedged:
-            after_ms = hedge.after_ms
-            if hedge.after_p95:
-                after_ms = self.gw.latencies.p95(self.group.name, self.call.stream) or after_ms
-        return WalkPolicy(
-            defaults=policy,
-            allow_failover=requirements.allow_failover,
-            allow_unknown_execution=requirements.allow_unknown_execution,
-            server_side_effects=requirements.server_side_effects,
-            hedge_after_ms=after_ms,
-            max_ways=hedge.max_ways if hedged else 1,
-        )
 
     # --- the ledger ---
 
