@@ -56,7 +56,6 @@ from router.adapters.slots import EndpointSlots, InProcessSlots
 from router.config import Config, ModelGroup, Workspace
 from router.config import Driver as DriverName
 from router.config import Mapping as ModelMapping
-from router.doors.chat import ChatCall, HeaderNarrowing
 from router.drivers import (
     AttemptBinding,
     AttemptTimeouts,
@@ -84,6 +83,7 @@ from router.errors import (
     upstream_unavailable,
 )
 from router.request.budget import RequestBudget, StepRecord
+from router.request.call import Call, Caller
 from router.request.classify import Classification
 from router.request.output_check import INVALID_OUTPUT, demands_a_shape, output_violation
 from router.request.policy import FirstAnswerTimes, group_targets, hedge_p95, walk_policy
@@ -138,19 +138,6 @@ _DEADLINE: Final = Classification(
     breaker_opens_at_once=False,
     may_fail_over="no",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """The authenticated key behind a request."""
-
-    key_id: str
-    workspace: Workspace
-    role: str
-    key_budget: tuple[Decimal, Literal["day", "month", "total"]] | None = None  # own budget
-    key_version: int | None = None
-    """The key's ledger stream's version when it was read unrevoked: the request's first
-    append requires the stream still there (None: requires nothing)."""
 
 
 class KeyMoved(Exception):
@@ -330,17 +317,13 @@ class Gateway:
     def models_for(self, workspace: Workspace) -> list[ModelGroup]:
         return [g for g in self.config.models if g.name in workspace.models]
 
-    async def complete(
-        self, caller: Caller, call: ChatCall, headers: HeaderNarrowing, request_id: str
-    ) -> Completion:
+    async def complete(self, caller: Caller, call: Call, request_id: str) -> Completion:
         """Serve a buffered request, or raise :class:`GatewayError` (already recorded)."""
-        return await _Run(self, caller, call, headers, request_id).complete()
+        return await _Run(self, caller, call, request_id).complete()
 
-    async def stream(
-        self, caller: Caller, call: ChatCall, headers: HeaderNarrowing, request_id: str
-    ) -> StreamingCompletion:
+    async def stream(self, caller: Caller, call: Call, request_id: str) -> StreamingCompletion:
         """Route a streamed request up to its first content chunk; then the body follows."""
-        return await _Run(self, caller, call, headers, request_id).stream()
+        return await _Run(self, caller, call, request_id).stream()
 
     def _keep(self, coroutine: Any) -> None:
         # Work that must finish even if the client's task is cancelled (recording the end
@@ -382,8 +365,7 @@ class _Run:
         self,
         gateway: Gateway,
         caller: Caller,
-        call: ChatCall,
-        headers: HeaderNarrowing,
+        call: Call,
         request_id: str,
     ) -> None:
         self.gw = gateway
@@ -394,11 +376,11 @@ class _Run:
         group = config.model_group(call.model_group)
         assert group is not None, "the app resolves the model group before routing"
         self.group = group
-        self.requirements = call.requirements(caller.workspace, headers)
+        self.requirements = requirements = call.requirements
         self.defaults = config.policy_for(group.name)
         deadline_ms = self.defaults.deadline_ms
-        if headers.deadline_ms is not None:
-            deadline_ms = min(deadline_ms, headers.deadline_ms)  # a header may only narrow
+        if requirements.deadline_ms is not None:
+            deadline_ms = min(deadline_ms, requirements.deadline_ms)  # the caller only narrows
         self.started = time.monotonic()
         self.deadline = self.started + deadline_ms / 1000
         self.context = RouteContext()
@@ -413,7 +395,7 @@ class _Run:
             key_id=caller.key_id,
             key_budget=caller.key_budget,
             model_group=group.name,
-            request_limit=headers.max_cost_usd,
+            request_limit=requirements.max_cost_usd,
             owner=gateway.instance_id,
         )
         self.budget_denials = 0
@@ -457,10 +439,7 @@ class _Run:
         if caller.key_version is not None:
             self._requires = {key_stream(caller.key_id): caller.key_version}
         self._metadata = {"config_generation": config.generation}
-        caller_trace = _parse_traceparent(headers.traceparent)
-        self.caller_trace_id = caller_trace[0] if caller_trace else None
-        # W3C: a tracestate goes with the traceparent it came with, never alone.
-        self.caller_tracestate = headers.tracestate if caller_trace else None
+        trace = call.trace
         self._pending: list[ev.Event] = [
             ev.RequestReceived(
                 request_id=request_id,
@@ -473,8 +452,8 @@ class _Run:
                 prompt_bytes=call.prompt_bytes,
                 message_count=call.message_count,
                 idempotency_key_sha256=None,
-                trace_id=caller_trace[0] if caller_trace else None,
-                parent_span_id=caller_trace[1] if caller_trace else None,
+                trace_id=trace.trace_id if trace else None,
+                parent_span_id=trace.parent_span_id if trace else None,
             )
         ]
 
@@ -1433,7 +1412,8 @@ class _Run:
         defaults = self.defaults
         # contract §8: the upstream joins the request's trace (the caller's, if it sent one) as a
         # child of this attempt's span, whose id otel/ derives from the attempt id.
-        trace_id = request_trace_id(self.request_id, self.caller_trace_id)
+        trace = self.call.trace
+        trace_id = request_trace_id(self.request_id, trace.trace_id if trace else None)
         return AttemptBinding(
             endpoint=endpoint,
             upstream_model=route.mapping.model,
@@ -1444,7 +1424,7 @@ class _Run:
                 stream_idle_timeout_s=defaults.stream_idle_timeout_ms / 1000,
             ),
             traceparent=upstream_traceparent(trace_id, attempt_span_id(attempt_id)),
-            tracestate=self.caller_tracestate,
+            tracestate=trace.tracestate if trace else None,
         )
 
     def _settlement(
@@ -1861,22 +1841,6 @@ def _server_address(base_url: str) -> tuple[str | None, int]:
     if parts.port is not None:
         return parts.hostname, parts.port
     return parts.hostname, 443 if parts.scheme == "https" else 80
-
-
-def _parse_traceparent(traceparent: str | None) -> tuple[str, str] | None:
-    """The caller's (trace id, parent span id) from a W3C ``traceparent``, if well formed."""
-    if not traceparent:
-        return None
-    parts = traceparent.strip().lower().split("-")
-    if len(parts) < 4 or len(parts[0]) != 2 or parts[0] == "ff":
-        return None
-    trace_id, span_id = parts[1], parts[2]
-    hexdigits = set("0123456789abcdef")
-    if len(trace_id) != 32 or len(span_id) != 16 or not set(trace_id + span_id) <= hexdigits:
-        return None
-    if trace_id == "0" * 32 or span_id == "0" * 16:
-        return None
-    return trace_id, span_id
 
 
 def _optional_str(value: object) -> str | None:
