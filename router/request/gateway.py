@@ -47,7 +47,6 @@ from ledger.store import (
 )
 from ledger.support.frozen import evolve
 from otel.ids import attempt_span_id, request_trace_id, upstream_traceparent
-from router.adapters.breaker_policy import Figures, crossed
 from router.adapters.breakers import Admission, BreakerBoard, BreakerKey, Transition
 from router.adapters.disabling import Disabling
 from router.adapters.disabling import detail as disabled_detail
@@ -72,21 +71,29 @@ from router.errors import (
     AttemptSummary,
     ErrorCode,
     GatewayError,
-    budget_exceeded,
     client_canceled,
-    deadline_exceeded,
-    error_for_failure,
     internal_error,
     ledger_unavailable,
-    no_eligible_route,
-    stream_broken,
-    upstream_unavailable,
 )
 from router.request.budget import RequestBudget, StepRecord
 from router.request.call import Call, Caller
 from router.request.classify import Classification
+from router.request.final_error import Tally, final_error
 from router.request.output_check import INVALID_OUTPUT, demands_a_shape, output_violation
 from router.request.policy import FirstAnswerTimes, group_targets, hedge_p95, walk_policy
+from router.request.records import (
+    AttemptEnd,
+    attempt_finished,
+    attempt_started,
+    breaker_transitioned,
+    failed_end,
+    failover_decided,
+    request_completed,
+    request_failed,
+    request_received,
+    route_evaluated,
+    stream_committed,
+)
 from router.request.resume import Seam, continuation_body
 from router.request.selection import (
     Decision,
@@ -241,16 +248,6 @@ class _Submitted:
     effects: tuple[Effect, ...]
 
 
-@dataclass(slots=True)
-class _Tally:
-    """What the run has seen so far, for the final answer."""
-
-    summaries: list[AttemptSummary] = field(default_factory=list)
-    classes: list[ev.FailureClass] = field(default_factory=list)
-    retry_after_ms: int | None = None
-    retries: dict[str, int] = field(default_factory=dict)  # endpoint -> same-endpoint retries
-
-
 class Gateway:
     """Everything one config generation needs to serve requests."""
 
@@ -336,23 +333,9 @@ class Gateway:
     async def _record_transitions(self, transitions: list[Transition], request_id: str) -> None:
         if not transitions:
             return
+        generation, settings_for = self.config.generation, self.breakers.settings_for
         events = [
-            ev.BreakerTransitioned(
-                scope=t.key.scope,
-                target=t.key.target,
-                from_state=t.from_state,
-                to_state=t.to_state,
-                failure_class=ev.FailureClass(t.failure_class) if t.failure_class else None,
-                consecutive_failures=t.consecutive_failures,
-                cooldown_ms=t.cooldown_ms,
-                config_generation=self.config.generation,
-                request_id=request_id,
-                policy=self.breakers.settings_for(t.key).policy,
-                reason=t.reason,
-                duration_ms=t.duration_ms,
-                **_window_figures(t.figures),
-                **crossed(t.reason, self.breakers.settings_for(t.key)),
-            )
+            breaker_transitioned(t, settings_for(t.key), generation, request_id)
             for t in transitions
         ]
         await self.store.append("breaker", ANY_VERSION, events)
@@ -386,7 +369,7 @@ class _Run:
         self.context = RouteContext()
         self.sequence = 0
         self.attempt_count = 0
-        self.tally = _Tally()
+        self.tally = Tally()
         self.denied: set[BreakerKey] = set()
         self.budget = RequestBudget(
             gateway.store,
@@ -422,7 +405,6 @@ class _Run:
         }
         self._candidates: tuple[ev.Candidate, ...] = ()  # the last evaluation's
         self._failures: dict[str, _Attempt] = {}  # failed attempts, for their decisions
-        self._decision: Decision | None = None  # the last one recorded
         self._budget_refusal = ""
         # The committed stream as the client has it: its text so far (for a resume),
         # whether that can be continued, and the id and model its chunks carry.
@@ -439,22 +421,8 @@ class _Run:
         if caller.key_version is not None:
             self._requires = {key_stream(caller.key_id): caller.key_version}
         self._metadata = {"config_generation": config.generation}
-        trace = call.trace
         self._pending: list[ev.Event] = [
-            ev.RequestReceived(
-                request_id=request_id,
-                workspace=caller.workspace.id,
-                key_id=caller.key_id,
-                model_group=group.name,
-                requirements=self.requirements,
-                config_generation=config.generation,
-                prompt_sha256=call.prompt_sha256,
-                prompt_bytes=call.prompt_bytes,
-                message_count=call.message_count,
-                idempotency_key_sha256=None,
-                trace_id=trace.trace_id if trace else None,
-                parent_span_id=trace.parent_span_id if trace else None,
-            )
+            request_received(request_id, caller, call, config.generation)
         ]
 
     # --- the ledger ---
@@ -548,16 +516,10 @@ class _Run:
             if isinstance(effect, Reserve) and not self.budget.has_hold(effect.hold.attempt_id):
                 hold = effect.hold
                 self.budget.adopt(hold)
-                self._pending.append(
-                    ev.AttemptFinished(
-                        request_id=self.request_id,
-                        attempt_id=hold.attempt_id,
-                        status="failed",
-                        evidence=ev.Evidence.NOT_STARTED,
-                        error_code=ErrorCode.LEDGER_UNAVAILABLE,
-                        duration_ms=0,
-                    )
+                end = AttemptEnd(
+                    "failed", ev.Evidence.NOT_STARTED, error_code=ErrorCode.LEDGER_UNAVAILABLE
                 )
+                self._pending.append(attempt_finished(self.request_id, hold.attempt_id, end, 0))
                 self._record(self.budget.release(hold.attempt_id, "not_started"))
 
     async def _flush_patiently(self, *more: ev.Event) -> None:
@@ -570,6 +532,10 @@ class _Run:
             except LedgerUnavailable:
                 await asyncio.sleep(delay)
         await self._flush(*more)
+
+    def _took(self, attempt: _Attempt) -> int:
+        """The attempt's duration so far, in ms."""
+        return round((time.monotonic() - attempt.started_at) * 1000)
 
     def _remaining_ms(self) -> int:
         return max(0, int((self.deadline - time.monotonic()) * 1000))
@@ -615,17 +581,15 @@ class _Run:
             if canceled:
                 self._pending.append(self._attempt_finished(attempt, classification, None))
             else:
+                end = AttemptEnd(
+                    "failed",
+                    ev.Evidence.UNKNOWN,
+                    error_code="gateway_error",
+                    stream_committed=attempt.stream_committed,
+                    response_bytes=attempt.response_bytes(),
+                )
                 self._pending.append(
-                    ev.AttemptFinished(
-                        request_id=self.request_id,
-                        attempt_id=attempt.attempt_id,
-                        status="failed",
-                        evidence=ev.Evidence.UNKNOWN,
-                        error_code="gateway_error",
-                        duration_ms=round((time.monotonic() - attempt.started_at) * 1000),
-                        stream_committed=attempt.stream_committed,
-                        response_bytes=attempt.response_bytes(),
-                    )
+                    attempt_finished(self.request_id, attempt.attempt_id, end, self._took(attempt))
                 )
             if self.budget.has_hold(attempt.attempt_id):
                 cause = "client_canceled" if canceled else "gateway_error"
@@ -862,17 +826,15 @@ class _Run:
         usage = cost = None
         if result is not None:
             usage, cost = self._settlement(attempt.route, result.usage)
+        end = AttemptEnd(
+            "failed",
+            ev.Evidence.UNKNOWN if result is None else ev.Evidence.STARTED,
+            error_code=ev.HEDGE_LOST,
+            usage=usage,
+            response_bytes=attempt.response_bytes(),
+        )
         self._pending.append(
-            ev.AttemptFinished(
-                request_id=self.request_id,
-                attempt_id=attempt_id,
-                status="failed",
-                evidence=ev.Evidence.UNKNOWN if result is None else ev.Evidence.STARTED,
-                error_code=ev.HEDGE_LOST,
-                usage=usage,
-                duration_ms=round((time.monotonic() - attempt.started_at) * 1000),
-                response_bytes=attempt.response_bytes(),
-            )
+            attempt_finished(self.request_id, attempt_id, end, self._took(attempt))
         )
         if usage is not None and cost is not None:
             self._record(self.budget.settle(attempt_id, cost, usage))
@@ -887,11 +849,11 @@ class _Run:
         assert upstream is not None
         try:
             await self._flush(
-                ev.StreamCommitted(
-                    request_id=self.request_id,
-                    attempt_id=attempt.attempt_id,
-                    endpoint=attempt.route.choice.endpoint,
-                    time_to_first_chunk_ms=upstream.time_to_first_chunk_ms,
+                stream_committed(
+                    self.request_id,
+                    attempt.attempt_id,
+                    attempt.route.choice.endpoint,
+                    upstream.time_to_first_chunk_ms,
                 )
             )
         except LedgerUnavailable:
@@ -909,17 +871,15 @@ class _Run:
         stays counted as unknown usage; the end is recorded once the ledger is back."""
         self._close(attempt.attempt_id)
         self.ended = True
+        end = AttemptEnd(
+            "failed",
+            ev.Evidence.STARTED,
+            error_code=ErrorCode.LEDGER_UNAVAILABLE,
+            time_to_first_chunk_ms=upstream.time_to_first_chunk_ms,
+            response_bytes=upstream.response_bytes,
+        )
         self._pending.append(
-            ev.AttemptFinished(
-                request_id=self.request_id,
-                attempt_id=attempt.attempt_id,
-                status="failed",
-                evidence=ev.Evidence.STARTED,
-                error_code=ErrorCode.LEDGER_UNAVAILABLE,
-                duration_ms=round((time.monotonic() - attempt.started_at) * 1000),
-                time_to_first_chunk_ms=upstream.time_to_first_chunk_ms,
-                response_bytes=upstream.response_bytes,
-            )
+            attempt_finished(self.request_id, attempt.attempt_id, end, self._took(attempt))
         )
         self._record(self.budget.hold_unknown(attempt.attempt_id, "ledger_unavailable"))
         self.gw._keep(self._flush_patiently(self._request_failed(ledger_unavailable())))
@@ -1062,12 +1022,10 @@ class _Run:
         status = failure.outcome.http_status if failure else None
         if status is None and attempt.stream_committed:
             status = 200
-        self.tally.summaries.append(
-            AttemptSummary(attempt.route.choice.endpoint, status, classification.failure_class)
+        self.tally.failed(
+            AttemptSummary(attempt.route.choice.endpoint, status, classification.failure_class),
+            classification,
         )
-        self.tally.classes.append(classification.failure_class)
-        if classification.retry_after_ms is not None:
-            self.tally.retry_after_ms = classification.retry_after_ms
         self._failures[attempt.attempt_id] = attempt
         delivered = "".join(self._delivered)
         return Failed(
@@ -1091,24 +1049,24 @@ class _Run:
     def _decided(self, attempt_id: str, decision: Decision) -> None:
         attempt = self._failures[attempt_id]
         assert attempt.classification is not None
-        self._decision = decision
         self._pending.append(self._failover_decided(attempt, attempt.classification, decision))
 
     def _walk_error(self, fail: Fail) -> GatewayError:
         """The error a request the walk ended is answered with."""
-        if self.walk.committed:
-            last = self.tally.classes[-1] if self.tally.classes else None
-            return stream_broken(last or ev.FailureClass.NETWORK_ERROR)
-        match fail.why:
-            case "no_route":
-                return self._no_route_error(self._candidates)
-            case "budget_raced":
-                return budget_exceeded(self._budget_refusal)
-            case "decision":
-                assert fail.attempt_id is not None and self._decision is not None
-                attempt = self._failures[fail.attempt_id]
-                assert attempt.classification is not None
-                return self._final_error(attempt.classification, attempt.failure, self._decision)
+        failed = None
+        if fail.attempt_id is not None:
+            attempt = self._failures[fail.attempt_id]
+            assert attempt.classification is not None
+            failed = (attempt.classification, attempt.failure)
+        return final_error(
+            fail,
+            committed=self.walk.committed,
+            tally=self.tally,
+            candidates=self._candidates,
+            group=self.group.name,
+            budget_refusal=self._budget_refusal,
+            failed=failed,
+        )
 
     def _failed_stream(self) -> dict[str, Any]:
         """The RequestFailed fields of a committed stream that ended in an error."""
@@ -1190,13 +1148,13 @@ class _Run:
             choice = select(candidates, self.gw._rr, self.caller.workspace.id, group)
             self.sequence += 1
             self._pending.append(
-                ev.RouteEvaluated(
-                    request_id=self.request_id,
-                    sequence=self.sequence,
-                    candidates=candidates,
-                    tried_endpoints=tuple(sorted(action.context.tried_endpoints)),
-                    chosen=choice,
-                    strategy=group.strategy,
+                route_evaluated(
+                    self.request_id,
+                    self.sequence,
+                    candidates,
+                    action.context,
+                    choice,
+                    group.strategy,
                 )
             )
             if choice is None:
@@ -1322,29 +1280,25 @@ class _Run:
         attempt_id = new_id("att")
         endpoint = self.gw.config.endpoint(route.choice.endpoint)
         assert endpoint is not None
-        host, port = _server_address(endpoint.base_url)
         reservation = self.budget.reserve(
             attempt_id, route.choice.endpoint, route.mapping.model, route.worst_case_usd
         )
-        started = ev.AttemptStarted(
-            request_id=self.request_id,
-            attempt_id=attempt_id,
-            attempt_number=self.attempt_count + 1,
-            cause=route.cause,
-            endpoint=route.choice.endpoint,
-            driver=endpoint.driver,
-            model=route.mapping.model,
-            tier=route.choice.tier,
-            weight=route.choice.weight,
-            reservation_id=reservation.events[0].reservation_id,  # type: ignore[attr-defined]
-            server_address=host,
-            server_port=port,
-            stream=self.call.stream,
-            kind=action.kind,
-            resumed_from=action.resumed_from,
-            delivered_chars=action.delivered_chars,
-            hedge_of=action.hedge_of,
-            admitted_as=self._admitted_as,
+        started = attempt_started(
+            self.request_id,
+            attempt_id,
+            self.attempt_count + 1,
+            route.cause,
+            route.choice,
+            route.mapping.model,
+            endpoint.driver,
+            reservation.events[0].reservation_id,  # type: ignore[attr-defined]
+            _server_address(endpoint.base_url),
+            self.call.stream,
+            action.kind,
+            action.resumed_from,
+            action.delivered_chars,
+            action.hedge_of,
+            self._admitted_as,
         )
         seam = None
         if action.kind == "resume":
@@ -1456,41 +1410,38 @@ class _Run:
         route = attempt.route
         self._close(attempt.attempt_id)
         self.ended = True
-        duration = round((time.monotonic() - attempt.started_at) * 1000)
         self.tally.summaries.append(AttemptSummary(route.choice.endpoint, http_status, None))
+        end = AttemptEnd(
+            "succeeded",
+            ev.Evidence.STARTED,
+            http_status=http_status,
+            usage=usage,
+            upstream_request_id=upstream_request_id,
+            response_id=response_id,
+            response_model=response_model,
+            finish_reason=finish_reason,
+            time_to_first_chunk_ms=time_to_first_chunk_ms,
+            stream_committed=attempt.stream_committed,
+            invalid_events=invalid_events,
+            invalid_output=attempt.invalid_output,
+            response_bytes=response_bytes,
+        )
         self._pending.append(
-            ev.AttemptFinished(
-                request_id=self.request_id,
-                attempt_id=attempt.attempt_id,
-                status="succeeded",
-                evidence=ev.Evidence.STARTED,
-                http_status=http_status,
-                usage=usage,
-                upstream_request_id=upstream_request_id,
-                response_id=response_id,
-                response_model=response_model,
-                finish_reason=finish_reason,
-                duration_ms=duration,
-                time_to_first_chunk_ms=time_to_first_chunk_ms,
-                stream_committed=attempt.stream_committed,
-                invalid_events=invalid_events,
-                invalid_output=attempt.invalid_output,
-                response_bytes=response_bytes,
-            )
+            attempt_finished(self.request_id, attempt.attempt_id, end, self._took(attempt))
         )
         if usage is not None and cost is not None:
             self._record(self.budget.settle(attempt.attempt_id, cost, usage))
         else:  # the upstream answered but did not say what it used
             self._record(self.budget.hold_unknown(attempt.attempt_id, "usage_not_reported"))
-        completed = ev.RequestCompleted(
-            request_id=self.request_id,
-            endpoint=route.choice.endpoint,
-            model=route.mapping.model,
-            attempts=self.attempt_count,
-            usage=usage,
-            cost_usd=cost,
-            finish_reason=finish_reason,
-            duration_ms=self._elapsed_ms(),
+        completed = request_completed(
+            self.request_id,
+            route.choice.endpoint,
+            route.mapping.model,
+            self.attempt_count,
+            usage,
+            cost,
+            finish_reason,
+            self._elapsed_ms(),
         )
         try:
             submitted = await self._submit(completed)
@@ -1518,37 +1469,20 @@ class _Run:
         *,
         invalid_events: int = 0,
     ) -> ev.AttemptFinished:
-        outcome = failure.outcome if failure is not None else None
         result = attempt.result  # an answer that failed its request's output validation
-        upstream = attempt.upstream  # a stream, broken after its first content
-        return ev.AttemptFinished(
-            request_id=self.request_id,
-            attempt_id=attempt.attempt_id,
-            status="failed",
-            failure_class=classification.failure_class,
-            evidence=classification.evidence,
-            http_status=outcome.http_status if outcome else result.status if result else None,
-            error_code=(outcome.error_code or outcome.error_type) if outcome else None,
+        end = failed_end(
+            classification,
+            failure,
+            result,
+            attempt.upstream,  # a stream, broken after its first content
             usage=self._settlement(attempt.route, result.usage)[0] if result else None,
-            upstream_request_id=failure.upstream_request_id
-            if failure
-            else result.upstream_request_id
-            if result
-            else None,
-            response_id=result.response_id
-            if result
-            else upstream.response_id
-            if upstream
-            else None,
-            response_model=self._response_model if attempt.stream_committed else None,
-            retry_after_ms=classification.retry_after_ms,
-            duration_ms=round((time.monotonic() - attempt.started_at) * 1000),
-            time_to_first_chunk_ms=upstream.time_to_first_chunk_ms if upstream else None,
+            response_model=self._response_model,
             stream_committed=attempt.stream_committed,
             invalid_events=invalid_events,
             invalid_output=attempt.invalid_output,
             response_bytes=attempt.response_bytes(),
         )
+        return attempt_finished(self.request_id, attempt.attempt_id, end, self._took(attempt))
 
     def _hold_outcome(self, attempt: _Attempt, classification: Classification) -> StepRecord:
         """A failed attempt's hold: released if the upstream never started, otherwise kept
@@ -1565,18 +1499,13 @@ class _Run:
     def _failover_decided(
         self, attempt: _Attempt, classification: Classification, decision: Decision
     ) -> ev.FailoverDecided:
-        return ev.FailoverDecided(
-            request_id=self.request_id,
-            after_attempt_id=attempt.attempt_id,
-            failure_class=classification.failure_class,
-            evidence=classification.evidence,
-            action=decision.action,
-            allowed=decision.allowed,
-            reason=decision.reason,
-            backoff_ms=decision.backoff_ms,
-            attempts_left=max(0, self.defaults.max_attempts - self.attempt_count),
+        return failover_decided(
+            self.request_id,
+            attempt.attempt_id,
+            classification,
+            decision,
+            attempts_left=self.defaults.max_attempts - self.attempt_count,
             deadline_left_ms=self._remaining_ms(),
-            policy=decision.policy,
         )
 
     # --- endings ---
@@ -1598,71 +1527,13 @@ class _Run:
     def _request_failed(
         self, error: GatewayError, *, endpoint: str | None = None, stream_started: bool = False
     ) -> ev.RequestFailed:
-        return ev.RequestFailed(
-            request_id=self.request_id,
-            http_status=error.status,
-            error_code=error.code,
-            error_type=error.error_type,
-            message=error.message,
-            attempts=self.attempt_count,
+        return request_failed(
+            self.request_id,
+            error,
+            self.attempt_count,
+            self._elapsed_ms(),
             endpoint=endpoint,
             stream_started=stream_started,
-            duration_ms=self._elapsed_ms(),
-        )
-
-    def _final_error(
-        self, classification: Classification, failure: UpstreamFailure | None, decision: Decision
-    ) -> GatewayError:
-        failure_class = classification.failure_class
-        if failure_class is ev.FailureClass.DEADLINE_EXCEEDED or decision.reason == (
-            "deadline_exceeded"
-        ):
-            return deadline_exceeded()
-        return error_for_failure(
-            failure_class,
-            _failure_message(classification, failure, decision),
-            retry_after_ms=classification.retry_after_ms,
-        )
-
-    def _no_route_error(self, candidates: tuple[ev.Candidate, ...]) -> GatewayError:
-        reasons = {c.reason_code for c in candidates if not c.eligible}
-        if ev.ReasonCode.OVER_BUDGET in reasons:
-            return budget_exceeded(
-                "no eligible route fits the remaining budget: "
-                + _exclusions(candidates, ev.ReasonCode.OVER_BUDGET)
-            )
-        if self.tally.classes:
-            # Attempts were made and nothing is left to fail over to: name the real cause.
-            if all(c is ev.FailureClass.RATE_LIMITED for c in self.tally.classes):
-                return error_for_failure(
-                    ev.FailureClass.RATE_LIMITED,
-                    "every eligible endpoint is rate-limited",
-                    retry_after_ms=self.tally.retry_after_ms or 1000,
-                )
-            last = self.tally.classes[-1]
-            return error_for_failure(last, f"no endpoint left to fail over to after {last}")
-        if ev.ReasonCode.CREDENTIALS_DISABLED in reasons and reasons <= {
-            ev.ReasonCode.CREDENTIALS_DISABLED,
-            ev.ReasonCode.BREAKER_OPEN,
-            ev.ReasonCode.ALREADY_TRIED,
-        }:
-            # Never "all busy": the cause is a refused key, which only an operator fixes.
-            return error_for_failure(
-                ev.FailureClass.CREDENTIALS,
-                "the upstream refused the credentials of every endpoint left: "
-                + _exclusions(candidates, ev.ReasonCode.CREDENTIALS_DISABLED),
-            )
-        if ev.ReasonCode.BREAKER_OPEN in reasons and reasons <= {
-            ev.ReasonCode.BREAKER_OPEN,
-            ev.ReasonCode.ALREADY_TRIED,
-        }:
-            return upstream_unavailable(
-                "every candidate endpoint is cooling down after failures (breaker open)",
-                retry_after_s=1,
-            )
-        return no_eligible_route(
-            f"no endpoint of model group {self.group.name!r} can serve this request: "
-            + _exclusions(candidates, None)
         )
 
     async def _report_breakers(
@@ -1858,34 +1729,3 @@ def _latency_ms(attempt: _Attempt, time_to_first_chunk_ms: int | None) -> int:
     if time_to_first_chunk_ms is not None:
         return time_to_first_chunk_ms
     return round((time.monotonic() - attempt.started_at) * 1000)
-
-
-def _window_figures(figures: Figures | None) -> dict[str, Any]:
-    """A rolling window's figures as ``BreakerTransitioned`` fields (none: absent)."""
-    if figures is None:
-        return {}
-    return {
-        "calls": figures.calls,
-        "failed_calls": figures.failed,
-        "slow_calls": figures.slow,
-        "failure_rate": figures.failure_rate(),
-        "slow_call_rate": figures.slow_call_rate(),
-    }
-
-
-def _failure_message(
-    classification: Classification, failure: UpstreamFailure | None, decision: Decision
-) -> str:
-    what = f"upstream failed: {classification.failure_class} ({classification.evidence})"
-    if failure is not None and failure.outcome.error_message:
-        what += f": {failure.outcome.error_message}"
-    return f"{what}; {decision.reason.replace('_', ' ')}"
-
-
-def _exclusions(candidates: tuple[ev.Candidate, ...], only: ev.ReasonCode | None) -> str:
-    parts = [
-        f"{c.endpoint}/{c.model}: {c.reason_code}" + (f" ({c.detail})" if c.detail else "")
-        for c in candidates
-        if not c.eligible and (only is None or c.reason_code is only)
-    ]
-    return "; ".join(parts)

@@ -2,7 +2,7 @@
 
 A request goes route → reserve and start → run → (wait / retry / fail over / resume /
 hedge) → finish. This module decides every one of those moves and does none of them: the
-gateway's driver (:mod:`router.request.gateway`) tells :func:`advance` what happened — a route was
+executor (:mod:`router.request.executor`) tells :func:`advance` what happened — a route was
 found or not, an attempt started, produced content, answered or failed, a hedge's delay
 ran out — and executes the actions it gets back, in order, recording each fact on the
 ledger as it goes. The walk reads no clock (the driver passes the deadline left with each
@@ -281,6 +281,7 @@ class Fail:
 
     why: Literal["no_route", "budget_raced", "decision"]
     attempt_id: str | None = None  # the failed attempt a decision stopped after
+    decision: Decision | None = None  # that decision (recorded by the Decided before this)
 
 
 Action: TypeAlias = (
@@ -461,7 +462,8 @@ def _failed(walk: Walk, failed: Failed, rng: random.Random) -> Step:
     if walk.committed:
         return _after_broken_stream(walk, way, failed, decision)
     if decision.action == "stop":
-        return _end(walk, Decided(way.attempt_id, decision), Fail("decision", way.attempt_id))
+        decided = Decided(way.attempt_id, decision)
+        return _end(walk, decided, Fail("decision", way.attempt_id, decision))
     endpoint = way.target.endpoint
     walk = evolve(
         walk,
@@ -506,7 +508,7 @@ def _after_broken_stream(walk: Walk, way: _Way, failed: Failed, decision: Decisi
             step = _route(walk, "resume", targets)
             resume = Decision("resume", "resume_same_model")
             return Step(step.walk, (Decided(way.attempt_id, resume), *step.actions))
-    return _end(walk, Decided(way.attempt_id, stop), Fail("decision", way.attempt_id))
+    return _end(walk, Decided(way.attempt_id, stop), Fail("decision", way.attempt_id, stop))
 
 
 def _resume_targets(walk: Walk) -> tuple[Target, ...]:

@@ -187,7 +187,7 @@ def test_every_row_of_the_failure_table(row, rule, strict):
     assert (decided.decision.action, decided.decision.reason) == (action, reason)
     match action:
         case "stop":
-            assert actions[1:] == (Fail("decision", "a1"),)
+            assert actions[1:] == (Fail("decision", "a1", decided.decision),)
             assert walk.walk.ended
         case "retry":
             backoff = decided.decision.backoff_ms
@@ -217,7 +217,7 @@ def test_attempts_are_bounded_by_max_attempts():
     actions = walk(Failed("a2", _cls(FailureClass.TIMEOUT), remaining_ms=30_000))
     assert actions == (
         Decided("a2", Decision("stop", "max_attempts_reached")),
-        Fail("decision", "a2"),
+        Fail("decision", "a2", Decision("stop", "max_attempts_reached")),
     )
 
 
@@ -307,7 +307,7 @@ def test_a_mapping_without_the_capability_is_never_resumed_onto():
     actions = walk(_broken("a1"))
     assert actions == (
         Decided("a1", Decision("stop", "stream_committed")),
-        Fail("decision", "a1"),
+        Fail("decision", "a1", Decision("stop", "stream_committed")),
     )
 
 
@@ -326,7 +326,8 @@ def test_a_mapping_without_the_capability_is_never_resumed_onto():
 def test_a_broken_stream_that_cannot_be_resumed_ends(failed, reason):
     walk = _committed()
     actions = walk(failed)
-    assert actions == (Decided("a1", Decision("stop", reason)), Fail("decision", "a1"))
+    stop = Decision("stop", reason)
+    assert actions == (Decided("a1", stop), Fail("decision", "a1", stop))
 
 
 def test_resumes_count_against_max_attempts():
