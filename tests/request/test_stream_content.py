@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from router.request.gateway import _has_content
+from router.request.executor import _has_content
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
