@@ -1,5 +1,6 @@
 """The core's own request: everything the request path reads of one, whatever client API it
-came through, and who sent it.
+came through, and who sent it; and the core's answers (:class:`Completion`,
+:class:`StreamingCompletion`), which the door renders for its client.
 
 A door (:mod:`router.doors`) reads its API's wire format and hands the core a :class:`Call`;
 the core never sees a door's types. W3C trace context is the same for every door, so its
@@ -8,7 +9,7 @@ header is read here (:func:`trace_context`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final, Literal
@@ -16,7 +17,7 @@ from typing import Any, Final, Literal
 from ledger.events import Requirements
 from router.config import Workspace
 
-__all__ = ["Call", "Caller", "TraceContext", "trace_context"]
+__all__ = ["Call", "Caller", "Completion", "StreamingCompletion", "TraceContext", "trace_context"]
 
 _HEX: Final = frozenset("0123456789abcdef")
 
@@ -81,3 +82,30 @@ def trace_context(traceparent: str | None, tracestate: str | None) -> TraceConte
     if trace_id == "0" * 32 or span_id == "0" * 16:
         return None
     return TraceContext(trace_id, span_id, tracestate)
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A buffered answer (``response``: the canonical chat completion)."""
+
+    request_id: str
+    response: dict[str, Any]
+    endpoint: str
+    attempts: int
+    cost_usd: Decimal | None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamingCompletion:
+    """A stream committed to one endpoint: its headers are final, its body is to be sent
+    (the canonical chunks as SSE, :mod:`router.request.relay`)."""
+
+    request_id: str
+    endpoint: str
+    attempts: int
+    body: AsyncGenerator[bytes, None]
+    write_directly: Callable[[Callable[[bytes], bool]], None]
+    """Given the server's writer of the started response's body (``router.serving.server``
+    ``BodyWriter``), the body's reads that pass through unchanged go to the client from the
+    upstream connection's callback, through it, rather than through ``body`` (whose pieces
+    then are the rest, in order): the relay's cost per read is then a parse and a write."""

@@ -25,6 +25,7 @@ from router.request.selection import Decision, RouteContext
 
 __all__ = [
     "AttemptEnd",
+    "answered_end",
     "attempt_finished",
     "attempt_started",
     "breaker_transitioned",
@@ -35,6 +36,7 @@ __all__ = [
     "request_received",
     "route_evaluated",
     "stream_committed",
+    "streamed_end",
 ]
 
 
@@ -131,6 +133,54 @@ def failed_end(
         invalid_events=invalid_events,
         invalid_output=invalid_output,
         response_bytes=response_bytes,
+    )
+
+
+def answered_end(
+    result: DriverResult,
+    usage: ev.Usage | None,
+    stream_committed: bool,
+    invalid_output: str | None,
+) -> AttemptEnd:
+    """A buffered answer's end (``usage``: as billed, :func:`worst_case.settlement`)."""
+    model = result.response.get("model")
+    return AttemptEnd(
+        "succeeded",
+        ev.Evidence.STARTED,
+        http_status=result.status,
+        usage=usage,
+        upstream_request_id=result.upstream_request_id,
+        response_id=result.response_id,
+        response_model=model if isinstance(model, str) else None,
+        finish_reason=result.finish_reason,
+        stream_committed=stream_committed,
+        invalid_output=invalid_output,
+        response_bytes=result.response_bytes,
+    )
+
+
+def streamed_end(
+    upstream: DriverStream,
+    usage: ev.Usage | None,
+    response_model: str | None,
+    stream_committed: bool,
+    invalid_output: str | None,
+) -> AttemptEnd:
+    """A stream's end, once the upstream ended it (``response_model``: as its chunks said)."""
+    return AttemptEnd(
+        "succeeded",
+        ev.Evidence.STARTED,
+        http_status=200,
+        usage=usage,
+        upstream_request_id=upstream.upstream_request_id,
+        response_id=upstream.response_id,
+        response_model=response_model,
+        finish_reason=upstream.finish_reason,
+        time_to_first_chunk_ms=upstream.time_to_first_chunk_ms,
+        stream_committed=stream_committed,
+        invalid_events=upstream.invalid_events,
+        invalid_output=invalid_output,
+        response_bytes=upstream.response_bytes,
     )
 
 
