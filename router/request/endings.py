@@ -337,6 +337,7 @@ class Endings:
             invalid_events=invalid_events,
             invalid_output=attempt.invalid_output,
             response_bytes=attempt.response_bytes(),
+            error_code=attempt.error_code,
         )
         return attempt_finished(self._request_id, attempt.attempt_id, end, self.took(attempt))
 

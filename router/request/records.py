@@ -100,10 +100,12 @@ def failed_end(
     invalid_events: int,
     invalid_output: str | None,
     response_bytes: int,
+    error_code: str | None = None,
 ) -> AttemptEnd:
     """A failed attempt's end, from what it saw: the upstream's failure, or an answer that
     failed its request's output validation (``result``), or a stream broken after its first
-    content (``upstream``)."""
+    content (``upstream``); ``error_code``, the gateway's own where the upstream gave none
+    (``resume_seam_unverified``, contract §5 "Resume")."""
     outcome = failure.outcome if failure is not None else None
     if outcome is not None:
         http_status = outcome.http_status
@@ -122,7 +124,7 @@ def failed_end(
         evidence=classification.evidence,
         failure_class=classification.failure_class,
         http_status=http_status,
-        error_code=(outcome.error_code or outcome.error_type) if outcome else None,
+        error_code=(outcome.error_code or outcome.error_type) if outcome else error_code,
         usage=usage,
         upstream_request_id=upstream_request_id,
         response_id=response_id,

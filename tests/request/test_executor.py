@@ -275,6 +275,25 @@ async def test_a_committed_stream_that_breaks_is_resumed_on_a_sibling_mapping() 
     assert all(upstream.closed for d in world.drivers.values() for upstream in d.streams)
 
 
+async def test_a_continuation_that_repeats_then_departs_is_recorded_as_unverified() -> None:
+    # contract §5 "Resume": the seam cannot be verified, and the stream ends with its error.
+    world = World(config(east_resume="assistant_prefill"))
+    world.drivers["east"].then(
+        stream("Hello", " from", " east", cut_after=2), stream("Hello fr", "ench")
+    )
+    started = await world.executor(stream=True).stream()
+    body = b"".join([piece async for piece in started.body])
+
+    last = orjson.loads(body.split(b"\n\n")[-2][len(b"data: ") :])
+    assert last["error"]["code"] == "upstream_error"
+    _, resume = world.journal.of(ev.AttemptFinished)
+    assert (resume.error_code, resume.failure_class) == (
+        "resume_seam_unverified",
+        ev.FailureClass.UPSTREAM_UNAVAILABLE,
+    )
+    assert world.breakers.failures == [(EAST, ev.FailureClass.NETWORK_ERROR)], "not the seam"
+
+
 async def test_a_broken_stream_no_mapping_can_continue_ends_with_its_error_event() -> None:
     world = World(config())  # no mapping can resume
     world.drivers["east"].then(stream("Hello", " from", " east", cut_after=2))
