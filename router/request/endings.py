@@ -27,6 +27,7 @@ from router.errors import (
 from router.request.attempt import Attempt, AttemptRoute
 from router.request.budget import StepRecord
 from router.request.classify import Classification
+from router.request.decision import Decision
 from router.request.final_error import Tally
 from router.request.ports import Budget, Journal, Ports
 from router.request.records import (
@@ -38,7 +39,6 @@ from router.request.records import (
     request_failed,
 )
 from router.request.relay import StreamRelay
-from router.request.selection import Decision
 from router.request.worst_case import settlement
 
 __all__ = ["Endings", "canceled_class"]

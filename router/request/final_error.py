@@ -24,7 +24,7 @@ from router.errors import (
     upstream_unavailable,
 )
 from router.request.classify import Classification
-from router.request.selection import Decision
+from router.request.decision import Decision
 from router.request.walk import Fail
 
 __all__ = ["Tally", "decision_error", "final_error", "no_route_error"]

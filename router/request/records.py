@@ -21,7 +21,8 @@ from router.drivers import DriverResult, DriverStream, UpstreamFailure
 from router.errors import GatewayError
 from router.request.call import Call, Caller
 from router.request.classify import Classification
-from router.request.selection import Decision, RouteContext
+from router.request.decision import Decision
+from router.request.selection import RouteContext
 
 __all__ = [
     "AttemptEnd",

@@ -10,7 +10,7 @@ failure), does no I/O, and draws randomness only from the ``random.Random`` it i
 every path is unit-tested without a server (tests/request/test_walk.py).
 
 State is a frozen :class:`Walk`; a step returns the next ``Walk`` and its actions. What is
-decided after a failure is :func:`router.request.selection.decide` (retry, fail over or stop), plus
+decided after a failure is :func:`router.request.decision.decide` (retry, fail over or stop), plus
 what only the walk can know: that a committed stream may be resumed on the same upstream
 model, and that a failed way of a hedged request leaves the request to the other way.
 """
@@ -25,7 +25,8 @@ from typing import Final, Literal, TypeAlias
 from ledger.support.frozen import evolve
 from router.config import Defaults, ResumeMode
 from router.request.classify import Classification
-from router.request.selection import AttemptOutcome, Decision, RouteContext, decide, next_context
+from router.request.decision import AttemptOutcome, Decision, decide, next_context
+from router.request.selection import RouteContext
 
 __all__ = [
     "MAX_BUDGET_RACES",

@@ -11,7 +11,8 @@ import pytest
 from ledger.events import Evidence, FailureClass
 from router.config import Defaults
 from router.request.classify import RULES, Classification
-from router.request.selection import Decision, RouteContext
+from router.request.decision import Decision
+from router.request.selection import RouteContext
 from router.request.walk import (
     MAX_BUDGET_RACES,
     Answered,
