@@ -233,13 +233,6 @@ ALLOWED: Final = (
 """Imports of the request core's shared vocabulary from below it, kept on purpose until it
 has a home of its own."""
 
-_SPLITTING_THE_CORE: Final = pytest.mark.xfail(
-    strict=True,
-    reason="router.request.gateway imports router.doors.chat (the chat door's request): the "
-    "request core is being split from its doors on another branch; drop this mark when it "
-    "lands (strict: a pass fails until then)",
-)
-
 
 @pytest.fixture(scope="module")
 def graph() -> dict[str, dict[str, int]]:
@@ -255,10 +248,7 @@ def test_no_module_of_ledger_router_or_otel_imports_itself_around_a_circle(
 
 @pytest.mark.parametrize(
     "rule",
-    [
-        pytest.param(rule, id=name, marks=[_SPLITTING_THE_CORE] if name == "request" else [])
-        for name, rule in RULES.items()
-    ],
+    [pytest.param(rule, id=name) for name, rule in RULES.items()],
 )
 def test_imports_point_down_the_layers(graph: Graph, rule: Rule) -> None:
     broken = rule.broken_by(graph)

@@ -20,7 +20,8 @@ import pytest
 from ledger.events import DATA_CLASSES, Evidence, FailureClass, ReasonCode
 from router.errors import ERRORS, ErrorCode, error_for_failure
 from router.request.classify import RULES
-from router.request.selection import CHECK_ORDER, DECISION_REASONS, REFUSALS, WALK_REASONS
+from router.request.decision import DECISION_REASONS, REFUSALS, WALK_REASONS
+from router.request.selection import CHECK_ORDER
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 CONTRACT: Final = (ROOT / "docs" / "contract.md").read_text()

@@ -1,10 +1,12 @@
-"""A client's chat request, read once at the edge: the body checked, the headers read, the
-requirements inferred (contract §3 request headers, §4 "infer requirements").
+"""The OpenAI chat completions door: a client's chat request, read once at the edge — the
+body checked, the headers read, the requirements inferred (contract §3 request headers, §4
+"infer requirements") — and translated into the core's request (:func:`to_core`).
 
 Everything here is pure: bytes and header values in, a frozen :class:`ChatCall` or a
 :class:`router.errors.GatewayError` (400 ``invalid_request``) out. The body is kept as the
 client sent it (unknown fields pass through to an OpenAI-compatible upstream); only the
-fields the gateway reads are type-checked.
+fields the gateway reads are type-checked. This door's body is already the core's
+canonical shape, so :func:`to_core` hands it on unchanged.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ledger.events import DATA_CLASSES, DataClass, Requirements, data_class_rank
 from ledger.types import MONEY_LIMIT, parse_money
 from router.config import Limits, Workspace
 from router.errors import GatewayError, invalid_request
+from router.request.call import Call, trace_context
 
 __all__ = [
     "ALLOW_FAILOVER_VALUES",
@@ -32,6 +35,7 @@ __all__ = [
     "HeaderNarrowing",
     "parse_body",
     "read_headers",
+    "to_core",
 ]
 
 MAX_BODY_BYTES: Final = 4 * 1024 * 1024
@@ -156,6 +160,23 @@ class ChatCall:
             allow_unknown_execution=headers.allow_unknown_execution,
             server_side_effects=self.server_side_effects,
         )
+
+
+def to_core(call: ChatCall, headers: HeaderNarrowing, workspace: Workspace) -> Call:
+    """The core's request for a chat request from ``workspace``'s key."""
+    return Call(
+        model_group=call.model_group,
+        body=call.body,
+        stream=call.stream,
+        include_usage=call.include_usage,
+        max_tokens=call.max_tokens,
+        requirements=call.requirements(workspace, headers),
+        prompt_sha256=call.prompt_sha256,
+        prompt_bytes=call.prompt_bytes,
+        message_count=call.message_count,
+        # W3C: a tracestate goes with the traceparent it came with, never alone.
+        trace=trace_context(headers.traceparent, headers.tracestate),
+    )
 
 
 @dataclass(slots=True)

@@ -71,7 +71,7 @@ from router.adapters.idempotency import Claim, IdempotencyStore, RecordedAnswer
 from router.adapters.latency import latency_board
 from router.adapters.slots import endpoint_slots
 from router.config import Checkpoints, Config, ConfigError, load_config
-from router.doors.chat import MAX_BODY_BYTES, parse_body, read_headers
+from router.doors.chat import MAX_BODY_BYTES, parse_body, read_headers, to_core
 from router.errors import (
     GatewayError,
     capacity_error,
@@ -613,7 +613,9 @@ async def _chat_completions(request: Request) -> Response:
                 request.scope,
                 request.receive,
                 _on_current_key(
-                    lambda c: gateway.stream(c, call, headers, request_id), caller, reread
+                    lambda c: gateway.stream(c, to_core(call, headers, c.workspace), request_id),
+                    caller,
+                    reread,
                 ),
             )
             response_headers = {
@@ -631,7 +633,9 @@ async def _chat_completions(request: Request) -> Response:
             request.scope,
             request.receive,
             _on_current_key(
-                lambda c: gateway.complete(c, call, headers, request_id), caller, reread
+                lambda c: gateway.complete(c, to_core(call, headers, c.workspace), request_id),
+                caller,
+                reread,
             ),
         )
         response_headers = {

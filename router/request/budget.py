@@ -3,15 +3,17 @@ route evaluation, and the events + book effects of each step of an attempt's hol
 
 The rules live in :mod:`ledger.books.accounting`; this module only names, for the request path,
 which effect goes with which event. Each pair is appended together, so a balance never
-changes without its event, nor an event without its balance.
+changes without its event, nor an event without its balance. The balances are read through
+a port (:class:`Balances`; the ledger's: :class:`StoreBalances`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
+from typing import Protocol
 
 from ledger import events as ev
 from ledger.books.accounting import (
@@ -30,7 +32,7 @@ from ledger.store import EventStore
 from ledger.types import money_of
 from router.config import Workspace
 
-__all__ = ["Hold", "RequestBudget", "StepRecord"]
+__all__ = ["Balances", "Hold", "RequestBudget", "StepRecord", "StoreBalances"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,10 +49,36 @@ class StepRecord:
         return StepRecord(kept, tuple(e for e in map(effect_of, kept) if e is not None))
 
 
+class Balances(Protocol):
+    """What the over-budget check reads: each account's held and settled spend."""
+
+    async def used(self, account_ids: Sequence[str]) -> Mapping[str, Decimal]:
+        """Held plus settled, by account (one not found has used nothing)."""
+        ...
+
+
+class StoreBalances:
+    """The ledger's balances (``budget_accounts``), read on the request path's connections."""
+
+    __slots__ = ("_store",)
+
+    def __init__(self, store: EventStore) -> None:
+        self._store = store
+
+    async def used(self, account_ids: Sequence[str]) -> Mapping[str, Decimal]:
+        ids = {f"a{i}": account_id for i, account_id in enumerate(account_ids)}
+        rows = await self._store.hot.rows(
+            "SELECT account_id, held_usd, settled_usd FROM budget_accounts "
+            f"WHERE account_id IN ({', '.join(':' + name for name in ids)})",
+            ids,
+        )
+        return {row.account_id: money_of(row.held_usd) + money_of(row.settled_usd) for row in rows}
+
+
 class RequestBudget:
     def __init__(
         self,
-        store: EventStore,
+        balances: Balances,
         *,
         request_id: str,
         workspace: Workspace,
@@ -61,7 +89,7 @@ class RequestBudget:
         key_budget: tuple[Decimal, Window] | None = None,
         now: datetime | None = None,
     ) -> None:
-        self._store = store
+        self._balances = balances
         self.request_id = request_id
         self.workspace = workspace.id
         self.key_id = key_id
@@ -82,6 +110,7 @@ class RequestBudget:
                 (workspace_budget.limit_usd, workspace_budget.window) if workspace_budget else None
             ),
         )
+        self._account_ids = tuple(spec.account_id for spec in self.specs)
         self._holds: dict[str, Hold] = {}  # attempt id -> its hold
         self._last_available: Mapping[str, Decimal] = {}
 
@@ -89,7 +118,10 @@ class RequestBudget:
         """For route evaluation: given a worst case, the account that cannot cover it."""
         if not self.specs:
             return None
-        available = self._last_available = await self._available()
+        used = await self._balances.used(self._account_ids)
+        available = self._last_available = {
+            s.account_id: s.limit_usd - used.get(s.account_id, Decimal(0)) for s in self.specs
+        }
 
         def over_budget(worst_case: Decimal) -> str | None:
             for spec in self.specs:
@@ -98,16 +130,6 @@ class RequestBudget:
             return None
 
         return over_budget
-
-    async def _available(self) -> Mapping[str, Decimal]:
-        ids = {f"a{i}": s.account_id for i, s in enumerate(self.specs)}
-        rows = await self._store.hot.rows(
-            "SELECT account_id, held_usd, settled_usd FROM budget_accounts "
-            f"WHERE account_id IN ({', '.join(':' + name for name in ids)})",
-            ids,
-        )
-        used = {row.account_id: money_of(row.held_usd) + money_of(row.settled_usd) for row in rows}
-        return {s.account_id: s.limit_usd - used.get(s.account_id, Decimal(0)) for s in self.specs}
 
     # --- the steps of one attempt's hold ---
 

@@ -2,7 +2,7 @@
 
 A request goes route → reserve and start → run → (wait / retry / fail over / resume /
 hedge) → finish. This module decides every one of those moves and does none of them: the
-gateway's driver (:mod:`router.request.gateway`) tells :func:`advance` what happened — a route was
+executor (:mod:`router.request.executor`) tells :func:`advance` what happened — a route was
 found or not, an attempt started, produced content, answered or failed, a hedge's delay
 ran out — and executes the actions it gets back, in order, recording each fact on the
 ledger as it goes. The walk reads no clock (the driver passes the deadline left with each
@@ -10,7 +10,7 @@ failure), does no I/O, and draws randomness only from the ``random.Random`` it i
 every path is unit-tested without a server (tests/request/test_walk.py).
 
 State is a frozen :class:`Walk`; a step returns the next ``Walk`` and its actions. What is
-decided after a failure is :func:`router.request.selection.decide` (retry, fail over or stop), plus
+decided after a failure is :func:`router.request.decision.decide` (retry, fail over or stop), plus
 what only the walk can know: that a committed stream may be resumed on the same upstream
 model, and that a failed way of a hedged request leaves the request to the other way.
 """
@@ -25,7 +25,8 @@ from typing import Final, Literal, TypeAlias
 from ledger.support.frozen import evolve
 from router.config import Defaults, ResumeMode
 from router.request.classify import Classification
-from router.request.selection import AttemptOutcome, Decision, RouteContext, decide, next_context
+from router.request.decision import AttemptOutcome, Decision, decide, next_context
+from router.request.selection import RouteContext
 
 __all__ = [
     "MAX_BUDGET_RACES",
@@ -293,6 +294,7 @@ class Fail:
 
     why: Literal["no_route", "budget_raced", "decision"]
     attempt_id: str | None = None  # the failed attempt a decision stopped after
+    decision: Decision | None = None  # that decision (recorded by the Decided before this)
 
 
 Action: TypeAlias = (
@@ -380,8 +382,9 @@ def _unroutable(walk: Walk, refused: Refusal) -> Step:
         # plan changes, and the record says so before the next step.
         return _retry_refused(walk, refused)
     if purpose == "resume" and walk.resume_of is not None:
-        decided = Decided(walk.resume_of.attempt_id, Decision("stop", f"resume_refused_{refused}"))
-        return _end(walk, decided, Fail("decision", walk.resume_of.attempt_id))
+        stop = Decision("stop", f"resume_refused_{refused}")
+        after = walk.resume_of.attempt_id
+        return _end(walk, Decided(after, stop), Fail("decision", after, stop))
     return _end(walk, Fail("no_route"))
 
 
@@ -394,7 +397,8 @@ def _retry_refused(walk: Walk, refused: Refusal) -> Step:
     reason = f"retry_refused_{refused}"
     if not walk.policy.allow_failover:
         walk = evolve(walk, retry_of=None)
-        return _end(walk, Decided(after, Decision("stop", reason)), Fail("decision", after))
+        stop = Decision("stop", reason)
+        return _end(walk, Decided(after, stop), Fail("decision", after, stop))
     # A failover from that endpoint, as any other: it is never entered again.
     tried = walk.context.tried_endpoints | {way.target.endpoint}
     context = dataclasses.replace(walk.context, tried_endpoints=tried)
@@ -501,7 +505,8 @@ def _failed(walk: Walk, failed: Failed, rng: random.Random) -> Step:
     if walk.committed:
         return _after_broken_stream(walk, way, failed, decision)
     if decision.action == "stop":
-        return _end(walk, Decided(way.attempt_id, decision), Fail("decision", way.attempt_id))
+        decided = Decided(way.attempt_id, decision)
+        return _end(walk, decided, Fail("decision", way.attempt_id, decision))
     endpoint = way.target.endpoint
     walk = evolve(
         walk,
@@ -555,7 +560,7 @@ def _after_broken_stream(walk: Walk, way: _Way, failed: Failed, decision: Decisi
         if failed.breaker_opened is not None:
             # The broken attempt's own breaker refuses its resume, and no sibling can: say so.
             stop = Decision("stop", f"{failed.breaker_opened}_breaker_opened")
-    return _end(walk, Decided(way.attempt_id, stop), Fail("decision", way.attempt_id))
+    return _end(walk, Decided(way.attempt_id, stop), Fail("decision", way.attempt_id, stop))
 
 
 def _resume_targets(walk: Walk) -> tuple[Target, ...]:

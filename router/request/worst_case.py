@@ -34,7 +34,7 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Final
 
-from ledger.books.accounting import EXACT, Rates
+from ledger.books.accounting import EXACT, Rates, usage_cost
 from ledger.events import Requirements, Usage
 from router.config import Driver, Mapping, PartPrice, Price
 
@@ -43,6 +43,7 @@ __all__ = [
     "billed_usage",
     "input_tokens",
     "output_tokens",
+    "settlement",
     "settlement_rates",
     "unpriced",
     "web_searches",
@@ -230,3 +231,15 @@ def billed_usage(usage: Usage, requirements: Requirements, driver: Driver = "ope
     if searches == usage.web_searches:
         return usage
     return usage.model_copy(update={"web_searches": searches})
+
+
+def settlement(
+    reported: Usage | None, mapping: Mapping, requirements: Requirements, driver: Driver
+) -> tuple[Usage | None, Decimal | None]:
+    """What an attempt on ``mapping`` is billed for (the usage the upstream ``reported``,
+    plus what it bills without reporting) and its cost, dimension by dimension at the
+    mapping's rates (contract §6); (None, None) when the upstream did not say."""
+    if reported is None:
+        return None, None
+    usage = billed_usage(reported, requirements, driver)
+    return usage, usage_cost(usage, settlement_rates(mapping))

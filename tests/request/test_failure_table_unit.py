@@ -377,7 +377,7 @@ def _assert_next(row: Row, under: str, expected: Next) -> None:
         assert decision.policy == stood, f"under {under}"
     match decision.action:
         case "stop":
-            assert actions[1:] == (Fail("decision", "a1"),)
+            assert actions[1:] == (Fail("decision", "a1", decision),)
             assert walker.walk.ended
         case "retry":
             assert decision.backoff_ms is not None

@@ -18,18 +18,20 @@ from hypothesis import strategies as st
 from ledger.events import Candidate, Evidence, FailureClass, ReasonCode, Requirements
 from router.config import Config, Defaults, Mapping, ModelGroup, Workspace, parse_config
 from router.request.classify import Classification, MayFailOver, UpstreamOutcome, classify
-from router.request.selection import (
-    CHECK_ORDER,
+from router.request.decision import (
     DECISION_REASONS,
     AttemptOutcome,
     Decision,
+    decide,
+    next_context,
+)
+from router.request.selection import (
+    CHECK_ORDER,
     RouteContext,
     Scope,
     WeightedRoundRobin,
-    decide,
     effective_scope,
     evaluate,
-    next_context,
     select,
     worst_case_cost,
 )

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from router.request.gateway import _has_content
+from router.request.relay import has_content
 
 
 def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
@@ -26,7 +26,7 @@ def _chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
     ],
 )
 def test_content_of_any_kind_commits_the_stream(chunk: dict[str, Any]) -> None:
-    assert _has_content(chunk)
+    assert has_content(chunk)
 
 
 @pytest.mark.parametrize(
@@ -40,4 +40,4 @@ def test_content_of_any_kind_commits_the_stream(chunk: dict[str, Any]) -> None:
     ],
 )
 def test_a_preamble_does_not(chunk: dict[str, Any]) -> None:
-    assert not _has_content(chunk)
+    assert not has_content(chunk)

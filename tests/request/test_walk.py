@@ -11,7 +11,8 @@ import pytest
 from ledger.events import Evidence, FailureClass
 from router.config import Defaults
 from router.request.classify import RULES, Classification
-from router.request.selection import Decision, RouteContext
+from router.request.decision import Decision
+from router.request.selection import RouteContext
 from router.request.walk import (
     MAX_BUDGET_RACES,
     Answered,
@@ -187,7 +188,7 @@ def test_every_row_of_the_failure_table(row, rule, strict):
     assert (decided.decision.action, decided.decision.reason) == (action, reason)
     match action:
         case "stop":
-            assert actions[1:] == (Fail("decision", "a1"),)
+            assert actions[1:] == (Fail("decision", "a1", decided.decision),)
             assert walk.walk.ended
         case "retry":
             backoff = decided.decision.backoff_ms
@@ -217,10 +218,8 @@ def test_a_retry_the_breaker_refuses_is_a_failover_the_record_names():
 def test_a_refused_retry_stops_where_the_caller_forbade_moving():
     walk = _first_attempt(_policy(allow_failover=False))
     walk(Failed("a1", _cls(FailureClass.UPSTREAM_UNAVAILABLE), remaining_ms=30_000))
-    assert walk(Unroutable("saturated")) == (
-        Decided("a1", Decision("stop", "retry_refused_saturated")),
-        Fail("decision", "a1"),
-    )
+    stop = Decision("stop", "retry_refused_saturated")
+    assert walk(Unroutable("saturated")) == (Decided("a1", stop), Fail("decision", "a1", stop))
 
 
 def test_a_retry_whose_reservation_is_lost_to_a_budget_race_is_a_named_failover():
@@ -253,10 +252,8 @@ def test_a_failure_that_opens_its_own_breaker_stops_where_moving_is_forbidden():
         remaining_ms=30_000,
         breaker_opened="endpoint",
     )
-    assert walk(failed) == (
-        Decided("a1", Decision("stop", "endpoint_breaker_opened")),
-        Fail("decision", "a1"),
-    )
+    stop = Decision("stop", "endpoint_breaker_opened")
+    assert walk(failed) == (Decided("a1", stop), Fail("decision", "a1", stop))
 
 
 def test_attempts_are_bounded_by_max_attempts():
@@ -266,7 +263,7 @@ def test_attempts_are_bounded_by_max_attempts():
     actions = walk(Failed("a2", _cls(FailureClass.TIMEOUT), remaining_ms=30_000))
     assert actions == (
         Decided("a2", Decision("stop", "max_attempts_reached")),
-        Fail("decision", "a2"),
+        Fail("decision", "a2", Decision("stop", "max_attempts_reached")),
     )
 
 
@@ -356,7 +353,7 @@ def test_a_mapping_without_the_capability_is_never_resumed_onto():
     actions = walk(_broken("a1"))
     assert actions == (
         Decided("a1", Decision("stop", "stream_committed")),
-        Fail("decision", "a1"),
+        Fail("decision", "a1", Decision("stop", "stream_committed")),
     )
 
 
@@ -375,7 +372,8 @@ def test_a_mapping_without_the_capability_is_never_resumed_onto():
 def test_a_broken_stream_that_cannot_be_resumed_ends(failed, reason):
     walk = _committed()
     actions = walk(failed)
-    assert actions == (Decided("a1", Decision("stop", reason)), Fail("decision", "a1"))
+    stop = Decision("stop", reason)
+    assert actions == (Decided("a1", stop), Fail("decision", "a1", stop))
 
 
 def test_resumes_count_against_max_attempts():
@@ -401,10 +399,8 @@ def test_a_caller_that_forbids_failover_is_resumed_on_its_own_mapping_only():
 def test_a_resume_nobody_can_take_ends_the_stream_saying_why():
     walk = _committed()
     walk(_broken("a1"))
-    assert walk(Unroutable("breaker_open")) == (
-        Decided("a1", Decision("stop", "resume_refused_breaker_open")),
-        Fail("decision", "a1"),
-    )
+    stop = Decision("stop", "resume_refused_breaker_open")
+    assert walk(Unroutable("breaker_open")) == (Decided("a1", stop), Fail("decision", "a1", stop))
 
 
 def test_a_stream_whose_break_opened_its_breaker_resumes_only_elsewhere():
@@ -418,9 +414,10 @@ def test_a_stream_whose_break_opened_its_breaker_resumes_only_elsewhere():
 
 def test_a_stream_whose_break_opened_its_breaker_with_no_sibling_ends_naming_it():
     walk = _committed(_policy(allow_failover=False))  # the twin elsewhere is out of bounds
+    stop = Decision("stop", "mapping_breaker_opened")
     assert walk(_broken("a1", breaker_opened="mapping")) == (
-        Decided("a1", Decision("stop", "mapping_breaker_opened")),
-        Fail("decision", "a1"),
+        Decided("a1", stop),
+        Fail("decision", "a1", stop),
     )
 
 

@@ -1,0 +1,149 @@
+"""The error a request the walk ended is answered with (contract §3's error table), chosen
+from plain values: how the walk ended (:class:`router.request.walk.Fail`), what the failed
+attempts were (:class:`Tally`), the last evaluation's candidates.
+
+The first cause that names what the client can do wins: a budget, a rate limit with its
+``Retry-After``, a refused key only an operator fixes, breakers cooling down, and only then
+"no eligible route", with every exclusion named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ledger import events as ev
+from router.drivers import UpstreamFailure
+from router.errors import (
+    AttemptSummary,
+    GatewayError,
+    budget_exceeded,
+    deadline_exceeded,
+    error_for_failure,
+    no_eligible_route,
+    stream_broken,
+    upstream_unavailable,
+)
+from router.request.classify import Classification
+from router.request.decision import Decision
+from router.request.walk import Fail
+
+__all__ = ["Tally", "decision_error", "final_error", "no_route_error"]
+
+
+@dataclass(slots=True)
+class Tally:
+    """What the request's attempts came to so far, for its final answer."""
+
+    summaries: list[AttemptSummary] = field(default_factory=list)  # every attempt's end
+    classes: list[ev.FailureClass] = field(default_factory=list)  # the failed ones' classes
+    retry_after_ms: int | None = None  # the last one an upstream asked for
+
+    def failed(self, summary: AttemptSummary, classification: Classification) -> None:
+        self.summaries.append(summary)
+        self.classes.append(classification.failure_class)
+        if classification.retry_after_ms is not None:
+            self.retry_after_ms = classification.retry_after_ms
+
+
+def final_error(
+    fail: Fail,
+    *,
+    committed: bool,
+    tally: Tally,
+    candidates: tuple[ev.Candidate, ...],
+    group: str,
+    budget_refusal: str,
+    failed: tuple[Classification, UpstreamFailure | None] | None,
+) -> GatewayError:
+    """The error for ``fail``: ``committed``, the stream went to the client already;
+    ``candidates``, the last evaluation's; ``budget_refusal``, the books' last refusal of a
+    reservation; ``failed``, the classification and failure of the attempt a decision
+    stopped after."""
+    if committed:
+        last = tally.classes[-1] if tally.classes else None
+        return stream_broken(last or ev.FailureClass.NETWORK_ERROR)
+    match fail.why:
+        case "no_route":
+            return no_route_error(candidates, tally, group)
+        case "budget_raced":
+            return budget_exceeded(budget_refusal)
+        case "decision":
+            assert failed is not None and fail.decision is not None
+            return decision_error(failed[0], failed[1], fail.decision)
+
+
+def decision_error(
+    classification: Classification, failure: UpstreamFailure | None, decision: Decision
+) -> GatewayError:
+    """The error of a request stopped after a failed attempt."""
+    failure_class = classification.failure_class
+    if failure_class is ev.FailureClass.DEADLINE_EXCEEDED or decision.reason == (
+        "deadline_exceeded"
+    ):
+        return deadline_exceeded()
+    return error_for_failure(
+        failure_class,
+        _failure_message(classification, failure, decision),
+        retry_after_ms=classification.retry_after_ms,
+    )
+
+
+def no_route_error(candidates: tuple[ev.Candidate, ...], tally: Tally, group: str) -> GatewayError:
+    """The error of a request no eligible mapping is left for."""
+    reasons = {c.reason_code for c in candidates if not c.eligible}
+    if ev.ReasonCode.OVER_BUDGET in reasons:
+        return budget_exceeded(
+            "no eligible route fits the remaining budget: "
+            + _exclusions(candidates, ev.ReasonCode.OVER_BUDGET)
+        )
+    if tally.classes:
+        # Attempts were made and nothing is left to fail over to: name the real cause.
+        if all(c is ev.FailureClass.RATE_LIMITED for c in tally.classes):
+            return error_for_failure(
+                ev.FailureClass.RATE_LIMITED,
+                "every eligible endpoint is rate-limited",
+                retry_after_ms=tally.retry_after_ms or 1000,
+            )
+        last = tally.classes[-1]
+        return error_for_failure(last, f"no endpoint left to fail over to after {last}")
+    if ev.ReasonCode.CREDENTIALS_DISABLED in reasons and reasons <= {
+        ev.ReasonCode.CREDENTIALS_DISABLED,
+        ev.ReasonCode.BREAKER_OPEN,
+        ev.ReasonCode.ALREADY_TRIED,
+    }:
+        # Never "all busy": the cause is a refused key, which only an operator fixes.
+        return error_for_failure(
+            ev.FailureClass.CREDENTIALS,
+            "the upstream refused the credentials of every endpoint left: "
+            + _exclusions(candidates, ev.ReasonCode.CREDENTIALS_DISABLED),
+        )
+    if ev.ReasonCode.BREAKER_OPEN in reasons and reasons <= {
+        ev.ReasonCode.BREAKER_OPEN,
+        ev.ReasonCode.ALREADY_TRIED,
+    }:
+        return upstream_unavailable(
+            "every candidate endpoint is cooling down after failures (breaker open)",
+            retry_after_s=1,
+        )
+    return no_eligible_route(
+        f"no endpoint of model group {group!r} can serve this request: "
+        + _exclusions(candidates, None)
+    )
+
+
+def _failure_message(
+    classification: Classification, failure: UpstreamFailure | None, decision: Decision
+) -> str:
+    what = f"upstream failed: {classification.failure_class} ({classification.evidence})"
+    if failure is not None and failure.outcome.error_message:
+        what += f": {failure.outcome.error_message}"
+    return f"{what}; {decision.reason.replace('_', ' ')}"
+
+
+def _exclusions(candidates: tuple[ev.Candidate, ...], only: ev.ReasonCode | None) -> str:
+    parts = [
+        f"{c.endpoint}/{c.model}: {c.reason_code}" + (f" ({c.detail})" if c.detail else "")
+        for c in candidates
+        if not c.eligible and (only is None or c.reason_code is only)
+    ]
+    return "; ".join(parts)

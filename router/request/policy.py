@@ -1,0 +1,89 @@
+"""What the walk is told before a request starts (:class:`router.request.walk.WalkPolicy`):
+the model group's effective policy, the caller's narrowing of it, the hedge delay, and every
+mapping of the group as a :class:`~router.request.walk.Target`, which a broken stream may be
+resumed on (contract §5 "Resume": another mapping of the same upstream model).
+
+Pure: config values and plain numbers in, a frozen policy out. :class:`FirstAnswerTimes` is
+the one piece of state, kept by the gateway per config generation, that ``hedge.after_p95``
+reads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Final
+
+from ledger.events import Requirements
+from router.config import Defaults, ModelGroup
+from router.request.walk import Target, WalkPolicy
+
+__all__ = ["FirstAnswerTimes", "group_targets", "hedge_p95", "walk_policy"]
+
+_LATENCY_WINDOW: Final = 200  # the answers a group's p95 is taken over
+_LATENCY_MIN_SAMPLES: Final = 20  # fewer: hedge.after_ms stands
+
+
+def group_targets(group: ModelGroup) -> tuple[Target, ...]:
+    """Every mapping of ``group``, in order, as the walk knows it."""
+    return tuple(
+        Target(m.endpoint, i, m.model, m.context_window, m.resume)
+        for i, m in enumerate(group.mappings)
+    )
+
+
+def walk_policy(
+    defaults: Defaults,
+    requirements: Requirements,
+    siblings: tuple[Target, ...],
+    p95_ms: int | None = None,
+) -> WalkPolicy:
+    """The walk's policy for one request: ``defaults`` (the group's, ``Config.policy_for``),
+    narrowed by ``requirements`` (the caller's headers, the body's server-side effects);
+    ``siblings``, every mapping of the group (:func:`group_targets`); ``p95_ms``, the group's
+    observed time to a first answer (:meth:`FirstAnswerTimes.p95`), which replaces
+    ``hedge.after_ms`` under ``hedge.after_p95``."""
+    hedge = defaults.hedge
+    # A request that asks the provider for server-side effects is never sent twice.
+    hedged = hedge.enabled and not requirements.server_side_effects
+    after_ms = None
+    if hedged:
+        after_ms = hedge.after_ms
+        if hedge.after_p95:
+            after_ms = p95_ms or after_ms
+    return WalkPolicy(
+        defaults=defaults,
+        allow_failover=requirements.allow_failover,
+        allow_unknown_execution=requirements.allow_unknown_execution,
+        server_side_effects=requirements.server_side_effects,
+        hedge_after_ms=after_ms,
+        max_ways=hedge.max_ways if hedged else 1,
+        siblings=siblings,
+    )
+
+
+def hedge_p95(defaults: Defaults) -> bool:
+    """Whether :func:`walk_policy` reads the observed p95 (only then is it worth sorting)."""
+    return defaults.hedge.enabled and defaults.hedge.after_p95
+
+
+class FirstAnswerTimes:
+    """How long a model group's attempts took to answer (a stream: to its first content), the
+    last :data:`_LATENCY_WINDOW` of each group and shape, for ``hedge.after_p95``."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, bool], deque[int]] = {}
+
+    def add(self, group: str, stream: bool, ms: int) -> None:
+        window = self._seen.get((group, stream))
+        if window is None:
+            window = self._seen[(group, stream)] = deque(maxlen=_LATENCY_WINDOW)
+        window.append(ms)
+
+    def p95(self, group: str, stream: bool) -> int | None:
+        """The 95th percentile, once :data:`_LATENCY_MIN_SAMPLES` were seen (else None)."""
+        window = self._seen.get((group, stream))
+        if window is None or len(window) < _LATENCY_MIN_SAMPLES:
+            return None
+        ordered = sorted(window)
+        return max(1, ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)])

@@ -1,0 +1,308 @@
+"""Finding the mapping for the walk's next attempt, and admitting it (contract §4): every
+mapping evaluated (:func:`router.request.selection.evaluate`, with the breakers, the
+endpoints' slots, the budget and disabled endpoints asked through the ports), one selected,
+then its endpoint slot taken and its breakers' admission won — or, for a retry or a resume,
+only the targets the walk names admitted.
+
+:class:`GroupPlan` is what a config generation works out once per model group for all its
+requests; :class:`Routing` is one request's: its evaluations and what its admissions were
+refused.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from ledger import events as ev
+from router.adapters.breakers import Admission, BreakerKey
+from router.adapters.disabling import detail as disabled_detail
+from router.config import Config, Defaults, ModelGroup, Workspace
+from router.config import Mapping as ModelMapping
+from router.request.attempt import AttemptRoute
+from router.request.policy import group_targets
+from router.request.ports import Budget, Journal, Ports
+from router.request.records import route_evaluated
+from router.request.selection import evaluate, select
+from router.request.walk import Refusal, Route, Routed, Target, Unroutable
+from router.request.worst_case import worst_case_cost
+from router.support.ids import new_id
+
+__all__ = ["GroupPlan", "Routing", "plan_for"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPlan:
+    """A model group as one config generation serves it."""
+
+    group: ModelGroup
+    defaults: Defaults  # its effective policy (Config.policy_for)
+    targets: tuple[Target, ...]  # every mapping, as the walk knows it
+    places: tuple[tuple[str, str], ...]  # every mapping's (endpoint, model), for latency
+    limits: Mapping[str, int]  # the max_in_flight of its endpoints that have one
+    endpoint_keys: tuple[BreakerKey, ...]  # each mapping's endpoint breaker
+    mapping_keys: tuple[BreakerKey, ...]  # each mapping's own breaker
+    breaker_keys: tuple[BreakerKey, ...]  # all of them: the endpoints', then the mappings'
+    can_resume: bool  # some mapping can continue a broken stream
+
+
+def plan_for(config: Config, group: ModelGroup) -> GroupPlan:
+    mappings = group.mappings
+    targets = group_targets(group)
+    endpoint_keys = tuple(BreakerKey.endpoint(m.endpoint) for m in mappings)
+    mapping_keys = tuple(BreakerKey.mapping(m.endpoint, m.model) for m in mappings)
+    return GroupPlan(
+        group=group,
+        defaults=config.policy_for(group.name),
+        targets=targets,
+        places=tuple((m.endpoint, m.model) for m in mappings),
+        limits={
+            m.endpoint: limit
+            for m in mappings
+            if (endpoint := config.endpoint(m.endpoint)) is not None
+            and (limit := endpoint.max_in_flight) is not None
+        },
+        endpoint_keys=endpoint_keys,
+        mapping_keys=mapping_keys,
+        breaker_keys=endpoint_keys + mapping_keys,
+        can_resume=any(target.resume != "none" for target in targets),
+    )
+
+
+class Routing:
+    """One request's routes: found, admitted, and handed to the attempt that starts next."""
+
+    __slots__ = (
+        "_budget",
+        "_denied",
+        "_journal",
+        "_plan",
+        "_ports",
+        "_request_id",
+        "_requirements",
+        "_saturated",
+        "_slot",
+        "_workspace",
+        "admitted_as",
+        "candidates",
+        "probes",
+        "refused",
+        "routed",
+        "sequence",
+    )
+
+    def __init__(
+        self,
+        ports: Ports,
+        plan: GroupPlan,
+        workspace: Workspace,
+        requirements: ev.Requirements,
+        request_id: str,
+        budget: Budget,
+        journal: Journal[Any],
+    ) -> None:
+        self._ports = ports
+        self._plan = plan
+        self._workspace = workspace
+        self._requirements = requirements
+        self._request_id = request_id
+        self._budget = budget
+        self._journal = journal
+        self._denied: set[BreakerKey] = set()  # breakers that refused this request
+        self._saturated: set[str] = set()  # endpoints whose slot this request was refused
+        self._slot: str | None = None  # the endpoint slot taken for the route
+        self.sequence = 0  # evaluations made
+        self.candidates: tuple[ev.Candidate, ...] = ()  # the last evaluation's, if it failed
+        self.routed: AttemptRoute | None = None  # the route the walk's next start takes
+        self.admitted_as = "closed"  # the breakers' admission of it
+        self.probes: tuple[BreakerKey, ...] = ()  # the breakers whose probe it holds
+        self.refused: Refusal = "unavailable"  # why the last retry or resume was refused
+
+    async def choose(self, action: Route) -> Routed | Unroutable:
+        """Evaluate every mapping, choose one and admit it (contract §4); a refused
+        admission is evaluated again, counted as such."""
+        ports, plan, journal = self._ports, self._plan, self._journal
+        while True:
+            if journal.has_effects:
+                # A failed attempt's hold was just released or kept: the balances this
+                # evaluation reads must include that.
+                await journal.flush()
+            breaker_open = self._breaker_lookup(await ports.breakers.blocked(plan.breaker_keys))
+            saturated = await self._saturation_lookup()
+            latencies = None
+            if plan.group.strategy == "least_latency":
+                latencies = await ports.latency.read(plan.places)
+            disabled = await ports.disabled.current()
+            # Priced as at this attempt's start: its reservation and its settlement use the
+            # price in force now (contract §2, price history), whenever it ends.
+            group = plan.group.priced_at(ports.clock.now())
+            candidates = evaluate(
+                ports.config,
+                self._workspace,
+                group,
+                self._requirements,
+                action.context,
+                breaker_open=breaker_open,
+                over_budget=await self._budget.over_budget_check(),
+                latencies=latencies,
+                saturated=saturated,
+                credentials_disabled=functools.partial(disabled_detail, disabled),
+            )
+            choice = select(candidates, ports.rr, self._workspace.id, group)
+            self.sequence += 1
+            journal.queue(
+                route_evaluated(
+                    self._request_id,
+                    self.sequence,
+                    candidates,
+                    action.context,
+                    choice,
+                    group.strategy,
+                )
+            )
+            if choice is None:
+                over = [c for c in candidates if c.reason_code is ev.ReasonCode.OVER_BUDGET]
+                if over and action.purpose != "hedge":
+                    journal.queue(self._budget.denied_candidate(over[0]))
+                self.candidates = candidates
+                return Unroutable()
+            mapping = group.mappings[choice.mapping_index]
+            if await self._acquire(choice.mapping_index, mapping):
+                endpoint = ports.config.endpoint(choice.endpoint)
+                assert endpoint is not None, "evaluate found the mapping's endpoint"
+                worst = candidates[choice.mapping_index].worst_case_usd or Decimal(0)
+                driver = ports.drivers[choice.endpoint]
+                self.routed = AttemptRoute(choice, mapping, driver, endpoint.driver, "first", worst)
+                return Routed(plan.targets[choice.mapping_index])
+
+    async def admit_one_of(self, targets: tuple[Target, ...]) -> Target | None:
+        """The first of ``targets`` (a retry's or a resume's) not disabled whose slot and
+        breakers admit it; the caller binds its route (:attr:`routed`)."""
+        disabled = await self._ports.disabled.current()
+        mappings = self._plan.group.mappings
+        self.refused = "unavailable"
+        for target in targets:
+            if target.endpoint in disabled:
+                self.refused = "credentials_disabled"
+                continue
+            if await self._acquire(target.mapping_index, mappings[target.mapping_index]):
+                return target
+            saturated = target.endpoint in self._saturated
+            self.refused = "saturated" if saturated else "breaker_open"
+        return None
+
+    def priced(self, target: Target, delivered_bytes: int) -> AttemptRoute:
+        """A resume's route: priced now, with the delivered text counted in its input (it is
+        sent back as the partial answer)."""
+        ports = self._ports
+        group = self._plan.group.priced_at(ports.clock.now())
+        mapping = group.mappings[target.mapping_index]
+        endpoint = ports.config.endpoint(target.endpoint)
+        assert endpoint is not None
+        requirements = self._requirements
+        requirements = requirements.model_copy(
+            update={"estimated_input_tokens": requirements.estimated_input_tokens + delivered_bytes}
+        )
+        worst = worst_case_cost(mapping, requirements, endpoint.driver)
+        choice = ev.RouteChoice(
+            endpoint=target.endpoint,
+            model=mapping.model,
+            mapping_index=target.mapping_index,
+            tier=mapping.tier,
+            weight=mapping.weight,
+            selection_position=0,
+        )
+        driver = ports.drivers[target.endpoint]
+        return AttemptRoute(choice, mapping, driver, endpoint.driver, "first", worst)
+
+    def take_slot(self) -> str | None:
+        """The slot taken for the route, now the started attempt's to give back."""
+        slot, self._slot = self._slot, None
+        return slot
+
+    def give_back_routed(self, route: AttemptRoute) -> None:
+        """A start that did not happen: the slot its route took goes back."""
+        if self._slot is not None:
+            self.give_back(route.choice.endpoint, self._slot)
+            self._slot = None
+
+    def give_back(self, endpoint: str, slot: str) -> None:
+        self._ports.keep(self._ports.slots.give_back(endpoint, slot))
+
+    async def _saturation_lookup(self) -> Callable[[str], str | None] | None:
+        """Which of the group's endpoints have their ``max_in_flight`` attempts in flight (a
+        read; the slot is taken atomically at admission)."""
+        limits = self._plan.limits
+        if not limits:
+            return None
+        in_use = await self._ports.slots.in_use(list(limits))
+        refused = self._saturated
+
+        def saturated(endpoint_id: str) -> str | None:
+            limit = limits.get(endpoint_id)
+            if limit is None:
+                return None
+            taken = in_use.get(endpoint_id, 0)
+            if endpoint_id not in refused and taken < limit:
+                return None
+            return f"{max(taken, limit)} of {limit} in flight"
+
+        return saturated
+
+    async def _acquire(self, index: int, mapping: ModelMapping) -> bool:
+        """Take a slot of the mapping's endpoint (its ``max_in_flight``), then its breakers'
+        admission; False (nothing kept) if either refuses: evaluate again with it counted
+        as such."""
+        endpoint_id = mapping.endpoint
+        limit = self._plan.limits.get(endpoint_id)
+        slot = None
+        if limit is not None:
+            slot = new_id("slot")
+            if not await self._ports.slots.take(endpoint_id, slot, limit):
+                self._saturated.add(endpoint_id)
+                return False
+        if not await self._admitted(index):
+            if slot is not None:
+                self.give_back(endpoint_id, slot)
+            return False
+        self._slot = slot
+        return True
+
+    def _breaker_lookup(
+        self, blocked: Mapping[BreakerKey, bool]
+    ) -> Callable[[str, ModelMapping], str | None]:
+        denied = self._denied
+
+        def breaker_open(endpoint_id: str, mapping: ModelMapping) -> str | None:
+            endpoint_key = BreakerKey.endpoint(endpoint_id)
+            if blocked.get(endpoint_key) or endpoint_key in denied:
+                return "endpoint"
+            mapping_key = BreakerKey.mapping(endpoint_id, mapping.model)
+            if blocked.get(mapping_key) or mapping_key in denied:
+                return "mapping"
+            return None
+
+        return breaker_open
+
+    async def _admitted(self, index: int) -> bool:
+        # blocked() was a read; the half-open probe is taken atomically here, and a lost
+        # race for it sends us back to evaluation with that breaker counted as open.
+        probes: list[BreakerKey] = []
+        breakers, plan = self._ports.breakers, self._plan
+        for key in (plan.endpoint_keys[index], plan.mapping_keys[index]):
+            admission = await breakers.admit(key, self._request_id)
+            if admission is Admission.DENIED:
+                self._denied.add(key)
+                if probes:  # the endpoint's probe, taken for an attempt that will not run
+                    await breakers.release_probes(probes)
+                return False
+            if admission is Admission.PROBE:
+                probes.append(key)
+        # What the attempt was admitted under, for its start: closed, or the half-open probe.
+        scopes = "+".join(key.scope for key in probes)
+        self.admitted_as = "probe:" + scopes if probes else "closed"
+        self.probes = tuple(probes)
+        return True

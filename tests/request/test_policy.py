@@ -1,0 +1,66 @@
+"""The walk's policy for one request (router/request/policy.py): the group's policy, the
+caller's narrowing, the hedge delay, and every mapping a broken stream may resume on."""
+
+from __future__ import annotations
+
+from ledger.events import Requirements
+from router.config import Defaults, Hedge, ModelGroup
+from router.request.policy import FirstAnswerTimes, group_targets, hedge_p95, walk_policy
+from router.request.walk import Target
+
+
+def _group() -> ModelGroup:
+    price = {"input_per_mtok": "1", "output_per_mtok": "2"}
+    mapping = {"context_window": 8000, "max_output_tokens": 1000, "price": price}
+    return ModelGroup.model_validate(
+        {
+            "name": "chat",
+            "mappings": [
+                {"endpoint": "east", "model": "m", **mapping},
+                {"endpoint": "west", "model": "m", "tier": 1, "resume": "assistant_prefill"}
+                | mapping,
+                {"endpoint": "south", "model": "other", "tier": 2, **mapping},
+            ],
+        }
+    )
+
+
+def test_the_siblings_are_every_mapping_of_the_group_in_order() -> None:
+    group = _group()
+    siblings = group_targets(group)
+    assert siblings == (
+        Target("east", 0, "m", 8000, "none"),
+        Target("west", 1, "m", 8000, "assistant_prefill"),
+        Target("south", 2, "other", 8000, "none"),
+    )
+    policy = walk_policy(Defaults(), Requirements(), siblings)
+    assert policy.siblings == siblings
+
+
+def test_the_callers_narrowing_reaches_the_walk() -> None:
+    requirements = Requirements(allow_failover=False, allow_unknown_execution=True)
+    policy = walk_policy(Defaults(), requirements, group_targets(_group()))
+    assert (policy.allow_failover, policy.allow_unknown_execution) == (False, True)
+    assert policy.hedge_after_ms is None and policy.max_ways == 1
+
+
+def test_a_hedged_group_waits_its_delay_unless_the_request_has_server_side_effects() -> None:
+    defaults = Defaults(hedge=Hedge(enabled=True, after_ms=300, max_ways=3))
+    policy = walk_policy(defaults, Requirements(), ())
+    assert (policy.hedge_after_ms, policy.max_ways) == (300, 3)
+    strict = walk_policy(defaults, Requirements(server_side_effects=True), ())
+    assert (strict.hedge_after_ms, strict.max_ways, strict.server_side_effects) == (None, 1, True)
+
+
+def test_after_p95_takes_the_observed_p95_once_there_is_one() -> None:
+    defaults = Defaults(hedge=Hedge(enabled=True, after_ms=300, after_p95=True))
+    assert hedge_p95(defaults) and not hedge_p95(Defaults())
+    times = FirstAnswerTimes()
+    for ms in range(1, 20):
+        times.add("chat", False, ms)
+    assert times.p95("chat", False) is None, "fewer than 20 answers: after_ms stands"
+    assert walk_policy(defaults, Requirements(), (), times.p95("chat", False)).hedge_after_ms == 300
+    times.add("chat", False, 20)
+    assert times.p95("chat", False) == 19
+    assert times.p95("chat", True) is None, "streams and buffered answers apart"
+    assert walk_policy(defaults, Requirements(), (), times.p95("chat", False)).hedge_after_ms == 19
