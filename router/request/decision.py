@@ -169,9 +169,15 @@ def _decide(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> 
         return _stop(stop_reason)
     # 3. Retry the same endpoint first, where the config allows it.
     retry = _retry(outcome, defaults, rng)
-    if retry is not None and outcome.breaker_opened is not None:
+    if (
+        retry is not None
+        and outcome.breaker_opened is not None
+        and retry.reason != "retry_after_honoured"
+    ):
         # This attempt opened a breaker the retry would meet: the failover (or the stop)
         # comes at once, naming that breaker, rather than a retry the record would contradict.
+        # A Retry-After the retry waits out is the breaker's cool-down too (contract §5), so
+        # that retry comes when the breaker admits its probe: it stands.
         opened = f"{outcome.breaker_opened}_breaker_opened"
         return Decision("failover", opened) if outcome.allow_failover else _stop(opened)
     if retry is not None:

@@ -244,6 +244,16 @@ def test_a_failure_that_opens_its_own_breaker_fails_over_at_once_naming_it(scope
     assert isinstance(actions[1], Route) and actions[1].purpose == "failover"
 
 
+def test_a_retry_after_waited_out_is_the_breakers_probe_and_stands():
+    # A 429's Retry-After opens the breaker with that very cool-down: the retry that waits
+    # it out is admitted as the probe, so it is not turned into a failover.
+    walk = _first_attempt()
+    limited = _cls(FailureClass.RATE_LIMITED, Evidence.NOT_STARTED, "yes", retry_after_ms=300)
+    actions = walk(Failed("a1", limited, remaining_ms=30_000, breaker_opened="endpoint"))
+    assert actions[0] == Decided("a1", Decision("retry", "retry_after_honoured", 300))
+    assert actions[1] == Wait(300)
+
+
 def test_a_failure_that_opens_its_own_breaker_stops_where_moving_is_forbidden():
     walk = _first_attempt(_policy(allow_failover=False))
     failed = Failed(
