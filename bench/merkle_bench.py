@@ -56,7 +56,7 @@ from ledger.store.db import create_engine, migrate
 from ledger.store.schema import appends, ledger_head
 from ledger.store.stored import holding
 from ledger.support.process import tune_gc
-from router.cli.main import progress_bar
+from router.cli._shared import progress_bar
 from tests.ledger.factories import key_created
 
 BENCH = Path(__file__).resolve().parent

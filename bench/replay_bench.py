@@ -64,7 +64,7 @@ from ledger.store.stored import count_types
 from ledger.support.process import tune_gc
 from ledger.views import all_projections
 from ledger.views.projection import ProjectionRunner
-from router.cli.main import progress_bar
+from router.cli._shared import progress_bar
 from tests.ledger.factories import key_created, succeeded_trail, unknown_then_failed_trail
 
 DATABASE = "waybill_replay_bench"

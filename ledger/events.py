@@ -175,8 +175,8 @@ class _Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
 
     def model_post_init(self, context: Any, /) -> None:
-        # pydantic gives each instance a set of the fields it was given: for a record of
-        # twenty fields a 2 KB hash table, more than its values, held by every event an
+        # pydantic gives each instance a set of the fields it was given: a hash table larger
+        # than the record's values (bench/README.md, "Long streams"), held by every event an
         # open request keeps. A record never changes it (frozen; model_copy changes a copy),
         # and records are made the same few ways: those given the same fields share one.
         given = self.__pydantic_fields_set__

@@ -1,9 +1,9 @@
 """The gateway's per-request instruments, tallied in plain dictionaries.
 
 The OpenTelemetry SDK (1.45) cleans and hashes a measurement's attributes, recursively, on
-every ``add`` and ``record``: 6 µs a counter add and 15 µs a histogram record here, four of
-them per request, and the commit listener that makes them about a tenth of a buffered
-request's instructions (``bench/instructions_bench.py``; bench/README.md, "Decisions"). The
+every ``add`` and ``record``, four of them per request, which made the commit listener that
+records them a noticeable part of a buffered request's instructions
+(``bench/instructions_bench.py``; bench/README.md, "Decisions"). The
 SDK stays in charge of everything else — readers, their preferences, Prometheus and OTLP
 export — and :class:`Tallies` only changes where the numbers wait until a reader collects
 them: a counter's sums and a histogram's count, sum, min, max and count per bucket (a value

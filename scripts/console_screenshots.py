@@ -29,7 +29,7 @@ from playwright.async_api import async_playwright
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import ledger.store
+import ledger.store.event_store
 from ledger import apikeys
 from ledger.audit.verify import record_verification, verify_chain
 from ledger.store import EventStore
@@ -142,7 +142,7 @@ async def main(out: Path, days: int) -> None:
     with tempfile.TemporaryDirectory() as folder:
         database_url = f"sqlite:///{folder}/demo.db"
         migrate(database_url)
-        setattr(ledger.store, "datetime", _Shifted)  # noqa: B010 - the store's own name
+        setattr(ledger.store.event_store, "datetime", _Shifted)  # noqa: B010 - the store's clock
         async with FakeUpstream("openai-east") as primary, FakeUpstream("eu-west") as fallback:
             config = parse_config(_config(primary.base_url, fallback.base_url))
             engine = create_engine(database_url)

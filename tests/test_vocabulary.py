@@ -20,7 +20,7 @@ import pytest
 from ledger.events import DATA_CLASSES, Evidence, FailureClass, ReasonCode
 from router.errors import ERRORS, ErrorCode, error_for_failure
 from router.request.classify import RULES
-from router.request.decision import DECISION_REASONS, WALK_REASONS
+from router.request.decision import DECISION_REASONS, REFUSALS, WALK_REASONS
 from router.request.selection import CHECK_ORDER
 
 ROOT: Final = Path(__file__).resolve().parent.parent
@@ -199,11 +199,22 @@ def test_the_contract_names_every_decision_reason() -> None:
     paragraph = re.search(r"with one of these reasons:(.*?`)\.\n", section(CONTRACT, 4), re.DOTALL)
     assert paragraph
     named = set(quoted(paragraph.group(1)))
-    # `<class>_stops` stands for one reason per failure class that may stop a request.
+    # `<class>_stops` stands for one reason per failure class that may stop a request, and
+    # `retry_refused_<why>` / `resume_refused_<why>` for one per refusal named after them.
     per_class = {reason for reason in DECISION_REASONS if reason.endswith("_stops")}
     assert "<class>_stops" in named
+    refusals = set(REFUSALS)
+    assert refusals <= named
+    expanded = {
+        f"{plan}_refused_{why}"
+        for plan in ("retry", "resume")
+        for why in refusals
+        if (plan, why) != ("resume", "over_budget")
+    }
+    placeholders = {"<class>_stops", "<why>", "retry_refused_<why>", "resume_refused_<why>"}
+    named = named - placeholders - refusals - per_class
     every = set(DECISION_REASONS) | set(WALK_REASONS)
-    assert named - {"<class>_stops"} - per_class == every - per_class
+    assert named | expanded == every - per_class
 
 
 def test_the_readme_names_only_reason_codes_that_exist() -> None:

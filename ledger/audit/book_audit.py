@@ -30,7 +30,6 @@ from typing import Any, Final, Literal, TypeVar
 from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ledger.audit.archive import Segment, archived_history, archived_pages
 from ledger.books.accounting import BOOK_EVENTS, UNKNOWN_OWNER, Books, FoldProblem, fold_books
 from ledger.books.balances import (
     account_row,
@@ -42,6 +41,7 @@ from ledger.books.balances import (
     resolution_row,
 )
 from ledger.store import EventStore, RecordedEvent, decode_payload, decode_row
+from ledger.store.archived import Segment, archived_history, archived_pages
 from ledger.store.db import READ_ONLY
 from ledger.store.schema import (
     appends,
@@ -295,7 +295,7 @@ async def check_books(
 ) -> BooksReport:
     """Fold the budget events and compare them with the live tables, in one snapshot; the
     archived months' events are read from ``archive``
-    (``ledger.audit.archive.archived_history``)."""
+    (``ledger.store.archived.archived_history``)."""
     archived = await _archived(store, "checking the books", archive)
     async with store.engine.connect() as conn:
         options: dict[str, Any] = {READ_ONLY: True}

@@ -62,7 +62,8 @@ _PARENT_VARIABLE = "WAYBILL_CHECKPOINT_PARENT"
 _SINK_VARIABLE = "WAYBILL_CHECKPOINT_SINK"
 _SCHEDULE_VARIABLE = "WAYBILL_CHECKPOINT_SCHEDULE"
 
-# Through store.hot: on PostgreSQL asyncpg, about a third of SQLAlchemy's CPU per event read.
+# Through store.hot: on PostgreSQL asyncpg, far less CPU per event read than SQLAlchemy
+# (bench/README.md, "Decisions").
 _READ_PAGE = (
     f"SELECT position, types, {PREVIOUS_SQL}, payloads FROM appends WHERE "
     + FROM_POSITION_SQL.format(after=":after")
@@ -157,7 +158,8 @@ class Checkpointer:
                     ):
                         self._add(at, payload, hash_, types_of(types[at - position])[0])
                         events += 1
-                # The request path's turn: hashing holds the event loop ~1 ms at a time.
+                # The request path's turn: hashing holds the event loop for one slice at a
+                # time, never a whole page (bench/README.md, "Decisions").
                 await asyncio.sleep(0)
             read += events
             if progress is not None and events:

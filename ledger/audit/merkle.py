@@ -57,7 +57,8 @@ EMPTY_ROOT: Final = hashlib.sha256(b"").digest()
 
 _sha256 = hashlib.sha256
 # Each hash starts from a copy of its prefix's state: cheaper than hashing a concatenation
-# (~25% of a node hash), and the tree costs one leaf and about one node hash per event.
+# (bench/README.md, "Decisions"), and the tree costs one leaf and about one node hash per
+# event.
 _LEAF_PREFIX = hashlib.sha256(b"\x00")
 _NODE_PREFIX = hashlib.sha256(b"\x01")
 

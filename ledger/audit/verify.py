@@ -3,7 +3,9 @@
 The chain catches what the immutability triggers cannot: an edit made with the triggers
 disabled, by a superuser, or on SQLite by hand. A row's queryable columns (its stream, first
 version, types and recorded time) are also checked against the hashed bytes of its events,
-so editing a column alone is caught as well as editing the bytes.
+so editing a column alone is caught as well as editing the bytes. In the same pass, every
+request's story is held to its decisions (:mod:`ledger.audit.stories`): a record that
+contradicts itself fails the check as a changed one does.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import orjson
 from sqlalchemy import func, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ledger.audit.archive import ArchiveError, archived_segments, check_directory, read_segment
+from ledger.audit.stories import Stories, StoryBroken
 from ledger.store import GENESIS_HASH, EventStore, chain_hash
+from ledger.store.archived import ArchiveError, archived_segments, check_directory, read_segment
 from ledger.store.schema import appends, ledger_head, ledger_verifications
 from ledger.store.stored import payloads_of, types_of
 
@@ -43,8 +46,10 @@ class VerifyResult:
     head_position: int
     first_bad_position: int | None = None
     problem: str | None = None
-    archived: int = 0  # positions 1 .. archived are in archive files (ledger.audit.archive)
+    archived: int = 0  # positions 1 .. archived are in archive files (ledger.store.archived)
     archive_checked: bool = False  # and their files were checked as part of the chain
+    stories_checked: int = 0  # requests whose story was held to its decisions
+    broken_stories: tuple[StoryBroken, ...] = ()  # the first of those that contradict it
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -55,6 +60,16 @@ class VerifyResult:
             "problem": self.problem,
             "archived": self.archived,
             "archive_checked": self.archive_checked,
+            "stories_checked": self.stories_checked,
+            "broken_stories": [
+                {
+                    "request_id": b.request_id,
+                    "position": b.position,
+                    "rule": b.rule,
+                    "detail": b.detail,
+                }
+                for b in self.broken_stories
+            ],
         }
 
 
@@ -74,7 +89,8 @@ def _row_events(row: Any) -> tuple[list[bytes], list[str]] | str:
     return payloads, types
 
 
-def _event_problem(row: Any, offset: int, payload: bytes, type_: str) -> str | None:
+def _event_problem(row: Any, offset: int, payload: bytes, type_: str) -> str | dict[str, Any]:
+    """What is wrong with a stored event, or its JSON body if nothing is."""
     try:
         body = orjson.loads(payload)
     except orjson.JSONDecodeError:
@@ -85,7 +101,10 @@ def _event_problem(row: Any, offset: int, payload: bytes, type_: str) -> str | N
             return f"column {name!r} differs from the hashed bytes"
     if _utc(datetime.fromisoformat(body["recorded_at"])) != _utc(row.recorded_at):
         return "column 'recorded_at' differs from the hashed bytes"
-    return None
+    return dict(body)
+
+
+_STORIES_KEPT = 20  # broken stories a result names (the first ones, in ledger order)
 
 
 async def verify_chain(
@@ -98,7 +117,7 @@ async def verify_chain(
     """Walk the whole chain; stop at the first bad event and name its position.
     ``observe`` is told each good event's position, stored bytes and hash, in order (the
     checkpoint audit recomputes the Merkle tree in this same pass). Months archived
-    (``ledger.audit.archive``) are checked from their files in ``archive``, as the chain's start;
+    (``ledger.store.archived``) are checked from their files in ``archive``, as the chain's start;
     without it the live ledger is checked from the last one's end hash."""
     async with store.engine.connect() as conn:
         head = (await conn.execute(select(ledger_head.c.position, ledger_head.c.hash))).one()
@@ -109,6 +128,7 @@ async def verify_chain(
     segments = await archived_segments(store.engine)
     archived = segments[-1].last_position if segments else 0
     previous, expected, checked = GENESIS_HASH, 1, 0
+    stories, broken_stories = Stories(), []
     if segments and archive is None:
         if observe is not None:
             needed = f"positions 1-{archived} are archived: give their directory (--archive)"
@@ -124,6 +144,8 @@ async def verify_chain(
             for position, hash_, payload in events:
                 if observe is not None:
                     observe(position, payload, hash_)
+                body = orjson.loads(payload)
+                broken_stories += stories.feed(position, body["stream_id"], body)
                 checked += 1
         previous, expected = segments[-1].end_hash, archived + 1
     total += checked
@@ -158,8 +180,9 @@ async def verify_chain(
                 return VerifyResult(False, checked, head_position, expected, broken, archived)
             for offset, (payload, type_) in enumerate(zip(*stored, strict=True)):
                 problem = _event_problem(row, offset, payload, type_)
-                if problem is not None:
+                if isinstance(problem, str):
                     return VerifyResult(False, checked, head_position, expected, problem, archived)
+                broken_stories += stories.feed(expected, row.stream_id, problem)
                 if observe is not None:
                     observe(expected, payload, hashes[offset])
                 previous, expected, checked = hashes[offset], expected + 1, checked + 1
@@ -177,8 +200,28 @@ async def verify_chain(
             bad,
             f"ledger head says position {head_position}, chain ends at {last}",
         )
+    archive_checked = bool(archive and segments)
+    if broken_stories:
+        first = broken_stories[0]
+        more = f" (and {len(broken_stories) - 1} more)" if len(broken_stories) > 1 else ""
+        return VerifyResult(
+            False,
+            checked,
+            head_position,
+            first.position,
+            f"request {first.request_id}: {first.rule}: {first.detail}{more}",
+            archived,
+            archive_checked,
+            stories.checked,
+            tuple(broken_stories[:_STORIES_KEPT]),
+        )
     return VerifyResult(
-        True, checked, head_position, archived=archived, archive_checked=bool(archive and segments)
+        True,
+        checked,
+        head_position,
+        archived=archived,
+        archive_checked=archive_checked,
+        stories_checked=stories.checked,
     )
 
 

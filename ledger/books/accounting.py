@@ -232,8 +232,8 @@ def account_specs(
 
 def _copied_by_fields(cls: type[_C]) -> type[_C]:
     """Give a slots dataclass a ``__copy__`` that passes its fields to the constructor:
-    ``copy.copy``'s generic way (``__reduce_ex__``) took ~4x as long, and the books copy
-    holds and balances on every append."""
+    ``copy.copy``'s generic way (``__reduce_ex__``) took several times as long
+    (bench/README.md, "Decisions"), and the books copy holds and balances on every append."""
     names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
     values = operator.attrgetter(*names)
     cls.__copy__ = lambda self: cls(*values(self))  # type: ignore[attr-defined]

@@ -1,10 +1,10 @@
 """The raw PostgreSQL edge of the hot path: the request path's reads and the appender's
 connection, on asyncpg rather than through SQLAlchemy.
 
-A key lookup through SQLAlchemy's async engine costs about 370 µs of CPU (statement
-compilation and caching, the greenlet bridge, result processing); the same statement
-through psycopg's async connection about 90 µs, most of it psycopg's per-wait selector
-bookkeeping; through asyncpg about 30 µs. The request path reads a few rows per request
+Through SQLAlchemy's async engine a key lookup costs many times its CPU through asyncpg
+(statement compilation and caching, the greenlet bridge, result processing), and through
+psycopg's async connection still several times (its per-wait selector bookkeeping): see
+bench/README.md, Decisions: the event store. The request path reads a few rows per request
 and the appender one or two statements per batch, so on PostgreSQL both go through asyncpg
 (statements prepared once per connection). On SQLite the reads go through the engine as
 before (their cost is the database file's, not the ORM's).
@@ -122,12 +122,12 @@ async def connect(dsn: str, *, appender: bool = False) -> asyncpg.Connection:
     - The appender's: its few statements are key lookups and inserts, run thousands of times
       a second, so they always run PostgreSQL's cached generic plan (``force_generic_plan``:
       no planning per append), with sequential scans off so that plan always probes the
-      keys. With scans allowed, the append's read was measured at 0.17 ms on a fresh ledger
-      and ~0.9 ms after 7,000 requests (c1 p50 9.4 ms; with scans off 0.08 ms and 5.3 ms).
-      Left to choose (``auto``), PostgreSQL plans each statement five times first, and keeps
-      planning one whose generic plan it estimates dearer than its custom ones (an array of
-      unknown length can do that: seen in a harness replaying the settlement's write, ~0.2
-      ms of planning in a 0.57 ms statement; in the gateway both writes went generic).
+      keys: with scans allowed, the generic plan made on a fresh ledger stayed a scan, and
+      the append's read grew with the ledger. Left to choose (``auto``), PostgreSQL plans
+      each statement five times first, and keeps planning one whose generic plan it
+      estimates dearer than its custom ones (an array of unknown length can do that: seen in
+      a harness replaying the settlement's write; in the gateway both writes went generic).
+      The figures: bench/README.md, Decisions (the appender's connection; the event store).
     """
     settings = (
         {"enable_seqscan": "off", "plan_cache_mode": "force_generic_plan"}

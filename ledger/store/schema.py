@@ -65,7 +65,7 @@ appends = Table(
     CheckConstraint("version >= 1", name="ck_appends_version_positive"),
 )
 # Not a unique key: on PostgreSQL the table is partitioned by month (ledger.store.partitions), and
-# a stream's first append is checked by the write itself (ledger.store, THE LOCK).
+# a stream's first append is checked by the write itself (THE LOCK, in ledger.store.postgres).
 Index("ix_appends_stream_version", appends.c.stream_id, appends.c.version)
 
 # One row per archived month (ledger.audit.archive): the live ledger starts after the last.

@@ -16,10 +16,10 @@ of ``appends`` (``ledger.store.schema``):
 Everything else a reader sees of an event (its data, metadata, type, schema version) is read
 from those bytes; ``waybill verify`` checks the row's columns against them. Why this form: the
 queryable copies of each event's data (``data`` and ``metadata`` as JSON beside the bytes) and
-one row and index entry per event cost ~14 KB on disk per request; the bytes of an append's
-events share most of their text with each other and with other requests' events, which a
-deflate with a preset dictionary of typical events (``ledger.store._dictionary``) removes
-(``bench/ledger_size_bench.py``).
+one row and index entry per event were most of a request's size on disk; the bytes of an
+append's events share most of their text with each other and with other requests' events,
+which a deflate with a preset dictionary of typical events (``ledger.store._dictionary``)
+removes (see bench/README.md, Ledger size).
 """
 
 from __future__ import annotations
@@ -94,10 +94,10 @@ TYPE_CHARACTERS: Final = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 _TYPE_OF: Final = {char: name for name, char in TYPE_CHARS.items()}
 
 # A row's payloads: format 0, the joined bytes as they are; format 1, raw deflate (RFC 1951)
-# against DICTIONARY_1 in a 16 KB window. Written at level 3 with memory level 6: ~30 % less
-# CPU than level 6 for rows ~10 % larger, and a smaller state to copy per row (level 1's rows
-# are ~20 % larger; bench/README.md, "Decisions"). The level is the writer's alone: any
-# level's rows inflate the same way.
+# against DICTIONARY_1 in a 16 KB window. Written at level 3 with memory level 6: less CPU
+# than level 6 for rows a little larger, and a smaller state to copy per row; level 1 is no
+# faster for larger rows (see bench/README.md, Decisions: level 3 with memory level 6). The
+# level is the writer's alone: any level's rows inflate the same way.
 _RAW, _DEFLATE_1 = 0, 1
 _WINDOW_BITS: Final = -14
 _COMPRESSOR: Final = zlib.compressobj(

@@ -2,10 +2,10 @@
 
 ``dataclasses.replace`` gathers every field into keyword arguments and runs the class's
 ``__init__``, which sets each field of a frozen class through ``object.__setattr__``;
-``evolve`` copies the slots directly, in about a third of the time (bench/README.md
-"Decisions"), for the eight copies a request makes (its walk, its breaker records, its
-route). It serves frozen ``slots=True`` dataclasses with no ``__post_init__`` (so
-``__init__`` checks nothing a copy could skip), which it verifies once per class.
+``evolve`` copies the slots directly, in much less time (bench/README.md "Decisions"), for
+the eight copies a request makes (its walk, its breaker records, its route). It serves
+frozen ``slots=True`` dataclasses with no ``__post_init__`` (so ``__init__`` checks nothing
+a copy could skip), which it verifies once per class.
 """
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ _T = TypeVar("_T")
 def tune_gc() -> None:
     """Waybill's work is a stream of short-lived objects (decoded events, rows, requests)
     that reference counting frees; the cyclic collector's default pace (a young collection
-    every 700 allocations, each full one walking every object ever imported) cost about a
-    third of a replay's CPU. Freeze what exists at start-up out of its reach, and let it
-    run less often (``bench/README.md``)."""
+    every 700 allocations, each full one walking every object ever imported) cost a large
+    part of a replay's CPU. Freeze what exists at start-up out of its reach, and let it
+    run less often (``bench/README.md``, "Decisions")."""
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
 

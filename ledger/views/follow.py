@@ -2,8 +2,8 @@
 
 ``waybill serve`` on PostgreSQL keeps its read models (request views, spend, keys) current
 from a child process running ``python -m ledger.views.follow``: decoding and folding every event
-is CPU the request path would otherwise share its one event loop with (about a tenth of the
-gateway's CPU under load). The child wakes on the appender's NOTIFY like the in-process
+is CPU the request path would otherwise share its one event loop with (bench/README.md,
+"Decisions"). The child wakes on the appender's NOTIFY like the in-process
 runner, takes turns with other runners through the checkpoint locks, and stops when told
 (SIGTERM, SIGINT) or when the gateway that started it is gone. The gateway restarts it if
 it dies; while it is down the read models only trail (their lag shows it), and nothing on
@@ -44,9 +44,9 @@ SETTLE_S = 0.1
 of many requests (the read models then trail by about that much)."""
 POLL_S = SETTLE_S
 """How often the follower looks for new events. It polls instead of LISTENing: a NOTIFY per
-commit woke a PostgreSQL backend and this process (~0.2 ms of CPU per request at c1, 12% of
-the gateway's and 12% of PostgreSQL's, `bench/ab.py`), while the read models would wait out
-the same settle time anyway; idle, a poll is one indexed read ten times a second."""
+commit woke a PostgreSQL backend and this process, CPU on both sides for every request
+(`bench/ab.py`; bench/README.md, "Decisions"), while the read models would wait out the same
+settle time anyway; idle, a poll is one indexed read ten times a second."""
 
 
 async def follow_in_child(

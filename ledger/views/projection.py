@@ -29,8 +29,8 @@ from sqlalchemy import Table, delete, select, text, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ledger.audit.archive import archived_history, archived_pages
 from ledger.store import EventStore, RecordedEvent, decode_payload
+from ledger.store.archived import archived_history, archived_pages
 from ledger.store.db import dialect_insert, is_unavailable
 from ledger.store.schema import appends, ledger_head, projection_checkpoints
 from ledger.store.stored import (
@@ -71,7 +71,7 @@ class ModelWriter(ABC):
     """What a projection may do to its tables inside the page's transaction: read rows by
     key, and upsert whole rows. One implementation per backend: SQLAlchemy (SQLite), and
     asyncpg on PostgreSQL, where SQLAlchemy's per-statement and per-row costs made the
-    read models a fifth of the gateway's CPU."""
+    read models a large part of the gateway's CPU (bench/README.md, "Decisions")."""
 
     @abstractmethod
     async def rows(self, table: Table, key: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
@@ -280,7 +280,7 @@ class ProjectionRunner:
     ) -> int:
         """Clear the tables of ``projections`` (all when none is named) and rebuild them from
         position 0, in one pass over the ledger: over the archived months' files in
-        ``archive`` first, if months are archived (``ledger.audit.archive.archived_history``)."""
+        ``archive`` first, if months are archived (``ledger.store.archived.archived_history``)."""
         chosen = sorted(projections or self.projections.values(), key=lambda p: p.name)
         segments = await archived_history(self.store.engine, "a replay", archive)
         async with self.store.engine.begin() as conn:

@@ -1,5 +1,8 @@
 """Ledger queries (contract §3): a request's events, its view, and the search over request views.
 
+A request's events are read from the live ledger and, for a request recorded in an archived
+month, from the archive's files (``request_trail``, through ``ledger.store.archived``).
+
 The read side's SQL, and nothing of HTTP: callers pass plain values (a :class:`RequestSearch`
 already narrowed to what the caller may see, a limit, a keyset position) and get plain
 values back. Pagination is by keyset, never by offset, so a page boundary stays put while
@@ -9,24 +12,28 @@ a request's events by their version in its stream.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Final
 
 from sqlalchemy import func, or_, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ledger.store import RecordedEvent, decode_row
+from ledger.store import RecordedEvent, decode_payload, decode_row
+from ledger.store.archived import archived_segments, archived_stream
 from ledger.store.db import READ_ONLY
-from ledger.store.schema import appends, request_views
+from ledger.store.schema import appends, archived_streams, request_views
 from ledger.store.stored import holding, previous_hash
 from ledger.types import money_str
 
 __all__ = [
     "REQUEST_STATUSES",
     "RecentFailures",
+    "RequestArchived",
     "RequestKey",
     "RequestSearch",
     "find_request_view",
@@ -34,6 +41,7 @@ __all__ = [
     "read_request_trails",
     "recent_failures",
     "request_stream_id",
+    "request_trail",
     "request_view_json",
     "search_request_views",
 ]
@@ -62,6 +70,17 @@ _VIEW_FIELDS: Final = (
     "created_at",
     "completed_at",
 )
+
+
+class RequestArchived(Exception):
+    """A request recorded in an archived month, and no archive directory to read it from."""
+
+    def __init__(self, request_id: str) -> None:
+        super().__init__(
+            f"request {request_id!r} was recorded in an archived month: its events are in the "
+            "archive files (give their directory: WAYBILL_ARCHIVE_DIR)"
+        )
+        self.request_id = request_id
 
 
 def request_stream_id(request_id: str) -> str:
@@ -175,6 +194,30 @@ async def read_request_events(
             skip = max(0, after_version + 1 - row.version)
             found += decode_row(row.position, row.previous, row.payloads)[skip:]
     return found if limit is None else found[:limit]
+
+
+async def request_trail(
+    engine: AsyncEngine, request_id: str, archive: Path | None
+) -> list[RecordedEvent]:
+    """All of ``request_id``'s events, in order: those of archived months read from the
+    files in ``archive`` (``RequestArchived`` without it; ``ArchiveError`` for a file that
+    is missing or not the ledger's), then the live ledger's. Only a stream the database
+    lists as archived (``archived_streams``) is looked for in the files, a pass over each."""
+    trail = await read_request_events(engine, request_id)
+    if trail and trail[0].version == 1:
+        return trail
+    stream = request_stream_id(request_id)
+    async with engine.connect() as conn:
+        archived = await conn.execute(
+            select(archived_streams.c.version).where(archived_streams.c.stream_id == stream)
+        )
+        if archived.first() is None:
+            return trail
+    if archive is None:
+        raise RequestArchived(request_id)
+    segments = await archived_segments(engine)
+    found = await asyncio.to_thread(archived_stream, archive, segments, stream)
+    return [decode_payload(*event) for event in found] + trail
 
 
 async def read_request_trails(

@@ -231,6 +231,16 @@ def admit(record: Record, now: int, lease_ms: int) -> tuple[Admission, Record, S
     return Admission.PROBE, probing, Step("open", "half_open", StepReason.PROBE, record.failures)
 
 
+def release(record: Record) -> Record:
+    """A probe that ended without a verdict (an outcome no breaker counts: the client's own
+    error, a content policy, the client leaving) gives its lease back: the breaker stays
+    half-open and the next attempt takes the probe at once, rather than every tenant waiting
+    out the lease. Anything but a half-open breaker is left as it is."""
+    if record.state != "half_open" or record.lease_until == 0:
+        return record
+    return evolve(record, lease_until=0)
+
+
 def hear(
     record: Record, call: Call, settings: BreakerSettings, now: int
 ) -> tuple[Record, Step | None]:

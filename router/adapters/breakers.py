@@ -202,6 +202,16 @@ class BreakerBoard(ABC):
         """Atomically apply one attempt's outcome (``breaker_policy.hear``)."""
 
     @abstractmethod
+    async def release_probe(self, key: BreakerKey) -> None:
+        """The probe lease taken by :meth:`admit` goes back without a verdict
+        (``breaker_policy.release``): however a probe ends, the breaker is judged
+        (:meth:`hear`) or its lease returned, never left to run out.
+
+        Call it only for a key the attempt was admitted to as the probe. A holder that
+        outlived its lease (60 s by default) may give back a later holder's: that probe then
+        goes to the next attempt, which is harmless (a breaker never has two verdicts)."""
+
+    @abstractmethod
     async def inspect(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, BreakerView]:
         """Each breaker as it stands now, read-only."""
 
@@ -305,6 +315,11 @@ class InProcessBreakers(BreakerBoard):
         self._put(key, record)
         return _transition(key, step, call)
 
+    async def release_probe(self, key: BreakerKey) -> None:
+        record = self._records.get(key)
+        if record is not None:
+            self._put(key, policy.release(record))
+
     async def inspect(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, BreakerView]:
         now = self._now()
         return {
@@ -358,6 +373,14 @@ redis.call('PEXPIRE', key, ttl_ms)
 return {'probe', state, tonumber(h[2]) or 0}
 """
 )
+
+# KEYS: the breaker. A half-open breaker's probe lease given back (breaker_policy.release).
+_RELEASE: Final = """
+if redis.call('HGET', KEYS[1], 'state') == 'half_open' then
+  redis.call('HSET', KEYS[1], 'lease_until', 0)
+end
+return 0
+"""
 
 # KEYS: the breaker. ARGV: now (-1: the server's), failed, slow, opens at once ('1'/'0'),
 # retry_after_ms (-1: none, else capped), then _HearSettings.args: policy, failure_threshold,
@@ -625,6 +648,7 @@ class RedisBreakers(BreakerBoard):
         self._admit = self._redis.register_script(_ADMIT)
         self._hear = self._redis.register_script(_HEAR)
         self._blocked = self._redis.register_script(_BLOCKED)
+        self._release = self._redis.register_script(_RELEASE)
         self._inspect = self._redis.register_script(_INSPECT)
 
     def _key(self, key: BreakerKey) -> str:
@@ -686,6 +710,9 @@ class RedisBreakers(BreakerBoard):
             figures=None if int(calls) < 0 else Figures(int(calls), int(failed), int(slow)),
         )
         return _transition(key, step, call)
+
+    async def release_probe(self, key: BreakerKey) -> None:
+        await self._script(self._release, [self._key(key)], [])
 
     async def inspect(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, BreakerView]:
         if not keys:
@@ -764,6 +791,9 @@ class FallbackBreakers(BreakerBoard):
 
     async def hear(self, key: BreakerKey, call: Call) -> list[Transition]:
         return await self._on_either(lambda board: board.hear(key, call))
+
+    async def release_probe(self, key: BreakerKey) -> None:
+        await self._on_either(lambda board: board.release_probe(key))
 
     async def inspect(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, BreakerView]:
         return await self._on_either(lambda board: board.inspect(keys))

@@ -59,8 +59,8 @@ _RECONNECT_S: Final = 1.0
 def key_check(endpoint: Endpoint) -> str | None:
     """What tells one key of an endpoint from another without revealing it: PBKDF2-SHA256
     of the key, salted with the endpoint's id, at a cost that makes guessing a weak key as
-    slow as guessing a password. None for an endpoint without a key. CPU-bound (~50 ms):
-    call it in a thread."""
+    slow as guessing a password. None for an endpoint without a key. CPU-bound, on purpose
+    (``bench/README.md``, "Decisions"): call it in a thread."""
     if endpoint.api_key is None:
         return None
     digest = hashlib.pbkdf2_hmac(

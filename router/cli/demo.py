@@ -3,6 +3,7 @@
 Two fake providers (the test kit's :class:`router.fake_provider.FakeUpstream`) play a
 primary on tier 0 and a fallback on tier 1; a client key is created in the ``demo``
 workspace; a ready ``curl`` and ``openai`` SDK example is printed; then the gateway serves.
+The fake providers and the gateway are imported when the command runs, not with the CLI.
 """
 
 from __future__ import annotations
@@ -15,25 +16,43 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import httpx
-from rich.console import Console
+import typer
 
 from ledger import apikeys
 from ledger.store import EventStore
-from ledger.store.db import create_engine
-from router.config import Config, parse_config
-from router.fake_provider import FakeUpstream
-from router.http.app import AppSettings
+from ledger.store.db import create_engine, migrate, resolve_database_url
+from router.cli._shared import DatabaseUrl, friendly_errors, listening_socket, out, serve_app
 
-__all__ = ["demo_config", "run_demo"]
+if TYPE_CHECKING:
+    from router.config import Config
+    from router.http.app import AppSettings
+
+__all__ = ["demo_command", "demo_config"]
 
 _MODEL_GROUP = "chat-default"
 
 
+def demo_command(
+    database_url: DatabaseUrl = None,
+    port: Annotated[int, typer.Option("--port")] = 8080,
+    check: Annotated[
+        bool,
+        typer.Option("--check", help="Send one request through the demo, print it and exit."),
+    ] = False,
+) -> None:
+    """Serve a demo config in front of a bundled local demo provider (works offline)."""
+    url = resolve_database_url(database_url)
+    with friendly_errors():
+        migrate(url)
+        listening = listening_socket("127.0.0.1", port)
+        _run_demo(url, listening, check=check)
+
+
 def demo_config(primary_url: str, fallback_url: str) -> Config:
+    from router.config import parse_config
+
     return parse_config(
         f"""
 generation: demo
@@ -126,15 +145,10 @@ Then: `{waybill} verify` walks the hash chain of everything recorded.
 """
 
 
-def run_demo(
-    database_url: str,
-    listening: socket.socket,
-    *,
-    check: bool,
-    out: Console,
-    err: Console,
-    serve: Callable[[AppSettings, str, int], None],
-) -> None:
+def _run_demo(database_url: str, listening: socket.socket, *, check: bool) -> None:
+    from router.fake_provider import FakeUpstream
+    from router.http.app import AppSettings
+
     with FakeUpstream("demo-primary") as primary, FakeUpstream("demo-fallback") as fallback:
         settings = AppSettings(
             config=demo_config(primary.base_url, fallback.base_url), database_url=database_url
@@ -149,13 +163,14 @@ def run_demo(
         )
         out.print(_examples(base, key.secret), highlight=False, markup=False, soft_wrap=True)
         if check:
-            _check(settings, listening, key.secret, out)
+            _check(settings, listening, key.secret)
             return
-        serve(settings, "127.0.0.1", port)
+        serve_app(settings, "127.0.0.1", port, listening)
 
 
-def _check(settings: AppSettings, listening: socket.socket, secret: str, out: Console) -> None:
+def _check(settings: AppSettings, listening: socket.socket, secret: str) -> None:
     """Serve in a thread, send one buffered and one streamed request, stop."""
+    import httpx
     import uvicorn
 
     from router.http.app import create_app

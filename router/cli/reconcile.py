@@ -8,6 +8,7 @@ prints as a table, JSON or CSV (``--output``; ``--json`` is ``--output json``).
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import json
@@ -21,17 +22,17 @@ from rich.table import Table
 from typer.core import TyperGroup
 
 from ledger.store import EventStore
-from router.cli.main import (
+from router.cli._shared import (
     CliError,
     ConfigFile,
     DatabaseUrl,
-    _friendly_errors,
-    _load_config,
-    _progress_callback,
-    _with_store,
     err,
+    friendly_errors,
     out,
     progress_bar,
+    progress_callback,
+    read_config,
+    with_store,
 )
 
 __all__ = ["reconcile_app"]
@@ -154,7 +155,7 @@ def import_command(
     """Import a usage export or a provider report's pages: match, settle unknown usage, report."""
     from ledger.finance.provider_reports import detect_format
 
-    with _friendly_errors():
+    with friendly_errors():
         chosen_output = _output(output, as_json)
         contents = [(name, _read(name)) for name in files]
         chosen: str | None = report_format
@@ -210,14 +211,14 @@ def _import_lines(
                     actor="cli",
                     scope=ReconcileScope(provider=provider),
                     export_format=export_format,
-                    progress=_progress_callback(progress, task),
+                    progress=progress_callback(progress, task),
                     force=force,
                 )
         except ExportError as error:
             raise CliError(f"{name}: {error}") from None
         return report_json(report)
 
-    return _with_store(database_url, work)
+    return with_store(database_url, work)
 
 
 def _import_report(
@@ -235,8 +236,8 @@ def _import_report(
     from ledger.finance.reconcile import ExportError, ReconcileScope, report_json
     from router.adapters.provider_reports import identities_of, rates_of
 
-    with _friendly_errors():
-        config = _load_config(config_file)
+    with friendly_errors():
+        config = read_config(config_file)
     chosen = next((f for f in REPORT_FORMATS if f == report_format), None)
 
     async def work(store: EventStore) -> dict[str, Any]:
@@ -258,7 +259,7 @@ def _import_report(
             raise CliError(f"{where}{error}") from None
         return report_json(report)
 
-    return _with_store(database_url, work)
+    return with_store(database_url, work)
 
 
 @reconcile_app.command("fetch")
@@ -280,13 +281,11 @@ def fetch_command(
     force: ForceOption = False,
 ) -> None:
     """Fetch an endpoint's usage or cost report from its provider's admin API, then reconcile."""
-    import asyncio
-
     from router.adapters.provider_reports import FetchError, day_window, fetch_report
 
-    with _friendly_errors():
+    with friendly_errors():
         chosen_output = _output(output, as_json)
-        config = _load_config(config_file)
+        config = read_config(config_file)
         target = config.endpoint(endpoint)
         if target is None:
             raise CliError(f"no endpoint {endpoint!r} in the config")
@@ -350,7 +349,7 @@ def show_command(
     from ledger.finance.bucket_reconcile import bucket_json, find_bucket
     from ledger.finance.reconcile import find_reconciliation, report_json
 
-    with _friendly_errors():
+    with friendly_errors():
         chosen_output = _output(output, as_json)
 
     async def work(store: EventStore) -> dict[str, Any]:
@@ -366,7 +365,7 @@ def show_command(
             )
         return await bucket_json(store, recorded.reconciliation_id, found)
 
-    result = _with_store(database_url, work)
+    result = with_store(database_url, work)
     if bucket is None:
         print_report(result, chosen_output)
     else:

@@ -868,8 +868,8 @@ class Config(_Frozen):
         return endpoints
 
     # Lookups are computed once: the request path never scans lists. Cached properties, not
-    # private attributes: reading one of those goes through pydantic's __getattr__, which
-    # cost 4 us a lookup on a slow day, several lookups a request.
+    # private attributes: reading one of those goes through pydantic's __getattr__, slow
+    # enough to show at several lookups a request (bench/README.md, "Decisions").
     @functools.cached_property
     def _endpoints(self) -> dict[str, Endpoint]:
         return {e.id: e for e in self.endpoints}

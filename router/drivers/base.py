@@ -60,10 +60,10 @@ __all__ = [
 ]
 
 ATTEMPT_ID_HEADER: Final = "X-Waybill-Attempt-Id"
-# Idle upstream connections kept per origin. Many long streams at once end and begin at
-# hundreds a second, and on a busy gateway a new stream takes its connection a few hundred
-# milliseconds after others were let go: a pool of 32 closed most of them, and 57% of the
-# streams at c1000 opened a connection of their own (bench/README.md).
+# Idle upstream connections kept per origin. Many long streams at once end and begin in
+# numbers, and on a busy gateway a new stream asks for its connection well after others
+# were let go: a pool of 32 had closed most of them, and streams at c1000 kept opening
+# connections of their own (bench/README.md, "Decisions").
 _MAX_IDLE: Final = 1024
 _MAX_ERROR_BODY: Final = 64 * 1024
 _MAX_MESSAGE_CHARS: Final = 300

@@ -3,8 +3,8 @@
 One keep-alive pool per origin (and proxy), each request written in one piece, responses
 parsed by httptools (llhttp) inside an asyncio Protocol and read as an async iterator of
 bytes. No cookies, redirects, HTTP/2 or compression: an upstream call needs none of them, and
-httpx's general-purpose layers cost ~1 ms of CPU per call on the request path
-(bench/README.md).
+httpx's general-purpose layers were a large part of the request path's CPU (bench/README.md,
+"Decisions").
 
 Through an HTTP proxy (:class:`Proxy`), every connection is a CONNECT tunnel, for http
 upstreams as for https ones (TLS to the upstream then runs inside it, checked against the

@@ -9,7 +9,8 @@ This module owns the event-stream wire format of contract §5 ("Streaming") and 
 * :class:`SSEStream` layers JSON on top for drivers: it yields each event's JSON object
   (or, with :meth:`SSEStream.batches`, a network chunk's objects together), stops at
   ``data: [DONE]``, skips and records events that are not JSON objects, enforces the idle
-  timeout and reports how the body ended (:class:`EndReason`).
+  timeout (on the running loop's clock, or on the :class:`Deadline` source it is given) and
+  reports how the body ended (:class:`EndReason`).
 * The plain path: a network chunk of whole frames that are one ``data:`` line each (what
   providers send) is split at its blank lines and each payload handed to ``orjson`` as bytes,
   without the per-line machinery; such a batch also keeps the chunk's bytes
@@ -29,16 +30,18 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterable, AsyncIterator, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Final, TypeAlias
+from types import TracebackType
+from typing import Any, Final, Protocol, TypeAlias
 
 import orjson
 
 __all__ = [
     "DONE_FRAME",
     "MAX_FRAME_BYTES",
+    "Deadline",
     "EndReason",
     "InvalidEvent",
     "JSONObject",
@@ -183,7 +186,8 @@ class SSEParser:
             or self._closed
             or not chunk.endswith(b"\n\n")
             # find, not `in`: CPython 3.11 tries a bytes needle of `in` as an integer first,
-            # formatting and dropping a TypeError each time (~3x the search itself).
+            # formatting and dropping a TypeError each time, dearer than the search itself
+            # (bench/README.md, "Instructions").
             or chunk.find(_CR_BYTE) != -1
         ):
             return None
@@ -267,7 +271,8 @@ class SSEParser:
     def _consume_lf_lines(self, data: bytes, frames: list[SSEFrame]) -> None:
         """``_consume`` for what providers send: whole lines ended by LF alone, no line of
         an earlier chunk to finish. The same rules, with a ``data`` line taken in place
-        (the parse was ~36 us of a ten-event stream's CPU, one method call a line)."""
+        (one method call a line was most of a stream's parse: bench/README.md,
+        "Decisions")."""
         base, pos = self._offset, 0
         lines = data.split(b"\n")
         rest = lines.pop()  # after the last LF: the start of a line, or nothing
@@ -346,6 +351,23 @@ class SSEParser:
         )
 
 
+class Deadline(Protocol):
+    """What bounds one wait for a chunk: :class:`asyncio.Timeout`'s shape. Entered around the
+    wait; once past its time it cancels the wait and its exit raises ``TimeoutError``;
+    ``expired`` says whether it was this deadline that fired."""
+
+    async def __aenter__(self) -> object: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None: ...
+
+    def expired(self) -> bool: ...
+
+
 @dataclass(frozen=True, slots=True)
 class InvalidEvent:
     """An event skipped because its data is not a JSON object (contract §5)."""
@@ -363,7 +385,8 @@ class SSEStream:
     Iterate it once with ``async for``. Afterwards :attr:`end_reason` says how the body
     ended; it stays ``None`` if iteration raised or was abandoned.
     ``idle_timeout_s`` bounds every wait for the next chunk, the first one included; set
-    between reads, it bounds the later ones.
+    between reads, it bounds the later ones. Each wait gets a deadline of its own from
+    ``timeout``: the running loop's clock (:func:`asyncio.timeout`), or a test's.
     """
 
     def __init__(
@@ -372,9 +395,11 @@ class SSEStream:
         *,
         idle_timeout_s: float | None = None,
         max_frame_bytes: int = MAX_FRAME_BYTES,
+        timeout: Callable[[float | None], Deadline] = asyncio.timeout,
     ) -> None:
         self._chunks = chunks
         self.idle_timeout_s = idle_timeout_s
+        self._timeout = timeout
         self._parser = SSEParser(max_frame_bytes=max_frame_bytes)
         self._started = False
         self._end_reason: EndReason | None = None
@@ -526,7 +551,7 @@ class SSEStream:
 
     async def _next_chunk(self, source: AsyncIterator[bytes]) -> bytes | None:
         limit = self.idle_timeout_s
-        timeout = asyncio.timeout(limit)
+        timeout = self._timeout(limit)
         try:
             async with timeout:
                 return await anext(source)

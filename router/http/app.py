@@ -122,13 +122,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 DEFAULT_MAX_IN_FLIGHT: Final = 256
 """Requests in flight per workspace in one process before new ones get 503 capacity_error
 (``waybill serve --max-in-flight``). What an LLM gateway carries is long streams, and the
-number of them open is its load. On a 2-core machine, ``bench/streams_bench.py`` (streams of
-50 chunks 20 ms apart) measures the time to first token the gateway adds at p99 as 21 ms
-with 200 streams in flight and 65 ms with 300, then 180 ms at 400 and 392 ms at 500 as
-streams/s through it fall behind the direct path's (0.98, 0.95, 0.89, 0.74 of them). 256 is
-where it still adds at most ~50 ms: beyond it a fast 503 serves a client better than a
-slower stream for everyone (``bench/README.md``, "Capacity"). Derive it for other machines
-the same way."""
+number of them open is its load. The default comes from a sweep of ``bench/streams_bench.py``
+on a 2-core machine (``bench/README.md``, "Capacity"): past it, the time to first token the
+gateway adds grows with every stream more, for all of them, and a fast 503 serves a client
+better than a slower stream for everyone. Derive it for other machines the same way."""
 
 
 @dataclass(frozen=True)
@@ -181,10 +178,11 @@ class _Edge:
     """Pure ASGI, in front of the FastAPI app: give every request an id and every response
     its ``X-Request-Id``, and serve ``POST /v1/chat/completions`` directly.
 
-    The inference route is the hot path: FastAPI's middleware stack, routing and dependency
-    resolution cost about 0.3 ms of CPU per request, a third of the budget the gateway has
-    for its own work. Everything else (the other routes, and other methods on this path)
-    goes through FastAPI; errors take the same shape either way (``_failure_response``)."""
+    The inference route is the hot path, and FastAPI's middleware stack, routing and
+    dependency resolution were a large part of the CPU the gateway spends on a request of its
+    own (``bench/README.md``, "Decisions"). Everything else (the other routes, and other
+    methods on this path) goes through FastAPI; errors take the same shape either way
+    (``_failure_response``)."""
 
     def __init__(self, app: FastAPI) -> None:
         self.app = app
@@ -748,7 +746,8 @@ async def _unless_disconnected(scope: Scope, receive: Receive, work: Coroutine[A
     records the attempt in flight as ``client_canceled``, and the upstream call is dropped)
     and raise :class:`_ClientGone`. Served by Waybill's own protocol, the server calls back
     on a hang-up (``router.serving.server``); under another server, a task waits on ``receive``
-    (a second task for the work as well, and waiting on both, took twice the CPU)."""
+    (a second task for the work as well, and waiting on both, cost more: ``bench/README.md``,
+    "Decisions")."""
     this = asyncio.current_task()
     assert this is not None
     gone = False
@@ -804,8 +803,8 @@ class _EventStream(Response):
     """The committed stream, sent as it comes; a client that disconnects cancels it.
 
     What Starlette's StreamingResponse does, without its anyio task group: delivering the
-    group's cancellation polls the task on every turn of the loop, about 5% of the
-    gateway's CPU on streamed requests (``bench/README.md``)."""
+    group's cancellation polls the task on every turn of the loop, a cost every streamed
+    request paid (``bench/README.md``, "Decisions")."""
 
     media_type = _SSE
 

@@ -24,17 +24,19 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from ledger.audit.archive import ArchiveError, RequestArchived, request_trail
 from ledger.audit.verify import record_verification, verify_chain
 from ledger.events import RequestReceived
 from ledger.store import EventStore, RecordedEvent
+from ledger.store.archived import ArchiveError
 from ledger.views.explain import explain, render_text
 from ledger.views.queries import (
     REQUEST_STATUSES,
+    RequestArchived,
     RequestKey,
     RequestSearch,
     find_request_view,
     read_request_events,
+    request_trail,
     request_view_json,
     search_request_views,
 )
@@ -150,7 +152,7 @@ def queries_router(authenticate: Authenticate) -> APIRouter:
 
 async def request_trail_of(request: Request, request_id: str) -> list[RecordedEvent]:
     """All of a request's events, those of archived months read from the gateway's archive
-    directory (``WAYBILL_ARCHIVE_DIR``; ``ledger.audit.archive.request_trail``)."""
+    directory (``WAYBILL_ARCHIVE_DIR``; ``ledger.views.queries.request_trail``)."""
     archive = request.app.state.settings.archive_dir
     try:
         return await request_trail(_store(request).engine, request_id, archive)

@@ -20,7 +20,9 @@ from router.request.classify import Classification
 from router.request.selection import RouteContext
 
 __all__ = [
+    "BREAKER_SCOPES",
     "DECISION_REASONS",
+    "REFUSALS",
     "WALK_REASONS",
     "Action",
     "AttemptOutcome",
@@ -70,11 +72,29 @@ DECISION_REASONS: Final[tuple[str, ...]] = (
 )
 """Every reason :func:`decide` may give, a stable code recorded on ``FailoverDecided``."""
 
+BREAKER_SCOPES: Final = ("endpoint", "mapping")
+REFUSALS: Final = (
+    "breaker_open",
+    "saturated",
+    "credentials_disabled",
+    "over_budget",
+    "unavailable",
+)
+"""Why the target of a planned retry or resume refused it when it came to start (the probe
+taken by another request, the endpoint's slots full, its key refused, the budget taken by
+another request; ``unavailable``: none of those was told)."""
+
 WALK_REASONS: Final[tuple[str, ...]] = (
     # a hedged request: another way still runs and carries it on
     "other_way_running",
     # a committed stream broke: continue it on the same upstream model
     "resume_same_model",
+    # the failed attempt's own outcome opened its endpoint's or mapping's breaker: a retry
+    # would be refused, so fail over at once (or stop, where moving is forbidden)
+    *(f"{scope}_breaker_opened" for scope in BREAKER_SCOPES),
+    # a planned retry or resume refused when it came to start: the plan changes, and says why
+    *(f"retry_refused_{why}" for why in REFUSALS),
+    *(f"resume_refused_{why}" for why in REFUSALS if why != "over_budget"),
 )
 """The reasons only the request's walk (:mod:`router.request.walk`) gives, beside
 :func:`decide`'s."""
@@ -113,6 +133,9 @@ class AttemptOutcome:
     # The request asks the provider for effects of its own (server-side tools, web search):
     # strict whatever the policy says, for such effects cannot be taken back.
     server_side_effects: bool = False
+    # The breaker of the failed attempt's endpoint or mapping that its own outcome opened
+    # (or re-opened): a retry there would be refused at admission.
+    breaker_opened: Literal["endpoint", "mapping"] | None = None
 
 
 def _stop(reason: str) -> Decision:
@@ -144,8 +167,13 @@ def _decide(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> 
     stop_reason = _class_stops(outcome, defaults)
     if stop_reason is not None:
         return _stop(stop_reason)
-    # 3. Retry the same endpoint first, where the config allows it.
+    # 3. Retry the same endpoint first, where the config allows it — unless this attempt
+    # opened a breaker the retry would meet: then the failover (or the stop) comes at once,
+    # naming that breaker, rather than a retry the record would contradict.
     retry = _retry(outcome, defaults, rng)
+    if retry is not None and outcome.breaker_opened is not None:
+        opened = f"{outcome.breaker_opened}_breaker_opened"
+        return Decision("failover", opened) if outcome.allow_failover else _stop(opened)
     if retry is not None:
         return retry
     # 4. Otherwise move to another endpoint, if the caller lets us.

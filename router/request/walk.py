@@ -46,6 +46,7 @@ __all__ = [
     "HedgeDue",
     "Kind",
     "Purpose",
+    "Refusal",
     "Route",
     "Routed",
     "Run",
@@ -63,6 +64,9 @@ __all__ = [
 MAX_BUDGET_RACES: Final = 5  # reservations lost to concurrent requests before giving up
 
 Kind: TypeAlias = Literal["call", "resume", "hedge"]
+Refusal: TypeAlias = Literal[
+    "breaker_open", "saturated", "credentials_disabled", "over_budget", "unavailable"
+]  # decision.REFUSALS
 Purpose: TypeAlias = Literal["first", "retry", "failover", "resume", "hedge"]
 
 
@@ -103,6 +107,7 @@ class _Resume:
     attempt_id: str
     target: Target  # the broken attempt's mapping
     delivered_chars: int
+    own_blocked: bool = False  # its own outcome opened a breaker of that mapping
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +127,7 @@ class Walk:
     routing: Purpose | None = None  # what the route being looked for is for
     starting: Purpose | None = None  # what the attempt being started is for
     resume_of: _Resume | None = None  # the broken attempt a resume continues
+    retry_of: _Way | None = None  # the failed attempt a retry being routed or started follows
     ended: bool = False
 
     def retries_on(self, endpoint: str) -> int:
@@ -148,7 +154,10 @@ class Routed:
 
 @dataclass(frozen=True, slots=True)
 class Unroutable:
-    """No candidate is eligible for the walk's current purpose."""
+    """No candidate is eligible for the walk's current purpose (for a retry or a resume,
+    ``refused`` says why its target refused it)."""
+
+    refused: Refusal = "unavailable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +197,9 @@ class Failed:
     remaining_ms: int  # of the whole-request deadline
     delivered_chars: int = 0  # text of this request's stream the client already has
     resumable: bool = False  # what was delivered is text a continuation can follow
+    # The breaker of its endpoint or mapping that this attempt's own outcome opened (or
+    # re-opened): the walk does not plan a retry or a resume the breaker would refuse.
+    breaker_opened: Literal["endpoint", "mapping"] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,8 +320,8 @@ def advance(walk: Walk, happening: Happening, rng: random.Random) -> Step:
             return _route(walk, "first")
         case Routed(target=target):
             return _start(walk, target)
-        case Unroutable():
-            return _unroutable(walk)
+        case Unroutable(refused=refused):
+            return _unroutable(walk, refused)
         case BudgetRaced():
             return _budget_raced(walk)
         case Started():
@@ -360,16 +372,37 @@ def _start(walk: Walk, target: Target) -> Step:
             return Step(walk, (Start(target, purpose),))
 
 
-def _unroutable(walk: Walk) -> Step:
+def _unroutable(walk: Walk, refused: Refusal) -> Step:
     purpose = walk.routing
     walk = evolve(walk, routing=None)
     if purpose == "hedge" or (purpose != "resume" and walk.running):
         return Step(walk, ())  # the ways already running carry the request
     if purpose == "retry":
-        # The endpoint's breaker refused the retry (another request took its probe):
-        # evaluate the whole group again, that breaker counted as open.
-        return _route(walk, "failover")
+        # The retry's target refused it (say, another request took its breaker's probe): the
+        # plan changes, and the record says so before the next step.
+        return _retry_refused(walk, refused)
+    if purpose == "resume" and walk.resume_of is not None:
+        after, stop = walk.resume_of.attempt_id, Decision("stop", f"resume_refused_{refused}")
+        return _end(walk, Decided(after, stop), Fail("decision", after, stop))
     return _end(walk, Fail("no_route"))
+
+
+def _retry_refused(walk: Walk, refused: Refusal) -> Step:
+    """A planned retry cannot start: fail over, evaluating the whole group again with that
+    target counted as refused, or stop where the caller forbade moving."""
+    way = walk.retry_of
+    assert way is not None, "a retry follows a failed attempt"
+    after = way.attempt_id
+    reason = f"retry_refused_{refused}"
+    if not walk.policy.allow_failover:
+        walk = evolve(walk, retry_of=None)
+        stop = Decision("stop", reason)
+        return _end(walk, Decided(after, stop), Fail("decision", after, stop))
+    # A failover from that endpoint, as any other: it is never entered again.
+    tried = walk.context.tried_endpoints | {way.target.endpoint}
+    context = dataclasses.replace(walk.context, tried_endpoints=tried)
+    step = _route(evolve(walk, retry_of=None, context=context), "failover")
+    return Step(step.walk, (Decided(after, Decision("failover", reason)), *step.actions))
 
 
 def _budget_raced(walk: Walk) -> Step:
@@ -381,12 +414,20 @@ def _budget_raced(walk: Walk) -> Step:
         return _end(walk, Fail("budget_raced")) if not walk.running else Step(walk, ())
     if purpose == "resume":
         return _route(walk, "resume", _resume_targets(walk))
+    if purpose == "retry":
+        return _retry_refused(walk, "over_budget")
     return _route(walk, "failover" if walk.attempts else "first")
 
 
 def _started(walk: Walk, started: Started) -> Step:
     way = _Way(started.attempt_id, started.target, started.kind)
-    walk = evolve(walk, attempts=walk.attempts + 1, starting=None, running=(*walk.running, way))
+    walk = evolve(
+        walk,
+        attempts=walk.attempts + 1,
+        starting=None,
+        retry_of=None,
+        running=(*walk.running, way),
+    )
     actions: list[Action] = [Run(started.attempt_id)]
     after = walk.policy.hedge_after_ms
     if (
@@ -475,7 +516,7 @@ def _failed(walk: Walk, failed: Failed, rng: random.Random) -> Step:
         return Step(step.walk, (Decided(way.attempt_id, decision), *step.actions))
     retries = dict(walk.retries)
     retries[endpoint] = retries.get(endpoint, 0) + 1
-    walk = evolve(walk, retries=tuple(sorted(retries.items())))
+    walk = evolve(walk, retries=tuple(sorted(retries.items())), retry_of=way)
     step = _route(walk, "retry", (way.target,))
     wait = (Wait(decision.backoff_ms),) if decision.backoff_ms else ()
     return Step(step.walk, (Decided(way.attempt_id, decision), *wait, *step.actions))
@@ -491,6 +532,7 @@ def _outcome(walk: Walk, way: _Way, failed: Failed) -> AttemptOutcome:
         allow_failover=policy.allow_failover,
         allow_unknown_execution=policy.allow_unknown_execution,
         server_side_effects=policy.server_side_effects,
+        breaker_opened=failed.breaker_opened,
     )
 
 
@@ -502,13 +544,21 @@ def _after_broken_stream(walk: Walk, way: _Way, failed: Failed, decision: Decisi
     elif failed.resumable and failed.delivered_chars > 0:
         walk = evolve(
             walk,
-            resume_of=_Resume(way.attempt_id, way.target, failed.delivered_chars),
+            resume_of=_Resume(
+                way.attempt_id,
+                way.target,
+                failed.delivered_chars,
+                own_blocked=failed.breaker_opened is not None,
+            ),
         )
         targets = _resume_targets(walk)
         if targets:
             step = _route(walk, "resume", targets)
             resume = Decision("resume", "resume_same_model")
             return Step(step.walk, (Decided(way.attempt_id, resume), *step.actions))
+        if failed.breaker_opened is not None:
+            # The broken attempt's own breaker refuses its resume, and no sibling can: say so.
+            stop = Decision("stop", f"{failed.breaker_opened}_breaker_opened")
     return _end(walk, Decided(way.attempt_id, stop), Fail("decision", way.attempt_id, stop))
 
 
@@ -520,7 +570,7 @@ def _resume_targets(walk: Walk) -> tuple[Target, ...]:
     assert resume is not None
     policy = walk.policy
     broken = resume.target
-    own = (broken,) if broken.resume != "none" else ()
+    own = (broken,) if broken.resume != "none" and not resume.own_blocked else ()
     others = tuple(
         t
         for t in policy.siblings

@@ -3,16 +3,18 @@
 One change to uvicorn's HTTP protocol (httptools): the bytes it writes in one turn of the
 event loop go out in one system call at the end of that turn. uvicorn writes a response's
 status line and headers, then its body, each with its own ``transport.write``; on loopback
-each write is a ``send`` that also wakes the reader, and the pair was most of the ~6% of
-the gateway's CPU that uvicorn's ``send`` took at c16 (``bench/README.md``). A stream's
-chunks written in one turn are joined the same way; a relayed read written from the upstream
-connection's callback, which nothing else of the turn joins, goes out at once (``write_now``:
-a scheduled flush per chunk cost ~3 % of a 50-chunk stream's instructions).
+each write is a ``send`` that also wakes the reader, and the pair was most of what uvicorn's
+``send`` cost the gateway (``bench/README.md``, "Decisions"). A stream's chunks written in
+one turn are joined the same way; a relayed read written from the upstream connection's
+callback, which nothing else of the turn joins, goes out at once (``write_now``: a flush
+scheduled per chunk only added work to every relayed read, ``bench/README.md``,
+"Instructions").
 
 Three additions: the ``waybill.hangup`` extension in each request's scope
 (:data:`HANGUP_EXTENSION`), which calls back when the client's connection is lost, so that
-the app needs no task of its own waiting on ``receive`` to notice (about 2% of the CPU of a
-streamed request, which had two such waits); the ``waybill.body`` extension
+the app needs no task of its own waiting on ``receive`` to notice (a streamed request had
+two such waits, each a task created, stepped and cancelled: ``bench/README.md``,
+"Decisions"); the ``waybill.body`` extension
 (:data:`BODY_EXTENSION`), which writes a piece of a started chunked response at once, from
 any callback, without an ASGI message (a relayed stream's reads go out from the upstream
 connection's callback: ``router.request.gateway``); and the answers the protocol gives itself

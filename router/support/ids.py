@@ -24,7 +24,8 @@ def new_id(prefix: str) -> str:
     """``<prefix>_<12 hex of milliseconds><16 hex of randomness>``: sorts by creation time.
 
     The randomness is the operating system's (as ``secrets``), read 4 KiB at a time: a
-    request makes several ids, and a system call for each was ~2% of the gateway's CPU."""
+    request makes several ids, and a system call for each showed in the gateway's CPU
+    (bench/README.md, "Decisions")."""
     global _pool, _used
     if _used + 8 > len(_pool):
         _pool, _used = os.urandom(_POOL_BYTES), 0

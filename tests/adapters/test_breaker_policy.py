@@ -365,6 +365,7 @@ POLICIES = [
 
 _OPERATIONS = st.one_of(
     st.tuples(st.just("admit")),
+    st.tuples(st.just("release")),
     st.tuples(st.just("wait"), st.integers(0, 700)),
     st.tuples(
         st.just("hear"),
@@ -381,6 +382,8 @@ async def _play(board: BreakerBoard, clock: FakeClock, history: list[tuple[Any, 
     for operation in history:
         if operation[0] == "admit":
             seen.append(await board.admit(EP))
+        elif operation[0] == "release":
+            await board.release_probe(EP)
         elif operation[0] == "wait":
             clock.ms += operation[1]
         else:

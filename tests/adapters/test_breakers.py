@@ -396,6 +396,36 @@ async def test_a_probe_whose_holder_never_reports_expires_after_its_lease(store:
     ]
 
 
+async def test_a_probe_that_ends_without_a_verdict_gives_its_lease_back(store: Store):
+    board = store.board(FAST, probe_lease_ms=60_000)
+    since = store.now_ms()
+    await _fail(board, at_once=True)
+    await store.wait_out(board, EP, 80, since)
+    await _take_probe(board, failures=1)
+    assert await board.admit(EP) == (Admission.DENIED, [])
+
+    # The probe's attempt ended with a class no breaker counts (say, the client's own 400):
+    # its lease goes back at once, not in 60 s; the breaker is still half-open.
+    await board.release_probe(EP)
+    assert await board.blocked([EP]) == {EP: False}
+    assert await board.state(EP) == "half_open"
+    assert await board.admit(EP) == (Admission.PROBE, [])
+    assert await board.admit(EP) == (Admission.DENIED, [])
+
+
+async def test_giving_back_a_probe_never_taken_changes_nothing(store: Store):
+    board = store.board(FAST)
+    await board.release_probe(EP)  # closed, never seen
+    assert await board.state(EP) == "closed"
+    since = store.now_ms()
+    await _fail(board, at_once=True)
+    await board.release_probe(EP)  # open and cooling down: still blocked
+    assert await board.state(EP) == "open"
+    assert await board.blocked([EP]) == {EP: True}
+    await store.wait_out(board, EP, 80, since)
+    await _take_probe(board, failures=1)
+
+
 # --- an endpoint's own settings -------------------------------------------------------------
 
 

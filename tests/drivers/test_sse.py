@@ -4,7 +4,10 @@ Streaming)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import math
+from collections.abc import AsyncIterator, Callable
+from types import TracebackType
+from typing import Any
 
 import orjson
 import pytest
@@ -877,61 +880,205 @@ async def test_a_relay_can_take_a_plain_chunk_outside_batches() -> None:
 
 
 # --- idle timeout ------------------------------------------------------------------------
+#
+# On a clock only the test moves: no real time passes, and each deadline is checked at its
+# very instant, not a few milliseconds either side of it.
+
+LIMIT = 0.05
 
 
-async def silent_after(*chunks: bytes) -> AsyncIterator[bytes]:
-    """Yield `chunks`, then never send anything again."""
-    for chunk in chunks:
-        yield chunk
-    await asyncio.Event().wait()
+class FakeDeadline:
+    """One wait's deadline on a :class:`FakeClock`, as :class:`asyncio.Timeout` behaves: once
+    the clock reaches ``when`` it cancels the wait, and leaving it raises ``TimeoutError``."""
+
+    def __init__(self, clock: FakeClock, when: float | None) -> None:
+        self.clock = clock
+        self.when = when
+        self.fired = False
+        self._task: asyncio.Task[Any] | None = None
+
+    async def __aenter__(self) -> FakeDeadline:
+        self._task = asyncio.current_task()
+        self.clock.armed.append(self)
+        self.clock.changed.set()
+        self.reach(self.clock.now)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.clock.armed.remove(self)
+        self.clock.changed.set()
+        if self.fired and exc_type is asyncio.CancelledError:
+            assert self._task is not None
+            self._task.uncancel()
+            raise TimeoutError from exc
+
+    def reach(self, now: float) -> bool:
+        """Fire if ``now`` is this deadline's time or later; whether it fired now."""
+        if self.fired or self.when is None or now < self.when:
+            return False
+        self.fired = True
+        assert self._task is not None
+        self._task.cancel()
+        return True
+
+    def expired(self) -> bool:
+        return self.fired
 
 
-async def test_an_idle_timeout_set_between_reads_bounds_the_later_waits() -> None:
-    stream = SSEStream(silent_after(sse_json({"n": 1})))
+class FakeClock:
+    """The clock an :class:`SSEStream` gets its deadlines from (``timeout=clock.timeout``)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.delays: list[float | None] = []  # every delay asked for, in order
+        self.armed: list[FakeDeadline] = []  # the deadlines of the waits going on
+        self.changed = asyncio.Event()  # a wait began or ended
+
+    def timeout(self, delay: float | None) -> FakeDeadline:
+        self.delays.append(delay)
+        return FakeDeadline(self, None if delay is None else self.now + delay)
+
+    async def waiting(self, reader: asyncio.Task[Any]) -> FakeDeadline:
+        """The deadline of the wait ``reader`` is in, once it is in one; a reader that ends
+        first fails the test (it waited on another clock, or not at all)."""
+        reader.add_done_callback(lambda _: self.changed.set())
+        await self._until(lambda: bool(self.armed) or reader.done())
+        assert self.armed, f"the reader ended without a wait on this clock: {reader.exception()!r}"
+        return self.armed[-1]
+
+    async def left(self, deadline: FakeDeadline) -> None:
+        """Once the reader's wait under ``deadline`` is over."""
+        await self._until(lambda: deadline not in self.armed)
+
+    async def _until(self, done: Callable[[], bool]) -> None:
+        while not done():
+            self.changed.clear()
+            await self.changed.wait()
+
+    def advance_to(self, now: float) -> list[FakeDeadline]:
+        """Move the clock to ``now``; the deadlines that fired."""
+        assert now >= self.now, "time runs forward"
+        self.now = now
+        return [deadline for deadline in list(self.armed) if deadline.reach(now)]
+
+
+def just_before(when: float | None) -> float:
+    assert when is not None
+    return math.nextafter(when, 0.0)
+
+
+class Body:
+    """A body that sends what the test gives it, when the test gives it."""
+
+    def __init__(self) -> None:
+        self._chunks: asyncio.Queue[bytes] = asyncio.Queue()
+
+    def send(self, chunk: bytes) -> None:
+        self._chunks.put_nowait(chunk)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while True:
+            yield await self._chunks.get()
+
+
+async def next_batch(batches: AsyncIterator[list[JSONObject]]) -> list[JSONObject]:
+    return await anext(batches)
+
+
+async def test_silence_raises_the_idle_timeout_at_its_limit_and_not_before() -> None:
+    clock, body = FakeClock(), Body()
+    body.send(sse_json({"n": 1}))
+    stream = SSEStream(body.chunks(), idle_timeout_s=LIMIT, timeout=clock.timeout)
     batches = stream.batches()
     assert await anext(batches) == [{"n": 1}]
-    stream.idle_timeout_s = 0.05
-    with pytest.raises(SSEIdleTimeout):
-        await anext(batches)
-
-
-async def test_silence_longer_than_idle_timeout_raises_idle_timeout() -> None:
-    stream = SSEStream(silent_after(sse_json({"n": 1})), idle_timeout_s=0.05)
-    seen: list[object] = []
+    reading = asyncio.create_task(next_batch(batches))
+    deadline = await clock.waiting(reading)
+    assert clock.delays == [LIMIT, LIMIT]  # one deadline per wait, of exactly the limit
+    assert deadline.when == LIMIT
+    assert clock.advance_to(just_before(deadline.when)) == []
+    assert clock.advance_to(deadline.when) == [deadline]
     with pytest.raises(SSEIdleTimeout) as caught:
-        async for payload in stream:
-            seen.append(payload)
-    assert seen == [{"n": 1}]
-    assert caught.value.idle_timeout_s == 0.05
+        await reading
+    assert caught.value.idle_timeout_s == LIMIT
     assert stream.end_reason is None
 
 
-async def test_idle_timeout_applies_before_the_first_chunk() -> None:
-    with pytest.raises(SSEIdleTimeout):
-        await collect(SSEStream(silent_after(), idle_timeout_s=0.05))
-
-
-async def test_idle_timeout_bounds_each_gap_not_the_whole_stream() -> None:
-    async def slow_but_steady() -> AsyncIterator[bytes]:
-        for chunk in byte_by_byte(sse_json({"n": 1}) + DONE_FRAME)[:12]:
-            await asyncio.sleep(0.01)
-            yield chunk
-        for chunk in byte_by_byte(sse_json({"n": 1}) + DONE_FRAME)[12:]:
-            yield chunk
-
-    # 12 gaps of 10 ms add up to more than the 50 ms limit; no single gap does.
-    stream = SSEStream(slow_but_steady(), idle_timeout_s=0.05)
-    assert await collect(stream) == [{"n": 1}]
+async def test_a_chunk_just_before_the_limit_is_read_not_timed_out() -> None:
+    clock, body = FakeClock(), Body()
+    stream = SSEStream(body.chunks(), idle_timeout_s=LIMIT, timeout=clock.timeout)
+    reading = asyncio.create_task(collect(stream))
+    deadline = await clock.waiting(reading)
+    assert deadline.when == LIMIT
+    assert clock.advance_to(just_before(deadline.when)) == []
+    body.send(sse_json({"n": 1}) + DONE_FRAME)
+    assert await reading == [{"n": 1}]
     assert stream.end_reason is EndReason.DONE
 
 
+async def test_idle_timeout_applies_before_the_first_chunk() -> None:
+    clock = FakeClock()
+    stream = SSEStream(Body().chunks(), idle_timeout_s=LIMIT, timeout=clock.timeout)
+    reading = asyncio.create_task(collect(stream))
+    deadline = await clock.waiting(reading)
+    assert deadline.when == LIMIT
+    assert clock.advance_to(just_before(deadline.when)) == []
+    assert clock.advance_to(deadline.when) == [deadline]
+    with pytest.raises(SSEIdleTimeout):
+        await reading
+
+
+async def test_an_idle_timeout_set_between_reads_bounds_the_later_waits() -> None:
+    clock, body = FakeClock(), Body()
+    body.send(sse_json({"n": 1}))
+    stream = SSEStream(body.chunks(), timeout=clock.timeout)
+    batches = stream.batches()
+    assert await anext(batches) == [{"n": 1}]
+    assert clock.delays == []  # no idle timeout, no deadline: the common path
+    stream.idle_timeout_s = LIMIT
+    reading = asyncio.create_task(next_batch(batches))
+    deadline = await clock.waiting(reading)
+    assert clock.delays == [LIMIT]
+    assert clock.advance_to(LIMIT) == [deadline]
+    with pytest.raises(SSEIdleTimeout):
+        await reading
+
+
+async def test_idle_timeout_bounds_each_gap_not_the_whole_stream() -> None:
+    clock, body = FakeClock(), Body()
+    pieces = byte_by_byte(sse_json({"n": 1}) + DONE_FRAME)
+    stream = SSEStream(body.chunks(), idle_timeout_s=LIMIT, timeout=clock.timeout)
+    reading = asyncio.create_task(collect(stream))
+    # Every gap is the longest that is not idleness; together they last many limits.
+    for piece in pieces:
+        deadline = await clock.waiting(reading)
+        assert deadline.when == clock.now + LIMIT  # counted from the wait's own start
+        assert clock.advance_to(just_before(deadline.when)) == []
+        body.send(piece)
+        await clock.left(deadline)
+    assert await reading == [{"n": 1}]
+    assert stream.end_reason is EndReason.DONE
+    assert clock.now > 10 * LIMIT
+
+
 async def test_time_spent_by_the_consumer_is_not_idleness() -> None:
-    stream = SSEStream(source(sse_json({"n": 1}), sse_json({"n": 2})), idle_timeout_s=0.05)
+    clock, body = FakeClock(), Body()
+    body.send(sse_json({"n": 1}))
+    body.send(sse_json({"n": 2}) + DONE_FRAME)
+    stream = SSEStream(body.chunks(), idle_timeout_s=LIMIT, timeout=clock.timeout)
     seen: list[object] = []
     async for payload in stream:
         seen.append(payload)
-        await asyncio.sleep(0.1)
+        # The consumer works for twice the limit: no wait is going on, no deadline runs.
+        assert clock.armed == []
+        clock.advance_to(clock.now + 2 * LIMIT)
     assert seen == [{"n": 1}, {"n": 2}]
+    assert stream.end_reason is EndReason.DONE
+    assert clock.delays == [LIMIT, LIMIT]
 
 
 async def test_no_idle_timeout_by_default() -> None:

@@ -1,6 +1,16 @@
-"""contract §5's failure table, row by row, end to end: the ``openai`` SDK → the gateway → fake
-providers over real HTTP. Each row asserts the client's outcome, the hits on each fake
-endpoint and the recorded decision.
+"""contract §5's failure table end to end, for the rows only a socket can prove: an HTTP
+client → the gateway → fake providers over real HTTP. Each row asserts the client's outcome,
+the hits on each fake endpoint and the recorded decision.
+
+Every row of the table is a pure unit test of the request core
+(tests/request/test_failure_table_unit.py: class, evidence, breaker scope, the walk's next
+action and reason, the answer), and the drivers' tests read each error answer of a provider
+into its class (tests/drivers/test_drivers.py). What stays here is what the transport
+proves: a connection reset after the request went out, a connect that never happened,
+timeouts on the wire (no headers, no first event, the whole-request deadline), a stream cut
+before its first event, a body over ``max_response_bytes``, and a client that hangs up; plus
+the answer the executor composes when every endpoint failed (rate-limited, too large), which
+no pure function gives.
 
 Two endpoints serve the model group: ``east`` on tier 0 and ``west`` on tier 1. The table
 runs on SQLite; the ledger's behaviour on PostgreSQL is covered by the other e2e tests.
@@ -17,7 +27,6 @@ from typing import Any
 import pytest
 
 from router.fake_provider import Behavior
-from router.fake_provider.behavior import Kind
 from tests.gateway.harness import Gateway, Route, running_gateway
 from tests.helpers import eventually
 
@@ -43,178 +52,6 @@ class Row:
 
 
 ROWS = [
-    Row(
-        "429 fails over",
-        [Behavior.rate_limited()],
-        200,
-        None,
-        (1, 1),
-        "rate_limited",
-        "not_started",
-        "failover",
-        "not_started_failover",
-    ),
-    Row(
-        "429 with a Retry-After that fits is retried on the same endpoint",
-        [Behavior.rate_limited(retry_after=0.2)],
-        200,
-        None,
-        (2, 0),
-        "rate_limited",
-        "not_started",
-        "retry",
-        "retry_after_honoured",
-        options={
-            "defaults": {
-                "retry_same_endpoint": "{rate_limited: {max: 1, max_retry_after_ms: 5000}}"
-            }
-        },
-    ),
-    Row(
-        "429 with a Retry-After over the max fails over instead",
-        [Behavior.rate_limited(retry_after=9)],
-        200,
-        None,
-        (1, 1),
-        "rate_limited",
-        "not_started",
-        "failover",
-        "not_started_failover",
-        options={
-            "defaults": {
-                "retry_same_endpoint": "{rate_limited: {max: 1, max_retry_after_ms: 5000}}"
-            }
-        },
-    ),
-    Row(
-        "insufficient_quota never fails over",
-        [Behavior.insufficient_quota()],
-        502,
-        "upstream_quota_exhausted",
-        (1, 0),
-        "quota_exhausted",
-        "not_started",
-        "stop",
-        "quota_exhausted_stops",
-    ),
-    Row(
-        "401 stops by default",
-        [Behavior.unauthorized()],
-        502,
-        "upstream_credentials",
-        (1, 0),
-        "credentials",
-        "not_started",
-        "stop",
-        "on_credentials_error_stop",
-    ),
-    Row(
-        "403 fails over when on_credentials_error is failover",
-        [Behavior.forbidden()],
-        200,
-        None,
-        (1, 1),
-        "credentials",
-        "not_started",
-        "failover",
-        "credentials_policy_failover",
-        options={"defaults": {"on_credentials_error": "failover"}},
-    ),
-    Row(
-        "content policy is never routed around",
-        [Behavior.content_policy()],
-        502,
-        "upstream_policy_denied",
-        (1, 0),
-        "policy_denied",
-        "not_started",
-        "stop",
-        "policy_denied_never_routed_around",
-    ),
-    Row(
-        "404 model fails over",
-        [Behavior.model_not_found()],
-        200,
-        None,
-        (1, 1),
-        "model_unavailable",
-        "not_started",
-        "failover",
-        "not_started_failover",
-    ),
-    Row(
-        "context_length_exceeded fails over to a larger window",
-        [Behavior.context_length_exceeded()],
-        200,
-        None,
-        (1, 1),
-        "context_too_small",
-        "not_started",
-        "failover",
-        "larger_context_failover",
-        routes=(
-            Route("east", tier=0, context_window=8192, max_output_tokens=1024),
-            Route("west", tier=1, model="fake-model-large", context_window=128000),
-        ),
-    ),
-    Row(
-        "context_length_exceeded with no larger window stops",
-        [Behavior.context_length_exceeded()],
-        502,
-        "upstream_error",
-        (1, 0),
-        "context_too_small",
-        "not_started",
-        "failover",
-        "larger_context_failover",
-    ),
-    Row(
-        "500 fails over by default, holding the unknown attempt",
-        [Behavior.server_error()],
-        200,
-        None,
-        (1, 1),
-        "upstream_unavailable",
-        "unknown",
-        "failover",
-        "unknown_execution_policy_failover",
-    ),
-    Row(
-        "500 stops with on_unknown_execution: stop",
-        [Behavior.server_error()],
-        503,
-        "upstream_unavailable",
-        (1, 0),
-        "upstream_unavailable",
-        "unknown",
-        "stop",
-        "on_unknown_execution_stop",
-        options={"defaults": {"on_unknown_execution": "stop"}},
-    ),
-    Row(
-        "503 not-started from a trusted endpoint fails over even under stop",
-        [Behavior.not_started()],
-        200,
-        None,
-        (1, 1),
-        "upstream_unavailable",
-        "not_started",
-        "failover",
-        "not_started_failover",
-        options={"defaults": {"on_unknown_execution": "stop"}, "trust_not_started": ["east"]},
-    ),
-    Row(
-        "503 not-started from an untrusted endpoint is unknown",
-        [Behavior.not_started()],
-        503,
-        "upstream_unavailable",
-        (1, 0),
-        "upstream_unavailable",
-        "unknown",
-        "stop",
-        "on_unknown_execution_stop",
-        options={"defaults": {"on_unknown_execution": "stop"}},
-    ),
     Row(
         "reset after the request was sent is unknown",
         [Behavior.reset_before_bytes()],
@@ -264,18 +101,6 @@ ROWS = [
         stream=True,
     ),
     Row(
-        "response over max_response_bytes fails over",
-        [Behavior.large_body(20000)],
-        200,
-        None,
-        (1, 1),
-        "response_too_large",
-        "started",
-        "failover",
-        "class_allows_failover",
-        options={"endpoint_extra": {"east": "    max_response_bytes: 4000"}},
-    ),
-    Row(
         "every response too large: 502 upstream_response_too_large",
         [Behavior.large_body(20000)],
         502,
@@ -292,29 +117,6 @@ ROWS = [
                 "west": "    max_response_bytes: 4000",
             }
         },
-    ),
-    Row(
-        "other 4xx is not retried",
-        [Behavior(Kind.SERVER_ERROR, status=422)],
-        502,
-        "upstream_error",
-        (1, 0),
-        "non_retryable",
-        "not_started",
-        "stop",
-        "non_retryable_stops",
-    ),
-    Row(
-        "X-Waybill-Allow-Failover: false keeps a 429 on its endpoint",
-        [Behavior.rate_limited(retry_after=1)],
-        429,
-        "upstream_rate_limited",
-        (1, 0),
-        "rate_limited",
-        "not_started",
-        "stop",
-        "failover_forbidden_by_header",
-        headers={"X-Waybill-Allow-Failover": "false"},
     ),
     Row(
         "every eligible endpoint rate-limited: 429",
@@ -374,8 +176,6 @@ async def test_failure_table_row(sqlite_url: str, row: Row) -> None:
         assert decided["attempts_left"] == 3  # max_attempts 4, one made
         if row.evidence == "unknown" and row.failure_class != "deadline_exceeded":
             assert decided["policy"].startswith("on_unknown_execution=")
-        if row.failure_class == "credentials":
-            assert decided["policy"].startswith("on_credentials_error=")
         assert events[-1].type == ("RequestCompleted" if row.code is None else "RequestFailed")
 
 

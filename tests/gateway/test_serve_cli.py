@@ -316,7 +316,7 @@ def test_the_demos_examples_paste_and_run_as_printed(tmp_path: Path) -> None:
 def test_serve_defaults_to_the_measured_capacity() -> None:
     import inspect
 
-    from router.cli.main import serve_command
+    from router.cli.serve import serve_command
     from router.http.app import DEFAULT_MAX_IN_FLIGHT, AppSettings
 
     default = inspect.signature(serve_command).parameters["max_in_flight"].default

@@ -27,8 +27,9 @@ from ledger.books.accounting import (
     Reserve,
     Settle,
 )
-from ledger.store import ANY_VERSION, NO_STREAM, EventStore, WrongExpectedVersion, _Known
+from ledger.store import ANY_VERSION, NO_STREAM, EventStore, WrongExpectedVersion
 from ledger.store.db import create_engine
+from ledger.store.postgres import PostgresCommitter, _Known
 from ledger.store.schema import budget_accounts
 from tests.ledger.factories import key_created, received
 from tests.ledger.test_books import balance, release, reserve
@@ -96,7 +97,8 @@ async def test_the_appender_never_plans_its_statements_again(
         await reserved(store, n, "0.01")
         events, settle = settled(n, "0.01", "0.01")
         await store.append(f"request-req_{n}", 1, events, effects=[settle])
-    conn = store._pg._conn if store._pg is not None else None
+    backend = store._backend
+    conn = backend._conn if isinstance(backend, PostgresCommitter) else None
     assert conn is not None
     plans = await conn.fetch(
         "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements "

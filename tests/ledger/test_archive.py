@@ -20,27 +20,25 @@ from sqlalchemy import select, text
 
 from ledger import apikeys
 from ledger import events as ev
-from ledger.audit.archive import (
-    ArchiveError,
-    ArchiveRefused,
-    HistoryArchived,
-    RequestArchived,
-    archive_months,
-    archived_segments,
-    check_segment,
-    read_segment,
-    request_trail,
-)
+from ledger.audit.archive import ArchiveRefused, archive_months
 from ledger.audit.book_audit import check_books, rebuild_books
 from ledger.audit.verify import verify_chain
 from ledger.books.accounting import Effect, effect_of
 from ledger.store import ANY_VERSION, NO_STREAM, EventStore, WrongExpectedVersion
+from ledger.store.archived import (
+    ArchiveError,
+    HistoryArchived,
+    archived_segments,
+    check_segment,
+    read_segment,
+)
 from ledger.store.db import create_engine
 from ledger.store.partitions import month_of
 from ledger.store.schema import budget_accounts, budget_holds, budget_open_holds, budget_resolutions
 from ledger.views import all_projections
 from ledger.views.explain import explain
 from ledger.views.projection import ProjectionRunner
+from ledger.views.queries import RequestArchived, request_trail
 from ledger.views.spend_queries import spend_report
 from tests.console.support import browser, sign_in
 from tests.gateway.harness import Route, running_gateway

@@ -10,7 +10,8 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger.store import _payload_from_parts, canonical_payload
+from ledger.store import canonical_payload
+from ledger.store.recorded import payload_from_parts
 
 _SCALARS = (
     st.none()
@@ -48,7 +49,7 @@ def test_the_payload_from_encoded_parts_is_the_canonical_payload(
     recorded_at: str,
 ) -> None:
     sorted_json = orjson.OPT_SORT_KEYS
-    assert _payload_from_parts(
+    assert payload_from_parts(
         stream_id=orjson.dumps(stream_id),
         version=version,
         event_type=orjson.dumps(event_type),

@@ -13,11 +13,11 @@ from typing import Any, Self
 import pytest
 
 from ledger import events as ev
-from ledger import store as store_module
 from ledger.books.accounting import AccountSpec, Hold, HoldUnknown, Reserve, Settle
 from ledger.books.settlements import settle_unknown
 from ledger.finance.periods import PeriodError, close_period, period_of
 from ledger.store import ANY_VERSION, EventStore
+from ledger.store import event_store as store_module
 from ledger.store.db import create_engine
 from ledger.views import SpendProjection
 from ledger.views.projection import ProjectionRunner

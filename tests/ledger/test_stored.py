@@ -64,7 +64,7 @@ def test_an_appends_encoded_json_holds_no_more_memory_than_its_bytes() -> None:
 
     import orjson
 
-    from ledger.store import _exact
+    from ledger.store.append import _exact
 
     tracemalloc.start()
     try:

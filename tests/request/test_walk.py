@@ -204,11 +204,60 @@ def test_every_row_of_the_failure_table(row, rule, strict):
             assert walk(Routed(FALLBACK)) == (Start(FALLBACK, "failover"),)
 
 
-def test_a_retry_the_breaker_refuses_evaluates_the_group_again():
+def test_a_retry_the_breaker_refuses_is_a_failover_the_record_names():
+    # Another request took the half-open breaker's probe between the decision and the start.
     walk = _first_attempt()
     walk(Failed("a1", _cls(FailureClass.UPSTREAM_UNAVAILABLE), remaining_ms=30_000))
-    assert walk(Unroutable()) == (Route("failover", RouteContext()),)
+    assert walk(Unroutable("breaker_open")) == (
+        Decided("a1", Decision("failover", "retry_refused_breaker_open")),
+        Route("failover", RouteContext(tried_endpoints=frozenset({"east"}))),
+    )
     assert walk(Routed(FALLBACK)) == (Start(FALLBACK, "failover"),)
+
+
+def test_a_refused_retry_stops_where_the_caller_forbade_moving():
+    walk = _first_attempt(_policy(allow_failover=False))
+    walk(Failed("a1", _cls(FailureClass.UPSTREAM_UNAVAILABLE), remaining_ms=30_000))
+    assert walk(Unroutable("saturated")) == (
+        Decided("a1", Decision("stop", "retry_refused_saturated")),
+        Fail("decision", "a1", Decision("stop", "retry_refused_saturated")),
+    )
+
+
+def test_a_retry_whose_reservation_is_lost_to_a_budget_race_is_a_named_failover():
+    walk = _first_attempt()
+    walk(Failed("a1", _cls(FailureClass.UPSTREAM_UNAVAILABLE), remaining_ms=30_000))
+    assert isinstance(walk(Routed(PRIMARY))[0], Start)
+    assert walk(BudgetRaced()) == (
+        Decided("a1", Decision("failover", "retry_refused_over_budget")),
+        Route("failover", RouteContext(tried_endpoints=frozenset({"east"}))),
+    )
+
+
+@pytest.mark.parametrize("scope", ["endpoint", "mapping"])
+def test_a_failure_that_opens_its_own_breaker_fails_over_at_once_naming_it(scope):
+    walk = _first_attempt()
+    failed = Failed(
+        "a1", _cls(FailureClass.UPSTREAM_UNAVAILABLE), remaining_ms=30_000, breaker_opened=scope
+    )
+    actions = walk(failed)
+    assert actions[0] == Decided("a1", Decision("failover", f"{scope}_breaker_opened"))
+    assert not any(isinstance(a, Wait) for a in actions)  # no back-off before a failover
+    assert isinstance(actions[1], Route) and actions[1].purpose == "failover"
+
+
+def test_a_failure_that_opens_its_own_breaker_stops_where_moving_is_forbidden():
+    walk = _first_attempt(_policy(allow_failover=False))
+    failed = Failed(
+        "a1",
+        _cls(FailureClass.UPSTREAM_UNAVAILABLE),
+        remaining_ms=30_000,
+        breaker_opened="endpoint",
+    )
+    assert walk(failed) == (
+        Decided("a1", Decision("stop", "endpoint_breaker_opened")),
+        Fail("decision", "a1", Decision("stop", "endpoint_breaker_opened")),
+    )
 
 
 def test_attempts_are_bounded_by_max_attempts():
@@ -351,10 +400,30 @@ def test_a_caller_that_forbids_failover_is_resumed_on_its_own_mapping_only():
     assert walk(_broken("a1"))[1] == Route("resume", RouteContext(), (PRIMARY,))
 
 
-def test_a_resume_nobody_can_take_ends_the_stream():
+def test_a_resume_nobody_can_take_ends_the_stream_saying_why():
     walk = _committed()
     walk(_broken("a1"))
-    assert walk(Unroutable()) == (Fail("no_route"),)
+    assert walk(Unroutable("breaker_open")) == (
+        Decided("a1", Decision("stop", "resume_refused_breaker_open")),
+        Fail("decision", "a1", Decision("stop", "resume_refused_breaker_open")),
+    )
+
+
+def test_a_stream_whose_break_opened_its_breaker_resumes_only_elsewhere():
+    walk = _committed()
+    actions = walk(_broken("a1", breaker_opened="endpoint"))
+    assert actions == (
+        Decided("a1", Decision("resume", "resume_same_model")),
+        Route("resume", RouteContext(), (TWIN,)),
+    )
+
+
+def test_a_stream_whose_break_opened_its_breaker_with_no_sibling_ends_naming_it():
+    walk = _committed(_policy(allow_failover=False))  # the twin elsewhere is out of bounds
+    assert walk(_broken("a1", breaker_opened="mapping")) == (
+        Decided("a1", Decision("stop", "mapping_breaker_opened")),
+        Fail("decision", "a1", Decision("stop", "mapping_breaker_opened")),
+    )
 
 
 # --- hedging -------------------------------------------------------------------------------

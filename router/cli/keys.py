@@ -1,0 +1,110 @@
+"""``waybill keys create|revoke``: API keys (contract §1, §3 "Authentication and roles")."""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from ledger import apikeys
+from ledger.store import EventStore
+from router.cli._shared import (
+    CliError,
+    ConfigFile,
+    DatabaseUrl,
+    err,
+    friendly_errors,
+    out,
+    read_config,
+    with_store,
+)
+
+__all__ = ["keys_app"]
+
+keys_app = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
+
+
+@keys_app.command("create")
+def keys_create(
+    workspace: Annotated[str, typer.Option("--workspace", help="Workspace id.")],
+    role: Annotated[
+        str, typer.Option("--role", help="client | admin | finance | auditor")
+    ] = "client",
+    database_url: DatabaseUrl = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    budget_usd: Annotated[
+        str | None,
+        typer.Option("--budget-usd", help="This key's own budget (overrides key_budget)."),
+    ] = None,
+    budget_window: Annotated[
+        str, typer.Option("--budget-window", help="day | month | total")
+    ] = "day",
+    config_file: ConfigFile = None,
+) -> None:
+    """Create an API key; prints its secret once. With a config (--config or
+    WAYBILL_CONFIG), a workspace the config does not know is refused."""
+    if config_file:
+        with friendly_errors():
+            known = [w.id for w in read_config(config_file).workspaces]
+            if workspace not in known:
+                raise CliError(
+                    f"workspace {workspace!r} is not in {config_file} (it has: "
+                    f"{', '.join(known) or 'none'}); its keys would be refused"
+                )
+    else:
+        err.print(
+            f"[yellow]warning:[/yellow] no config given: workspace {escape(workspace)!r} is "
+            "not checked (a workspace the gateway's config lacks has its keys refused; "
+            "pass --config to check)",
+            highlight=False,
+        )
+    if not apikeys.is_role(role):
+        err.print(f"[red]error:[/red] --role must be one of {', '.join(apikeys.ROLES)}")
+        raise typer.Exit(2)
+    budget: tuple[Decimal, Any] | None = None
+    if budget_usd is not None:
+        try:
+            limit = Decimal(budget_usd)
+        except InvalidOperation:
+            limit = Decimal(-1)
+        if not limit.is_finite() or limit < 0 or budget_window not in ("day", "month", "total"):
+            err.print(
+                "[red]error:[/red] --budget-usd must be a non-negative decimal and "
+                "--budget-window one of day, month, total"
+            )
+            raise typer.Exit(2)
+        budget = (limit, budget_window)
+
+    async def work(store: EventStore) -> apikeys.NewKey:
+        return await apikeys.create_key(store, workspace, role, created_by="cli", budget=budget)
+
+    key = with_store(database_url, work)
+    if as_json:
+        print(
+            json.dumps(
+                {
+                    "key_id": key.key_id,
+                    "secret": key.secret,
+                    "workspace": key.workspace,
+                    "role": key.role,
+                }
+            )
+        )
+        return
+    out.print(f"key id:    {key.key_id}\nworkspace: {key.workspace}\nrole:      {key.role}")
+    out.print(f"secret:    {key.secret}")
+    err.print("Store the secret now: Waybill keeps only its hash and cannot show it again.")
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str, database_url: DatabaseUrl = None) -> None:
+    """Revoke a key; it is refused from now on."""
+
+    async def work(store: EventStore) -> None:
+        await apikeys.revoke_key(store, key_id, revoked_by="cli")
+
+    with_store(database_url, work)
+    out.print(f"revoked {key_id}")
