@@ -167,7 +167,9 @@ def _decide(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> 
     stop_reason = _class_stops(outcome, defaults)
     if stop_reason is not None:
         return _stop(stop_reason)
-    # 3. Retry the same endpoint first, where the config allows it.
+    # 3. Retry the same endpoint first, where the config allows it — unless this attempt
+    # opened a breaker the retry would meet: then the failover (or the stop) comes at once,
+    # naming that breaker, rather than a retry the record would contradict.
     retry = _retry(outcome, defaults, rng)
     if (
         retry is not None

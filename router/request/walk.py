@@ -5,7 +5,7 @@ hedge) → finish. This module decides every one of those moves and does none of
 executor (:mod:`router.request.executor`) tells :func:`advance` what happened — a route was
 found or not, an attempt started, produced content, answered or failed, a hedge's delay
 ran out — and executes the actions it gets back, in order, recording each fact on the
-ledger as it goes. The walk reads no clock (the driver passes the deadline left with each
+ledger as it goes. The walk reads no clock (the executor passes the deadline left with each
 failure), does no I/O, and draws randomness only from the ``random.Random`` it is given, so
 every path is unit-tested without a server (tests/request/test_walk.py).
 
@@ -66,7 +66,7 @@ MAX_BUDGET_RACES: Final = 5  # reservations lost to concurrent requests before g
 Kind: TypeAlias = Literal["call", "resume", "hedge"]
 Refusal: TypeAlias = Literal[
     "breaker_open", "saturated", "credentials_disabled", "over_budget", "unavailable"
-]  # selection.REFUSALS
+]  # decision.REFUSALS
 Purpose: TypeAlias = Literal["first", "retry", "failover", "resume", "hedge"]
 
 
@@ -218,7 +218,7 @@ Happening: TypeAlias = (
 @dataclass(frozen=True, slots=True)
 class Route:
     """Evaluate the group and choose a mapping (``only``: among these targets alone); the
-    driver answers with :class:`Routed` or :class:`Unroutable`."""
+    executor answers with :class:`Routed` or :class:`Unroutable`."""
 
     purpose: Purpose
     context: RouteContext

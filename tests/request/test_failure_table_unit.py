@@ -2,7 +2,7 @@
 
 Each row's upstream outcome goes through the classifier (:func:`router.request.classify.classify`)
 and the walk (:func:`router.request.walk.advance`, which asks
-:func:`router.request.selection.decide`), under the default policy, with failover forbidden
+:func:`router.request.decision.decide`), under the default policy, with failover forbidden
 (``X-Waybill-Allow-Failover: false``) and, where the row's last column defers to a rule of the
 policy, with that rule set the other way. Each asserts the class, the evidence, the breaker
 scope, the walk's next action with its reason code, and the answer the client gets if the
