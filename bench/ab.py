@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.databases import fresh_postgres
 from bench.gateway_bench import (
+    RUN_WAYBILL,
     _BackendCpu,
     _Child,
     _create_key,
@@ -85,7 +86,7 @@ def _prepared(url: str, source: Path, python: str | None) -> str:
     if source == REPO and python is None:
         migrate(url)
         return asyncio.run(_create_key(url))
-    command = [python or sys.executable, "-c", "from router.cli.main import main; main()"]
+    command = [python or sys.executable, "-c", RUN_WAYBILL]
     env = {**os.environ, "PYTHONPATH": str(source)}
     env.pop("WAYBILL_CONFIG", None)
     run = functools.partial(

@@ -124,6 +124,15 @@ class _Child:
         self._log_file.close()
 
 
+# `waybill` from the code of the side being run: `router.cli.main:main` since the CLI became a
+# package, `router.cli:main` before (a side may be an older commit, checked out to compare).
+RUN_WAYBILL = (
+    "import importlib; c = importlib.import_module('router.cli'); "
+    "m = getattr(c, 'main', None) or importlib.import_module('router.cli.main'); "
+    "getattr(m, 'main', m)()"
+)
+
+
 def _start_fake(tmp: Path) -> tuple[_Child, str]:
     fake = _Child(
         [sys.executable, "-m", "router.fake_provider", "--port", "0", "--name", "fake"],
@@ -176,7 +185,7 @@ def _start_gateway(
     env.update(extra_env or {})
     # Its packages first on the path, for the follower child too.
     env["PYTHONPATH"] = str(source or BENCH.parent)
-    command = [*wrapper, python or sys.executable, "-c", "from router.cli.main import main; main()"]
+    command = [*wrapper, python or sys.executable, "-c", RUN_WAYBILL]
     port = closed_port()
     serve = ["serve", "--config", str(config), "--database-url", database_url]
     serve += ["--port", str(port), "--no-migrate", *serve_args]
