@@ -94,7 +94,7 @@ WALK_REASONS: Final[tuple[str, ...]] = (
     *(f"{scope}_breaker_opened" for scope in BREAKER_SCOPES),
     # a planned retry or resume refused when it came to start: the plan changes, and says why
     *(f"retry_refused_{why}" for why in REFUSALS),
-    *(f"resume_refused_{why}" for why in REFUSALS if why != "over_budget"),
+    *(f"resume_refused_{why}" for why in REFUSALS),
 )
 """The reasons only the request's walk (:mod:`router.request.walk`) gives, beside
 :func:`decide`'s."""
