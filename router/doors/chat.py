@@ -6,7 +6,8 @@ Everything here is pure: bytes and header values in, a frozen :class:`ChatCall` 
 :class:`router.errors.GatewayError` (400 ``invalid_request``) out. The body is kept as the
 client sent it (unknown fields pass through to an OpenAI-compatible upstream); only the
 fields the gateway reads are type-checked. This door's body is already the core's
-canonical shape, so :func:`to_core` hands it on unchanged.
+canonical shape, so :func:`to_core` hands it on unchanged, and the core's answers go back as
+they are (:func:`answer`, :func:`stream_headers`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from typing import Any, Final, NamedTuple
 import orjson
 
 from ledger.events import DATA_CLASSES, DataClass, Requirements, data_class_rank
-from ledger.types import MONEY_LIMIT, parse_money
+from ledger.types import MONEY_LIMIT, money_str, parse_money
 from router.config import Limits, Workspace
 from router.errors import GatewayError, invalid_request
-from router.request.call import Call, trace_context
+from router.request.call import Call, Completion, StreamingCompletion, trace_context
 
 __all__ = [
     "ALLOW_FAILOVER_VALUES",
@@ -33,8 +34,10 @@ __all__ = [
     "MAX_JSON_INTEGER",
     "ChatCall",
     "HeaderNarrowing",
+    "answer",
     "parse_body",
     "read_headers",
+    "stream_headers",
     "to_core",
 ]
 
@@ -177,6 +180,28 @@ def to_core(call: ChatCall, headers: HeaderNarrowing, workspace: Workspace) -> C
         # W3C: a tracestate goes with the traceparent it came with, never alone.
         trace=trace_context(headers.traceparent, headers.tracestate),
     )
+
+
+def answer(completion: Completion) -> tuple[bytes, dict[str, str]]:
+    """A buffered answer on this door's wire: the chat completion's JSON, and the headers
+    that say where it was served and what it cost (contract §3)."""
+    headers = {
+        "x-waybill-endpoint": completion.endpoint,
+        "x-waybill-attempts": str(completion.attempts),
+    }
+    if completion.cost_usd is not None:
+        headers["x-waybill-cost-usd"] = money_str(completion.cost_usd)
+    return orjson.dumps(completion.response), headers
+
+
+def stream_headers(started: StreamingCompletion) -> dict[str, str]:
+    """A committed stream's headers on this door's wire; its body, the core's chunks as
+    SSE, goes out as it is."""
+    return {
+        "x-waybill-endpoint": started.endpoint,
+        "x-waybill-attempts": str(started.attempts),
+        "cache-control": "no-cache",
+    }
 
 
 @dataclass(slots=True)

@@ -58,7 +58,6 @@ from ledger.endpoints import EndpointStates
 from ledger.store import EventStore, LedgerUnavailable, WrongExpectedVersion
 from ledger.store.db import create_engine, current_revision, head_revision, is_unavailable
 from ledger.store.shared_appends import AppendClient, AppendServer
-from ledger.types import money_str
 from ledger.views import all_projections
 from ledger.views.follow import SETTLE_S, follow_in_child
 from ledger.views.projection import ProjectionRunner
@@ -71,7 +70,14 @@ from router.adapters.idempotency import Claim, IdempotencyStore, RecordedAnswer
 from router.adapters.latency import latency_board
 from router.adapters.slots import endpoint_slots
 from router.config import Checkpoints, Config, ConfigError, load_config
-from router.doors.chat import MAX_BODY_BYTES, parse_body, read_headers, to_core
+from router.doors.chat import (
+    MAX_BODY_BYTES,
+    answer,
+    parse_body,
+    read_headers,
+    stream_headers,
+    to_core,
+)
 from router.errors import (
     GatewayError,
     capacity_error,
@@ -618,11 +624,7 @@ async def _chat_completions(request: Request) -> Response:
                     reread,
                 ),
             )
-            response_headers = {
-                "x-waybill-endpoint": started.endpoint,
-                "x-waybill-attempts": str(started.attempts),
-                "cache-control": "no-cache",
-            }
+            response_headers = stream_headers(started)
             body = started.body
             write_directly: Callable[[BodyWriter], None] | None = started.write_directly
             if claim is not None:  # every piece of it is recorded: all go through the body
@@ -638,13 +640,7 @@ async def _chat_completions(request: Request) -> Response:
                 reread,
             ),
         )
-        response_headers = {
-            "x-waybill-endpoint": completion.endpoint,
-            "x-waybill-attempts": str(completion.attempts),
-        }
-        if completion.cost_usd is not None:
-            response_headers["x-waybill-cost-usd"] = money_str(completion.cost_usd)
-        payload = orjson.dumps(completion.response)
+        payload, response_headers = answer(completion)
         if claim is not None:
             await state.idempotency.finish(
                 claim, RecordedAnswer(request_id, 200, _JSON, response_headers, payload)

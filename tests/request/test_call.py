@@ -9,8 +9,8 @@ import orjson
 import pytest
 
 from router.config import Workspace
-from router.doors.chat import parse_body, read_headers, to_core
-from router.request.call import TraceContext, trace_context
+from router.doors.chat import answer, parse_body, read_headers, to_core
+from router.request.call import Completion, TraceContext, trace_context
 
 WORKSPACE = Workspace(id="acme", models=("chat",), regions=frozenset({"us"}), data_class="public")
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -79,3 +79,16 @@ def test_the_chat_door_hands_the_core_its_body_requirements_and_narrowing() -> N
         1,
     )
     assert call.trace == TraceContext(TRACE, SPAN, "v=1")
+
+
+def test_the_chat_door_answers_with_the_completion_and_where_it_was_served() -> None:
+    completion = Completion("req-1", {"id": "c-1", "choices": []}, "east", 2, Decimal("0.0042"))
+    payload, headers = answer(completion)
+    assert orjson.loads(payload) == {"id": "c-1", "choices": []}
+    assert headers == {
+        "x-waybill-endpoint": "east",
+        "x-waybill-attempts": "2",
+        "x-waybill-cost-usd": "0.004200",  # money as the ledger writes it: six places
+    }
+    _, unpriced = answer(Completion("req-1", {}, "east", 1, None))
+    assert "x-waybill-cost-usd" not in unpriced
