@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client.parser import text_string_to_metric_families
 
+from ledger.store.shared_appends import MAX_RETRY_AFTER_S
 from router.fake_provider import FakeUpstream
 from tests.gateway.harness import Route, closed_port, config_text
 from tests.gateway.processes import new_key, serve_process, wait_ready
@@ -168,8 +169,10 @@ def test_the_workers_commit_through_the_first_and_commit_themselves_while_it_is_
         # The other worker serves alone meanwhile: it commits its appends itself.
         answers = asyncio.run(_send(port, secret, 20))
         assert [a.status_code for a in answers] == [200] * 20
-        # The first is started again; the other commits through it again.
-        deadline = time.monotonic() + 30
+        # The first is started again; the other commits through it again, at its next try to
+        # reconnect: those back off up to MAX_RETRY_AFTER_S apart, and a restart under load
+        # can take a while, so wait for that (a bound, not a measure: it passes as soon as).
+        deadline = time.monotonic() + 2 * MAX_RETRY_AFTER_S + 30
         while b"appender is back" not in said:
             assert time.monotonic() < deadline, said.decode(errors="replace")
             answers = asyncio.run(_send(port, secret, 2))
