@@ -11,7 +11,8 @@ The catalogue follows contract §7. Rules that hold for every type:
 - reason codes, failure classes and evidence use the vocabularies defined here once.
 
 Changing a type's fields means a new ``schema_version`` and an upcaster in ``UPCASTERS``
-that turns the old payload into the new one, so that old events keep their meaning.
+that turns the old payload into the new one, so that old events keep their meaning. A
+new field needs none when its default is what every older event meant (``RequestReceived.api``).
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ from pydantic import (
 )
 
 __all__ = [
+    "APIS",
     "CATALOGUE",
     "DATA_CLASSES",
     "UPCASTERS",
     "AccountRef",
+    "Api",
     "AttemptFinished",
     "AttemptStarted",
     "BreakerTransitioned",
@@ -139,6 +142,14 @@ workspace's class, never lower it, and an endpoint receives only the classes it 
 
 DATA_CLASSES: Final[tuple[DataClass, ...]] = get_args(DataClass)
 """The data classes in order, least sensitive first."""
+
+Api = Literal[
+    "openai.chat_completions", "anthropic.messages", "openai.responses", "openai.embeddings"
+]
+"""The client API (door) a request came through (contract §3 "Inference"). Events recorded
+before doors were named all came through the first."""
+
+APIS: Final[tuple[Api, ...]] = get_args(Api)
 
 
 def data_class_rank(data_class: DataClass) -> int:
@@ -302,6 +313,7 @@ class RequestReceived(Event):
     idempotency_key_sha256: Sha256Hex | None = None
     trace_id: str | None = None  # the caller's W3C trace id, if it sent a traceparent
     parent_span_id: str | None = None  # the caller's span the request's span hangs from
+    api: Api = "openai.chat_completions"  # the door the request came through
 
 
 class RouteEvaluated(Event):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final, Literal
 
-from ledger.events import Requirements
+from ledger.events import Api, Requirements
 from router.config import Workspace
 
 __all__ = ["Call", "Caller", "Completion", "StreamingCompletion", "TraceContext", "trace_context"]
@@ -66,6 +66,7 @@ class Call:
     prompt_bytes: int
     message_count: int
     trace: TraceContext | None = None
+    api: Api = "openai.chat_completions"  # the door it came through (RequestReceived.api)
 
 
 def trace_context(traceparent: str | None, tracestate: str | None) -> TraceContext | None:

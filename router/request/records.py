@@ -204,6 +204,7 @@ def request_received(
         idempotency_key_sha256=None,
         trace_id=trace.trace_id if trace else None,
         parent_span_id=trace.parent_span_id if trace else None,
+        api=call.api,
     )
 
 
