@@ -35,6 +35,8 @@ __all__ = [
     "HEALTHZ",
     "IMPORT_RECONCILIATION",
     "LIST_ENDPOINTS",
+    "MESSAGES",
+    "MESSAGES_COUNT_TOKENS",
     "METRICS",
     "MODELS",
     "READYZ",
@@ -112,6 +114,70 @@ _SCHEMAS: Final[dict[str, Schema]] = {
                     "attempts": {"type": "array", "items": _ref("AttemptSummary")},
                 },
             }
+        },
+    },
+    "AnthropicError": {
+        "description": (
+            'The Anthropic door\'s error body (contract §3 "The Anthropic door"): '
+            "Anthropic's shape, Waybill's error code under error.code."
+        ),
+        "type": "object",
+        "required": ["type", "error"],
+        "properties": {
+            "type": {"type": "string", "enum": ["error"]},
+            "error": {
+                "type": "object",
+                "required": ["type", "message", "code"],
+                "properties": {
+                    "type": _STRING,
+                    "message": _STRING,
+                    "code": {"type": "string", "enum": list(ERROR_CODES)},
+                    "param": _STRING,
+                    "attempts": {"type": "array", "items": _ref("AttemptSummary")},
+                },
+            },
+            "request_id": _nullable(_STRING),
+        },
+    },
+    "MessagesRequest": {
+        "description": (
+            "An Anthropic Messages API request; model names a Waybill model group. A field "
+            "outside the documented set is refused (400) unless it belongs to a beta named "
+            "in anthropic-beta. Anthropic endpoints receive the body natively; OpenAI-dialect "
+            "endpoints its translation, or are excluded (dialect_unsupported)."
+        ),
+        "type": "object",
+        "required": ["model", "messages", "max_tokens"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}},
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_JSON_INTEGER},
+            "system": {"anyOf": [_STRING, {"type": "array", "items": {"type": "object"}}]},
+            "stream": {"type": "boolean"},
+            "stop_sequences": {"type": "array", "items": _STRING},
+            "temperature": {"type": "number"},
+            "top_p": {"type": "number"},
+            "top_k": {"type": "integer"},
+            "tools": {"type": "array", "items": {"type": "object"}},
+            "tool_choice": {"type": "object"},
+            "metadata": {"type": "object"},
+            "thinking": {"type": "object"},
+            "service_tier": _STRING,
+        },
+    },
+    "Message": {
+        "description": "Anthropic's message object.",
+        "type": "object",
+        "required": ["id", "type", "role", "content", "model", "stop_reason", "usage"],
+        "properties": {
+            "id": _STRING,
+            "type": {"type": "string", "enum": ["message"]},
+            "role": {"type": "string", "enum": ["assistant"]},
+            "content": {"type": "array", "items": {"type": "object"}},
+            "model": _nullable(_STRING),
+            "stop_reason": _nullable(_STRING),
+            "stop_sequence": _nullable(_STRING),
+            "usage": {"type": "object"},
         },
     },
     "AttemptSummary": {
@@ -633,6 +699,58 @@ CHAT_COMPLETIONS: Final[Schema] = {
             "description": "The completion (JSON), or its stream (SSE) with stream: true.",
         },
         **_error_responses(400, 402, 404, 409, 413, 422, 429, 502, 504),
+    },
+}
+
+
+def _anthropic_errors(*statuses: int) -> dict[str, Schema]:
+    """The Anthropic door's errors: its statuses (a 503 of the gateway's is a 529)."""
+    return {
+        str(status): {
+            "description": "Anthropic's error object; error.code is Waybill's error code.",
+            "headers": {"X-Request-Id": _REQUEST_ID_HEADER},
+            "content": {"application/json": {"schema": _ref("AnthropicError")}},
+        }
+        for status in sorted({*statuses, 401, 529})
+    }
+
+
+_ANTHROPIC_HEADERS: Final = [
+    _header("x-api-key", _STRING, "The Waybill key (or Authorization: Bearer <key>)."),
+    _header("anthropic-version", _STRING, "Accepted; Anthropic endpoints get their own."),
+    _header(
+        "anthropic-beta",
+        _STRING,
+        "Betas, comma-separated: their body fields are accepted, and the header is "
+        "forwarded to Anthropic endpoints.",
+    ),
+    *_CHAT_HEADERS,
+]
+MESSAGES: Final[Schema] = {
+    "summary": "An Anthropic Messages API request, buffered or streamed (SSE)",
+    "parameters": [*_ANTHROPIC_HEADERS, _query("beta", _STRING, "Sent by Claude Code; ignored.")],
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": _ref("MessagesRequest")}},
+    },
+    "responses": {
+        "200": {
+            **_ok(_ref("Message"), also="text/event-stream"),
+            "description": "The message (JSON), or Anthropic's events (SSE) with stream: true.",
+        },
+        **_anthropic_errors(400, 402, 404, 409, 413, 422, 429, 502, 504),
+    },
+}
+MESSAGES_COUNT_TOKENS: Final[Schema] = {
+    "summary": (
+        "Count a Messages request's input tokens: an Anthropic endpoint of the group "
+        "answers, else the gateway estimates (X-Waybill-Token-Count says which); never billed"
+    ),
+    "parameters": [*_ANTHROPIC_HEADERS[:3], _query("beta", _STRING, "Ignored.")],
+    "requestBody": {"required": True, "content": {"application/json": {"schema": {}}}},
+    "responses": {
+        "200": _ok(_object(["input_tokens"], input_tokens={"type": "integer", "minimum": 0})),
+        **_anthropic_errors(400, 404, 413),
     },
 }
 ADMIN_RELOAD: Final[Schema] = {

@@ -15,8 +15,15 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from router.config import ResumeMode
+from router.drivers import NativeBody
 
-__all__ = ["SEAM_CHECK_CHARS", "Seam", "continuation_body", "prefill_text"]
+__all__ = [
+    "SEAM_CHECK_CHARS",
+    "Seam",
+    "continuation_body",
+    "native_continuation",
+    "prefill_text",
+]
 
 SEAM_CHECK_CHARS: Final = 8
 """A continuation that matches the delivered text for this many characters (or all of it,
@@ -42,6 +49,15 @@ def continuation_body(body: Mapping[str, Any], mode: ResumeMode, delivered: str)
         resumed["continue_final_message"] = True
         resumed["add_generation_prompt"] = False
     return resumed
+
+
+def native_continuation(native: NativeBody, delivered: str) -> NativeBody:
+    """A native Messages body asking to continue ``delivered``: Anthropic takes a final
+    assistant turn as the start of its answer (the dialect's own prefill)."""
+    body = dict(native.body)
+    partial = {"role": "assistant", "content": prefill_text(delivered)}
+    body["messages"] = [*native.body.get("messages", ()), partial]
+    return NativeBody(native.dialect, body, native.headers)
 
 
 @dataclass
