@@ -52,8 +52,11 @@ __all__ = [
     "MESSAGES_FIELDS",
     "MessagesCall",
     "betas",
+    "count_body",
+    "estimate_tokens",
     "parse_body",
     "read_body",
+    "read_count_body",
     "to_core",
 ]
 
@@ -176,6 +179,60 @@ def to_core(call: MessagesCall, headers: HeaderNarrowing, workspace: Workspace) 
         api="anthropic.messages",
         native=NativeBody(ANTHROPIC_DIALECT, call.native, forwarded),
     )
+
+
+# What Anthropic's count_tokens reads of a Messages body (the rest, max_tokens included, has
+# no bearing on the input's tokens).
+_COUNTED_FIELDS: Final = frozenset(
+    {
+        "messages",
+        "system",
+        "tools",
+        "tool_choice",
+        "thinking",
+        "context_management",
+        "mcp_servers",
+        "output_config",
+        "output_format",
+    }
+)
+# The gateway's own count, when no Anthropic endpoint gives one: about four bytes of text a
+# token (the worst case counts one), an image at Anthropic's largest (~1.15 megapixels).
+_ESTIMATE_BYTES_PER_TOKEN: Final = 4
+_ESTIMATE_IMAGE_TOKENS: Final = 1600
+
+
+def read_count_body(raw: bytes, beta: str | None = None) -> MessagesCall:
+    """Check a ``/v1/messages/count_tokens`` body: a Messages body without ``max_tokens``
+    (the least one is taken for the check alone)."""
+    if len(raw) > MAX_BODY_BYTES:
+        raise invalid_request(f"request body over {MAX_BODY_BYTES} bytes", status=413)
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise invalid_request("request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise invalid_request("request body must be a JSON object")
+    # The least output bound the check accepts: a count has no output, and the bound is
+    # part of what routing weighs (a context window must hold it).
+    thinking = body.get("thinking")
+    budget = thinking.get("budget_tokens") if isinstance(thinking, dict) else None
+    least = budget + 1 if isinstance(budget, int) and not isinstance(budget, bool) else 1
+    return parse_body({"max_tokens": least, **body}, beta)
+
+
+def count_body(call: MessagesCall, upstream_model: str) -> dict[str, Any]:
+    """The body an Anthropic endpoint's count_tokens is asked: the fields it reads, natively,
+    with the mapping's upstream model."""
+    counted = {name: value for name, value in call.native.items() if name in _COUNTED_FIELDS}
+    return {"model": upstream_model, **counted}
+
+
+def estimate_tokens(call: MessagesCall) -> int:
+    """The gateway's estimate of a request's input tokens (never a bound: the worst case's
+    is :attr:`MessagesCall.estimated_input_tokens`)."""
+    text = math.ceil(call.estimated_input_tokens / _ESTIMATE_BYTES_PER_TOKEN)
+    return text + _ESTIMATE_IMAGE_TOKENS * (call.image_inputs + call.file_inputs)
 
 
 def betas(header: str | None) -> frozenset[str]:

@@ -25,6 +25,7 @@ block is a piece of the current one), the matched stop sequence as the choice's
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
@@ -44,8 +45,10 @@ from router.drivers.base import (
     StreamErrorEvent,
     StreamTranslator,
     optional_str,
+    proxy_of,
     sanitize,
 )
+from router.drivers.http import HTTPError
 from router.request.classify import UpstreamOutcome
 
 __all__ = [
@@ -94,9 +97,13 @@ class AnthropicDriver(Driver):
         return headers
 
     def _url(self, binding: AttemptBinding) -> str:
+        return self._url_of(binding.endpoint)
+
+    @staticmethod
+    def _url_of(endpoint: Endpoint) -> str:
         # Like the Anthropic SDK, base_url is the API root (https://api.anthropic.com); a
         # base_url that already ends in /v1 is accepted too.
-        base = binding.endpoint.base_url.rstrip("/")
+        base = endpoint.base_url.rstrip("/")
         return base + ("/messages" if base.endswith("/v1") else "/v1/messages")
 
     def _payload(self, request: ChatRequest) -> dict[str, Any]:
@@ -134,6 +141,42 @@ class AnthropicDriver(Driver):
             status=response.status_code,
             response_bytes=size,
         )
+
+    async def count_tokens(
+        self,
+        endpoint: Endpoint,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str],
+        timeout_s: float,
+    ) -> int | None:
+        """The endpoint's own count of a Messages body's input tokens (Anthropic's free
+        ``POST /v1/messages/count_tokens``); None if it did not answer with one in time."""
+        url = self._url_of(endpoint) + "/count_tokens"
+        sent = {**headers, **self._auth_headers(endpoint), "content-type": "application/json"}
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await self._client.request(
+                    "POST",
+                    url,
+                    headers=sent,
+                    body=orjson.dumps(body),
+                    proxy=proxy_of(endpoint.proxy),
+                    connect_timeout=timeout_s,
+                    read_timeout=timeout_s,
+                )
+                try:
+                    raw = await response.aread()
+                finally:
+                    await response.aclose()
+        except (HTTPError, OSError, TimeoutError):
+            return None
+        if response.status_code != 200:
+            return None
+        try:
+            answer = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
+        return _count(answer.get("input_tokens")) if isinstance(answer, dict) else None
 
     async def stream(self, call: PreparedCall) -> DriverStream:
         started_at = time.monotonic()

@@ -56,6 +56,7 @@ __all__ = [
     "count_bytes",
     "elapsed_ms",
     "optional_str",
+    "proxy_of",
     "retry_after_ms",
     "sanitize",
 ]
@@ -263,7 +264,7 @@ class Driver(ABC):
         if native is not None and native.dialect == self.dialect:
             headers.update(native.headers)
         body = orjson.dumps(self._payload(request))
-        proxy = _proxy(binding.endpoint.proxy)
+        proxy = proxy_of(binding.endpoint.proxy)
         http = prepare_request("POST", self._url(binding), headers=headers, body=body, proxy=proxy)
         return PreparedCall(request, binding, http)
 
@@ -446,7 +447,8 @@ class Driver(ABC):
 
 
 @functools.lru_cache(maxsize=64)
-def _proxy(setting: ProxySetting | None) -> Proxy | None:
+def proxy_of(setting: ProxySetting | None) -> Proxy | None:
+    """The HTTP client's proxy for an endpoint's ``proxy`` setting."""
     # Cached: an endpoint's proxy is one object per config generation; one Proxy (and one
     # base64 of its credentials) per setting keeps its pool key a cheap, stable value.
     if setting is None:

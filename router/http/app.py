@@ -88,6 +88,7 @@ from router.errors import (
 )
 from router.http import openapi as api_doc
 from router.http.console import Identify, console_router, secret_from
+from router.http.count_tokens import count_tokens_router
 from router.http.endpoints import endpoints_router
 from router.http.proofs import proof_router
 from router.http.queries import queries_router
@@ -278,6 +279,15 @@ async def authenticate(request: Request) -> Caller:
 async def _authenticate(request: Request, config: Config) -> Caller:
     _refuse_repeated(request.scope["headers"])
     return _caller(await find_key(request.app.state.store, _secret(request.headers)), config)
+
+
+async def _identify_anthropic(request: Request) -> tuple[Caller, dict[str, str]]:
+    """The caller of an Anthropic-door route other than inference (its key read from the
+    ledger every time), and the request's headers by name."""
+    named = _headers_by_name(request)
+    gateway: Gateway = request.app.state.gateway
+    key = await find_key(request.app.state.store, _anthropic_secret(named))
+    return _caller(key, gateway.config), named
 
 
 async def _caller_of_secret(request: Request, secret: str) -> Caller:
@@ -566,6 +576,12 @@ def create_app(settings: AppSettings) -> FastAPI:
 
     app.post("/v1/chat/completions", openapi_extra=api_doc.CHAT_COMPLETIONS)(_chat_completions)
     app.post("/v1/messages", openapi_extra=api_doc.MESSAGES)(_messages)
+    app.include_router(
+        count_tokens_router(
+            _identify_anthropic,
+            lambda request, error: _failure_response(request, error, _messages_error),
+        )
+    )
     app.include_router(queries_router(authenticate))
     app.include_router(spend_router(authenticate))
     app.include_router(reconcile_router(authenticate))
@@ -829,7 +845,7 @@ def _single_valued(name: str) -> bool:
     return name in _SINGLE_VALUED or name.startswith("x-waybill-")
 
 
-_SINGLE_VALUED: Final = frozenset({"authorization", "idempotency-key"})
+_SINGLE_VALUED: Final = frozenset({"authorization", "x-api-key", "idempotency-key"})
 
 
 def _refuse_repeated(raw: Iterable[tuple[bytes, bytes]]) -> None:

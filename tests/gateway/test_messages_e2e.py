@@ -12,7 +12,7 @@ import anthropic
 import pytest
 
 from ledger import events as ev
-from router.fake_provider import FakeUpstream
+from router.fake_provider import THINKING_PIECES, Behavior, FakeUpstream, Kind, reply_pieces
 from tests.gateway.harness import Gateway, Route, running_gateway
 
 DIALECTS = ("anthropic", "openai")
@@ -94,3 +94,397 @@ async def test_a_streamed_message_through_either_dialect(database_url, driver):
         assert final.content[0].text == "Hello from up: héllo 日本 🚀"
         assert final.stop_reason == "end_turn"
         assert final.usage.output_tokens == 6 and final.usage.input_tokens > 0
+
+
+WEATHER: Any = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+@pytest.mark.parametrize("driver", DIALECTS)
+async def test_a_tool_round_trip(database_url, driver):
+    async with door(database_url, driver) as (gw, client):
+        gw.upstreams["up"].set_plan([Behavior.tool_call("get_weather")])
+        asked = await client.messages.create(
+            model="chat", max_tokens=100, tools=[WEATHER], messages=HI
+        )
+        assert asked.stop_reason == "tool_use"
+        (use,) = [block for block in asked.content if block.type == "tool_use"]
+        assert (use.name, use.input) == ("get_weather", {"city": "Paris"})
+        history: Any = [
+            *HI,
+            {"role": "assistant", "content": [b.model_dump() for b in asked.content]},
+            {
+                "role": "user",
+                "content": [
+                    {"type": "tool_result", "tool_use_id": use.id, "content": "sunny"},
+                    {"type": "text", "text": "and tomorrow?"},
+                ],
+            },
+        ]
+        answered = await client.messages.create(
+            model="chat",
+            max_tokens=100,
+            tools=[WEATHER],
+            tool_choice={"type": "auto"},
+            messages=history,
+        )
+        assert answered.stop_reason == "end_turn" and answered.content[0].type == "text"
+        body = sent(gw.upstreams["up"])
+        if driver == "anthropic":
+            assert body["messages"] == history and body["tool_choice"] == {"type": "auto"}
+        else:  # tool_use -> tool_calls, tool_result -> a tool message, then the text
+            roles = [m["role"] for m in body["messages"]]
+            assert roles == ["user", "assistant", "tool", "user"]
+            assert body["messages"][1]["tool_calls"][0]["function"]["name"] == "get_weather"
+            assert body["messages"][2] == {
+                "role": "tool",
+                "tool_call_id": use.id,
+                "content": "sunny",
+            }
+            assert body["tools"][0]["function"]["parameters"] == WEATHER["input_schema"]
+            assert body["tool_choice"] == "auto"
+
+
+@pytest.mark.parametrize("driver", DIALECTS)
+async def test_a_streamed_tool_call(database_url, driver):
+    async with door(database_url, driver) as (gw, client):
+        gw.upstreams["up"].set_plan([Behavior.tool_call("get_weather")])
+        async with client.messages.stream(
+            model="chat", max_tokens=100, tools=[WEATHER], messages=HI
+        ) as stream:
+            final = await stream.get_final_message()
+        (use,) = final.content
+        assert use.type == "tool_use" and use.input == {"city": "Paris"}
+        assert final.stop_reason == "tool_use"
+
+
+PIXEL = (  # a 1x1 PNG
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
+
+@pytest.mark.parametrize("driver", DIALECTS)
+async def test_an_image(database_url, driver):
+    async with door(database_url, driver) as (gw, client):
+        image: Any = {
+            "type": "image",
+            "source": {"type": "base64", "media_type": "image/png", "data": PIXEL},
+        }
+        raw = await client.messages.with_raw_response.create(
+            model="chat",
+            max_tokens=100,
+            messages=[{"role": "user", "content": [image, {"type": "text", "text": "what?"}]}],
+        )
+        message = await raw.parse()
+        assert message.content[0].type == "text"
+        record = await received(gw, raw.headers["x-request-id"])
+        assert record.requirements.image_inputs == 1
+        assert "vision" in record.requirements.capabilities
+        part = sent(gw.upstreams["up"])["messages"][0]["content"][0]
+        if driver == "anthropic":
+            assert part == image
+        else:
+            assert part == {
+                "type": "image_url",
+                "image_url": {"url": f"data:image/png;base64,{PIXEL}"},
+            }
+        # Billed for the image at the mapping's price key (the fake bills 765 tokens for it).
+        assert message.usage.input_tokens > 765
+
+
+THINKING: Any = {"type": "enabled", "budget_tokens": 1024}
+
+
+async def test_thinking_from_an_anthropic_endpoint_keeps_its_signature(database_url):
+    async with door(database_url, "anthropic") as (gw, client):
+        message = await client.messages.create(
+            model="chat", max_tokens=2048, thinking=THINKING, messages=HI
+        )
+        thinking, text = message.content
+        assert thinking.type == "thinking" and thinking.thinking == "".join(THINKING_PIECES)
+        assert thinking.signature.startswith("sig_")
+        assert text.type == "text"
+        async with client.messages.stream(
+            model="chat", max_tokens=2048, thinking=THINKING, messages=HI
+        ) as stream:
+            deltas = [e.delta.type async for e in stream if e.type == "content_block_delta"]
+            final = await stream.get_final_message()
+        assert deltas[:4] == ["thinking_delta"] * 3 + ["signature_delta"]
+        thought, said = final.content
+        assert thought.type == "thinking" and thought.signature.startswith("sig_")
+        assert thought.thinking == "".join(THINKING_PIECES)
+        assert said.type == "text" and said.text.startswith("Hello from up")
+        # The next turn sends the signed block back, natively.
+        history: Any = [
+            *HI,
+            {"role": "assistant", "content": [b.model_dump() for b in final.content]},
+            {"role": "user", "content": "more"},
+        ]
+        await client.messages.create(
+            model="chat", max_tokens=2048, thinking=THINKING, messages=history
+        )
+        assert sent(gw.upstreams["up"])["messages"][1]["content"][0]["signature"] == (
+            thought.signature
+        )
+
+
+async def test_thinking_excludes_an_openai_endpoint_naming_the_feature(database_url):
+    async with door(database_url, "openai") as (gw, client):
+        with pytest.raises(anthropic.UnprocessableEntityError) as refused:
+            await client.messages.create(
+                model="chat", max_tokens=2048, thinking=THINKING, messages=HI
+            )
+        error = refused.value.body["error"]  # type: ignore[index]
+        assert error["type"] == "invalid_request_error"
+        assert error["code"] == "no_eligible_route"
+        request_id = refused.value.response.headers["x-request-id"]
+        types = await gw.wait_for_types(request_id, "RequestFailed")
+        evaluated = [e.event() for e in await gw.events(request_id)]
+        route = next(e for e in evaluated if isinstance(e, ev.RouteEvaluated))
+        (candidate,) = route.candidates
+        assert candidate.reason_code == ev.ReasonCode.DIALECT_UNSUPPORTED
+        assert candidate.detail == "thinking"
+        assert "AttemptStarted" not in types
+        assert gw.upstreams["up"].hits == 0
+        # Adaptive thinking is the model's choice: an OpenAI endpoint may answer without.
+        message = await client.messages.create(
+            model="chat", max_tokens=2048, thinking={"type": "adaptive"}, messages=HI
+        )
+        assert message.content[0].type == "text"
+
+
+async def test_a_group_with_both_dialects_sends_thinking_to_the_anthropic_endpoint(
+    database_url,
+):
+    routes = [Route("oa", price=PRICED), Route("an", price=PRICED, tier=1)]
+    async with door(
+        database_url,
+        "",
+        names=["oa", "an"],
+        routes=routes,
+        drivers={"oa": "openai", "an": "anthropic"},
+    ) as (gw, client):
+        raw = await client.messages.with_raw_response.create(
+            model="chat", max_tokens=2048, thinking=THINKING, messages=HI
+        )
+        assert raw.headers["x-waybill-endpoint"] == "an"
+        assert gw.upstreams["oa"].hits == 0
+        plain = await client.messages.with_raw_response.create(
+            model="chat", max_tokens=100, messages=HI
+        )
+        assert plain.headers["x-waybill-endpoint"] == "oa"  # tier 0 takes what it can carry
+
+
+# --- errors ---
+
+
+def error_of(raised: pytest.ExceptionInfo[anthropic.APIStatusError]) -> dict[str, Any]:
+    body = raised.value.body
+    assert isinstance(body, dict) and body["type"] == "error"
+    return body["error"]  # type: ignore[no-any-return]
+
+
+async def test_each_error_in_anthropics_shape_with_waybills_code(database_url):
+    # (upstream plan, SDK class, status, Anthropic type, Waybill code, request fields), in
+    # an order no breaker interferes with (the upstream's failures come last).
+    cases: list[tuple[Any, type[anthropic.APIStatusError], int, str, str, dict[str, Any]]] = [
+        (None, anthropic.BadRequestError, 400, "invalid_request_error", "invalid_request",
+         {"max_tokens": 0}),
+        (None, anthropic.NotFoundError, 404, "not_found_error", "model_not_found",
+         {"model": "nope"}),
+        ([Behavior(Kind.CONTENT_POLICY)], anthropic.InternalServerError, 502, "api_error",
+         "upstream_policy_denied", {}),
+        ([Behavior.rate_limited(retry_after=1)], anthropic.RateLimitError, 429,
+         "rate_limit_error", "upstream_rate_limited", {}),
+        ([Behavior.server_error(503)], anthropic.OverloadedError, 529, "overloaded_error",
+         "upstream_unavailable", {}),
+    ]  # fmt: skip
+    async with door(database_url, "anthropic") as (gw, client):
+        # The key: 401, in x-api-key or as a Bearer token.
+        for wrong in (
+            anthropic.AsyncAnthropic(base_url=gw.url, api_key="wb-wrong", max_retries=0),
+            anthropic.AsyncAnthropic(base_url=gw.url, auth_token="wb-wrong", max_retries=0),
+        ):
+            with pytest.raises(anthropic.AuthenticationError) as denied:
+                await wrong.messages.create(model="chat", max_tokens=10, messages=HI)
+            assert error_of(denied)["type"] == "authentication_error"
+            assert error_of(denied)["code"] == "invalid_api_key"
+            await wrong.close()
+        bearer = anthropic.AsyncAnthropic(base_url=gw.url, auth_token=gw.secret, max_retries=0)
+        assert (await bearer.messages.create(model="chat", max_tokens=10, messages=HI)).content
+        await bearer.close()
+        # Too large: 413 request_too_large.
+        with pytest.raises(anthropic.RequestTooLargeError) as too_large:
+            big: Any = [{"role": "user", "content": "x" * (5 * 1024 * 1024)}]
+            await client.messages.create(model="chat", max_tokens=10, messages=big)
+        assert error_of(too_large)["type"] == "request_too_large"
+        for plan, kind, status, anthropic_type, code, fields in cases:
+            if plan is not None:
+                gw.upstreams["up"].set_plan(plan)
+            with pytest.raises(kind) as raised:
+                await client.messages.create(
+                    **{"model": "chat", "max_tokens": 100, "messages": HI, **fields}
+                )
+            assert raised.value.status_code == status, code
+            error = error_of(raised)
+            assert (error["type"], error["code"]) == (anthropic_type, code)
+            assert raised.value.response.headers["x-should-retry"] == "false"
+            body: Any = raised.value.body
+            assert body["request_id"] == raised.value.response.headers["x-request-id"]
+
+
+async def test_a_budget_refusal_is_a_billing_error(database_url):
+    async with door(
+        database_url, "anthropic", workspace_extra="    budget: {limit_usd: 0.000001, window: day}"
+    ) as (_, client):
+        with pytest.raises(anthropic.APIStatusError) as raised:
+            await client.messages.create(model="chat", max_tokens=100, messages=HI)
+        assert raised.value.status_code == 402
+        assert (error_of(raised)["type"], error_of(raised)["code"]) == (
+            "billing_error",
+            "budget_exceeded",
+        )
+
+
+async def test_a_field_outside_the_api_is_refused_naming_it_unless_its_beta_is_named(
+    database_url,
+):
+    async with door(database_url, "anthropic") as (gw, client):
+        with pytest.raises(anthropic.BadRequestError) as raised:
+            await client.messages.create(
+                model="chat", max_tokens=10, messages=HI, extra_body={"context_management": {}}
+            )
+        assert error_of(raised)["param"] == "context_management"
+        assert "context_management" in error_of(raised)["message"]
+        assert gw.upstreams["up"].hits == 0
+        management = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
+        betas = "context-management-2025-06-27,effort-2025-11-24"
+        await client.messages.create(
+            model="chat",
+            max_tokens=10,
+            messages=HI,
+            extra_body={"context_management": management, "output_config": {"effort": "high"}},
+            extra_headers={"anthropic-beta": betas},
+        )
+        natively = gw.upstreams["up"].requests[-1]
+        assert natively.json["context_management"] == management
+        assert natively.json["output_config"] == {"effort": "high"}
+        assert natively.headers.get("anthropic-beta") == betas
+
+
+async def test_beta_fields_are_translated_or_exclude_an_openai_endpoint(database_url):
+    async with door(database_url, "openai") as (gw, client):
+        betas = {"anthropic-beta": "context-management-2025-06-27, effort-2025-11-24"}
+        await client.messages.create(
+            model="chat",
+            max_tokens=10,
+            messages=HI,
+            extra_body={
+                "context_management": {"edits": [{"type": "clear_thinking_20251015"}]},
+                "output_config": {"effort": "low"},
+            },
+            extra_headers=betas,
+        )
+        body = sent(gw.upstreams["up"])
+        assert body["reasoning_effort"] == "low"
+        assert "context_management" not in body and "output_config" not in body
+        assert "anthropic-beta" not in gw.upstreams["up"].requests[-1].headers
+        with pytest.raises(anthropic.UnprocessableEntityError) as raised:
+            await client.messages.create(
+                model="chat",
+                max_tokens=10,
+                messages=HI,
+                extra_body={
+                    "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}
+                },
+                extra_headers=betas,
+            )
+        assert error_of(raised)["code"] == "no_eligible_route"
+
+
+async def test_cache_control_goes_natively_and_cache_usage_comes_back(database_url):
+    async with door(database_url, "anthropic") as (gw, client):
+        gw.upstreams["up"].set_plan([Behavior.ok(cached_tokens=1)] * 2)
+        system: Any = [{"type": "text", "text": "x" * 400, "cache_control": {"type": "ephemeral"}}]
+        message = await client.messages.create(
+            model="chat", max_tokens=10, system=system, messages=HI
+        )
+        assert sent(gw.upstreams["up"])["system"] == system
+        usage = message.usage
+        assert usage.cache_read_input_tokens == 1
+        assert usage.cache_creation_input_tokens and usage.cache_creation_input_tokens > 0
+        async with client.messages.stream(
+            model="chat", max_tokens=10, system=system, messages=HI
+        ) as stream:
+            final = await stream.get_final_message()
+        assert final.usage.cache_read_input_tokens == 1
+        assert final.usage.cache_creation_input_tokens == usage.cache_creation_input_tokens
+        assert final.usage.input_tokens == usage.input_tokens
+
+
+# --- streams that break ---
+
+
+async def test_a_failure_after_the_stream_committed_is_an_error_event(database_url):
+    async with door(database_url, "anthropic") as (gw, client):
+        gw.upstreams["up"].set_plan([Behavior.mid_stream_disconnect(after_content=2)])
+        seen: list[str] = []
+        with pytest.raises(anthropic.APIStatusError) as raised:
+            async with client.messages.stream(model="chat", max_tokens=100, messages=HI) as s:
+                async for event in s:
+                    seen.append(event.type)
+        assert "content_block_delta" in seen and "message_stop" not in seen
+        assert error_of(raised)["code"] == "upstream_error"
+
+
+@pytest.mark.parametrize("driver", DIALECTS)
+async def test_a_broken_stream_is_resumed_on_the_same_model(database_url, driver):
+    async with door(
+        database_url, driver, routes=[Route("up", price=PRICED, resume="assistant_prefill")]
+    ) as (gw, client):
+        up = gw.upstreams["up"]
+        up.set_continuation("assistant_prefill")
+        up.set_plan([Behavior.mid_stream_disconnect(after_content=3)])
+        async with client.messages.stream(model="chat", max_tokens=100, messages=HI) as stream:
+            final = await stream.get_final_message()
+            request_id = stream.response.headers["x-request-id"]
+        assert final.content[0].text == "".join(reply_pieces("up"))  # type: ignore[union-attr]
+        assert len(final.content) == 1 and final.stop_reason == "end_turn"
+        assert up.requests[-1].continuation_chars == len("".join(reply_pieces("up")[:3]).rstrip())
+        types = await gw.wait_for_types(request_id, "RequestCompleted")
+        assert types.count("AttemptStarted") == 2
+
+
+# --- count_tokens ---
+
+
+async def test_count_tokens_asks_an_anthropic_endpoint_never_billed(database_url):
+    async with door(database_url, "anthropic") as (gw, client):
+        raw = await client.messages.with_raw_response.count_tokens(
+            model="chat", system="be brief", messages=HI, tools=[WEATHER]
+        )
+        counted = await raw.parse()
+        asked = gw.upstreams["up"].requests[-1]
+        assert asked.path == "/v1/messages/count_tokens"
+        assert asked.json["model"] == "fake-model" and asked.json["tools"] == [WEATHER]
+        assert counted.input_tokens > 0
+        assert raw.headers["x-waybill-token-count"] == "endpoint"
+        assert raw.headers["x-waybill-endpoint"] == "up"
+        assert gw.upstreams["up"].hits == 0  # no inference
+        assert not await gw.store.read_stream(f"request-{raw.headers['x-request-id']}")
+
+
+async def test_count_tokens_is_the_gateways_estimate_without_an_anthropic_endpoint(
+    database_url,
+):
+    async with door(database_url, "openai") as (gw, client):
+        raw = await client.messages.with_raw_response.count_tokens(model="chat", messages=HI)
+        assert raw.headers["x-waybill-token-count"] == "estimate"
+        assert (await raw.parse()).input_tokens > 0
+        assert gw.upstreams["up"].requests == []
+        with pytest.raises(anthropic.NotFoundError) as raised:
+            await client.messages.count_tokens(model="nope", messages=HI)
+        assert error_of(raised)["code"] == "model_not_found"
