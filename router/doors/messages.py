@@ -409,6 +409,7 @@ def _sampling(body: Mapping[str, Any], chat: dict[str, Any], reading: _Reading) 
 def _tools(body: Mapping[str, Any], chat: dict[str, Any], reading: _Reading) -> list[Any]:
     tools = body.get("tools")
     if tools is None:
+        _tool_choice(body.get("tool_choice"), set(), {})  # checked; nothing to choose from
         return []
     if not isinstance(tools, list):
         raise invalid_request("'tools' must be an array", param="tools")
@@ -430,9 +431,11 @@ def _tools(body: Mapping[str, Any], chat: dict[str, Any], reading: _Reading) -> 
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
         functions.append({"type": "function", "function": function})
-    if functions:
+    choice: dict[str, Any] = {}
+    _tool_choice(body.get("tool_choice"), names, choice)
+    if functions:  # an OpenAI endpoint takes no tool_choice without tools
         chat["tools"] = functions
-    _tool_choice(body.get("tool_choice"), names, chat)
+        chat.update(choice)
     return tools
 
 
