@@ -392,7 +392,9 @@ def _sampling(body: Mapping[str, Any], chat: dict[str, Any], reading: _Reading) 
         value = _number(body, name)
         if value is not None:
             chat[name] = value
-    _number(body, "top_k")  # checked; an OpenAI endpoint has no top_k (dropped)
+    top_k = body.get("top_k")  # checked; an OpenAI endpoint has no top_k (dropped)
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
+        raise invalid_request("'top_k' must be an integer", param="top_k")
     _typed(body, "service_tier", str, None)
     stops = body.get("stop_sequences")
     if stops is not None:
@@ -560,12 +562,41 @@ def _read_message(message: object, index: int, reading: _Reading, *, system_turn
     if not isinstance(content, list):
         raise invalid_request(f"'{where}.content' must be a string or an array", param=where)
     for block in content:
-        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-            raise invalid_request(f"'{where}.content' blocks must be typed objects", param=where)
+        _check_block(block, where)
     if role == "assistant":
         reading.chat.append(_assistant(content, where, reading))
     else:
         reading.chat.extend(_user(content, where, reading))
+
+
+# The fields each kind of block must have (the same in every turn), with their types.
+_BLOCK_FIELDS: Final[Mapping[str, tuple[tuple[str, type], ...]]] = {
+    "text": (("text", str),),
+    "image": (("source", dict),),
+    "tool_use": (("id", str), ("name", str)),
+    "tool_result": (("tool_use_id", str),),
+}
+
+
+def _check_block(block: object, where: str, *, nested: bool = False) -> None:
+    """A content block's type and the fields its kind must have; a ``tool_result``'s own
+    content, as blocks in it (``nested``) or a string."""
+    if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+        raise invalid_request(f"'{where}.content' blocks must be typed objects", param=where)
+    kind = block["type"]
+    for name, type_ in _BLOCK_FIELDS.get(kind, ()):
+        if not isinstance(block.get(name), type_):
+            shape = "a string" if type_ is str else "an object"
+            raise invalid_request(f"'{where}' {kind} blocks need '{name}', {shape}", param=where)
+    if kind == "tool_result" and not nested:
+        content = block.get("content")
+        if isinstance(content, list):
+            for part in content:
+                _check_block(part, where, nested=True)
+        elif content is not None and not isinstance(content, str):
+            raise invalid_request(
+                f"'{where}' tool_result content must be a string or blocks", param=where
+            )
 
 
 def _assistant(blocks: list[dict[str, Any]], where: str, reading: _Reading) -> dict[str, Any]:

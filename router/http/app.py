@@ -339,6 +339,15 @@ async def _refuse_nul(request: Request) -> None:
         raise invalid_request("the URL contains a NUL character (%00)")
 
 
+def _wire_of(request: Request) -> ErrorWire:
+    """The error wire of the door a path belongs to: the Anthropic door's routes answer
+    Anthropic's error object whatever went wrong (a 405 included)."""
+    path = request.scope["path"]
+    if path == _MESSAGES_PATH or path.startswith(_MESSAGES_PATH + "/"):
+        return _messages_error
+    return _chat_error
+
+
 def _failure_response(
     request: Request, error: Exception, wire: ErrorWire = _chat_error
 ) -> Response:
@@ -510,13 +519,15 @@ def create_app(settings: AppSettings) -> FastAPI:
             answer = route_not_found()
         else:  # e.g. a 405, for a method the route does not take
             answer = invalid_request(str(error.detail), status=error.status_code)
-        response = _error_response(answer, _request_id(request))
+        response = _error_response(answer, _request_id(request), _wire_of(request))
         response.headers.update(error.headers or {})  # a 405's Allow (RFC 9110)
         return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, error: RequestValidationError) -> Response:
-        return _error_response(invalid_request("invalid request"), _request_id(request))
+        return _error_response(
+            invalid_request("invalid request"), _request_id(request), _wire_of(request)
+        )
 
     @app.exception_handler(LedgerUnavailable)
     @app.exception_handler(DBAPIError)

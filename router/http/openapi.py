@@ -91,6 +91,14 @@ def _page(item: Schema) -> Schema:
     }
 
 
+def _when(kind: str, **required: Schema) -> Schema:
+    """A block of type ``kind`` has these fields, of these types."""
+    return {
+        "if": {"properties": {"type": {"const": kind}}},
+        "then": {"required": list(required), "properties": required},
+    }
+
+
 def _object(required: Iterable[str], **properties: Schema) -> Schema:
     """An object with these fields at least (more are welcome: contract §3)."""
     return {"type": "object", "required": list(required), "properties": properties}
@@ -143,27 +151,111 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         "description": (
             "An Anthropic Messages API request; model names a Waybill model group. A field "
             "outside the documented set is refused (400) unless it belongs to a beta named "
-            "in anthropic-beta. Anthropic endpoints receive the body natively; OpenAI-dialect "
-            "endpoints its translation, or are excluded (dialect_unsupported)."
+            "in anthropic-beta (contract §3 lists them). Anthropic endpoints receive the body "
+            "natively; OpenAI-dialect endpoints its translation, or are excluded "
+            "(dialect_unsupported). Also accepted, beyond what this schema can say: "
+            'thinking {"type": "enabled", "budget_tokens"} below max_tokens, and tool_choice '
+            '{"type": "tool", "name"} naming a declared tool.'
         ),
         "type": "object",
         "required": ["model", "messages", "max_tokens"],
         "properties": {
             "model": {"type": "string", "minLength": 1},
-            "messages": {"type": "array", "minItems": 1, "items": {"type": "object"}},
+            "messages": {"type": "array", "minItems": 1, "items": _ref("MessagesTurn")},
             "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_JSON_INTEGER},
-            "system": {"anyOf": [_STRING, {"type": "array", "items": {"type": "object"}}]},
-            "stream": {"type": "boolean"},
-            "stop_sequences": {"type": "array", "items": _STRING},
-            "temperature": {"type": "number"},
-            "top_p": {"type": "number"},
-            "top_k": {"type": "integer"},
-            "tools": {"type": "array", "items": {"type": "object"}},
-            "tool_choice": {"type": "object"},
-            "metadata": {"type": "object"},
-            "thinking": {"type": "object"},
-            "service_tier": _STRING,
+            "system": _nullable(
+                {"anyOf": [_STRING, {"type": "array", "items": _ref("MessagesTextBlock")}]}
+            ),
+            "stream": _nullable({"type": "boolean"}),
+            "stop_sequences": _nullable({"type": "array", "items": _STRING}),
+            "temperature": _nullable({"type": "number"}),
+            "top_p": _nullable({"type": "number"}),
+            "top_k": _nullable({"type": "integer"}),
+            "tools": _nullable({"type": "array", "items": _ref("MessagesTool")}),
+            "tool_choice": _nullable(
+                {
+                    "type": "object",
+                    "required": ["type"],
+                    "properties": {"type": {"enum": ["auto", "any", "none"]}},
+                }
+            ),
+            "metadata": _nullable(
+                {"type": "object", "properties": {"user_id": _nullable(_STRING)}}
+            ),
+            "thinking": _nullable(
+                {
+                    "type": "object",
+                    "required": ["type"],
+                    "properties": {"type": {"enum": ["adaptive", "disabled"]}},
+                }
+            ),
+            "service_tier": _nullable(_STRING),
         },
+        "additionalProperties": False,
+    },
+    "MessagesTurn": {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {
+            "role": {"enum": ["user", "assistant"]},
+            "content": {"anyOf": [_STRING, {"type": "array", "items": _ref("MessagesBlock")}]},
+        },
+    },
+    "MessagesTextBlock": {
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"const": "text"}, "text": _STRING},
+    },
+    "MessagesBlock": {
+        "description": (
+            "A content block: text, image, document, tool_use, tool_result, thinking, ... "
+            "(others are passed on natively to Anthropic endpoints)."
+        ),
+        "type": "object",
+        "required": ["type"],
+        "properties": {"type": _STRING},
+        "allOf": [
+            _when("text", text=_STRING),
+            _when("image", source={"type": "object"}),
+            _when("tool_use", id=_STRING, name=_STRING),
+            {
+                "if": {"properties": {"type": {"const": "tool_result"}}},
+                "then": {
+                    "required": ["tool_use_id"],
+                    "properties": {
+                        "tool_use_id": _STRING,
+                        "content": _nullable(
+                            {
+                                "anyOf": [
+                                    _STRING,
+                                    {"type": "array", "items": _ref("MessagesPart")},
+                                ]
+                            }
+                        ),
+                    },
+                },
+            },
+        ],
+    },
+    "MessagesPart": {
+        "description": "A block inside a tool_result's content.",
+        "type": "object",
+        "required": ["type"],
+        "properties": {"type": _STRING},
+        "allOf": [
+            _when("text", text=_STRING),
+            _when("image", source={"type": "object"}),
+            _when("tool_use", id=_STRING, name=_STRING),
+            _when("tool_result", tool_use_id=_STRING),
+        ],
+    },
+    "MessagesTool": {
+        "description": "A custom tool (input_schema required) or an Anthropic-defined one.",
+        "type": "object",
+        "required": ["name"],
+        "properties": {"name": _STRING},
+        "if": {"properties": {"type": {"const": "custom"}}},
+        "then": {"required": ["input_schema"], "properties": {"input_schema": {"type": "object"}}},
     },
     "Message": {
         "description": "Anthropic's message object.",
@@ -747,7 +839,10 @@ MESSAGES_COUNT_TOKENS: Final[Schema] = {
         "answers, else the gateway estimates (X-Waybill-Token-Count says which); never billed"
     ),
     "parameters": [*_ANTHROPIC_HEADERS[:3], _query("beta", _STRING, "Ignored.")],
-    "requestBody": {"required": True, "content": {"application/json": {"schema": {}}}},
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": _ref("MessagesCountRequest")}},
+    },
     "responses": {
         "200": _ok(_object(["input_tokens"], input_tokens={"type": "integer", "minimum": 0})),
         **_anthropic_errors(400, 404, 413),
@@ -978,6 +1073,14 @@ def _n(max_n: int) -> Schema:
             "the config's limits.max_n: more is refused (400 invalid_request, param n).",
         }
     )
+
+
+# A count_tokens body is a Messages body whose max_tokens may be left out.
+_SCHEMAS["MessagesCountRequest"] = {
+    **_SCHEMAS["MessagesRequest"],
+    "description": "A Messages API request to count (max_tokens may be left out).",
+    "required": ["model", "messages"],
+}
 
 
 def _schemas(limits: Limits) -> dict[str, Schema]:
