@@ -488,3 +488,70 @@ async def test_count_tokens_is_the_gateways_estimate_without_an_anthropic_endpoi
         with pytest.raises(anthropic.NotFoundError) as raised:
             await client.messages.count_tokens(model="nope", messages=HI)
         assert error_of(raised)["code"] == "model_not_found"
+
+
+# --- the rest of the house, through this door ---
+
+
+async def test_the_beta_client_and_its_query_string(database_url):
+    async with door(database_url, "anthropic") as (gw, client):
+        management: Any = {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}
+        message = await client.beta.messages.create(
+            model="chat",
+            max_tokens=10,
+            messages=HI,
+            betas=["context-management-2025-06-27"],
+            context_management=management,
+        )
+        assert message.content[0].type == "text"
+        natively = gw.upstreams["up"].requests[-1]
+        assert natively.json["context_management"] == management
+        assert natively.headers.get("anthropic-beta") == "context-management-2025-06-27"
+
+
+async def test_an_idempotency_key_replays_the_anthropic_answer(database_url):
+    async with door(database_url, "openai") as (gw, client):
+        key = {"Idempotency-Key": "order-42"}
+        first = await client.messages.with_raw_response.create(
+            model="chat", max_tokens=10, messages=HI, extra_headers=key
+        )
+        again = await client.messages.with_raw_response.create(
+            model="chat", max_tokens=10, messages=HI, extra_headers=key
+        )
+        assert again.headers["idempotent-replayed"] == "true"
+        assert (await again.parse()).model_dump() == (await first.parse()).model_dump()
+        assert gw.upstreams["up"].hits == 1
+        with pytest.raises(anthropic.ConflictError) as raised:
+            await client.messages.create(
+                model="chat", max_tokens=11, messages=HI, extra_headers=key
+            )
+        assert (error_of(raised)["type"], error_of(raised)["code"]) == (
+            "invalid_request_error",
+            "idempotency_conflict",
+        )
+
+
+async def test_explain_names_the_feature_a_dialect_lacks(database_url):
+    async with door(database_url, "openai") as (gw, client):
+        with pytest.raises(anthropic.UnprocessableEntityError) as raised:
+            await client.messages.create(
+                model="chat", max_tokens=2048, thinking=THINKING, messages=HI
+            )
+        request_id = raised.value.response.headers["x-request-id"]
+        await gw.wait_for_types(request_id, "RequestFailed")
+        async with gw.http() as http:
+            explained = await http.get(f"/v1/requests/{request_id}/explain?format=text")
+        assert explained.status_code == 200
+        assert "dialect_unsupported" in explained.text and "thinking" in explained.text
+
+
+async def test_the_chat_door_carries_an_anthropic_upstreams_cache_usage_too(database_url):
+    async with door(database_url, "anthropic") as (gw, _):
+        gw.upstreams["up"].set_plan([Behavior.ok(cached_tokens=2)])
+        completion = await gw.client().chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi there, how are you"}]
+        )
+        usage = completion.usage
+        assert usage is not None and usage.prompt_tokens_details is not None
+        assert usage.prompt_tokens_details.cached_tokens == 2
+        assert (usage.model_extra or {})["cache_read_input_tokens"] == 2
