@@ -8,7 +8,7 @@ Pure: a completion, the relay's bytes or a :class:`router.errors.GatewayError` i
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Final
 
 import orjson
@@ -167,7 +167,7 @@ def _arguments(arguments: object) -> Any:
 # --- streams ---
 
 
-async def events(started: StreamingCompletion) -> AsyncIterator[bytes]:
+async def events(started: StreamingCompletion) -> AsyncGenerator[bytes, None]:
     """The committed stream's canonical SSE (the relay's bytes: ``data:`` frames, then
     ``[DONE]`` or the gateway's in-band error) as Anthropic's events."""
     renderer = EventRenderer(started.request_id)

@@ -215,7 +215,7 @@ class _Edge:
             request = Request(scope, receive)
             try:
                 await _refuse_nul(request)
-                response = await door.serve(request, door)
+                response = await _serve(request, door)
             except Exception as error:
                 response = _failure_response(request, error, door.error)
             # The header is the response's own here, so its messages go out unwrapped (a
@@ -747,7 +747,6 @@ class _Door:
     """One client API at the edge: how its key and body are read, its request handed to the
     core, and the core's answers and the gateway's errors written on its wire."""
 
-    serve: Callable[[Request, _Door], Awaitable[Response]]
     secret: Callable[[Mapping[str, str]], str]
     parse: Callable[[bytes, Mapping[str, str], Config], Any]
     to_core: Callable[[Any, HeaderNarrowing, Caller], Call]
@@ -768,12 +767,7 @@ def _messages_stream(
     started: StreamingCompletion,
 ) -> tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]:
     # Every piece is rewritten into Anthropic's events: none goes out as the upstream's.
-    return _generator(messages_wire.events(started)), messages_wire.stream_headers(started), None
-
-
-async def _generator(source: AsyncIterator[bytes]) -> AsyncGenerator[bytes, None]:
-    async for piece in source:
-        yield piece
+    return messages_wire.events(started), messages_wire.stream_headers(started), None
 
 
 def _messages_parse(raw: bytes, named: Mapping[str, str], config: Config) -> Any:
@@ -782,7 +776,6 @@ def _messages_parse(raw: bytes, named: Mapping[str, str], config: Config) -> Any
 
 _DOORS: Final[Mapping[str, _Door]] = {
     _CHAT_PATH: _Door(
-        serve=_serve,
         secret=_secret,
         parse=lambda raw, named, config: chat.parse_body(raw, config.limits),
         to_core=lambda call, headers, caller: chat.to_core(call, headers, caller.workspace),
@@ -791,7 +784,6 @@ _DOORS: Final[Mapping[str, _Door]] = {
         error=_chat_error,
     ),
     _MESSAGES_PATH: _Door(
-        serve=_serve,
         secret=_anthropic_secret,
         parse=_messages_parse,
         to_core=lambda call, headers, caller: messages.to_core(call, headers, caller.workspace),
