@@ -171,18 +171,24 @@ async def events(started: StreamingCompletion) -> AsyncGenerator[bytes, None]:
     """The committed stream's canonical SSE (the relay's bytes: ``data:`` frames, then
     ``[DONE]`` or the gateway's in-band error) as Anthropic's events."""
     renderer = EventRenderer(started.request_id)
+    body = started.body
     buffer = b""
-    async for piece in started.body:
-        buffer += piece
-        frames = buffer.split(b"\n\n")
-        buffer = frames.pop()
-        out = renderer.frames(frames)
-        if out:
-            yield out
-    if buffer.strip():
-        out = renderer.frames([buffer])
-        if out:
-            yield out
+    try:
+        async for piece in body:
+            buffer += piece
+            frames = buffer.split(b"\n\n")
+            buffer = frames.pop()
+            out = renderer.frames(frames)
+            if out:
+                yield out
+        if buffer.strip():
+            out = renderer.frames([buffer])
+            if out:
+                yield out
+    finally:
+        # Closed early (the client left), the relay's body is closed at once too: its own
+        # cleanup records the request's end.
+        await body.aclose()
 
 
 def _event(kind: str, data: Mapping[str, Any]) -> bytes:

@@ -555,3 +555,22 @@ async def test_the_chat_door_carries_an_anthropic_upstreams_cache_usage_too(data
         assert usage is not None and usage.prompt_tokens_details is not None
         assert usage.prompt_tokens_details.cached_tokens == 2
         assert (usage.model_extra or {})["cache_read_input_tokens"] == 2
+
+
+async def test_a_client_that_hangs_up_mid_stream_is_recorded(database_url):
+    async with door(database_url, "anthropic") as (gw, _):
+        gw.upstreams["up"].set_default(Behavior.ok(chunk_delay_ms=200))
+        body = {"model": "chat", "max_tokens": 100, "messages": HI, "stream": True}
+        async with (
+            gw.http() as http,
+            http.stream("POST", "/v1/messages", json=body) as response,
+        ):
+            assert response.status_code == 200
+            request_id = response.headers["x-request-id"]
+            async for piece in response.aiter_raw():
+                if b"content_block_delta" in piece:
+                    break  # the first content arrived: hang up
+        await gw.wait_for_types(request_id, "RequestFailed")
+        failed = next(e.data for e in await gw.events(request_id) if e.type == "RequestFailed")
+        assert (failed["http_status"], failed["error_code"]) == (499, "client_canceled")
+        await gw.upstreams["up"].wait_for_async(lambda up: up.client_gone >= 1)
