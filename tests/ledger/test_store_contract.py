@@ -541,7 +541,7 @@ async def test_every_catalogue_type_round_trips_through_its_json_form() -> None:
 
 
 def test_a_request_received_before_doors_were_named_came_through_chat_completions() -> None:
-    received = next(e for e in succeeded_trail("r1") if isinstance(e, ev.RequestReceived))
+    (received,) = [e for e in succeeded_trail("r1") if isinstance(e, ev.RequestReceived)]
     data = ev.encode_event(received)
     assert data["api"] == "openai.chat_completions"
     older = {k: v for k, v in data.items() if k != "api"}
