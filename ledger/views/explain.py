@@ -460,6 +460,14 @@ def _outcome(trail: _Trail) -> str:
 
 def _not_chosen(trail: _Trail) -> list[str]:
     """Why each mapping that never carried an attempt did not (contract §4 reason codes)."""
+    end, attempts = trail.end, list(trail.attempts.values())
+    # A partial failure: once the stream was committed no other mapping could take it over
+    # (contract §5 "Streaming"), so an eligible one left unused was not "never needed".
+    broken_stream = (
+        attempts[-1].name
+        if attempts and isinstance(end, ev.RequestFailed) and end.stream_started
+        else None
+    )
     chosen_indexes = {e.chosen.mapping_index for e in trail.evaluations if e.chosen}
     seen: dict[int, list[tuple[ev.RouteEvaluated, ev.Candidate]]] = {}
     for evaluation in trail.evaluations:
@@ -487,6 +495,12 @@ def _not_chosen(trail: _Trail) -> list[str]:
             clauses.append(
                 f"{name} was eligible on tier {c0.tier} (weight {c0.weight}) but {how} chose "
                 f"{winner.endpoint}/{winner.model} (weight {winner.weight})"
+            )
+        elif broken_stream is not None:
+            clauses.append(
+                f"{name} on tier {c0.tier} was eligible but could not take over: the stream "
+                f"was committed to {broken_stream}, and a committed stream is only resumed on "
+                "its own model or ended"
             )
         else:
             clauses.append(f"{name} on tier {c0.tier} was eligible but never needed")

@@ -270,8 +270,8 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         hash=_STRING,
     ),
     "Proof": _object(
-        ["format", "request_id", "checkpoint", "events"],
-        format={"type": "string", "enum": ["waybill-proof/v1"]},
+        ["format", "request_id", "checkpoint", "events", "stream"],
+        format={"type": "string", "enum": ["waybill-proof/v2"]},
         request_id=_STRING,
         checkpoint=_object(
             ["format", "size", "root", "head_hash", "time", "key_id", "signature"],
@@ -297,6 +297,18 @@ _SCHEMAS: Final[dict[str, Schema]] = {
                 },
                 inclusion_proof={"type": "array", "items": _HEX_HASH},
             ),
+        },
+        stream={
+            **_object(
+                ["first_version", "last_version", "key_id", "signature"],
+                first_version={"type": "integer", "minimum": 1},
+                last_version={"type": "integer", "minimum": 1},
+                key_id=_STRING,
+                signature=_STRING,
+            ),
+            "description": "The request stream's version range the checkpoint covers (every "
+            "event in `events`), signed with a checkpoint key over the statement of contract "
+            '§7 "Proofs": a proof with events left out fails.',
         },
     ),
     "Explanation": _object(
@@ -713,8 +725,8 @@ REQUEST_EVENTS: Final[Schema] = {
     "responses": {"200": _ok(_page(_ref("Event"))), **_error_responses(400, 404)},
 }
 REQUEST_PROOF: Final[Schema] = {
-    "summary": "A request's events with an inclusion proof of each against a signed "
-    "checkpoint (waybill verify-proof checks it offline)",
+    "summary": "Every event of a request a signed checkpoint covers, with an inclusion proof "
+    "of each and their version range signed (waybill verify-proof checks it offline)",
     "parameters": [
         _query(
             "size",
