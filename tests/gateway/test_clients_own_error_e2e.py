@@ -14,7 +14,7 @@ import pytest
 
 from ledger.store import RecordedEvent
 from router.fake_provider import Behavior
-from tests.gateway.harness import Gateway, Route, running_gateway
+from tests.gateway.harness import ANTHROPIC_ENV, Gateway, Route, running_gateway
 
 ROUTES = [Route("east"), Route("west", tier=1)]
 TOOLS: Any = [
@@ -92,3 +92,18 @@ async def test_an_upstream_400_about_the_gateways_own_key_is_still_a_502(databas
         events = await gw.events(error.response.headers["x-request-id"])
         [failed] = _of(events, "RequestFailed")
         assert (failed["http_status"], failed["error_code"]) == (502, "upstream_error")
+
+
+async def test_the_providers_message_reaches_the_client_without_the_endpoints_key(
+    database_url: str,
+) -> None:
+    async with running_gateway(database_url, ["east", "west"], ROUTES) as gw:
+        key = ANTHROPIC_ENV["FAKE_KEY"]  # the endpoint's key, as the config reads it
+        echo = f"Invalid schema for function 'f' (request by {key}): 'type' is required"
+        gw.upstreams["east"].set_default(Behavior.invalid_request(echo))
+        error = await _refused(gw)
+        assert error.status_code == 400
+        assert "Invalid schema for function 'f' (request by [redacted])" in error.message
+        assert key not in error.response.text
+        events = await gw.events(error.response.headers["x-request-id"])
+        assert all(key.encode() not in e.payload for e in events)
