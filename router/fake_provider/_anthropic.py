@@ -170,6 +170,12 @@ class _Anthropic(Dialect):
                 f"prompt is too long: {max(tokens, 200001)} tokens > 200000 maximum",
             ),
             Kind.MODEL_NOT_FOUND: (404, "not_found_error", f"model: {model}"),
+            Kind.INVALID_REQUEST: (
+                400,
+                "invalid_request_error",
+                "tools.0.custom.input_schema: JSON schema is invalid. It must match JSON Schema "
+                "draft 2020-12.",
+            ),
             Kind.NOT_STARTED: (503, "overloaded_error", "Overloaded; the request was not started."),
         }.get(behavior.kind, (500, "", ""))
         status = behavior.status or status

@@ -37,6 +37,7 @@ class Kind(StrEnum):
     CONTENT_POLICY = "content_policy"
     CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
     MODEL_NOT_FOUND = "model_not_found"
+    INVALID_REQUEST = "invalid_request"  # a 400 for the client's own error: a bad tool schema
     SERVER_ERROR = "server_error"
     NOT_STARTED = "not_started"
     # Transport and stream faults.
@@ -62,6 +63,7 @@ ERROR_KINDS = frozenset(
         Kind.CONTENT_POLICY,
         Kind.CONTEXT_LENGTH_EXCEEDED,
         Kind.MODEL_NOT_FOUND,
+        Kind.INVALID_REQUEST,
         Kind.SERVER_ERROR,
         Kind.NOT_STARTED,
     }
@@ -256,6 +258,10 @@ class Behavior:
     @classmethod
     def model_not_found(cls) -> Behavior:
         return cls(Kind.MODEL_NOT_FOUND)
+
+    @classmethod
+    def invalid_request(cls, message: str | None = None) -> Behavior:
+        return cls(Kind.INVALID_REQUEST, message=message)
 
     @classmethod
     def server_error(cls, status: int = 500, retry_after: float | None = None) -> Behavior:

@@ -197,7 +197,12 @@ class _RecordedBreakers:
             await self._record(transitions, request_id)
 
     async def failed(
-        self, key: BreakerKey, classification: Classification, duration_ms: int, request_id: str
+        self,
+        key: BreakerKey,
+        classification: Classification,
+        duration_ms: int,
+        request_id: str,
+        workspace: str,
     ) -> bool:
         transitions = await self._board.record_failure(
             key,
@@ -205,6 +210,7 @@ class _RecordedBreakers:
             opens_at_once=classification.breaker_opens_at_once,
             retry_after_ms=classification.retry_after_ms,
             duration_ms=duration_ms,
+            workspace=workspace,
         )
         if transitions:
             await self._record(transitions, request_id)

@@ -86,8 +86,11 @@ class Breakers(Protocol):
         classification: Classification,
         duration_ms: int,
         request_id: str,
+        workspace: str,
     ) -> bool:
-        """Count a failure of ``key``'s scope; True if that opened (or re-opened) it."""
+        """Count a failure of ``key``'s scope, by a request of ``workspace`` (an
+        ``invalid_output`` counts only when another workspace's is in the breaker's window:
+        contract §5); True if that opened (or re-opened) it."""
         ...
 
     async def release_probes(self, keys: Sequence[BreakerKey]) -> None:
