@@ -86,6 +86,7 @@ from router.doors.chat import (
     to_core,
 )
 from router.errors import (
+    ErrorCode,
     GatewayError,
     capacity_error,
     client_canceled,
@@ -329,15 +330,24 @@ def _failure_response(request: Request, error: Exception) -> Response:
     503 when the ledger's database could not do the work now (``ledger.store.db.is_unavailable``),
     else a bare 500 (logged, never shown): a constraint violated is a bug, not an outage."""
     if isinstance(error, GatewayError):
+        if error.code is ErrorCode.LEDGER_UNAVAILABLE:
+            _refused_in_outage(request, error)
         return _error_response(error, _request_id(request))
     if isinstance(error, ClientDisconnect):
         # The client left before its body arrived: nobody reads the answer, nothing to log.
         return _error_response(client_canceled(), _request_id(request))
     if is_unavailable(error):
-        log.error("ledger unavailable serving %s: %s", request.url.path, type(error).__name__)
+        _refused_in_outage(request, error)
         return _error_response(ledger_unavailable(), _request_id(request))
     log.exception("unexpected error serving %s", request.url.path, exc_info=error)
     return _error_response(internal_error(), _request_id(request))
+
+
+def _refused_in_outage(request: Request, error: Exception) -> None:
+    """Counted, not logged: the outage is said once, with its count (ledger.store.outage)."""
+    store: EventStore | None = getattr(request.app.state, "store", None)
+    if store is not None:
+        store.outage.refused(error)
 
 
 async def _siblings_metrics(sockets: tuple[str, ...]) -> list[bytes]:
@@ -953,10 +963,14 @@ async def _keep_alive(
     while not stop.is_set():
         try:
             await heartbeat(store.engine, owner)
+            store.outage.succeeded()
             await recover_abandoned_holds(store, stale_after_s=interval_s * 6)
             await disabling.sync()
-        except Exception:  # the next beat retries; recovery must never stop the gateway
-            log.exception("heartbeat or hold recovery failed")
+        except Exception as error:  # the next beat retries; recovery must never stop the gateway
+            if is_unavailable(error):
+                store.outage.failed(error)  # said once per outage
+            else:
+                log.exception("heartbeat or hold recovery failed")
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(interval_s):
                 await stop.wait()
