@@ -74,6 +74,8 @@ __all__ = [
     "Workspace",
     "load_config",
     "parse_config",
+    "parse_config_file",
+    "read_config_file",
 ]
 
 Driver = Literal["openai", "anthropic"]
@@ -1065,13 +1067,27 @@ def load_config(
     path: str | os.PathLike[str], *, environ: cabc.Mapping[str, str] | None = None
 ) -> Config:
     """Read, parse and validate a config file; raise `ConfigError` on any problem."""
+    return parse_config_file(read_config_file(path), path, environ=environ)
+
+
+def read_config_file(path: str | os.PathLike[str]) -> bytes:
+    """A config file's bytes; raise `ConfigError` when it cannot be read."""
     source = os.fspath(path)
     try:
-        raw = Path(source).read_bytes()
+        return Path(source).read_bytes()
     except FileNotFoundError:
         raise ConfigError([(source, "file not found")]) from None
     except OSError as exc:
         raise ConfigError([(source, f"cannot read file: {exc.strerror or exc}")]) from None
+
+
+def parse_config_file(
+    raw: bytes, path: str | os.PathLike[str], *, environ: cabc.Mapping[str, str] | None = None
+) -> Config:
+    """Bytes read from the config file ``path`` (now or earlier), parsed and validated as
+    `load_config` does: relative paths in it are relative to the file's directory. (The
+    workers of ``waybill serve --workers N`` parse the bytes one of them read.)"""
+    source = os.fspath(path)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:

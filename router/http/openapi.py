@@ -657,7 +657,7 @@ ADMIN_RELOAD: Final[Schema] = {
                 generation=_STRING,
             )
         ),
-        **_error_responses(400, 403, 409),
+        **_error_responses(400, 403, 409, 503),
     },
 }
 LIST_ENDPOINTS: Final[Schema] = {

@@ -11,6 +11,7 @@ redirected by a reload), then closes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections.abc import Coroutine, Mapping, Sequence
@@ -18,6 +19,8 @@ from typing import Any
 
 from ledger.apikeys import key_stream
 from ledger.store import ANY_VERSION, EventStore
+from ledger.store.db import is_unavailable
+from ledger.store.outage import Outage
 from router.adapters.breakers import Admission, BreakerBoard, BreakerKey, Transition
 from router.adapters.disabling import Disabling
 from router.adapters.latency import InProcessLatency, LatencyBoard
@@ -164,7 +167,7 @@ class Gateway:
         task = asyncio.ensure_future(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-        task.add_done_callback(_log_failure)
+        task.add_done_callback(functools.partial(_log_failure, self.store.outage))
 
 
 class _RecordedBreakers:
@@ -229,6 +232,11 @@ class _RecordedBreakers:
         await self._store.append("breaker", ANY_VERSION, events)
 
 
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("recording the end of a request failed", exc_info=task.exception())
+def _log_failure(outage: Outage, task: asyncio.Task[None]) -> None:
+    error = None if task.cancelled() else task.exception()
+    if error is None:
+        return
+    if is_unavailable(error):  # the ledger stayed away: told once, with the outage's end
+        outage.not_recorded()
+        return
+    log.error("recording the end of a request failed", exc_info=error)

@@ -25,6 +25,7 @@ from ledger import events as ev
 from ledger.books.accounting import BudgetDenied, Effect, Hold
 from ledger.endpoints import DisabledEndpoint
 from ledger.store import RecordedEvent
+from ledger.store.outage import Outage
 from router.adapters.breakers import Admission, BreakerKey
 from router.config import Config
 from router.drivers import AttemptBinding, ChatRequest, DriverResult, DriverStream, PreparedCall
@@ -194,6 +195,8 @@ class Journal(Protocol[_S]):
 
 class RequestLedger(Protocol):
     """What the journal needs of the store (:class:`ledger.store.EventStore`)."""
+
+    outage: Outage  # told of a request's end it could not record at once
 
     def submit(
         self,
