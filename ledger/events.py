@@ -209,13 +209,18 @@ _MAX_FIELDS_GIVEN: Final = 4096
 
 class Usage(_Record):
     """What an attempt is billed for, dimension by dimension; a settlement prices each one
-    (``ledger.books.accounting.usage_cost``). Audio and cached tokens are parts of the input and
-    output counts, as OpenAI reports them; image and file tokens are not told apart from
-    text (OpenAI bills them inside the prompt tokens, at the input price)."""
+    (``ledger.books.accounting.usage_cost``). Audio, cached and cache-write tokens are parts
+    of the input and output counts, as OpenAI reports them; image and file tokens are not
+    told apart from text (OpenAI bills them inside the prompt tokens, at the input price)."""
 
     input_tokens: NonNegInt
     output_tokens: NonNegInt
-    cached_input_tokens: NonNegInt = 0
+    cached_input_tokens: NonNegInt = 0  # of input_tokens, read from the provider's cache
+    # Of input_tokens, written to Anthropic's prompt cache (cache_creation_input_tokens, by
+    # its cache_creation breakdown): for 5 minutes, and for an hour. Events recorded before
+    # these fields knew no cache writes (they were settled as input).
+    cache_write_input_tokens: NonNegInt = 0
+    cache_write_1h_input_tokens: NonNegInt = 0
     audio_input_tokens: NonNegInt = 0  # of input_tokens (prompt_tokens_details.audio_tokens)
     audio_output_tokens: NonNegInt = 0  # of output_tokens (completion_tokens_details.audio_tokens)
     # Billed per search, and no provider reports them in usage: the gateway counts one per
@@ -240,6 +245,9 @@ class Requirements(_Record):
     file_inputs: NonNegInt = 0
     audio_output: bool = False  # `modalities` with "audio", or an `audio` parameter
     web_search: bool = False  # `web_search_options`
+    # The lifetimes ("5m", "1h") of the prompt-cache writes the request's cache_control
+    # markers ask for: an Anthropic endpoint bills them at the cache-write prices.
+    cache_writes: tuple[Literal["5m", "1h"], ...] = ()
     unknown_inputs: tuple[str, ...] = ()  # content part types no price can cover
     stream: bool = False
     allow_failover: bool = True

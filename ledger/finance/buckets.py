@@ -329,6 +329,9 @@ def _sum_usage(usages: Iterable[ev.Usage]) -> ev.Usage | None:
             input_tokens=total.input_tokens + u.input_tokens,
             output_tokens=total.output_tokens + u.output_tokens,
             cached_input_tokens=total.cached_input_tokens + u.cached_input_tokens,
+            cache_write_input_tokens=total.cache_write_input_tokens + u.cache_write_input_tokens,
+            cache_write_1h_input_tokens=total.cache_write_1h_input_tokens
+            + u.cache_write_1h_input_tokens,
             audio_input_tokens=total.audio_input_tokens + u.audio_input_tokens,
             audio_output_tokens=total.audio_output_tokens + u.audio_output_tokens,
             web_searches=total.web_searches + u.web_searches,

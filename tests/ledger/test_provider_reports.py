@@ -67,7 +67,10 @@ def test_openai_costs_are_dollars_read_exactly() -> None:
 def test_anthropic_usage_input_is_uncached_plus_cache_reads_plus_cache_writes() -> None:
     (row,) = parse_report([(None, page("anthropic-usage"))]).rows
     assert row.usage == Usage(
-        input_tokens=8200 + 6144 + 2048, output_tokens=2300, cached_input_tokens=6144
+        input_tokens=8200 + 6144 + 2048,
+        output_tokens=2300,
+        cached_input_tokens=6144,
+        cache_write_input_tokens=2048,  # kept by lifetime, to be priced as cache writes
     )
     assert row.workspace_id == "wrkspc_01JwQvzr7rXLA5AGx3HKfFUJ"
     assert row.api_key_id == "apikey_01Rj2N8SVvo6BePZj99NhmiT"
