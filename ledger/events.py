@@ -350,6 +350,9 @@ class BudgetReserved(Event):
     key_id: Id | None = None
     model_group: str | None = None
     owner: str | None = None  # the gateway instance that took the hold (crash recovery)
+    # The door its request came through (RequestReceived.api), for the spend views; holds
+    # taken before it was recorded here were all of chat completions.
+    api: Api = "openai.chat_completions"
 
 
 class BudgetReservationDenied(Event):
