@@ -721,7 +721,12 @@ class ReconciliationImported(Event):
     imported_by: Id
     # A provider report (§3): its format, its buckets against the ledger, what is not ours.
     report_format: Literal[
-        "lines", "openai-usage", "openai-costs", "anthropic-usage", "anthropic-costs"
+        "lines",
+        "openai-usage",
+        "openai-costs",
+        "anthropic-usage",
+        "anthropic-costs",
+        "anthropic-analytics",
     ] = "lines"
     buckets: tuple[BucketComparison, ...] = ()
     unattributed_provider_usage: tuple[UnattributedUsage, ...] = ()

@@ -395,7 +395,10 @@ def _judge(
     provider_usage = _sum_usage(r.usage for r in unit.rows if r.usage is not None)
     if report.usage and provider_usage is None:
         provider_usage = ev.Usage(input_tokens=0, output_tokens=0)
-    requests = sum(r.requests or 0 for r in unit.rows) if report.format == "openai-usage" else None
+    counted = report.format == "openai-usage" or (
+        report.format == "anthropic-analytics" and report.usage
+    )
+    requests = sum(r.requests or 0 for r in unit.rows) if counted else None
     provider_usd = _provider_usd(report, unit, rates)
     billable = [a for a in unit.attempts if a.state != "released"]
     known = [a for a in billable if a.state in ("settled", "unknown_settled")]

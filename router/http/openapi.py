@@ -821,6 +821,7 @@ IMPORT_RECONCILIATION: Final[Schema] = {
                     "openai-costs",
                     "anthropic-usage",
                     "anthropic-costs",
+                    "anthropic-analytics",
                     "lines",
                 ],
             },
