@@ -14,6 +14,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from ledger.events import Usage
 from router.fake_provider.behavior import Behavior
+from tests.gateway.door_traffic import served_through
 from tests.gateway.harness import Route, running_gateway
 
 D = Decimal
@@ -105,3 +106,32 @@ async def test_cache_writes_without_a_price_settle_at_the_input_price_as_before(
         assert usage.cache_write_input_tokens == 4
         expected = (D(usage.input_tokens - 2) * 1 + 2 * D("0.1") + usage.output_tokens * 2) / 10**6
         assert D(settled["settled_usd"]) == expected
+
+
+async def test_a_request_asking_for_cache_writes_skips_an_anthropic_mapping_without_their_price(
+    sqlite_url: str,
+) -> None:
+    # An Anthropic endpoint priced for 5-minute writes only, and an OpenAI one (which bills
+    # no write): a request whose cache_control markers ask for an hour's write, handed to the
+    # core as the Messages door hands it over, never goes where its writes have no price.
+    five_only = "{input_per_mtok: 1.0, output_per_mtok: 2.0, cache_write_per_mtok: 1.25}"
+    async with running_gateway(
+        sqlite_url,
+        ["west", "east"],
+        [Route("west", price=five_only), Route("east", tier=1)],
+        drivers={"west": "anthropic"},
+    ) as gw:
+        body = {"model": "chat", "messages": [{"role": "user", "content": PROMPT}]}
+        hour = await served_through(gw, "anthropic.messages", body, cache_writes=("1h",))
+        events = await gw.events(hour)
+        (evaluated,) = [e.data for e in events if e.type == "RouteEvaluated"]
+        west = next(c for c in evaluated["candidates"] if c["endpoint"] == "west")
+        assert (west["reason_code"], west["detail"]) == (
+            "unpriced_input",
+            "cache_write_1h_per_mtok",
+        )
+        assert gw.upstreams["west"].hits == 0 and gw.upstreams["east"].hits == 1
+        five = await served_through(gw, "anthropic.messages", body, cache_writes=("5m",))
+        assert gw.upstreams["west"].hits == 1
+        completed = next(e.data for e in await gw.events(five) if e.type == "RequestCompleted")
+        assert completed["endpoint"] == "west"
