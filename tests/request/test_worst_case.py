@@ -539,3 +539,58 @@ def test_cache_writes_settle_at_the_rates_of_their_lifetimes():
     assert _settled(mapping, requirements, usage) <= worst_case_cost(
         mapping, requirements, "anthropic"
     )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    estimated=st.integers(0, 10**6),
+    max_output=st.integers(1, 10**5),
+    split=st.tuples(*[st.integers(0, 10**6)] * 4),
+    output=st.integers(0, 10**5),
+    prices=st.tuples(*[_PRICE] * 3, st.none() | _PRICE, st.none() | _PRICE),
+    asked=st.sampled_from([(), ("5m",), ("1h",), ("5m", "1h")]),
+)
+def test_an_anthropic_reservation_covers_any_cache_reads_and_writes_within_the_prompt(
+    estimated, max_output, split, output, prices, asked
+):
+    input_price, output_price, cached_price, write_5m, write_1h = prices
+    mapping = _mapping(
+        max_output=max_output,
+        input_per_mtok=input_price,
+        output_per_mtok=output_price,
+        cached_input_per_mtok=cached_price,
+        **({} if write_5m is None else {"cache_write_per_mtok": write_5m}),
+        **({} if write_1h is None else {"cache_write_1h_per_mtok": write_1h}),
+    )
+    requirements = Requirements(estimated_input_tokens=estimated, cache_writes=asked)
+    missing = unpriced(mapping, requirements, "anthropic")
+    needs = {"5m": write_5m, "1h": write_1h}
+    assert (missing is None) == all(needs[ttl] is not None for ttl in asked)
+    if missing is not None:
+        return
+    # Any split of the prompt the provider may report: read, written for either lifetime,
+    # the rest plain; the answer within the mapping's output bound.
+    read, five, hour, _ = split
+    hour = min(hour, estimated)
+    five = min(five, estimated - hour)
+    read = min(read, estimated - hour - five)
+    usage = Usage(
+        input_tokens=estimated,
+        output_tokens=min(output, max_output),
+        cached_input_tokens=read,
+        cache_write_input_tokens=five,
+        cache_write_1h_input_tokens=hour,
+    )
+    settled = _settled(mapping, requirements, usage)
+    assert worst_case_cost(mapping, requirements, "anthropic") >= settled
+    f = Fraction
+    write_5m_rate = f(input_price if write_5m is None else write_5m)
+    write_1h_rate = write_5m_rate if write_1h is None else f(write_1h)
+    micro = (
+        (estimated - read - five - hour) * f(input_price)
+        + read * f(cached_price)
+        + five * write_5m_rate
+        + hour * write_1h_rate
+        + usage.output_tokens * f(output_price)
+    )
+    assert Fraction(settled) == _priced(micro / MTOK)
