@@ -13,6 +13,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import httpx
+
+from ledger import apikeys
 from ledger.events import Usage
 from router.fake_provider import Behavior, FakeAdminApi
 from tests.gateway.harness import Route, running_gateway
@@ -173,3 +176,41 @@ def test_reconcile_fetch_reads_the_analytics_api_for_an_anthropic_endpoint(
         assert again.returncode == 0, again.stderr
         assert json.loads(again.stdout)["id"] == report["id"]
     assert settlement_id
+
+
+async def test_analytics_pages_import_over_http_told_by_content_or_named(sqlite_url: str) -> None:
+    # Traffic on east's workspace and key that the gateway never saw: unattributed usage.
+    extra = "    provider_workspace_id: wrkspc_east\n    provider_api_key_id: apikey_east\n"
+    hour = datetime(2026, 11, 30, 14, tzinfo=UTC)
+    usage = {"uncached": 300, "read": 0, "written": 100, "output": 200, "requests": 2}
+    body = json.dumps({"data": [_row(hour, usage)], "has_more": False, "next_page": None})
+    async with running_gateway(
+        sqlite_url,
+        ["east"],
+        [Route("east", price=PRICE)],
+        drivers={"east": "anthropic"},
+        endpoint_extra={"east": extra},
+    ) as gw:
+        admin = await apikeys.create_key(gw.store, "acme", "admin")
+        finance = await apikeys.create_key(gw.store, "acme", "finance")
+        async with httpx.AsyncClient(base_url=gw.url, timeout=30) as http:
+            reports = []
+            for query in ("?provider=east", "?provider=east&format=anthropic-analytics"):
+                posted = await http.post(
+                    f"/v1/reconciliations{query}",
+                    content=body,
+                    headers={"Authorization": f"Bearer {admin.secret}"},
+                )
+                assert posted.status_code == 200, posted.text
+                reports.append(posted.json())
+            refused = await http.post(
+                "/v1/reconciliations?provider=east",
+                content=body,
+                headers={"Authorization": f"Bearer {finance.secret}"},
+            )
+    assert reports[0]["id"] == reports[1]["id"] and reports[0]["format"] == "anthropic-analytics"
+    (unattributed,) = reports[0]["unattributed_provider_usage"]
+    # 300 plain input at $1, 100 written for 5 minutes at $1.25, 200 output at $2.
+    assert D(unattributed["usd"]) == D("0.000825")
+    assert (unattributed["input_tokens"], unattributed["requests"]) == (400, 2)
+    assert refused.status_code == 403
