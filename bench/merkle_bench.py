@@ -257,7 +257,9 @@ def _verify(args: argparse.Namespace) -> dict[str, Any]:
     results["checkpoints_cpu_us_per_event"] = round(extra / head * 1e6, 2)
 
     request_id = asyncio.run(_a_request_id(url))
-    wall, cpu, done = _cli("prove", request_id, "--checkpoints", str(sink), url=url)
+    wall, cpu, done = _cli(
+        "prove", request_id, "--checkpoints", str(sink), "--signing-key", str(key_file), url=url
+    )
     assert done.returncode == 0, done.stderr
     proof = WORK / "proof.json"
     proof.write_bytes(done.stdout)
@@ -267,7 +269,15 @@ def _verify(args: argparse.Namespace) -> dict[str, Any]:
     lines_only.mkdir()
     for line_file in sink.glob("*.jsonl"):
         shutil.copy(line_file, lines_only)
-    wall, cpu, done = _cli("prove", request_id, "--checkpoints", str(lines_only), url=url)
+    wall, cpu, done = _cli(
+        "prove",
+        request_id,
+        "--checkpoints",
+        str(lines_only),
+        "--signing-key",
+        str(key_file),
+        url=url,
+    )
     assert done.returncode == 0 and done.stdout == proof.read_bytes(), done.stderr
     results["prove_from_a_pass"] = {"wall_s": round(wall, 2), "cpu_s": round(cpu, 2)}
     wall, cpu, done = _cli("verify-proof", str(proof), "--public-key", str(public), url=url)

@@ -23,7 +23,7 @@ from typing import Any, Final
 from sqlalchemy import select
 
 from ledger.store import EventStore, RecordedEvent
-from ledger.store.db import READ_ONLY
+from ledger.store.db import READ_ONLY, is_unavailable
 from ledger.store.schema import ledger_head, projection_checkpoints
 from ledger.store.tail import Wakeup
 from otel.export import (
@@ -183,9 +183,12 @@ class Telemetry:
     async def _guard(self, what: str, work: Coroutine[Any, Any, None]) -> None:
         try:
             await work
-        except Exception:
+        except Exception as error:
+            if is_unavailable(error):  # the ledger's outage: the store says so, once
+                self.store.outage.failed(error)
+                return
             # Log the first failure of a streak with its traceback, then stay quiet until
-            # it works again (the database may be down for a while).
+            # it works again.
             if what not in self._failing:
                 self._failing.add(what)
                 _log.exception("telemetry %s failed; retrying", what)

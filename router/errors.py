@@ -47,6 +47,7 @@ __all__ = [
     "permission_denied",
     "proof_unavailable",
     "reconciliation_not_found",
+    "reload_incomplete",
     "reload_unavailable",
     "request_not_found",
     "route_not_found",
@@ -89,6 +90,7 @@ class ErrorCode(StrEnum):
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     CAPACITY_ERROR = "capacity_error"
     LEDGER_UNAVAILABLE = "ledger_unavailable"
+    RELOAD_INCOMPLETE = "reload_incomplete"
     DEADLINE_EXCEEDED = "deadline_exceeded"
 
 
@@ -141,6 +143,7 @@ ERRORS: Final[tuple[ErrorRow, ...]] = (
     ErrorRow(503, _E.UPSTREAM_UNAVAILABLE, "no upstream reachable, or all behind open breakers"),
     ErrorRow(503, _E.CAPACITY_ERROR, "the gateway's own bounded resources are full"),
     ErrorRow(503, _E.LEDGER_UNAVAILABLE, "the ledger's database cannot do the work now"),
+    ErrorRow(503, _E.RELOAD_INCOMPLETE, "a worker did not take the reloaded config (named)"),
     ErrorRow(504, _E.DEADLINE_EXCEEDED, "the whole-request deadline ran out"),
 )
 # fmt: on
@@ -326,6 +329,10 @@ def idempotency_conflict(message: str, *, in_flight: bool) -> GatewayError:
 
 def settlement_conflict(message: str) -> GatewayError:
     return GatewayError(_E.SETTLEMENT_CONFLICT, message)
+
+
+def reload_incomplete(message: str) -> GatewayError:
+    return GatewayError(_E.RELOAD_INCOMPLETE, message)
 
 
 def reload_unavailable() -> GatewayError:

@@ -175,6 +175,11 @@ class SigningKey:
         signature = self._private.sign(message).hex()
         return Checkpoint(size, root, head_hash, time, self.key_id, signature)
 
+    def signature(self, message: bytes) -> str:
+        """This key's signature of ``message``, in hex: for the statements besides a
+        checkpoint the key vouches for (a proof's stream range, ledger.audit.proofs)."""
+        return self._private.sign(message).hex()
+
     def public_pem(self) -> bytes:
         return self.public.public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
@@ -226,11 +231,15 @@ class PublicKeys:
 
     def problem(self, checkpoint: Checkpoint) -> str | None:
         """Why the checkpoint's signature does not hold, or None if it does."""
-        key = self._keys.get(checkpoint.key_id)
+        return self.signature_problem(checkpoint.key_id, checkpoint.message(), checkpoint.signature)
+
+    def signature_problem(self, key_id: str, message: bytes, signature: str) -> str | None:
+        """Why ``signature`` (hex) is not key ``key_id``'s of ``message``, or None if it is."""
+        key = self._keys.get(key_id)
         if key is None:
-            return f"signed by key {checkpoint.key_id}, which is not one of the public keys given"
+            return f"signed by key {key_id}, which is not one of the public keys given"
         try:
-            key.verify(bytes.fromhex(checkpoint.signature), checkpoint.message())
-        except InvalidSignature:
-            return f"its signature does not verify with key {checkpoint.key_id}"
+            key.verify(bytes.fromhex(signature), message)
+        except (InvalidSignature, ValueError):
+            return f"its signature does not verify with key {key_id}"
         return None

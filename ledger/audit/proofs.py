@@ -1,5 +1,6 @@
-"""Proofs for one request: its events, each with an inclusion proof against a signed
-checkpoint, checkable with no database and no network (contract §7).
+"""Proofs for one request: every event of its stream a signed checkpoint covers, each with an
+inclusion proof against that checkpoint, checkable with no database and no network
+(contract §7 "Proofs").
 
 A proof document is one JSON object, written in canonical form (sorted keys, no spaces,
 UTF-8) with one final newline, hashes in lowercase hex:
@@ -7,7 +8,8 @@ UTF-8) with one final newline, hashes in lowercase hex:
     {"checkpoint": {...the signed checkpoint, as in the sink...},
      "events": [{"inclusion_proof": [hex, ...], "leaf_hash": hex, "payload": base64,
                  "position": 57, "type": "RequestReceived", "version": 1}, ...],
-     "format": "waybill-proof/v1", "request_id": "req_..."}
+     "format": "waybill-proof/v2", "request_id": "req_...",
+     "stream": {"first_version": 1, "key_id": hex, "last_version": 8, "signature": hex}}
 
 ``payload`` is the event's stored canonical bytes, byte for byte (standard base64). Whoever
 checks it recomputes each leaf hash from the position and those bytes, walks its inclusion
@@ -17,9 +19,13 @@ signed, at these positions. Every byte of the document is covered: the informati
 must match the payload, base64 must be in its canonical form, and the document must be
 exactly the canonical bytes of what it says, so a reformatted or edited document is refused.
 
-What a proof does not show: that the request has no other event. It shows the request's
-stream has no gap from version 1 to its last, and that those events are signed; an event
-appended after the checkpoint is in a later one.
+Inclusion alone cannot show that no event is missing: the first four events of a request
+of eight are each in the tree. So ``stream`` states the request stream's version range that
+the checkpoint covers (every version at or before its size) and the leaf hashes of exactly
+those events, signed by the operator's key as the gateway issues the proof
+(:func:`stream_statement`); a document with events cut, or with events and range cut
+together, fails. That statement is the issuer's word, not a consequence of the tree: a
+verifier trusts the key's holder to state the range as the ledger held it.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from ledger.audit.checkpoints import (
     Checkpoint,
     CheckpointFormatError,
     PublicKeys,
+    SigningKey,
     checkpoint_from_json,
 )
 from ledger.audit.merkle import (
@@ -65,11 +72,17 @@ __all__ = [
     "check_proof",
     "choose_checkpoint",
     "prove_from_tree",
+    "stream_statement",
 ]
 
-FORMAT: Final = "waybill-proof/v1"
+FORMAT: Final = "waybill-proof/v2"
+STATEMENT: Final = "waybill-proof-stream/v1"
+_OLD_FORMATS: Final = frozenset({"waybill-proof/v1"})
 _HASH: Final = re.compile(r"[0-9a-f]{64}")
-_FIELDS: Final = frozenset({"format", "request_id", "checkpoint", "events"})
+_KEY_ID: Final = re.compile(r"[0-9a-f]{16}")
+_SIGNATURE: Final = re.compile(r"[0-9a-f]{128}")
+_FIELDS: Final = frozenset({"format", "request_id", "checkpoint", "events", "stream"})
+_STREAM_FIELDS: Final = frozenset({"first_version", "last_version", "key_id", "signature"})
 _EVENT_FIELDS: Final = frozenset(
     {"position", "version", "type", "leaf_hash", "payload", "inclusion_proof"}
 )
@@ -90,6 +103,34 @@ class ProofSummary:
     request_id: str
     types: tuple[str, ...]
     checkpoint: Checkpoint
+    stream_key_id: str  # the key that signed the stream's range
+
+
+def stream_statement(
+    request_id: str,
+    checkpoint: Checkpoint,
+    first_version: int,
+    last_version: int,
+    leaf_hashes: Sequence[str],
+    key_id: str,
+) -> bytes:
+    """The bytes a proof's ``stream`` signature covers (ASCII, each line ending in a
+    newline): the statement format, the request id and its stream id (JSON strings, so no
+    id can forge a line), the checkpoint's size and root, the first and last version of the
+    stream at or before that size, the leaf hash of each of those versions in order, and
+    the signing key's id."""
+    lines = [
+        STATEMENT,
+        orjson.dumps(request_id).decode("utf-8"),
+        orjson.dumps(request_stream_id(request_id)).decode("utf-8"),
+        str(checkpoint.size),
+        checkpoint.root,
+        str(first_version),
+        str(last_version),
+        *leaf_hashes,
+        key_id,
+    ]
+    return "".join(f"{line}\n" for line in lines).encode("utf-8")
 
 
 # --- making one -----------------------------------------------------------------------------
@@ -114,13 +155,17 @@ async def build_proof(
     trail: Sequence[RecordedEvent],
     checkpoint: Checkpoint,
     tree: TreeFiles | None,
+    key: SigningKey,
     *,
     scan: bool = True,
     progress: Callable[[int, int], None] | None = None,
 ) -> bytes:
-    """The proof document of ``trail`` (the request's events, in order) against
-    ``checkpoint``. Its nodes come from the sink's tree files when they reach that far,
-    else (``scan``) from a pass over the ledger up to the checkpoint's size."""
+    """The proof document of ``trail`` (the request's events, in order, read after
+    ``checkpoint`` was chosen: it then holds every event the checkpoint covers) against
+    ``checkpoint``, its stream range signed with ``key``. Its nodes come from the sink's
+    tree files when they reach that far, else (``scan``) from a pass over the ledger up to
+    the checkpoint's size."""
+    trail = _covered(trail, checkpoint)
     paths = _paths(trail, checkpoint)
     made: list[dict[str, Any]] | int = 0
     if tree is not None and tree.leaves >= checkpoint.size:
@@ -139,43 +184,69 @@ async def build_proof(
             return caught.get((height, start >> height))
 
         made = _entries(trail, checkpoint, paths, perfect)
-    return _document(request_id, checkpoint, made)
+    return _document(request_id, checkpoint, made, key)
 
 
 def prove_from_tree(
-    request_id: str, trail: Sequence[RecordedEvent], checkpoint: Checkpoint, tree: TreeFiles
+    request_id: str,
+    trail: Sequence[RecordedEvent],
+    checkpoint: Checkpoint,
+    tree: TreeFiles,
+    key: SigningKey,
 ) -> bytes:
     """:func:`build_proof` from the sink's tree files alone (no pass over the ledger):
     a few hundred reads of files, made in a worker thread by the HTTP route."""
     if tree.leaves < checkpoint.size:
         raise ProofUnavailable(f"the sink's tree files do not reach size {checkpoint.size}")
-    return _document(
-        request_id, checkpoint, _entries(trail, checkpoint, _paths(trail, checkpoint), tree.perfect)
-    )
+    trail = _covered(trail, checkpoint)
+    made = _entries(trail, checkpoint, _paths(trail, checkpoint), tree.perfect)
+    return _document(request_id, checkpoint, made, key)
+
+
+def _covered(trail: Sequence[RecordedEvent], checkpoint: Checkpoint) -> list[RecordedEvent]:
+    """The stream's events the checkpoint covers: its prefix at or before the checkpoint's
+    size (a stream's versions follow its positions)."""
+    covered = [e for e in trail if e.position <= checkpoint.size]
+    if not covered:
+        first = min((e.position for e in trail), default=0)
+        raise ProofUnavailable(
+            f"the checkpoint of size {checkpoint.size} does not cover position {first} yet"
+        )
+    if [e.version for e in covered] != list(range(1, len(covered) + 1)):
+        # Not the stream from its first version on (an archived month, a read of part of
+        # it): no range could be stated truthfully.
+        raise ProofUnavailable("the request's events at hand are not its stream from version 1")
+    return covered
 
 
 def _paths(
     trail: Sequence[RecordedEvent], checkpoint: Checkpoint
 ) -> dict[int, list[tuple[int, int]]]:
-    last = max(e.position for e in trail)
-    if checkpoint.size < last:
-        raise ProofUnavailable(
-            f"the checkpoint of size {checkpoint.size} does not cover position {last} yet"
-        )
     return {e.position: inclusion_ranges(e.position - 1, checkpoint.size) for e in trail}
 
 
-def _document(request_id: str, checkpoint: Checkpoint, made: list[dict[str, Any]] | int) -> bytes:
+def _document(
+    request_id: str, checkpoint: Checkpoint, made: list[dict[str, Any]] | int, key: SigningKey
+) -> bytes:
     if isinstance(made, int):
         raise ProofUnavailable(
             f"the ledger's event at position {made} is not the one the checkpoint of size "
             f"{checkpoint.size} signed: run `waybill verify --checkpoints`"
         )
+    first, last = made[0]["version"], made[-1]["version"]
+    leaves = [entry["leaf_hash"] for entry in made]
+    statement = stream_statement(request_id, checkpoint, first, last, leaves, key.key_id)
     document = {
         "format": FORMAT,
         "request_id": request_id,
         "checkpoint": checkpoint.as_json(),
         "events": made,
+        "stream": {
+            "first_version": first,
+            "last_version": last,
+            "key_id": key.key_id,
+            "signature": key.signature(statement),
+        },
     }
     return orjson.dumps(document, option=orjson.OPT_SORT_KEYS) + b"\n"
 
@@ -247,6 +318,11 @@ def check_proof(document: bytes, keys: PublicKeys) -> ProofSummary:
         value = orjson.loads(document)
     except orjson.JSONDecodeError:
         raise ProofInvalid("the document is not JSON") from None
+    if isinstance(value, dict) and value.get("format") in _OLD_FORMATS:
+        raise ProofInvalid(
+            f"format {value['format']!r} does not bind the request's whole stream (its events "
+            "could be cut unseen): make the proof again with `waybill prove`"
+        )
     if not isinstance(value, dict) or set(value) != _FIELDS:
         raise ProofInvalid(f"a proof has exactly the fields {sorted(_FIELDS)}")
     if orjson.dumps(value, option=orjson.OPT_SORT_KEYS) + b"\n" != document:
@@ -276,7 +352,43 @@ def check_proof(document: bytes, keys: PublicKeys) -> ProofSummary:
         event_type = _check_event(entry, number, request_id, checkpoint, root, previous)
         previous = entry["position"]
         types.append(event_type)
-    return ProofSummary(request_id, tuple(types), checkpoint)
+    key_id = _check_stream(value["stream"], request_id, checkpoint, trail, keys)
+    return ProofSummary(request_id, tuple(types), checkpoint, key_id)
+
+
+def _check_stream(
+    stream: Any, request_id: str, checkpoint: Checkpoint, trail: list[Any], keys: PublicKeys
+) -> str:
+    """The signed range holds, and the events are exactly its versions (each event's own
+    version was checked to follow on from 1): none missing, none cut with the range."""
+    if not isinstance(stream, dict) or set(stream) != _STREAM_FIELDS:
+        raise ProofInvalid(f"stream has not exactly the fields {sorted(_STREAM_FIELDS)}")
+    first, last = stream["first_version"], stream["last_version"]
+    key_id, signature = stream["key_id"], stream["signature"]
+    if type(first) is not int or type(last) is not int or not 1 <= first <= last:
+        raise ProofInvalid("the stream's version range is not one (first <= last, from 1)")
+    if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
+        raise ProofInvalid("the stream's key_id is not a key id")
+    if not isinstance(signature, str) or not _SIGNATURE.fullmatch(signature):
+        raise ProofInvalid("the stream's signature is not an Ed25519 signature in hex")
+    stream_id = request_stream_id(request_id)
+    carried = (trail[0]["version"], trail[-1]["version"])
+    if carried != (first, last):
+        missing = f"{carried[1] + 1}..{last}" if carried[0] == first else "some"
+        raise ProofInvalid(
+            f"the proof carries versions {carried[0]}..{carried[1]} of {stream_id}, but its "
+            f"range says versions {first}..{last} are the stream's events up to position "
+            f"{checkpoint.size}: events {missing} are missing"
+        )
+    leaves = [str(entry["leaf_hash"]) for entry in trail]
+    statement = stream_statement(request_id, checkpoint, first, last, leaves, key_id)
+    problem = keys.signature_problem(key_id, statement, signature)
+    if problem is not None:
+        raise ProofInvalid(
+            f"the range of {stream_id} (versions {first}..{last} up to position "
+            f"{checkpoint.size}) does not hold: {problem}; the range or the events were changed"
+        )
+    return key_id
 
 
 def _check_event(

@@ -38,6 +38,7 @@ import orjson
 from ledger.books.accounting import Books, BudgetDenied, Effect, HoldStateError
 from ledger.events import Event, EventValidationError, encode_event
 from ledger.store.db import LedgerUnavailable
+from ledger.store.outage import Outage
 from ledger.store.recorded import RecordedEvent, WrongExpectedVersion, payload_from_parts
 from ledger.store.stored import chain_hash, row_of
 
@@ -306,8 +307,9 @@ class Appender:
     processes, the ledger's own lock serializes the commits (THE LOCK, in
     ``ledger.store.postgres``)."""
 
-    def __init__(self, committer: Committer) -> None:
+    def __init__(self, committer: Committer, outage: Outage | None = None) -> None:
         self.committer = committer
+        self._outage = outage or Outage()
         self.batches = 0
         self._queue: deque[PendingAppend] = deque()
         # What the idle appender waits on: a bare future, not an asyncio.Event, set and
@@ -385,6 +387,10 @@ class Appender:
                 # anything else (a constraint the batch broke: a bug) as itself.
                 for pending in batch:
                     pending.result = error
+                if isinstance(error, LedgerUnavailable):
+                    self._outage.failed(error)
+            else:
+                self._outage.succeeded()
             for pending in batch:
                 _resolve(pending)
             # The callers this commit woke go first; what follows is this task's own

@@ -12,6 +12,7 @@ below, on the engine; the request path's single-statement reads are ``hot``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -22,7 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from ledger.books.accounting import Effect
 from ledger.events import Event
 from ledger.store.append import Appender, PendingAppend, prepare
-from ledger.store.db import READ_ONLY
+from ledger.store.db import READ_ONLY, LedgerUnavailable, is_unavailable
+from ledger.store.outage import Outage
 from ledger.store.postgres import PostgresCommitter
 from ledger.store.reads import HotReads
 from ledger.store.recorded import RecordedEvent, decode_row
@@ -50,8 +52,10 @@ class EventStore:
             if engine.dialect.name == "postgresql"
             else SQLiteCommitter(engine, self.clock)
         )
-        self._appender = Appender(self._backend)
-        self.hot = HotReads(engine)  # the request path's single-statement reads
+        # What this process finds of the database's availability, told once per outage.
+        self.outage = Outage()
+        self._appender = Appender(self._backend, self.outage)
+        self.hot = HotReads(engine, self.outage)  # the request path's single-statement reads
 
     def on_commit(self, listener: Callable[[Sequence[RecordedEvent]], None]) -> Callable[[], None]:
         """Call ``listener`` with the events of each batch this store commits, soon after
@@ -204,23 +208,51 @@ class EventStore:
             after = batch[-1].position
 
     def _read(self) -> _ReadConnection:
-        return _ReadConnection(self.engine)
+        return _ReadConnection(self.engine, self.outage)
 
 
 class _ReadConnection:
     """A connection for reads: on SQLite it does not take the write lock; on PostgreSQL it
-    runs in autocommit (no BEGIN/ROLLBACK round trips)."""
+    runs in autocommit (no BEGIN/ROLLBACK round trips). A database that cannot do the read
+    now raises ``LedgerUnavailable``, as an append does (a caller retrying while the ledger
+    is away, ``router.request.journal``, waits for that one exception)."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, outage: Outage) -> None:
         self._engine = engine
+        self._outage = outage
         self._conn: AsyncConnection | None = None
 
     async def __aenter__(self) -> AsyncConnection:
-        self._conn = await self._engine.connect()
-        if self._engine.dialect.name == "postgresql":
-            return await self._conn.execution_options(isolation_level="AUTOCOMMIT")
-        return await self._conn.execution_options(**{READ_ONLY: True})
+        try:
+            self._conn = await self._engine.connect()
+            if self._engine.dialect.name == "postgresql":
+                return await self._conn.execution_options(isolation_level="AUTOCOMMIT")
+            return await self._conn.execution_options(**{READ_ONLY: True})
+        except Exception as error:
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    await self._conn.close()
+            self._unavailable(error)
+            raise
 
-    async def __aexit__(self, *exc: object) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, error: BaseException | None, tb: object
+    ) -> None:
         assert self._conn is not None
-        await self._conn.close()
+        try:
+            await self._conn.close()
+        except Exception as closing:
+            if error is None:
+                self._unavailable(closing)
+                raise
+        if error is None:
+            self._outage.succeeded()
+        elif isinstance(error, Exception):
+            self._unavailable(error)
+
+    def _unavailable(self, error: Exception) -> None:
+        """Raise ``LedgerUnavailable`` for ``error`` if it is the database being away."""
+        if isinstance(error, LedgerUnavailable) or not is_unavailable(error):
+            return
+        self._outage.failed(error)
+        raise LedgerUnavailable(f"the ledger database failed: {type(error).__name__}") from None

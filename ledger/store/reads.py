@@ -30,6 +30,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ledger.store.db import READ_ONLY, LedgerUnavailable, asyncpg_dsn, is_unavailable
+from ledger.store.outage import Outage
 
 __all__ = ["HotReads", "close_quietly", "connect", "positional"]
 
@@ -58,8 +59,9 @@ class _Row:
 class HotReads:
     """Run one read statement and return its rows."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, outage: Outage | None = None) -> None:
         self._engine = engine
+        self._outage = outage or Outage()
         self._postgres = engine.dialect.name == "postgresql"
         self._dsn = asyncpg_dsn(engine) if self._postgres else ""
         self._idle: deque[asyncpg.Connection] = deque()
@@ -72,13 +74,27 @@ class HotReads:
                 reading = await connection.execution_options(**{READ_ONLY: True})
                 return (await reading.execute(text(statement), dict(params))).all()
         sql, names = positional(statement)
-        async with self.connection() as conn:
-            try:
-                records = await conn.fetch(sql, *(params[name] for name in names))
-            except Exception as error:
-                if not is_unavailable(error):
-                    raise
-                raise LedgerUnavailable(f"the ledger database failed: {error}") from None
+        args = [params[name] for name in names]
+        async with self._turns:
+            for last_try in (False, True):
+                reused = bool(self._idle)
+                conn = await self._take()
+                try:
+                    records = await conn.fetch(sql, *args)
+                except BaseException as error:
+                    await self._lost(conn, error)
+                    if not isinstance(error, Exception) or not is_unavailable(error):
+                        raise
+                    if reused and not last_try:
+                        # A connection that sat idle may have died with the server's end of
+                        # it (a restart, an outage no request saw): the read changes nothing,
+                        # so it runs once more, on a new connection (the idle ones are gone).
+                        continue
+                    self._outage.failed(error)
+                    raise LedgerUnavailable(f"the ledger database failed: {error}") from None
+                await self._release(conn)
+                break
+        self._outage.succeeded()
         return [_Row(record) for record in records]
 
     @contextlib.asynccontextmanager
@@ -86,21 +102,47 @@ class HotReads:
         """One of the pool's PostgreSQL connections, for this caller alone until it exits
         (a failure or a cancellation inside drops the connection instead of returning it)."""
         async with self._turns:
-            try:
-                conn = self._idle.pop() if self._idle else await connect(self._dsn)
-            except Exception as error:
-                if not is_unavailable(error):
-                    raise
-                raise LedgerUnavailable(f"the ledger database is unreachable: {error}") from None
+            conn = await self._take()
             try:
                 yield conn
-            except BaseException:
-                await close_quietly(conn)
+            except BaseException as error:
+                await self._lost(conn, error)
+                if isinstance(error, Exception) and is_unavailable(error):
+                    self._outage.failed(error)
                 raise
-            if self._closed:
-                await close_quietly(conn)
-            else:
-                self._idle.append(conn)
+            await self._release(conn)
+
+    async def _take(self) -> asyncpg.Connection:
+        """An idle connection that is still open, else a new one. A connection the server
+        ended while it was idle (an outage, a restart: asyncpg sees its socket close) is
+        dropped here, so the first read after the database is back is served, not refused."""
+        while self._idle:
+            conn = self._idle.pop()
+            if not conn.is_closed():
+                return conn
+            await close_quietly(conn)
+        try:
+            return await connect(self._dsn)
+        except Exception as error:
+            if not is_unavailable(error):
+                raise
+            self._outage.failed(error)
+            raise LedgerUnavailable(f"the ledger database is unreachable: {error}") from None
+
+    async def _lost(self, conn: asyncpg.Connection, error: BaseException) -> None:
+        """``conn`` failed (or its caller was cancelled) with ``error``: drop it, and if the
+        database is the cause, the idle ones too (the server likely ended them all: the next
+        reads connect afresh rather than each fail on one)."""
+        await close_quietly(conn)
+        if isinstance(error, Exception) and is_unavailable(error):
+            while self._idle:
+                await close_quietly(self._idle.pop())
+
+    async def _release(self, conn: asyncpg.Connection) -> None:
+        if self._closed:
+            await close_quietly(conn)
+        else:
+            self._idle.append(conn)
 
     async def first(self, statement: str, params: Mapping[str, Any]) -> Any | None:
         rows = await self.rows(statement, params)

@@ -220,6 +220,7 @@ def explain(events: Sequence[RecordedEvent]) -> Explanation:
         "workspace": received.workspace,
         "key_id": received.key_id,
         "model": received.model_group,
+        "api": received.api,
         "status": trail.status,
         "http_status": end.http_status if end is not None else None,
         "error_code": end.error_code if isinstance(end, ev.RequestFailed) else None,
@@ -460,6 +461,14 @@ def _outcome(trail: _Trail) -> str:
 
 def _not_chosen(trail: _Trail) -> list[str]:
     """Why each mapping that never carried an attempt did not (contract §4 reason codes)."""
+    end, attempts = trail.end, list(trail.attempts.values())
+    # A partial failure: once the stream was committed no other mapping could take it over
+    # (contract §5 "Streaming"), so an eligible one left unused was not "never needed".
+    broken_stream = (
+        attempts[-1].name
+        if attempts and isinstance(end, ev.RequestFailed) and end.stream_started
+        else None
+    )
     chosen_indexes = {e.chosen.mapping_index for e in trail.evaluations if e.chosen}
     seen: dict[int, list[tuple[ev.RouteEvaluated, ev.Candidate]]] = {}
     for evaluation in trail.evaluations:
@@ -487,6 +496,12 @@ def _not_chosen(trail: _Trail) -> list[str]:
             clauses.append(
                 f"{name} was eligible on tier {c0.tier} (weight {c0.weight}) but {how} chose "
                 f"{winner.endpoint}/{winner.model} (weight {winner.weight})"
+            )
+        elif broken_stream is not None:
+            clauses.append(
+                f"{name} on tier {c0.tier} was eligible but could not take over: the stream "
+                f"was committed to {broken_stream}, and a committed stream is only resumed on "
+                "its own model or ended"
             )
         else:
             clauses.append(f"{name} on tier {c0.tier} was eligible but never needed")
@@ -618,8 +633,9 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
             r = event.requirements
             needs = ", ".join(r.capabilities) or "nothing special"
             return (
-                f"received for model group {event.model_group} from key {event.key_id} of "
-                f"workspace {event.workspace}: needs {needs}; data class {r.data_class}"
+                f"received through {event.api} for model group {event.model_group} from key "
+                f"{event.key_id} of workspace {event.workspace}: needs {needs}; "
+                f"data class {r.data_class}"
                 + (f"; regions {', '.join(r.regions)}" if r.regions is not None else "")
                 + ("" if r.allow_failover else "; failover forbidden by the caller")
                 + (

@@ -25,6 +25,17 @@ success closes it and empties the window, its failure re-opens it. Under ``rolli
 success of the probe counts as its failure. Rates are compared as whole numbers
 (``failed * 10000 >= failure_rate * calls``, rates held per :data:`RATE_SCALE`), so Lua's
 doubles and Python's integers agree exactly.
+
+A failure of a class in :data:`COUNTED_WHEN_SHARED` (``invalid_output``: the answer broke
+the shape one request demanded, which may be that request's own doing) counts only when the
+breaker's window holds such failures from more than one workspace, this one included: one
+workspace alone cannot open a breaker every workspace shares. Otherwise the breaker only
+remembers the workspace (a probe's lease goes back: no verdict). The window here is the
+rolling window (the last ``window_calls`` calls heard, or the ten buckets of ``window_ms``);
+under ``consecutive`` it is the run of failures since the last success; either way it starts
+empty when the breaker opens. The record keeps the two workspaces heard from last, with the
+stamp of each one's latest such failure: enough to know whether any other workspace's is
+still in the window, whoever comes next.
 """
 
 from __future__ import annotations
@@ -38,6 +49,7 @@ from ledger.support.frozen import evolve
 from router.request.classify import MAX_RETRY_AFTER_MS
 
 __all__ = [
+    "COUNTED_WHEN_SHARED",
     "MAX_DOUBLINGS",
     "RATE_SCALE",
     "TIME_BUCKETS",
@@ -53,6 +65,7 @@ __all__ = [
     "admit",
     "blocked",
     "clamp_retry_after",
+    "counted_when_shared",
     "crossed",
     "figures",
     "hear",
@@ -68,6 +81,9 @@ TIME_BUCKETS: Final = 10
 """A time-based window is this many buckets of ``window_ms / TIME_BUCKETS`` each."""
 MAX_DOUBLINGS: Final = 32
 """Keeps ``2**(trips-1)`` finite after many trips; the result is capped long before anyway."""
+COUNTED_WHEN_SHARED: Final = frozenset({"invalid_output"})
+"""Failure classes a breaker counts only when its window holds them from more than one
+workspace (contract §5 "Circuit breakers"): a tenant's own mistakes stay its own."""
 
 
 class StepReason(StrEnum):
@@ -121,6 +137,7 @@ class Call:
     opens_at_once: bool = False
     retry_after_ms: int | None = None  # sets the cool-down, capped at 5 minutes
     duration_ms: int | None = None  # its latency: a stream's time to first chunk
+    workspace: str | None = None  # whose request it was (None: counted as any failure)
 
 
 Bucket = tuple[int, int, int]
@@ -134,7 +151,8 @@ _CODES: Final = {(False, False): "o", (False, True): "s", (True, False): "f", (T
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One breaker's state; the Redis hash holds the same fields. Instants are in ms."""
+    """One breaker's state; the Redis hash holds the same fields (``shared`` as ``ws1``,
+    ``st1``, ``ws2``, ``st2``). Instants are in ms."""
 
     state: BreakerState = "closed"
     failures: int = 0  # in a row, under either policy (recorded as consecutive_failures)
@@ -145,6 +163,10 @@ class Record:
     calls: str = ""  # rolling, count-based: the window
     buckets: tuple[Bucket, ...] = ()  # rolling, time-based: the window, oldest first
     newest: int = 0  # rolling, time-based: the newest bucket's number (instant // bucket_ms)
+    heard: int = 0  # rolling, count-based: calls the window has heard since it started
+    # COUNTED_WHEN_SHARED failures the window holds, by workspace: the two heard from last,
+    # newest first, each with the stamp of its latest (see _stamp).
+    shared: tuple[tuple[str, int], ...] = ()
 
 
 CLOSED: Final = Record()
@@ -245,6 +267,68 @@ def hear(
     record: Record, call: Call, settings: BreakerSettings, now: int
 ) -> tuple[Record, Step | None]:
     """The breaker after an attempt's outcome (a success, or a failure of its scope)."""
+    workspace = counted_when_shared(call)
+    if workspace is None:
+        return _hear(record, call, settings, now)
+    if not _another_held(record, settings, now, workspace):
+        # One workspace's alone: remembered, not counted; no verdict on a probe.
+        return release(_remember(record, workspace, _stamp(record, settings, now))), None
+    # Counted: remembered with the stamp it has once heard (an opening forgets it, as it
+    # empties the window).
+    heard = record.heard + 1 if _counts_calls(record, settings) else record.heard
+    remembered = _remember(record, workspace, _stamp(record, settings, now, heard))
+    return _hear(remembered, call, settings, now)
+
+
+def counted_when_shared(call: Call) -> str | None:
+    """The workspace of a failure counted only when others' are in the window too (None:
+    any other outcome, counted as it is)."""
+    if call.failed and call.failure_class in COUNTED_WHEN_SHARED:
+        return call.workspace
+    return None
+
+
+def _another_held(record: Record, settings: BreakerSettings, now: int, workspace: str) -> bool:
+    """Whether the window holds a COUNTED_WHEN_SHARED failure of another workspace."""
+    return any(
+        other != workspace and _in_window(record, settings, now, stamp)
+        for other, stamp in record.shared
+    )
+
+
+def _remember(record: Record, workspace: str, stamp: int) -> Record:
+    others = tuple(entry for entry in record.shared if entry[0] != workspace)
+    return evolve(record, shared=((workspace, stamp), *others[:1]))
+
+
+def _counts_calls(record: Record, settings: BreakerSettings) -> bool:
+    """Whether a failure heard now is a call of a count-based window."""
+    return record.state == "closed" and settings.window_calls is not None
+
+
+def _stamp(record: Record, settings: BreakerSettings, now: int, heard: int | None = None) -> int:
+    """Where in the window a failure heard now stands: a time-based window's bucket, a
+    count-based window's count of calls heard (``heard``: once this one is), else 0 (the
+    run of failures ends with a success, which forgets them all)."""
+    if settings.policy != "rolling":
+        return 0
+    if settings.window_ms is not None:
+        return now // settings.bucket_ms
+    return record.heard if heard is None else heard
+
+
+def _in_window(record: Record, settings: BreakerSettings, now: int, stamp: int) -> bool:
+    if settings.policy != "rolling":
+        return True
+    if settings.window_ms is not None:
+        return now // settings.bucket_ms - stamp < TIME_BUCKETS
+    assert settings.window_calls is not None
+    return record.heard - stamp < settings.window_calls
+
+
+def _hear(
+    record: Record, call: Call, settings: BreakerSettings, now: int
+) -> tuple[Record, Step | None]:
     slow = is_slow(settings, call.duration_ms)
     if record.state == "open":
         # An attempt admitted before the trip: its failure still counts as one in a row.
@@ -263,9 +347,11 @@ def hear(
             return _open(record, settings, now, call, failures, StepReason.OPENS_AT_ONCE)
         if call.failed and failures >= settings.failure_threshold:
             return _open(record, settings, now, call, failures, StepReason.FAILURE_THRESHOLD)
-        if failures == record.failures:
+        if call.failed:
+            return evolve(record, failures=failures), None
+        if record.failures == 0 and not record.shared:
             return record, None  # a success after a success: the usual outcome, no copy
-        return evolve(record, failures=failures), None
+        return evolve(record, failures=0, shared=()), None  # the run of failures ended
     heard = _counted(_advanced(record, settings, now), settings, call.failed, slow)
     seen = figures(heard, settings, now)
     reason = _rolling_reason(call, seen, settings)
@@ -336,7 +422,7 @@ def _counted(record: Record, settings: BreakerSettings, failed: bool, slow: bool
     if settings.window_ms is None:
         assert settings.window_calls is not None
         calls = (record.calls + _CODES[(failed, slow)])[-settings.window_calls :]
-        return evolve(record, calls=calls)
+        return evolve(record, calls=calls, heard=record.heard + 1)
     calls_, failed_, slow_ = record.buckets[-1]
     newest = (calls_ + 1, failed_ + int(failed), slow_ + int(slow))
     return evolve(record, buckets=(*record.buckets[:-1], newest))

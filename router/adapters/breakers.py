@@ -239,15 +239,19 @@ class BreakerBoard(ABC):
         opens_at_once: bool,
         retry_after_ms: int | None,
         duration_ms: int | None = None,
+        workspace: str | None = None,
     ) -> list[Transition]:
         """A failure of the breaker's scope: counted; a closed breaker opens at its policy's
-        threshold (or at once), a half-open one re-opens. While open it only counts."""
+        threshold (or at once), a half-open one re-opens. While open it only counts. A class
+        counted only when shared (``invalid_output``) is counted only when the window holds
+        one of another workspace than ``workspace``'s (``breaker_policy.hear``)."""
         call = Call(
             failed=True,
             failure_class=failure_class,
             opens_at_once=opens_at_once,
             retry_after_ms=clamp_retry_after(retry_after_ms),
             duration_ms=duration_ms,
+            workspace=workspace,
         )
         return await self.hear(key, call)
 
@@ -386,7 +390,8 @@ return 0
 # retry_after_ms (-1: none, else capped), then _HearSettings.args: policy, failure_threshold,
 # base_cooldown_ms, max_cooldown_ms, ttl_ms, max doublings, window_calls (0: time-based),
 # bucket_ms (0: count-based), buckets, minimum_calls, failure_rate, slow counts ('1'/'0'),
-# slow_call_rate, rate scale.
+# slow_call_rate, rate scale; then whether the failure counts only when shared ('1'/'0',
+# breaker_policy.COUNTED_WHEN_SHARED) and its workspace.
 # Returns {state before, state after, reason ('' : none), consecutive failures,
 # cooldown_ms (-1: none), calls, failed, slow (-1: not counted)}.
 _HEAR: Final = (
@@ -402,9 +407,46 @@ local window_calls, bucket_ms, nbuckets = tonumber(ARGV[12]), tonumber(ARGV[13])
 local minimum, failure_rate = tonumber(ARGV[15]), tonumber(ARGV[16])
 local slow_counts, slow_rate, scale = ARGV[17] == '1', tonumber(ARGV[18]), tonumber(ARGV[19])
 
-local h = redis.call('HMGET', key, 'state', 'failures', 'trips', 'calls', 'buckets', 'newest')
+local when_shared, workspace = ARGV[20] == '1', ARGV[21]
+
+local h = redis.call('HMGET', key, 'state', 'failures', 'trips', 'calls', 'buckets', 'newest',
+  'heard', 'ws1', 'st1', 'ws2', 'st2')
 local state = h[1] or 'closed'
 local failures, trips = tonumber(h[2]) or 0, tonumber(h[3]) or 0
+local heard = tonumber(h[7]) or 0
+
+-- breaker_policy: a failure counted only when the window holds another workspace's too.
+local function in_window(stamp)
+  if not rolling then return true end
+  if window_calls > 0 then return heard - stamp < window_calls end
+  return math.floor(now / bucket_ms) - stamp < nbuckets
+end
+local function stamp_at(count)
+  if not rolling then return 0 end
+  if window_calls > 0 then return count end
+  return math.floor(now / bucket_ms)
+end
+local function remember(stamp)
+  if h[8] and h[8] ~= workspace then
+    redis.call('HSET', key, 'ws2', h[8], 'st2', h[9])
+  end
+  redis.call('HSET', key, 'ws1', workspace, 'st1', int(stamp))
+  redis.call('PEXPIRE', key, ttl_ms)
+end
+if when_shared then
+  local another = (h[8] and h[8] ~= workspace and in_window(tonumber(h[9])))
+    or (h[10] and h[10] ~= workspace and in_window(tonumber(h[11])))
+  if not another then
+    remember(stamp_at(heard))
+    if state == 'half_open' then redis.call('HSET', key, 'lease_until', 0) end
+    return {state, state, '', failures, -1, -1, -1, -1}
+  end
+  if state == 'closed' and window_calls > 0 then
+    remember(stamp_at(heard + 1))
+  else
+    remember(stamp_at(heard))
+  end
+end
 
 local function open(new_failures, reason, calls, nfailed, nslow)
   trips = trips + 1
@@ -458,7 +500,7 @@ if window_calls > 0 then
   calls = #window
   nfailed = select(2, string.gsub(window, '[fx]', ''))
   nslow = select(2, string.gsub(window, '[sx]', ''))
-  redis.call('HSET', key, 'calls', window)
+  redis.call('HSET', key, 'calls', window, 'heard', heard + 1)
 else
   local now_bucket = math.floor(now / bucket_ms)
   local c, f, s = {}, {}, {}
@@ -687,6 +729,7 @@ class RedisBreakers(BreakerBoard):
 
     async def hear(self, key: BreakerKey, call: Call) -> list[Transition]:
         retry_after = clamp_retry_after(call.retry_after_ms)
+        workspace = policy.counted_when_shared(call)
         before, after, reason, failures, cooldown, calls, failed, slow = await self._script(
             self._hear,
             [self._key(key)],
@@ -697,6 +740,8 @@ class RedisBreakers(BreakerBoard):
                 int(call.opens_at_once),
                 -1 if retry_after is None else retry_after,
                 *self._endpoint_hear_args.get(key.endpoint_id, self._hear_args),
+                int(workspace is not None),
+                workspace or "",
             ],
         )
         if before == after:

@@ -125,6 +125,13 @@ def prove_command(
     checkpoints: Annotated[
         str, typer.Option("--checkpoints", help="The sink directory (or a copy of it).")
     ],
+    signing_key: Annotated[
+        str,
+        typer.Option(
+            "--signing-key",
+            help="The private key file (PEM) that signs the request's version range.",
+        ),
+    ],
     size: Annotated[
         int | None,
         typer.Option("--size", min=1, help="Prove against the checkpoint of this size."),
@@ -138,6 +145,7 @@ def prove_command(
 
     directory = Path(checkpoints)
     with friendly_errors():
+        key = _signing_key(signing_key)
         try:
             entries = read_sink(directory, strict=False)
             checkpoint = choose_checkpoint(entries, size)
@@ -148,6 +156,7 @@ def prove_command(
             err.print(f"skipped {entry.where}: {entry.problem}", markup=False, highlight=False)
 
     async def work(store: EventStore) -> bytes:
+        # Read after the checkpoint was chosen: the trail holds every event it covers.
         trail = await read_request_events(store.engine, request_id)
         if not trail:
             raise CliError(f"no request {request_id!r} in the ledger")
@@ -161,6 +170,7 @@ def prove_command(
                     trail,
                     checkpoint,
                     tree,
+                    key,
                     progress=progress_callback(progress, task),
                 )
         except ProofUnavailable as error:
@@ -197,8 +207,10 @@ def verify_proof_command(
     signed = summary.checkpoint
     out.print(
         f"proof OK: request {summary.request_id}: {len(summary.types)} events "
-        f"({', '.join(summary.types)}) are in the ledger's tree of size {signed.size}, "
-        f"signed by key {signed.key_id} at {signed.time}",
+        f"({', '.join(summary.types)}), versions 1..{len(summary.types)}, every event of its "
+        f"stream up to position {signed.size} (range signed by key {summary.stream_key_id}), "
+        f"are in the ledger's tree of size {signed.size}, signed by key {signed.key_id} at "
+        f"{signed.time}",
         highlight=False,
         markup=False,
     )

@@ -216,7 +216,9 @@ def _serve_worker(
     """One worker, in its forked process: a gateway on the shared socket and its own."""
     import uvicorn
 
+    from router.config import parse_config_file
     from router.http.app import create_app
+    from router.serving.reload import read_accepted
     from router.serving.server import UVICORN_OPTIONS
 
     # Each worker's OTLP metrics are a series of their own (service.instance.id).
@@ -228,13 +230,19 @@ def _serve_worker(
     with contextlib.suppress(FileNotFoundError):
         os.unlink(worker.socket_path)  # its earlier run's
     own.bind(worker.socket_path)
+    config = settings.config
+    accepted = read_accepted(worker.accepted_config)
+    if accepted is not None:  # a reload since the command started: the workers serve that
+        config = parse_config_file(accepted, settings.config_path)
     served = create_app(
         dataclasses.replace(
             settings,
+            config=config,
             instance_id=worker.instance_id,
             background=worker.index == 0,
             siblings=worker.siblings,
             appends_socket=worker.appends_socket,
+            accepted_config=worker.accepted_config,
         )
     )
     server = uvicorn.Server(uvicorn.Config(served, host=host, port=port, **UVICORN_OPTIONS))

@@ -14,7 +14,7 @@ import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import orjson
 
@@ -96,6 +96,7 @@ class MessagesCall:
     image_inputs: int
     file_inputs: int
     unsupported: tuple[tuple[str, str], ...]
+    cache_writes: tuple[Literal["5m", "1h"], ...]  # the lifetimes cache_control asks for
     server_side_effects: bool
     beta: str | None  # the anthropic-beta header, forwarded to Anthropic endpoints
 
@@ -113,6 +114,7 @@ class MessagesCall:
             max_output_tokens=self.max_tokens,  # thinking's budget is inside max_tokens
             image_inputs=self.image_inputs,
             file_inputs=self.file_inputs,
+            cache_writes=self.cache_writes,
             stream=self.stream,
             allow_failover=headers.allow_failover,
             max_cost_usd=headers.max_cost_usd,
@@ -269,6 +271,7 @@ def parse_body(body: object, beta: str | None = None) -> MessagesCall:
         image_inputs=reading.images,
         file_inputs=reading.documents,
         unsupported=((OPENAI_DIALECT, gap),) if gap is not None else (),
+        cache_writes=tuple(sorted(reading.cache_writes)),  # type: ignore[arg-type]
         server_side_effects=_server_side_effects(body),
         beta=beta.strip() if beta and beta.strip() else None,
     )

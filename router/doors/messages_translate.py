@@ -52,6 +52,7 @@ class Translation:
     documents: int = 0
     binary_bytes: int = 0  # the JSON of image and document blocks: not text
     openai_gap: str | None = None  # the first feature an OpenAI endpoint cannot carry
+    cache_writes: set[str] = field(default_factory=set)  # the lifetimes cache_control asks for
     chat: list[dict[str, Any]] = field(default_factory=list)  # the canonical messages
 
     def gap(self, feature: str) -> None:
@@ -68,7 +69,7 @@ def translate(
     reading = Translation()
     system = body.get("system")
     if system is not None:
-        reading.chat.append({"role": "system", "content": _system_text(system, "system")})
+        reading.chat.append({"role": "system", "content": _system_text(system, "system", reading)})
     for index, message in enumerate(body["messages"]):
         _read_message(message, index, reading, system_turns=system_turns)
     chat: dict[str, Any] = {
@@ -128,7 +129,7 @@ def number(body: Mapping[str, Any], name: str) -> float | int | None:
     return value
 
 
-def _system_text(system: object, where: str) -> str:
+def _system_text(system: object, where: str, reading: Translation) -> str:
     if isinstance(system, str):
         return system
     if isinstance(system, list):
@@ -136,6 +137,7 @@ def _system_text(system: object, where: str) -> str:
         for block in system:
             if not isinstance(block, dict) or block.get("type") != "text":
                 raise invalid_request(f"'{where}' blocks must be text blocks", param=where)
+            _cache_marker(block, where, reading)
             texts.append(_text(block, where))
         return "\n\n".join(texts)
     raise invalid_request(f"'{where}' must be a string or an array of text blocks", param=where)
@@ -183,6 +185,7 @@ def _tools(body: Mapping[str, Any], chat: dict[str, Any], reading: Translation) 
         if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
             raise invalid_request(f"'{where}' must be an object with a 'name'", param=where)
         names.add(tool["name"])
+        _cache_marker(tool, where, reading)
         kind = tool.get("type", "custom")
         if kind != "custom":
             reading.gap(f"tool type {kind}")
@@ -301,7 +304,7 @@ def _read_message(message: object, index: int, reading: Translation, *, system_t
     role = message.get("role")
     if role == "system" and system_turns:
         reading.chat.append(
-            {"role": "system", "content": _system_text(message.get("content"), where)}
+            {"role": "system", "content": _system_text(message.get("content"), where, reading)}
         )
         return
     if role not in _ROLES:
@@ -313,7 +316,7 @@ def _read_message(message: object, index: int, reading: Translation, *, system_t
     if not isinstance(content, list):
         raise invalid_request(f"'{where}.content' must be a string or an array", param=where)
     for block in content:
-        _check_block(block, where)
+        _check_block(block, where, reading)
     if role == "assistant":
         reading.chat.append(_assistant(content, where, reading))
     else:
@@ -329,11 +332,12 @@ _BLOCK_FIELDS: Final[Mapping[str, tuple[tuple[str, type], ...]]] = {
 }
 
 
-def _check_block(block: object, where: str, *, nested: bool = False) -> None:
-    """A content block's type and the fields its kind must have; a ``tool_result``'s own
-    content, as blocks in it (``nested``) or a string."""
+def _check_block(block: object, where: str, reading: Translation, *, nested: bool = False) -> None:
+    """A content block's type, the fields its kind must have and its cache marker; a
+    ``tool_result``'s own content, as blocks in it (``nested``) or a string."""
     if not isinstance(block, dict) or not isinstance(block.get("type"), str):
         raise invalid_request(f"'{where}.content' blocks must be typed objects", param=where)
+    _cache_marker(block, where, reading)
     kind = block["type"]
     for name, type_ in _BLOCK_FIELDS.get(kind, ()):
         if not isinstance(block.get(name), type_):
@@ -343,11 +347,29 @@ def _check_block(block: object, where: str, *, nested: bool = False) -> None:
         content = block.get("content")
         if isinstance(content, list):
             for part in content:
-                _check_block(part, where, nested=True)
+                _check_block(part, where, reading, nested=True)
         elif content is not None and not isinstance(content, str):
             raise invalid_request(
                 f"'{where}' tool_result content must be a string or blocks", param=where
             )
+
+
+_CACHE_LIFETIMES: Final = frozenset({"5m", "1h"})
+
+
+def _cache_marker(marked: Mapping[str, Any], where: str, reading: Translation) -> None:
+    """A ``cache_control`` marker on a block or a tool: the lifetime of the cache write it
+    asks for (``ttl``, five minutes unless it says an hour), which an Anthropic endpoint
+    bills at its own price (``Requirements.cache_writes``)."""
+    marker = marked.get("cache_control")
+    if marker is None:
+        return
+    ttl = marker.get("ttl", "5m") if isinstance(marker, dict) else None
+    if ttl not in _CACHE_LIFETIMES:
+        raise invalid_request(
+            f"'{where}' cache_control must be an object whose ttl is 5m or 1h", param=where
+        )
+    reading.cache_writes.add(ttl)
 
 
 def _assistant(blocks: list[dict[str, Any]], where: str, reading: Translation) -> dict[str, Any]:

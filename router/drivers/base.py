@@ -301,6 +301,7 @@ class Driver(ABC):
             error_code=optional_str(error.get("code")),
             error_type=optional_str(error.get("type")),
             error_message=sanitize(error.get("message"), secret),
+            error_param=sanitize(error.get("param"), secret),
             retry_after_ms=retry_after_ms(headers),
             execution_state_header=headers.get("x-execution-state"),
         )

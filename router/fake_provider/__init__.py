@@ -7,8 +7,7 @@ providers do: every choice of `n`, reasoning inside the output,
 cached input reported, each image, audio clip or file at its `PART_TOKENS`, audio input and
 an answer asked for as audio reported as audio tokens (OpenAI's usage details). On the
 Anthropic wire a request asking for `thinking` gets a signed thinking block first
-(`THINKING_PIECES`, billed as output), and one with a `cache_control` marker reports half of
-its uncached prompt as written to the cache (`cache_creation_input_tokens`). Standalone:
+(`THINKING_PIECES`, billed as output). Standalone:
 `python -m router.fake_provider --port 8900`. `FakeProxy` is an HTTP CONNECT proxy beside
 it, with faults of its own (a refused, dropped or silent tunnel). `FakeAdminApi` serves both
 providers' usage and cost report endpoints (paging, auth, 429 / 401 / 5xx faults).

@@ -47,7 +47,6 @@ class _Anthropic(Dialect):
             stream=body.get("stream") is True,
             include_usage=True,
             thinking=isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"),
-            cache_marked=b'"cache_control"' in dumps(body).encode(),
         )
 
     def partial(self, body: dict[str, Any]) -> Partial | None:
@@ -63,15 +62,20 @@ class _Anthropic(Dialect):
         return Partial("assistant_prefill", message_text(content))
 
     @staticmethod
-    def _input_usage(reply: Reply) -> dict[str, int]:
-        # Anthropic's input_tokens leave out what was read from the cache and written to it,
-        # counted beside.
-        written = reply.written_tokens
-        usage = {"input_tokens": reply.prompt_tokens - reply.cached_tokens - written}
+    def _input_usage(reply: Reply) -> dict[str, Any]:
+        # Anthropic's input_tokens leave out what was read from the cache and written to
+        # it, counted beside.
+        written = reply.cache_write_tokens + reply.cache_write_1h_tokens
+        uncached = reply.prompt_tokens - reply.cached_tokens - written
+        usage: dict[str, Any] = {"input_tokens": uncached}
         if reply.cached_tokens:
             usage["cache_read_input_tokens"] = reply.cached_tokens
         if written:
             usage["cache_creation_input_tokens"] = written
+            usage["cache_creation"] = {
+                "ephemeral_5m_input_tokens": reply.cache_write_tokens,
+                "ephemeral_1h_input_tokens": reply.cache_write_1h_tokens,
+            }
         return usage
 
     @staticmethod
@@ -192,6 +196,12 @@ class _Anthropic(Dialect):
                 f"prompt is too long: {max(tokens, 200001)} tokens > 200000 maximum",
             ),
             Kind.MODEL_NOT_FOUND: (404, "not_found_error", f"model: {model}"),
+            Kind.INVALID_REQUEST: (
+                400,
+                "invalid_request_error",
+                "tools.0.custom.input_schema: JSON schema is invalid. It must match JSON Schema "
+                "draft 2020-12.",
+            ),
             Kind.NOT_STARTED: (503, "overloaded_error", "Overloaded; the request was not started."),
         }.get(behavior.kind, (500, "", ""))
         status = behavior.status or status

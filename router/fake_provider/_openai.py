@@ -263,6 +263,14 @@ class _OpenAI(Dialect):
                 None,
                 f"The model `{model}` does not exist or you do not have access to it.",
             ),
+            Kind.INVALID_REQUEST: (
+                400,
+                "invalid_request_error",
+                "invalid_function_parameters",
+                "tools[0].function.parameters",
+                "Invalid schema for function 'f': In context=(), 'additionalProperties' is "
+                "required to be supplied and to be false.",
+            ),
             Kind.NOT_STARTED: (
                 503,
                 "server_error",

@@ -97,7 +97,6 @@ class Prompt:
     audio_tokens: int = 0  # of prompt_tokens, from input_audio parts
     audio_output: bool = False  # the answer is spoken (OpenAI's `modalities` / `audio`)
     thinking: bool = False  # Anthropic's `thinking` (enabled or adaptive): a thinking block first
-    cache_marked: bool = False  # Anthropic's `cache_control` somewhere: the prompt is cached
 
 
 @dataclass(frozen=True)
@@ -125,9 +124,10 @@ class Reply:
     tool_name: str | None
     tool_call_id: str
     cached_tokens: int = 0  # of prompt_tokens, served from the cache
+    cache_write_tokens: int = 0  # of prompt_tokens, written to the cache for 5 minutes
+    cache_write_1h_tokens: int = 0  # of prompt_tokens, written for an hour
     audio_tokens: int = 0  # of prompt_tokens
     thinking: tuple[str, ...] = ()  # the thinking block's pieces (Anthropic's `thinking`)
-    written_tokens: int = 0  # of prompt_tokens, written to the cache (Anthropic's)
 
     # The first choice: the only one of a dialect without `n` (Anthropic).
     @property
@@ -248,6 +248,8 @@ def make_reply(
         reasoning = max(behavior.reasoning_tokens, len(thinking))
         behavior = replace(behavior, reasoning_tokens=reasoning)
     cached = min(behavior.cached_tokens, prompt.prompt_tokens)
+    uncached = prompt.prompt_tokens - cached
+    written_1h = min(behavior.cache_write_1h_tokens, uncached)
     base = Reply(
         request_id=request_id,
         message_id=message_id,
@@ -257,10 +259,10 @@ def make_reply(
         tool_name=None,
         tool_call_id=f"call_{request_id.removeprefix('req_')}",
         cached_tokens=cached,
+        cache_write_1h_tokens=written_1h,
+        cache_write_tokens=min(behavior.cache_write_tokens, uncached - written_1h),
         audio_tokens=prompt.audio_tokens,
         thinking=thinking,
-        # A prompt marked for caching writes half of what was not read to the cache.
-        written_tokens=(prompt.prompt_tokens - cached) // 2 if prompt.cache_marked else 0,
     )
     if behavior.kind is Kind.TOOL_CALL:
         name = behavior.tool_name or (prompt.tool_names[0] if prompt.tool_names else "get_weather")

@@ -69,11 +69,19 @@ from router.adapters.disabling import Disabling
 from router.adapters.idempotency import Claim, IdempotencyStore, RecordedAnswer
 from router.adapters.latency import latency_board
 from router.adapters.slots import endpoint_slots
-from router.config import Checkpoints, Config, ConfigError, load_config
+from router.config import (
+    Checkpoints,
+    Config,
+    ConfigError,
+    load_config,
+    parse_config_file,
+    read_config_file,
+)
 from router.doors import chat, messages, messages_wire
 from router.doors.chat import MAX_BODY_BYTES
 from router.doors.headers import HeaderNarrowing, read_headers
 from router.errors import (
+    ErrorCode,
     GatewayError,
     capacity_error,
     client_canceled,
@@ -83,6 +91,7 @@ from router.errors import (
     ledger_unavailable,
     model_not_found,
     permission_denied,
+    reload_incomplete,
     reload_unavailable,
     route_not_found,
 )
@@ -96,6 +105,13 @@ from router.http.reconcile import reconcile_router
 from router.http.spend import spend_router
 from router.request.call import Call, Completion, StreamingCompletion
 from router.request.gateway import Caller, Gateway, KeyMoved
+from router.serving.reload import (
+    WORKER_RELOAD_HEADER,
+    one_reload_at_a_time,
+    read_accepted,
+    reload_siblings,
+    write_accepted,
+)
 from router.serving.server import BODY_EXTENSION, HANGUP_EXTENSION, BodyWriter, Hangup
 from router.support.ids import new_id
 
@@ -159,6 +175,9 @@ class AppSettings:
     # The Unix socket where the first worker of `waybill serve --workers N` commits the
     # others' appends (ledger.store.shared_appends): it listens there (``background``), they send.
     appends_socket: str | None = None
+    # Where the workers of `waybill serve --workers N` keep the config bytes the last reload
+    # accepted: a reload reloads every worker (router.serving.reload). None: one process.
+    accepted_config: str | None = None
     # Where `waybill archive` put the archived months (WAYBILL_ARCHIVE_DIR): the events and
     # explanation of a request recorded in one are read there. None: such a request's
     # events answer 404, saying why.
@@ -356,15 +375,24 @@ def _failure_response(
     (``ledger.store.db.is_unavailable``), else a bare 500 (logged, never shown): a
     constraint violated is a bug, not an outage."""
     if isinstance(error, GatewayError):
+        if error.code is ErrorCode.LEDGER_UNAVAILABLE:
+            _refused_in_outage(request, error)
         return _error_response(error, _request_id(request), wire)
     if isinstance(error, ClientDisconnect):
         # The client left before its body arrived: nobody reads the answer, nothing to log.
         return _error_response(client_canceled(), _request_id(request), wire)
     if is_unavailable(error):
-        log.error("ledger unavailable serving %s: %s", request.url.path, type(error).__name__)
+        _refused_in_outage(request, error)
         return _error_response(ledger_unavailable(), _request_id(request), wire)
     log.exception("unexpected error serving %s", request.url.path, exc_info=error)
     return _error_response(internal_error(), _request_id(request), wire)
+
+
+def _refused_in_outage(request: Request, error: Exception) -> None:
+    """Counted, not logged: the outage is said once, with its count (ledger.store.outage)."""
+    store: EventStore | None = getattr(request.app.state, "store", None)
+    if store is not None:
+        store.outage.refused(error)
 
 
 async def _siblings_metrics(sockets: tuple[str, ...]) -> list[bytes]:
@@ -565,6 +593,10 @@ def create_app(settings: AppSettings) -> FastAPI:
     @app.post("/v1/admin/config/reload", openapi_extra=api_doc.ADMIN_RELOAD)
     async def reload(request: Request) -> Response:
         """Reload the config file (admin keys): the same as SIGHUP, with an answer."""
+        generation = request.headers.get(WORKER_RELOAD_HEADER)
+        if generation is not None and _on_own_socket(request):
+            await _take_accepted_config(request.app, generation)
+            return Response(orjson.dumps({"generation": generation}), media_type=_JSON)
         caller = await authenticate(request)
         if caller.role != "admin":
             raise permission_denied("reloading the config takes an admin key")
@@ -1052,10 +1084,14 @@ async def _keep_alive(
     while not stop.is_set():
         try:
             await heartbeat(store.engine, owner)
+            store.outage.succeeded()
             await recover_abandoned_holds(store, stale_after_s=interval_s * 6)
             await disabling.sync()
-        except Exception:  # the next beat retries; recovery must never stop the gateway
-            log.exception("heartbeat or hold recovery failed")
+        except Exception as error:  # the next beat retries; recovery must never stop the gateway
+            if is_unavailable(error):
+                store.outage.failed(error)  # said once per outage
+            else:
+                log.exception("heartbeat or hold recovery failed")
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(interval_s):
                 await stop.wait()
@@ -1097,13 +1133,61 @@ def _serving_config(app: FastAPI, settings: AppSettings) -> Config:
 
 
 async def reload_config(app: FastAPI) -> tuple[str, str]:
-    """Swap in the config file's current content: a new gateway (drivers, breakers of the
-    new generation, round-robin state) serves new requests; the old one finishes its own
-    and closes. Returns (previous generation, new generation). Raises ConfigError."""
+    """Swap in the config file's current content, in this process or, for the workers of
+    ``waybill serve --workers N``, in every worker (``router.serving.reload``). Returns
+    (previous generation, new generation). Raises ConfigError (nothing changed), or
+    ``reload_incomplete`` naming the workers that did not take it."""
     settings: AppSettings = app.state.settings
-    if settings.config_path is None:
+    path = settings.config_path
+    if path is None:
         raise reload_unavailable()
-    config = await asyncio.to_thread(load_config, settings.config_path)
+    accepted = settings.accepted_config
+    if accepted is None:
+        return await _swap_config(app, await asyncio.to_thread(load_config, path))
+    async with one_reload_at_a_time(accepted):
+        raw = await asyncio.to_thread(read_config_file, path)
+        config = await asyncio.to_thread(parse_config_file, raw, path)
+        await asyncio.to_thread(write_accepted, accepted, raw)
+        previous, generation = await _swap_config(app, config)
+        missing = await reload_siblings(settings.siblings, generation)
+    if missing:
+        raise reload_incomplete(
+            f"generation {generation} is served by this worker but not yet by every other: "
+            + "; ".join(missing)
+            + " (a worker started again serves it; reload again)"
+        )
+    return previous, generation
+
+
+def _on_own_socket(request: Request) -> bool:
+    """Whether ``request`` came on this worker's own Unix socket (uvicorn gives a Unix
+    socket's scope no port), where only the other workers reach it."""
+    server = request.scope.get("server")
+    return server is not None and server[1] is None
+
+
+async def _take_accepted_config(app: FastAPI, generation: str) -> None:
+    """Another worker's reload (``router.serving.reload``): swap in the config it accepted,
+    which must be of ``generation``."""
+    settings: AppSettings = app.state.settings
+    accepted, path = settings.accepted_config, settings.config_path
+    raw = None if accepted is None else await asyncio.to_thread(read_accepted, accepted)
+    if raw is None or path is None:
+        raise reload_incomplete("it has no accepted config to take")
+    try:
+        config = await asyncio.to_thread(parse_config_file, raw, path)
+    except ConfigError as error:
+        raise reload_incomplete(f"it refused the accepted config: {error}") from None
+    if config.generation != generation:
+        raise reload_incomplete(f"it found generation {config.generation}, not {generation}")
+    await _swap_config(app, config)
+
+
+async def _swap_config(app: FastAPI, config: Config) -> tuple[str, str]:
+    """Swap in ``config``: a new gateway (drivers, breakers of the new generation,
+    round-robin state) serves new requests; the old one finishes its own and closes.
+    Returns (previous generation, new generation)."""
+    settings: AppSettings = app.state.settings
     old: Gateway = app.state.gateway
     store: EventStore = app.state.store
     breakers = _breakers(config, settings)
@@ -1145,6 +1229,8 @@ def _on_hangup(app: FastAPI) -> Callable[[], None]:
             await reload_config(app)
         except ConfigError as error:  # keep serving the config that works
             log.error("config reload refused, keeping the current one:\n%s", error)
+        except GatewayError as error:  # reload_incomplete: the workers it names did not
+            log.error("config reload: %s", error.message)
 
     def on_signal() -> None:
         task = asyncio.ensure_future(reload())

@@ -17,7 +17,7 @@ from typing import Any, Final
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from ledger.events import DATA_CLASSES, FailureClass, ReasonCode
+from ledger.events import APIS, DATA_CLASSES, FailureClass, ReasonCode
 from ledger.types import MONEY_PATTERN
 from ledger.views.queries import REQUEST_STATUSES
 from ledger.views.spend_queries import GROUP_KEYS
@@ -103,6 +103,9 @@ def _object(required: Iterable[str], **properties: Schema) -> Schema:
     """An object with these fields at least (more are welcome: contract §3)."""
     return {"type": "object", "required": list(required), "properties": properties}
 
+
+# A cache_control marker: its lifetime is a cache write the request may be billed for.
+_CACHE: Final[Schema] = _nullable({"type": "object", "properties": {"ttl": {"enum": ["5m", "1h"]}}})
 
 _SCHEMAS: Final[dict[str, Schema]] = {
     "Error": {
@@ -204,7 +207,7 @@ _SCHEMAS: Final[dict[str, Schema]] = {
     "MessagesTextBlock": {
         "type": "object",
         "required": ["type", "text"],
-        "properties": {"type": {"const": "text"}, "text": _STRING},
+        "properties": {"type": {"const": "text"}, "text": _STRING, "cache_control": _CACHE},
     },
     "MessagesBlock": {
         "description": (
@@ -213,7 +216,7 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         ),
         "type": "object",
         "required": ["type"],
-        "properties": {"type": _STRING},
+        "properties": {"type": _STRING, "cache_control": _CACHE},
         "allOf": [
             _when("text", text=_STRING),
             _when("image", source={"type": "object"}),
@@ -241,7 +244,7 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         "description": "A block inside a tool_result's content.",
         "type": "object",
         "required": ["type"],
-        "properties": {"type": _STRING},
+        "properties": {"type": _STRING, "cache_control": _CACHE},
         "allOf": [
             _when("text", text=_STRING),
             _when("image", source={"type": "object"}),
@@ -253,7 +256,7 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         "description": "A custom tool (input_schema required) or an Anthropic-defined one.",
         "type": "object",
         "required": ["name"],
-        "properties": {"name": _STRING},
+        "properties": {"name": _STRING, "cache_control": _CACHE},
         "if": {"properties": {"type": {"const": "custom"}}},
         "then": {"required": ["input_schema"], "properties": {"input_schema": {"type": "object"}}},
     },
@@ -428,8 +431,8 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         hash=_STRING,
     ),
     "Proof": _object(
-        ["format", "request_id", "checkpoint", "events"],
-        format={"type": "string", "enum": ["waybill-proof/v1"]},
+        ["format", "request_id", "checkpoint", "events", "stream"],
+        format={"type": "string", "enum": ["waybill-proof/v2"]},
         request_id=_STRING,
         checkpoint=_object(
             ["format", "size", "root", "head_hash", "time", "key_id", "signature"],
@@ -456,9 +459,26 @@ _SCHEMAS: Final[dict[str, Schema]] = {
                 inclusion_proof={"type": "array", "items": _HEX_HASH},
             ),
         },
+        stream={
+            **_object(
+                ["first_version", "last_version", "key_id", "signature"],
+                first_version={"type": "integer", "minimum": 1},
+                last_version={"type": "integer", "minimum": 1},
+                key_id=_STRING,
+                signature=_STRING,
+            ),
+            "description": "The request stream's version range the checkpoint covers (every "
+            "event in `events`), signed with a checkpoint key over the statement of contract "
+            '§7 "Proofs": a proof with events left out fails.',
+        },
     ),
     "Explanation": _object(
-        ["summary", "candidates", "attempts", "decision_path"],
+        ["api", "summary", "candidates", "attempts", "decision_path"],
+        api={
+            "type": "string",
+            "enum": list(APIS),
+            "description": "The client API (door) the request came through.",
+        },
         summary=_STRING,
         candidates={
             "type": "array",
@@ -532,6 +552,7 @@ _SCHEMAS: Final[dict[str, Schema]] = {
     ),
     "SpendRow": _object(
         ["settled_usd", "held_unknown_usd", "overrun_usd", "requests", "attempts"],
+        api={"type": "string", "enum": list(APIS), "description": "With group_by=api."},
         settled_usd=_MONEY,
         held_unknown_usd=_MONEY,
         overrun_usd=_MONEY,
@@ -858,7 +879,7 @@ ADMIN_RELOAD: Final[Schema] = {
                 generation=_STRING,
             )
         ),
-        **_error_responses(400, 403, 409),
+        **_error_responses(400, 403, 409, 503),
     },
 }
 LIST_ENDPOINTS: Final[Schema] = {
@@ -926,8 +947,8 @@ REQUEST_EVENTS: Final[Schema] = {
     "responses": {"200": _ok(_page(_ref("Event"))), **_error_responses(400, 404)},
 }
 REQUEST_PROOF: Final[Schema] = {
-    "summary": "A request's events with an inclusion proof of each against a signed "
-    "checkpoint (waybill verify-proof checks it offline)",
+    "summary": "Every event of a request a signed checkpoint covers, with an inclusion proof "
+    "of each and their version range signed (waybill verify-proof checks it offline)",
     "parameters": [
         _query(
             "size",
@@ -1016,6 +1037,7 @@ IMPORT_RECONCILIATION: Final[Schema] = {
                     "openai-costs",
                     "anthropic-usage",
                     "anthropic-costs",
+                    "anthropic-analytics",
                     "lines",
                 ],
             },

@@ -4,7 +4,8 @@ of each against a signed checkpoint, the document ``waybill prove`` writes.
 A thin edge: the request-reading rules of :mod:`router.http.access` (a request the caller may
 not read is the same 404 as one that does not exist), the checkpoints of the sink this
 gateway writes (the config's ``checkpoints.out``), the proof from :mod:`ledger.audit.proofs`
-built from the sink's tree files in a worker thread (never a pass over the ledger on the
+built from the sink's tree files in a worker thread, its stream range signed with the config's
+``checkpoints.signing_key`` (never a pass over the ledger on the
 request's behalf). No checkpoint configured, or none covering the request yet: 409
 ``proof_unavailable``.
 """
@@ -19,6 +20,7 @@ from typing import Final
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from ledger.audit.checkpoints import Checkpoint, SigningKey
 from ledger.audit.proofs import ProofUnavailable, prove_from_tree
 from ledger.audit.sink import SinkError, TreeFiles, find_checkpoint
 from ledger.events import RequestReceived
@@ -67,20 +69,36 @@ async def prove_as(
     if settings is None:
         raise proof_unavailable("this gateway takes no checkpoints (config: checkpoints)")
     try:
-        return await asyncio.to_thread(_prove, request_id, trail, settings.out, size)
+        checkpoint = await asyncio.to_thread(_checkpoint, settings.out, size)
+        # Read again now the checkpoint is chosen: events appended since the first read may
+        # be in it, and the proof's signed range must hold every event it covers.
+        trail = await read_request_events(store.engine, request_id)
+        return await asyncio.to_thread(
+            _prove, request_id, trail, settings.out, checkpoint, settings.key
+        )
     except (SinkError, ProofUnavailable) as error:
         raise proof_unavailable(f"no proof of request {request_id!r}: {error}") from None
 
 
-def _prove(request_id: str, trail: Sequence[RecordedEvent], sink: Path, size: int | None) -> bytes:
+def _checkpoint(sink: Path, size: int | None) -> Checkpoint:
     checkpoint = find_checkpoint(sink, size)
     if checkpoint is None:
         raise ProofUnavailable(
             "no checkpoint has been taken yet" if size is None else f"no checkpoint of size {size}"
         )
+    return checkpoint
+
+
+def _prove(
+    request_id: str,
+    trail: Sequence[RecordedEvent],
+    sink: Path,
+    checkpoint: Checkpoint,
+    key: SigningKey,
+) -> bytes:
     tree = TreeFiles(sink)
     try:
-        return prove_from_tree(request_id, trail, checkpoint, tree)
+        return prove_from_tree(request_id, trail, checkpoint, tree, key)
     finally:
         tree.close()
 

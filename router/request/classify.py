@@ -68,6 +68,7 @@ class UpstreamOutcome:
     error_code: str | None = None
     error_type: str | None = None
     error_message: str | None = None
+    error_param: str | None = None  # the request field the error names (OpenAI's ``param``)
     retry_after_ms: int | None = None
     execution_state_header: str | None = None
     transport: Transport | None = None
@@ -84,6 +85,9 @@ class Classification:
     # The endpoint's key was refused: the endpoint is disabled (contract §5 "Disabled
     # endpoints"); its breaker opens at once only while that cannot be recorded.
     disables_endpoint: bool = False
+    # The client's own error (a 400 naming a field it wrote): a request that ends on it is
+    # answered 400 invalid_request with the provider's message (contract §3 "Errors").
+    clients_own: bool = False
 
 
 # --- predicates over an outcome -------------------------------------------------------------
@@ -163,6 +167,42 @@ def _context_exceeded(o: UpstreamOutcome) -> bool:
     return _http(o, 400, 413) and bool(_CONTEXT_WORDS.search(_text(o)))
 
 
+# The fields of a request the client wrote and the gateway passes on as they are (the
+# gateway sets `model`, `stream`, `stream_options` and the output bound itself). An upstream's
+# 400 naming one of them, in its `param` or its message, is the client's own error ...
+_CLIENT_FIELDS: Final = (
+    "messages|tools|tool_choice|functions|function_call|response_format|input|system|"
+    "temperature|top_p|top_k|stop|stop_sequences|n|seed|logit_bias|logprobs|top_logprobs|"
+    "presence_penalty|frequency_penalty|user|metadata|parallel_tool_calls|modalities|audio|"
+    "prediction|reasoning_effort|dimensions|encoding_format"
+)
+_NAMES_A_CLIENT_FIELD: Final = re.compile(
+    # "tools.0.input_schema: ..." (Anthropic), "Invalid 'messages[1].content'", "Invalid value
+    # for 'tool_choice'", "Invalid schema for function 'f'" (OpenAI)
+    rf"^(?:{_CLIENT_FIELDS})(?:[.\[:]|$)|['`\"](?:{_CLIENT_FIELDS})(?:[.\[]|['`\"])"
+    r"|\bfor (?:function|tool)\b",
+    re.IGNORECASE,
+)
+# ... unless it names anything of the gateway's or the endpoint's own: its key, account or
+# billing, the model or deployment the gateway chose, what that model supports (the
+# gateway's choice of mapping), the resume prefill, the fields the gateway sets.
+_NAMES_THE_GATEWAYS: Final = re.compile(
+    r"api[ _-]?key|auth|credential|permission|access|organi[sz]ation|project|account|"
+    r"billing|credit|quota|balance|payment|\bmodels?\b|deployment|region|support|"
+    r"prefill|\bstream\b|stream_options|max_(?:completion_)?tokens|max_output_tokens",
+    re.IGNORECASE,
+)
+
+
+def _clients_own_error(o: UpstreamOutcome) -> bool:
+    if not _http(o, 400) or _NAMES_THE_GATEWAYS.search(" ".join((_text(o), o.error_param or ""))):
+        return False
+    return bool(
+        _NAMES_A_CLIENT_FIELD.search(o.error_param or "")
+        or _NAMES_A_CLIENT_FIELD.search(o.error_message or "")
+    )
+
+
 def _unavailable(o: UpstreamOutcome) -> bool:
     status = o.http_status
     return o.transport is None and status is not None and (status == 408 or status >= 500)
@@ -194,6 +234,7 @@ class Rule:
     evidence: Evidence | Literal["trusted_not_started_else_unknown"]
     may_fail_over: MayFailOver
     disables_endpoint: bool = False
+    clients_own: bool = False
 
     @property
     def outcome(self) -> str:
@@ -228,6 +269,8 @@ RULES: Final[tuple[Rule, ...]] = (
     Rule(_model_not_found,     _F.MODEL_UNAVAILABLE,    _M,   True,  _NS,      "yes"),
     Rule(_context_exceeded,    _F.CONTEXT_TOO_SMALL,    None, False, _NS,      _LARGER),
     Rule(_unavailable,         _F.UPSTREAM_UNAVAILABLE, _E,   False, _TRUSTED, _EXEC),
+    Rule(_clients_own_error,   _F.NON_RETRYABLE,        None, False, _NS,      "no",
+         clients_own=True),
     Rule(_other_4xx,           _F.NON_RETRYABLE,        None, False, _NS,      "no"),
     # Anything the table does not name (a 1xx/3xx, a status-less outcome) is read like a
     # 5xx of unknown execution: the conservative reading, since it may have been billed.
@@ -263,4 +306,5 @@ def classify(outcome: UpstreamOutcome, *, trust_not_started: bool) -> Classifica
         may_fail_over=may_fail_over,
         retry_after_ms=retry_after,
         disables_endpoint=rule.disables_endpoint,
+        clients_own=rule.clients_own,
     )

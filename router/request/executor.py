@@ -551,7 +551,9 @@ class Executor:
         key = endpoint_key if scope == "endpoint" else mapping_key
         attempt.probes = tuple(k for k in attempt.probes if k != key)  # judged
         failed = self.ports.breakers.failed
-        return scope if await failed(key, classification, latency_ms, self.request_id) else None
+        workspace = self.caller.workspace.id
+        opened = await failed(key, classification, latency_ms, self.request_id, workspace)
+        return scope if opened else None
 
     async def _release_probes(self, attempt: Attempt) -> None:
         """However an attempt ends, a probe lease it holds and no verdict judged goes back

@@ -19,6 +19,7 @@ from router.errors import (
     budget_exceeded,
     deadline_exceeded,
     error_for_failure,
+    invalid_request,
     no_eligible_route,
     stream_broken,
     upstream_unavailable,
@@ -81,6 +82,17 @@ def decision_error(
         "deadline_exceeded"
     ):
         return deadline_exceeded()
+    if (
+        classification.clients_own
+        and classification.evidence is ev.Evidence.NOT_STARTED
+        and failure is not None
+        and failure.outcome.error_message
+    ):
+        # The request itself is wrong (contract §3 "Errors"): the client is told what the
+        # provider said, as its own 400, not as the gateway's failure.
+        outcome = failure.outcome
+        message = f"the upstream refused the request as invalid: {outcome.error_message}"
+        return invalid_request(message, param=outcome.error_param)
     return error_for_failure(
         failure_class,
         _failure_message(classification, failure, decision),

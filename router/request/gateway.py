@@ -11,6 +11,7 @@ redirected by a reload), then closes.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 from collections.abc import Coroutine, Mapping, Sequence
@@ -18,6 +19,8 @@ from typing import Any
 
 from ledger.apikeys import key_stream
 from ledger.store import ANY_VERSION, EventStore
+from ledger.store.db import is_unavailable
+from ledger.store.outage import Outage
 from router.adapters.breakers import Admission, BreakerBoard, BreakerKey, Transition
 from router.adapters.disabling import Disabling
 from router.adapters.latency import InProcessLatency, LatencyBoard
@@ -148,6 +151,7 @@ class Gateway:
             model_group=call.model_group,
             request_limit=call.requirements.max_cost_usd,
             owner=self.instance_id,
+            api=call.api,
         )
         requires = None  # what the first append requires: the key's stream as it was read
         if caller.key_version is not None:
@@ -168,7 +172,7 @@ class Gateway:
         task = asyncio.ensure_future(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-        task.add_done_callback(_log_failure)
+        task.add_done_callback(functools.partial(_log_failure, self.store.outage))
 
 
 class _RecordedBreakers:
@@ -201,7 +205,12 @@ class _RecordedBreakers:
             await self._record(transitions, request_id)
 
     async def failed(
-        self, key: BreakerKey, classification: Classification, duration_ms: int, request_id: str
+        self,
+        key: BreakerKey,
+        classification: Classification,
+        duration_ms: int,
+        request_id: str,
+        workspace: str,
     ) -> bool:
         transitions = await self._board.record_failure(
             key,
@@ -209,6 +218,7 @@ class _RecordedBreakers:
             opens_at_once=classification.breaker_opens_at_once,
             retry_after_ms=classification.retry_after_ms,
             duration_ms=duration_ms,
+            workspace=workspace,
         )
         if transitions:
             await self._record(transitions, request_id)
@@ -227,6 +237,11 @@ class _RecordedBreakers:
         await self._store.append("breaker", ANY_VERSION, events)
 
 
-def _log_failure(task: asyncio.Task[None]) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.error("recording the end of a request failed", exc_info=task.exception())
+def _log_failure(outage: Outage, task: asyncio.Task[None]) -> None:
+    error = None if task.cancelled() else task.exception()
+    if error is None:
+        return
+    if is_unavailable(error):  # the ledger stayed away: told once, with the outage's end
+        outage.not_recorded()
+        return
+    log.error("recording the end of a request failed", exc_info=error)

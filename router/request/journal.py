@@ -169,11 +169,13 @@ class Journal:
 
     async def flush_patiently(self, *more: ev.Event) -> None:
         """The end of an abandoned request, retried while the ledger is unreachable."""
-        for delay in _PATIENCE_S:
+        for tries, delay in enumerate(_PATIENCE_S):
             try:
                 await self.flush(*more)
                 return
             except LedgerUnavailable:
+                if not tries:
+                    self._store.outage.recorded_late()
                 await self._clock.sleep(delay)
         await self.flush(*more)
 

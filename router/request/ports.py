@@ -25,6 +25,7 @@ from ledger import events as ev
 from ledger.books.accounting import BudgetDenied, Effect, Hold
 from ledger.endpoints import DisabledEndpoint
 from ledger.store import RecordedEvent
+from ledger.store.outage import Outage
 from router.adapters.breakers import Admission, BreakerKey
 from router.config import Config
 from router.drivers import AttemptBinding, ChatRequest, DriverResult, DriverStream, PreparedCall
@@ -86,8 +87,11 @@ class Breakers(Protocol):
         classification: Classification,
         duration_ms: int,
         request_id: str,
+        workspace: str,
     ) -> bool:
-        """Count a failure of ``key``'s scope; True if that opened (or re-opened) it."""
+        """Count a failure of ``key``'s scope, by a request of ``workspace`` (an
+        ``invalid_output`` counts only when another workspace's is in the breaker's window:
+        contract §5); True if that opened (or re-opened) it."""
         ...
 
     async def release_probes(self, keys: Sequence[BreakerKey]) -> None:
@@ -191,6 +195,8 @@ class Journal(Protocol[_S]):
 
 class RequestLedger(Protocol):
     """What the journal needs of the store (:class:`ledger.store.EventStore`)."""
+
+    outage: Outage  # told of a request's end it could not record at once
 
     def submit(
         self,

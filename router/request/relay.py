@@ -8,7 +8,8 @@ again; reads that pass through unchanged may go straight from the upstream conne
 callback to the client's (:meth:`StreamRelay.deliver`, ``DriverStream.tap``). The relay
 keeps what the client has — the text of the stream, for a resume; its id and model — and
 rewrites a resume's continuation to follow on as the same stream
-(:class:`router.request.resume.Seam`).
+(:class:`router.request.resume.Seam`), its final usage counting the broken attempts' output
+too (:func:`router.request.resume.resumed_usage`).
 
 The chunks are the drivers' canonical OpenAI ``chat.completion.chunk`` dicts, sent as SSE.
 """
@@ -24,7 +25,7 @@ from router.drivers.sse import DONE_FRAME, encode_json
 from router.errors import GatewayError
 from router.request.attempt import Attempt
 from router.request.classify import Classification
-from router.request.resume import Seam
+from router.request.resume import Seam, broken_output_tokens, resumed_usage
 
 __all__ = [
     "SEAM_BROKEN",
@@ -92,6 +93,8 @@ class StreamRelay:
     """One request's stream as the client has it."""
 
     __slots__ = (
+        "_attempt_text",
+        "_broken_output",
         "_can_resume",
         "_delivered",
         "_include_usage",
@@ -111,6 +114,10 @@ class StreamRelay:
         # The committed stream as the client has it: its text so far (for a resume),
         # whether that can be continued, and the id and model its chunks carry.
         self._delivered: list[str] = []
+        # Where the text of the attempt now streaming starts in it, and the output tokens
+        # the stream's broken attempts count for in the client's final usage.
+        self._attempt_text = 0
+        self._broken_output = 0
         self.resumable = True
         self.chunk_id: str | None = None
         self.response_model: str | None = None
@@ -190,6 +197,7 @@ class StreamRelay:
                         attempt.classification = SEAM_BROKEN
                         attempt.error_code = SEAM_UNVERIFIED
                     await upstream.aclose()
+                    self._count_broken(upstream)
                     try:
                         attempt = await owner.resume(attempt)
                     except GatewayError as error:
@@ -226,19 +234,40 @@ class StreamRelay:
         self._note_delivered(batch)
         return True
 
+    def _count_broken(self, upstream: DriverStream) -> None:
+        """The attempt now streaming broke: count its output for the final usage (the text
+        it delivered, or what it reported if more), and start the next attempt's text."""
+        text = "".join(self._delivered[self._attempt_text :])
+        reported = upstream.usage.output_tokens if upstream.usage is not None else None
+        self._broken_output += broken_output_tokens(text, reported)
+        self._attempt_text = len(self._delivered)
+
     async def _continuation(
         self, attempt: Attempt, batches: AsyncIterator[list[dict[str, Any]]]
     ) -> AsyncIterator[list[dict[str, Any]]]:
         """A resume's chunks as the client's stream goes on: what the client already has
-        stripped (router.request.resume.Seam), no second role preamble, the stream's own id."""
+        stripped (router.request.resume.Seam), no second role preamble, the stream's own id,
+        its usage that of the whole stream."""
         seam = attempt.seam
         assert seam is not None
         async for batch in batches:
-            joined = [c for c in (_continued(chunk, seam, self.chunk_id) for chunk in batch) if c]
+            joined = [
+                self._stream_usage(c)
+                for c in (_continued(chunk, seam, self.chunk_id) for chunk in batch)
+                if c
+            ]
             if seam.state == "broken":
                 raise SeamBroken
             if joined:
                 yield joined
+
+    def _stream_usage(self, chunk: dict[str, Any]) -> dict[str, Any]:
+        """A continuation's chunk with the usage the client is told for the whole stream
+        (contract §5 "Resume"); a new dict, the driver's own totals untouched."""
+        usage = chunk.get("usage")
+        if not isinstance(usage, dict):
+            return chunk
+        return {**chunk, "usage": resumed_usage(usage, self._broken_output)}
 
     def _piece(self, batch: list[dict[str, Any]], raw: bytes | None) -> bytes:
         """A read's chunks as the client's bytes (``raw``, the upstream's, if given and

@@ -5,7 +5,9 @@ text the client already has: :func:`continuation_body` adds that text to the req
 partial assistant message, the way the mapping's ``resume:`` says its upstream takes one.
 What comes back is joined to what the client has by a :class:`Seam`: an upstream that
 repeats the delivered text first has it stripped; one that starts to repeat it and then
-says something else cannot be joined (the stream ends with its in-band error instead). Pure.
+says something else cannot be joined (the stream ends with its in-band error instead). The
+final usage the client is told adds the broken attempts' output to the continuation's
+(:func:`resumed_usage`). Pure.
 """
 
 from __future__ import annotations
@@ -20,9 +22,12 @@ from router.drivers import NativeBody
 __all__ = [
     "SEAM_CHECK_CHARS",
     "Seam",
+    "broken_output_tokens",
     "continuation_body",
     "native_continuation",
     "prefill_text",
+    "resumed_usage",
+    "text_tokens_bound",
 ]
 
 SEAM_CHECK_CHARS: Final = 8
@@ -58,6 +63,43 @@ def native_continuation(native: NativeBody, delivered: str) -> NativeBody:
     partial = {"role": "assistant", "content": prefill_text(delivered)}
     body["messages"] = [*native.body.get("messages", ()), partial]
     return NativeBody(native.dialect, body, native.headers)
+
+
+def text_tokens_bound(text: str) -> int:
+    """At least as many tokens as ``text`` is made of: its UTF-8 bytes, since no tokenizer's
+    token is shorter than one byte (the bound the worst case takes for a prompt)."""
+    return len(text.encode("utf-8"))
+
+
+def broken_output_tokens(delivered: str, reported: int | None) -> int:
+    """The output tokens a broken attempt counts for in the client's final usage (contract
+    §5 "Resume"): the text it delivered to the client, bounded from above by
+    :func:`text_tokens_bound`, or the output tokens it reported if more. A broken stream's
+    report is partial at best (an Anthropic stream says 1 output token at its start), so it
+    can only raise the count, never lower it below the text the client has."""
+    bound = text_tokens_bound(delivered)
+    return bound if reported is None else max(bound, reported)
+
+
+def resumed_usage(continuation: Mapping[str, Any], broken_output: int) -> dict[str, Any]:
+    """The usage the client is told for a resumed stream (contract §5 "Resume"), from the
+    continuation's own (an OpenAI ``usage`` object) and ``broken_output``, the stream's
+    broken attempts' output tokens (:func:`broken_output_tokens`, summed): output is their
+    sum with the continuation's, so the client is never told fewer output tokens than the
+    text it received; the prompt is the continuation's, which is the request's prompt and
+    the delivered text sent back with it; the total adds up. The ledger is not told this:
+    the broken attempts' reservations stay held as unknown usage (§6)."""
+    usage = dict(continuation)
+    completion = usage.get("completion_tokens")
+    completion = completion if type(completion) is int else 0
+    usage["completion_tokens"] = completion + broken_output
+    prompt = usage.get("prompt_tokens")
+    total = usage.get("total_tokens")
+    if type(prompt) is int:
+        usage["total_tokens"] = prompt + usage["completion_tokens"]
+    elif type(total) is int:
+        usage["total_tokens"] = total + broken_output
+    return usage
 
 
 @dataclass

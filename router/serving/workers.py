@@ -16,11 +16,14 @@ connection to one of them) and supervises them:
   socket of its own in a private directory, and the one asked reads its siblings' own
   expositions there and merges them (``otel.merge``). A worker that is being started again
   is missing from that answer until it is up.
-- SIGTERM or SIGINT to the command stops every worker gracefully (a second one, at once);
-  SIGHUP makes every worker reload the config file. A worker that exits while the command
-  is not stopping is started again (its holds in flight are recovered as it starts), unless
-  it has exited within :data:`MIN_UPTIME_S` of its start :data:`EARLY_EXITS` times in a row:
-  then it cannot serve and the command stops them all with exit status 1.
+- A reload (``POST /v1/admin/config/reload`` to any worker, or SIGHUP to the command, which
+  passes it to one worker) reloads every worker, as one gateway: ``router.serving.reload``.
+  A worker that is started again serves the config the last reload accepted.
+- SIGTERM or SIGINT to the command stops every worker gracefully (a second one, at once).
+  A worker that exits while the command is not stopping is started again (its holds in
+  flight are recovered as it starts), unless it has exited within :data:`MIN_UPTIME_S` of its
+  start :data:`EARLY_EXITS` times in a row: then it cannot serve and the command stops them
+  all with exit status 1.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class Worker:
     socket_path: str  # its own Unix socket, where its siblings read its metrics
     siblings: tuple[str, ...]  # the others' sockets
     appends_socket: str  # where the first worker commits the others' appends
+    accepted_config: str  # the config file's bytes as the last reload accepted them
 
 
 def worker_instance_id(instance_id: str, index: int) -> str:
@@ -79,6 +83,7 @@ def workers_of(instance_id: str, count: int, directory: Path) -> list[Worker]:
             socket_path=paths[k],
             siblings=tuple(p for j, p in enumerate(paths) if j != k),
             appends_socket=str(directory / "appends.sock"),
+            accepted_config=str(directory / "accepted-config"),
         )
         for k in range(count)
     ]
@@ -100,7 +105,8 @@ def supervise(workers: list[Worker], serve: Callable[[Worker], None]) -> int:
                 os.kill(pid, signal.SIGTERM)
 
     def reload(signum: int, _frame: object) -> None:
-        for pid in list(running):
+        # One worker reloads them all (router.serving.reload): the first one running.
+        for pid, _ in sorted(running.items(), key=lambda item: item[1][0].index)[:1]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGHUP)
 

@@ -107,6 +107,19 @@ async def succeed(board: BreakerBoard, duration_ms: int | None = None) -> list[T
     return await board.record_success(EP, duration_ms=duration_ms)
 
 
+async def invalid_output(
+    board: BreakerBoard, workspace: str, *, duration_ms: int | None = None
+) -> list[Transition]:
+    return await board.record_failure(
+        EP,
+        "invalid_output",
+        opens_at_once=False,
+        retry_after_ms=None,
+        duration_ms=duration_ms,
+        workspace=workspace,
+    )
+
+
 def opened(
     reason: str,
     figures: Figures | None,
@@ -351,6 +364,81 @@ async def test_inspect_tells_state_cooldown_and_window(boards: Boards):
     )
 
 
+# --- invalid outputs count only when more than one workspace's are in the window ----------
+
+
+async def test_one_workspaces_invalid_outputs_never_open_a_consecutive_breaker(boards: Boards):
+    board = boards.board(Breaker(failure_threshold=2))
+    for _ in range(5):
+        assert await invalid_output(board, "acme") == []
+    view = (await board.inspect([EP]))[EP]
+    assert (view.state, view.consecutive_failures) == ("closed", 0), "remembered, not counted"
+    # Another workspace's is counted: the run now holds both workspaces' (1 in a row) ...
+    assert await invalid_output(board, "other") == []
+    assert (await board.inspect([EP]))[EP].consecutive_failures == 1
+    # ... and so is the first workspace's next one: 2 in a row open it.
+    assert [
+        (t.to_state, t.reason, t.failure_class) for t in await invalid_output(board, "acme")
+    ] == [("open", "failure_threshold", "invalid_output")]
+
+
+async def test_a_success_ends_the_run_and_forgets_whose_invalid_outputs_it_held(boards: Boards):
+    board = boards.board(Breaker(failure_threshold=2))
+    assert await invalid_output(board, "acme") == []
+    assert await succeed(board) == []
+    assert await invalid_output(board, "other") == []  # acme's left with the run: alone
+    assert await invalid_output(board, "other") == []
+    assert (await board.inspect([EP]))[EP].consecutive_failures == 0
+
+
+async def test_other_failures_count_as_ever_beside_one_workspaces_invalid_outputs(boards: Boards):
+    board = boards.board(Breaker(failure_threshold=2))
+    assert await fail(board) == []
+    assert await invalid_output(board, "acme") == []  # neither counted nor a success
+    assert await fail(board) == opened("failure_threshold", None, failures=2, cooldown_ms=5000)
+
+
+async def test_in_a_count_window_another_workspaces_invalid_output_counts_until_it_leaves(
+    boards: Boards,
+):
+    board = boards.board(rolling(window_calls=3, minimum_calls=2, failure_rate=1))
+    assert await invalid_output(board, "acme") == []  # alone: not a call of the window
+    assert (await board.inspect([EP]))[EP].figures == Figures(0, 0, 0)
+    assert await invalid_output(board, "other") == []  # acme's is held: counted, 1 of 1
+    for _ in range(3):
+        assert await succeed(board) == []  # three calls later, both have left the window
+    assert (await board.inspect([EP]))[EP].figures == Figures(3, 0, 0)
+    assert await invalid_output(board, "acme") == []
+    assert (await board.inspect([EP]))[EP].figures == Figures(3, 0, 0)
+
+
+async def test_in_a_time_window_two_workspaces_invalid_outputs_open_it(boards: Boards):
+    board = boards.board(rolling(window_ms=10_000, minimum_calls=2, failure_rate=1))
+    assert await invalid_output(board, "acme") == []
+    boards.clock.ms += 9_000  # acme's bucket is still in the window
+    assert await invalid_output(board, "other") == []  # counted: 1 of 1, below minimum_calls
+    assert await invalid_output(board, "acme") == opened(
+        "failure_rate", Figures(2, 2, 0), failures=2, failure_class="invalid_output"
+    )
+
+
+async def test_a_probe_answered_with_one_workspaces_invalid_output_gives_its_lease_back(
+    boards: Boards,
+):
+    board = boards.board(Breaker(failure_threshold=2, base_cooldown_ms=1000))
+    await fail(board, at_once=True)
+    boards.clock.ms += 1000
+    assert (await board.admit(EP))[0] is Admission.PROBE
+    assert await invalid_output(board, "acme") == []  # no verdict
+    assert await board.state(EP) == "half_open"
+    assert await board.blocked([EP]) == {EP: False}, "the next request probes at once"
+    assert (await board.admit(EP))[0] is Admission.PROBE
+    # Another workspace's probe fails the same way: both are in the window, it re-opens.
+    assert [(t.from_state, t.to_state) for t in await invalid_output(board, "other")] == [
+        ("half_open", "open")
+    ]
+
+
 # --- the two backends take the same steps -------------------------------------------------
 
 POLICIES = [
@@ -367,6 +455,11 @@ _OPERATIONS = st.one_of(
     st.tuples(st.just("admit")),
     st.tuples(st.just("release")),
     st.tuples(st.just("wait"), st.integers(0, 700)),
+    st.tuples(
+        st.just("invalid_output"),
+        st.sampled_from(["acme", "other", "third"]),  # the workspace
+        st.integers(0, 120),  # duration_ms
+    ),
     st.tuples(
         st.just("hear"),
         st.booleans(),  # failed
@@ -386,6 +479,9 @@ async def _play(board: BreakerBoard, clock: FakeClock, history: list[tuple[Any, 
             await board.release_probe(EP)
         elif operation[0] == "wait":
             clock.ms += operation[1]
+        elif operation[0] == "invalid_output":
+            _, workspace, duration = operation
+            seen.append(await invalid_output(board, workspace, duration_ms=duration))
         else:
             _, failed, duration, at_once, retry_after = operation
             if failed:
@@ -425,3 +521,30 @@ def test_redis_takes_the_same_steps_as_the_pure_functions(
 ) -> None:
     local, shared = asyncio.run(_both(policy, history))
     assert shared == local
+
+
+_ONE_WORKSPACE_OPERATIONS = st.one_of(
+    st.tuples(st.just("admit")),
+    st.tuples(st.just("release")),
+    st.tuples(st.just("wait"), st.integers(0, 700)),
+    st.tuples(st.just("invalid_output"), st.just("acme"), st.integers(0, 120)),
+    st.tuples(
+        st.just("hear"),
+        st.booleans(),
+        st.integers(0, 120),
+        st.booleans(),
+        st.one_of(st.none(), st.integers(0, 300)),
+    ),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, len(POLICIES) - 1), st.lists(_ONE_WORKSPACE_OPERATIONS, max_size=40))
+def test_one_workspace_alone_never_opens_a_breaker_through_invalid_output(
+    policy: int, history: list[tuple[Any, ...]]
+) -> None:
+    clock = FakeClock()
+    board = InProcessBreakers(POLICIES[policy], "gen-1", clock=clock, probe_lease_ms=200)
+    seen = asyncio.run(_play(board, clock, history))
+    transitions = [t for step in seen if isinstance(step, list) for t in step]
+    assert all(t.failure_class != "invalid_output" for t in transitions)

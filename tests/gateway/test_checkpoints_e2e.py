@@ -62,6 +62,8 @@ async def test_serve_takes_checkpoints_that_verify_and_serves_proofs(
             assert summary.request_id == last
             assert summary.types == tuple(e.type for e in trail)
             assert summary.checkpoint.key_id == key.key_id
+            # Its version range is signed with the config's key: the whole stream, provably.
+            assert summary.stream_key_id == key.key_id
 
             wrong = await http.get(f"/v1/requests/{last}/proof", params={"size": "x1"})
             assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "size"

@@ -55,7 +55,17 @@ async def test_claude_code_answers_through_the_gateway(database_url, claude, tmp
     async with running_gateway(
         database_url,
         ["claude-up"],
-        [Route("claude-up", model="claude-fake", max_output_tokens=64000, context_window=200000)],
+        [
+            Route(
+                "claude-up",
+                model="claude-fake",
+                max_output_tokens=64000,
+                context_window=200000,
+                # Claude Code marks its prompt for caching: the writes need their price.
+                price="{input_per_mtok: 3, output_per_mtok: 15, cache_write_per_mtok: 3.75, "
+                "cache_write_1h_per_mtok: 6, cached_input_per_mtok: 0.3}",
+            )
+        ],
         drivers={"claude-up": "anthropic"},
     ) as gw:
         environ = {

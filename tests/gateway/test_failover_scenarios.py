@@ -340,6 +340,19 @@ async def test_s08_a_stream_cut_mid_answer_is_resumed_and_delivered_whole_once(
         resumed = _last_message(bench.primary.requests[1])
         assert resumed["role"] == "assistant"
         assert resumed["content"] == "".join(bench.pieces["primary"][:3])
+        # The final usage covers the whole text the client got (the fake counts a token a
+        # piece): the continuation's output, and the broken attempt's delivered text at its
+        # UTF-8 bytes (an upper bound of its tokens), while the ledger holds that attempt's
+        # usage unknown as before.
+        broken, continued = await bench.of_type(got, "AttemptFinished")
+        assert broken["usage"] is None and continued["usage"] is not None
+        delivered = len(resumed["content"].encode())
+        assert got.usage is not None
+        assert got.usage["completion_tokens"] == delivered + continued["usage"]["output_tokens"]
+        assert got.usage["completion_tokens"] >= len(bench.pieces["primary"])
+        assert got.usage["prompt_tokens"] == continued["usage"]["input_tokens"]
+        usage = got.usage
+        assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
 async def test_s09_a_stalled_stream_is_resumed_within_bounds_and_delivered_whole_once(

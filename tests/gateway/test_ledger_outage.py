@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from typing import Any
 
@@ -60,31 +61,62 @@ class TcpProxy:
         self._writers -= {writer, up_writer}
 
 
+def _one_outage_told(caplog: pytest.LogCaptureFixture, refused: int) -> None:
+    """The log tells the outage once and its end once, with the count of requests it
+    refused, and holds no traceback (not one per request refused or unrecorded)."""
+    said = [r.getMessage() for r in caplog.records if r.name == "waybill.ledger"]
+    down = [line for line in said if line.startswith("the ledger is unavailable")]
+    back = [line for line in said if line.startswith("the ledger is available again")]
+    assert len(down) == 1 and len(back) == 1, said
+    assert f": {refused} requests were refused," in back[0], back[0]
+    assert not [r.getMessage() for r in caplog.records if r.exc_info], "a traceback was logged"
+    assert not [r for r in caplog.records if r.name == "waybill.app"]  # nothing per request
+
+
+async def _ended_or_never_begun(gw: Any, request_ids: list[str]) -> None:
+    """Each refused request's end is recorded once the ledger is back (or it recorded
+    nothing): none is left open for crash recovery."""
+
+    async def ended() -> bool:
+        for request_id in request_ids:
+            events = await gw.events(request_id)
+            if events and events[-1].type != "RequestFailed":
+                return False
+        return True
+
+    await eventually(ended, within_s=20, interval=0.2)
+
+
 @pytest.mark.postgres
 async def test_database_outage_fails_fast_without_calling_upstream_then_recovers(
-    postgres_url: str,
+    postgres_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING)
     target = make_url(postgres_url)
     proxy = TcpProxy(target.host or "127.0.0.1", target.port or 5432)
     await proxy.start()
     url = target.set(port=proxy.port).render_as_string(hide_password=False)
     async with running_gateway(url, ["east"], [Route("east")]) as gw, gw.http() as http:
         assert (await http.post("/v1/chat/completions", json=BODY)).status_code == 200
+        caplog.clear()
         await proxy.cut()
-        started = time.monotonic()
-        down = await http.post("/v1/chat/completions", json=BODY)
-        assert time.monotonic() - started < 10
-        assert down.status_code == 503, down.text
-        error = down.json()["error"]
-        assert error["code"] == "ledger_unavailable"
-        assert down.headers["x-should-retry"] == "true" and down.headers["retry-after"] == "1"
+        refused: list[str] = []
+        for streamed in (False, True, False, True, False):
+            started = time.monotonic()
+            down = await http.post("/v1/chat/completions", json={**BODY, "stream": streamed})
+            assert time.monotonic() - started < 10
+            assert down.status_code == 503, down.text
+            error = down.json()["error"]
+            assert error["code"] == "ledger_unavailable"
+            assert down.headers["x-should-retry"] == "true" and down.headers["retry-after"] == "1"
+            refused.append(down.headers["x-request-id"])
         assert gw.upstreams["east"].hits == 1  # nothing was sent without a reservation
         await proxy.start()  # the database is back
-
-        async def serving() -> bool:
-            return (await http.post("/v1/chat/completions", json=BODY)).status_code == 200
-
-        await eventually(serving, within_s=20, interval=0.2)
+        # The first request after it is served.
+        back = await http.post("/v1/chat/completions", json=BODY)
+        assert back.status_code == 200, back.text
+        await _ended_or_never_begun(gw, refused)
+        _one_outage_told(caplog, refused=len(refused))
     await proxy.cut()
 
 
@@ -170,7 +202,7 @@ async def test_a_database_refusal_that_is_not_an_outage_is_a_500_not_a_retryable
 
 @pytest.mark.postgres
 async def test_a_database_refusing_connections_is_503_everywhere_then_recovers(
-    postgres_url: str,
+    postgres_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     # ALTER DATABASE ... ALLOW_CONNECTIONS false: the server answers, but refuses the
     # database (SQLSTATE 55000, not a connection error): the ledger is unavailable all the
@@ -188,9 +220,11 @@ async def test_a_database_refusing_connections_is_503_everywhere_then_recovers(
                     (name,),
                 )
 
+    caplog.set_level(logging.WARNING)
     async with running_gateway(postgres_url, ["east"], [Route("east")]) as gw, gw.http() as http:
         served = await http.post("/v1/chat/completions", json=BODY)
         assert served.status_code == 200
+        caplog.clear()
         await asyncio.to_thread(allow, False)
         try:
             for method, path in (
@@ -205,8 +239,37 @@ async def test_a_database_refusing_connections_is_503_everywhere_then_recovers(
             assert gw.upstreams["east"].hits == 1
         finally:
             await asyncio.to_thread(allow, True)
+        # The first read after the database is back is served (the connections it ended
+        # while they were idle are not handed out), and so is the next request.
+        models = await http.get("/v1/models")
+        assert models.status_code == 200, models.text
+        assert (await http.post("/v1/chat/completions", json=BODY)).status_code == 200
+        _one_outage_told(caplog, refused=4)
 
-        async def serving() -> bool:
-            return (await http.post("/v1/chat/completions", json=BODY)).status_code == 200
 
-        await eventually(serving, within_s=20, interval=0.2)
+@pytest.mark.postgres
+async def test_the_first_reads_after_the_database_ended_idle_connections_are_served(
+    postgres_url: str,
+) -> None:
+    # A database restarted while no request came: every connection the gateway kept idle
+    # was ended by the server. The requests after it must not each find one of those.
+    from tests.conftest import _admin
+
+    name = make_url(postgres_url).database
+
+    def end_connections() -> None:
+        with _admin() as admin:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                (name,),
+            )
+
+    async with running_gateway(postgres_url, ["east"], [Route("east")]) as gw, gw.http() as http:
+        warm = await asyncio.gather(*(http.get("/v1/models") for _ in range(8)))
+        assert {answer.status_code for answer in warm} == {200}
+        await asyncio.to_thread(end_connections)
+        for _ in range(4):
+            models = await http.get("/v1/models")
+            assert models.status_code == 200, models.text
+        assert (await http.post("/v1/chat/completions", json=BODY)).status_code == 200
+        assert gw.upstreams["east"].hits == 1

@@ -406,23 +406,48 @@ async def test_beta_fields_are_translated_or_exclude_an_openai_endpoint(database
 
 
 async def test_cache_control_goes_natively_and_cache_usage_comes_back(database_url):
-    async with door(database_url, "anthropic") as (gw, client):
-        gw.upstreams["up"].set_plan([Behavior.ok(cached_tokens=1)] * 2)
-        system: Any = [{"type": "text", "text": "x" * 400, "cache_control": {"type": "ephemeral"}}]
-        message = await client.messages.create(
+    cached = (
+        "{input_per_mtok: 1.0, output_per_mtok: 2.0, cache_write_per_mtok: 1.25, "
+        "cache_write_1h_per_mtok: 2.0}"
+    )
+    async with door(database_url, "anthropic", routes=[Route("up", price=cached)]) as (
+        gw,
+        client,
+    ):
+        gw.upstreams["up"].set_plan([Behavior.ok(cached_tokens=1, cache_write_tokens=50)] * 2)
+        marker = {"type": "ephemeral", "ttl": "1h"}
+        system: Any = [{"type": "text", "text": "x" * 400, "cache_control": marker}]
+        raw = await client.messages.with_raw_response.create(
             model="chat", max_tokens=10, system=system, messages=HI
         )
+        message = await raw.parse()
         assert sent(gw.upstreams["up"])["system"] == system
+        record = await received(gw, raw.headers["x-request-id"])
+        assert record.requirements.cache_writes == ("1h",)
         usage = message.usage
-        assert usage.cache_read_input_tokens == 1
-        assert usage.cache_creation_input_tokens and usage.cache_creation_input_tokens > 0
+        assert (usage.cache_read_input_tokens, usage.cache_creation_input_tokens) == (1, 50)
         async with client.messages.stream(
             model="chat", max_tokens=10, system=system, messages=HI
         ) as stream:
             final = await stream.get_final_message()
         assert final.usage.cache_read_input_tokens == 1
-        assert final.usage.cache_creation_input_tokens == usage.cache_creation_input_tokens
+        assert final.usage.cache_creation_input_tokens == 50
         assert final.usage.input_tokens == usage.input_tokens
+
+
+async def test_a_cache_write_without_its_price_skips_the_anthropic_endpoint(database_url):
+    async with door(database_url, "anthropic") as (gw, client):
+        system: Any = [{"type": "text", "text": "x", "cache_control": {"type": "ephemeral"}}]
+        with pytest.raises(anthropic.UnprocessableEntityError) as raised:
+            await client.messages.create(model="chat", max_tokens=10, system=system, messages=HI)
+        request_id = raised.value.response.headers["x-request-id"]
+        await gw.wait_for_types(request_id, "RequestFailed")
+        events = [e.event() for e in await gw.events(request_id)]
+        route = next(e for e in events if isinstance(e, ev.RouteEvaluated))
+        assert (route.candidates[0].reason_code, route.candidates[0].detail) == (
+            ev.ReasonCode.UNPRICED_INPUT,
+            "cache_write_per_mtok",
+        )
 
 
 # --- streams that break ---

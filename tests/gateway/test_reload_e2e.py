@@ -13,6 +13,7 @@ import pytest
 
 from ledger import apikeys
 from router.fake_provider import Behavior
+from router.serving.reload import WORKER_RELOAD_HEADER
 from tests.gateway.harness import ANTHROPIC_ENV, Route, config_text, running_gateway
 
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
@@ -137,3 +138,23 @@ async def test_a_bad_config_file_is_refused_and_the_old_one_keeps_serving(
             assert (await http.post("/v1/chat/completions", json=BODY)).status_code == 200
             client_try = await http.post("/v1/admin/config/reload")
             assert client_try.status_code == 403
+
+
+async def test_a_worker_reload_asked_over_tcp_is_an_ordinary_reload_with_its_checks(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    # The header one worker sends another on its own Unix socket (router.serving.reload)
+    # grants nothing on the gateway's port: the call is authenticated as any reload.
+    config_file = tmp_path / "waybill.yaml"
+    async with running_gateway(
+        sqlite_url, ["east"], [Route("east")], config_file=config_file
+    ) as gw:
+        config_file.write_text(config_file.read_text().replace("test-1", "test-2"))
+        headers = {WORKER_RELOAD_HEADER: "test-2"}
+        async with httpx.AsyncClient(base_url=gw.url) as anonymous:
+            refused = await anonymous.post("/v1/admin/config/reload", headers=headers)
+        assert refused.status_code == 401
+        async with gw.http() as http:
+            refused = await http.post("/v1/admin/config/reload", headers=headers)
+        assert refused.status_code == 403
+        assert [e.data["generation"] for e in await gw.store.read_stream("config")] == ["test-1"]

@@ -192,3 +192,137 @@ def test_the_workers_commit_through_the_first_and_commit_themselves_while_it_is_
     engine.dispose()
     completed = sum(e.type == "RequestCompleted" for e in events)
     assert completed == sum(e.type == "RequestReceived" for e in events) >= 62
+
+
+async def _calls(port: int, calls: list[tuple[str, str, str, Any]]) -> list[httpx.Response]:
+    """Each (key, method, path, body) on a connection of its own, all at once: the kernel
+    spreads them over the workers."""
+
+    async def one(secret: str, method: str, path: str, body: Any) -> httpx.Response:
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{port}",
+            headers={"Authorization": f"Bearer {secret}"},
+            timeout=30,
+        ) as http:
+            return await http.request(method, path, json=body)
+
+    return list(await asyncio.gather(*(one(*call) for call in calls)))
+
+
+def _events(engine: sa.Engine) -> list[Any]:
+    with engine.connect() as conn:
+        return ledger_events(conn)
+
+
+_CHAT = "/v1/chat/completions"
+_SPARE: dict[str, Any] = {**BODY, "model": "spare"}
+
+
+def _reload(port: int, admin: str) -> httpx.Response:
+    return httpx.post(
+        f"http://127.0.0.1:{port}/v1/admin/config/reload",
+        headers={"Authorization": f"Bearer {admin}"},
+        timeout=60,
+    )
+
+
+def _every_worker_serves(
+    engine: sa.Engine, port: int, secret: str, admin: str, generation: str, spare: bool
+) -> None:
+    """Bursts of calls until both workers have served some (their chat requests' events
+    name them): every answer is ``generation``'s, the model group "spare" served or refused
+    (``spare``), the models listed and the endpoints' generation agreeing."""
+    owners: set[str] = set()
+    for _ in range(10):
+        mark = len(_events(engine))
+        answers = asyncio.run(
+            _calls(
+                port,
+                [(secret, "POST", _CHAT, BODY)] * 16
+                + [(secret, "POST", _CHAT, _SPARE)] * 16
+                + [(secret, "GET", "/v1/models", None)] * 8
+                + [(admin, "GET", "/v1/endpoints", None)] * 8,
+            )
+        )
+        chat, refused, models, endpoints = (
+            answers[:16],
+            answers[16:32],
+            answers[32:40],
+            answers[40:],
+        )
+        assert {a.status_code for a in chat} == {200}
+        if spare:
+            assert {a.status_code for a in refused} == {200}
+        else:
+            assert {a.status_code for a in refused} == {404}
+            assert {a.json()["error"]["code"] for a in refused} == {"model_not_found"}
+        listed = ("chat", "spare") if spare else ("chat",)
+        assert {tuple(m["id"] for m in a.json()["data"]) for a in models} == {listed}
+        assert {a.json()["config_generation"] for a in endpoints} == {generation}
+        events = _events(engine)[mark:]
+        assert {e.data["config_generation"] for e in events if e.type == "RequestReceived"} == {
+            generation
+        }
+        owners |= {e.data["owner"].split("/")[0][-3:] for e in events if e.type == "BudgetReserved"}
+        if owners == {"-w0", "-w1"}:
+            return
+    raise AssertionError(f"only {owners} served in 10 bursts")
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_reload_reloads_every_worker_and_a_bad_file_none(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    secret = new_key(postgres_url)
+    admin = new_key(postgres_url, role="admin")
+    with FakeUpstream("east") as east:
+        config = tmp_path / "waybill.yaml"
+        first = config_text({"east": east}, [Route("east")], strategies={"spare": "weighted"})
+        config.write_text(first)
+        port = closed_port()
+        process = serve_process(config, postgres_url, port, env={"WAYBILL_WORKERS": "2"})
+        engine = sa.create_engine(postgres_url)
+        try:
+            _every_worker_serves(engine, port, secret, admin, "test-1", spare=True)
+            # A file that does not validate is refused, and every worker keeps the old one.
+            config.write_text(first.replace("strategy: weighted", "strategy: fastest"))
+            refused = _reload(port, admin)
+            assert refused.status_code == 400, refused.text
+            assert refused.json()["error"]["code"] == "invalid_request"
+            _every_worker_serves(engine, port, secret, admin, "test-1", spare=True)
+            # The next generation takes "spare" away from the workspace: once the reload has
+            # answered, no worker serves it.
+            second = first.replace("models: [chat, spare]", "models: [chat]")
+            config.write_text(second.replace("generation: test-1", "generation: test-2"))
+            reloaded = _reload(port, admin)
+            assert reloaded.status_code == 200, reloaded.text
+            assert reloaded.json() == {"previous_generation": "test-1", "generation": "test-2"}
+            _every_worker_serves(engine, port, secret, admin, "test-2", spare=False)
+            # A worker started again serves the generation the reload accepted.
+            pids = _worker_pids(process.pid)
+            os.kill(pids[0], signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while len(now := _worker_pids(process.pid)) < 2 or now == pids:
+                assert time.monotonic() < deadline, "the worker was not started again"
+                time.sleep(0.1)
+            wait_ready(port, process)
+            _every_worker_serves(engine, port, secret, admin, "test-2", spare=False)
+            # SIGHUP to the command reloads every worker the same way (each says so).
+            assert process.stderr is not None
+            os.set_blocking(process.stderr.fileno(), False)
+            said = process.stderr.read() or b""
+            config.write_text(first.replace("generation: test-1", "generation: test-3"))
+            process.send_signal(signal.SIGHUP)
+            deadline = time.monotonic() + 30
+            while said.count(b"config reloaded: generation test-2 -> test-3") < 2:
+                assert time.monotonic() < deadline, said.decode(errors="replace")
+                time.sleep(0.1)
+                said += process.stderr.read() or b""
+            _every_worker_serves(engine, port, secret, admin, "test-3", spare=True)
+        finally:
+            engine.dispose()
+            process.send_signal(signal.SIGTERM)
+            process.wait(timeout=30)
+        said += process.stderr.read() or b""
+        assert b"Traceback" not in said, said.decode(errors="replace")

@@ -9,14 +9,16 @@ import shutil
 from collections.abc import AsyncIterator
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 
 from ledger.audit.checkpoint_audit import CheckpointAudit
 from ledger.audit.checkpointer import Checkpointer, LedgerMismatch, Schedule
 from ledger.audit.checkpoints import Checkpoint, PublicKeys, SigningKey, generate_key
 from ledger.audit.merkle import Frontier, event_leaf_hash, hash_leaf
-from ledger.audit.proofs import ProofInvalid, check_proof
+from ledger.audit.proofs import ProofInvalid, check_proof, stream_statement
 from ledger.audit.sink import LEVELS, SinkBusy, find_checkpoint, read_sink
 from ledger.store import NO_STREAM, EventStore
 from ledger.store.db import create_engine
@@ -235,14 +237,15 @@ async def test_a_checkpoint_over_a_forked_history_is_not_consistent_with_the_one
 async def test_a_proof_verifies_offline_and_any_one_byte_change_in_it_fails(
     database_url: str, store: EventStore, keys, tmp_path: Path
 ) -> None:
-    key, _, public = keys
+    key, private, public = keys
     sink = tmp_path / "sink"
+    signed = ("--signing-key", str(private))
     await _requests(store, 0, 5)
     early = await _checkpoint(store, key, sink)
     await _requests(store, 5, 3)
     latest = await _checkpoint(store, key, sink)
 
-    proved = waybill("prove", "r6", "--checkpoints", str(sink), database_url=database_url)
+    proved = waybill("prove", "r6", "--checkpoints", str(sink), *signed, database_url=database_url)
     assert proved.returncode == 0, proved.stderr
     document = proved.stdout.encode()
     proof = json.loads(document)
@@ -256,13 +259,14 @@ async def test_a_proof_verifies_offline_and_any_one_byte_change_in_it_fails(
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert f"proof OK: request r6: {len(proof['events'])} events" in checked.stdout
     assert f"tree of size {latest.size}, signed by key {key.key_id}" in checked.stdout
+    assert f"every event of its stream up to position {latest.size}" in checked.stdout
 
     # Without the tree files the proof is made by a pass over the ledger: the same bytes.
     copy = tmp_path / "copy"
     copy.mkdir()
     for line_file in sink.glob("*.jsonl"):
         shutil.copy(line_file, copy)
-    again = waybill("prove", "r6", "--checkpoints", str(copy), database_url=database_url)
+    again = waybill("prove", "r6", "--checkpoints", str(copy), *signed, database_url=database_url)
     assert again.returncode == 0 and again.stdout.encode() == document
 
     trusted = PublicKeys([key.public])
@@ -288,7 +292,7 @@ async def test_a_proof_verifies_offline_and_any_one_byte_change_in_it_fails(
     assert failed.returncode == 1 and "not one of the public keys given" in failed.stdout
 
     # Against an earlier checkpoint that covers the request, and one that does not.
-    at_early = ("--checkpoints", str(sink), "--size", str(early.size))
+    at_early = ("--checkpoints", str(sink), *signed, "--size", str(early.size))
     older = waybill("prove", "r1", *at_early, database_url=database_url)
     assert older.returncode == 0 and json.loads(older.stdout)["checkpoint"]["size"] == early.size
     too_early = waybill("prove", "r6", *at_early, database_url=database_url)
@@ -297,8 +301,96 @@ async def test_a_proof_verifies_offline_and_any_one_byte_change_in_it_fails(
 
     # A rewritten event can no longer be proved.
     rewrite_event(database_url, await _position_of(store, "r6", "BudgetSettled"), _settled_more)
-    refused = waybill("prove", "r6", "--checkpoints", str(sink), database_url=database_url)
+    refused = waybill("prove", "r6", "--checkpoints", str(sink), *signed, database_url=database_url)
     assert refused.returncode == 1 and "is not the one the checkpoint" in refused.stderr
+
+
+def _canonical(value: dict[str, Any]) -> bytes:
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS) + b"\n"
+
+
+async def test_a_proof_carries_the_whole_stream_the_checkpoint_covers_and_a_cut_one_fails(
+    database_url: str, store: EventStore, keys, tmp_path: Path
+) -> None:
+    key, private, public = keys
+    sink = tmp_path / "sink"
+    await _requests(store, 0, 3)
+    taken = await _checkpoint(store, key, sink)
+    # An event of r1 after the checkpoint: the proof is of the stream's covered prefix.
+    events = await store.read_stream("request-r1")
+    await store.append("request-r1", len(events), succeeded_trail("r1")[-1:])
+    proved = waybill(
+        "prove", "r1", "--checkpoints", str(sink), "--signing-key", str(private),
+        database_url=database_url,
+    )  # fmt: skip
+    assert proved.returncode == 0, proved.stderr
+    whole = orjson.loads(proved.stdout)
+    count = len(whole["events"])
+    assert count == len(events) >= 4
+    assert whole["stream"] == {
+        "first_version": 1,
+        "last_version": count,
+        "key_id": key.key_id,
+        "signature": whole["stream"]["signature"],
+    }
+    assert max(e["position"] for e in whole["events"]) <= taken.size
+
+    def verify(document: dict[str, Any]) -> tuple[int, str]:
+        proof_file = tmp_path / "proof.json"
+        proof_file.write_bytes(_canonical(document))
+        result = waybill(
+            "verify-proof", str(proof_file), "--public-key", str(public), database_url="x://"
+        )
+        assert "Traceback" not in result.stderr, result.stderr
+        return result.returncode, result.stdout
+
+    code, output = verify(whole)
+    assert code == 0 and f"proof OK: request r1: {count} events" in output, output
+
+    # The request's later events cut: each one left is in the tree, but the range says more.
+    half = count // 2
+    cut = {**whole, "events": whole["events"][:half]}
+    code, output = verify(cut)
+    assert code == 1
+    assert f"proof FAILED: the proof carries versions 1..{half} of request-r1" in output
+    assert f"events {half + 1}..{count} are missing" in output
+
+    # The range cut with them: its signature covered the whole range and every leaf.
+    cut_range = {**cut, "stream": {**whole["stream"], "last_version": half}}
+    code, output = verify(cut_range)
+    assert code == 1
+    assert f"proof FAILED: the range of request-r1 (versions 1..{half} up to position" in output
+    assert f"does not hold: its signature does not verify with key {key.key_id}" in output
+
+    # One event left out of the middle: the versions no longer follow on.
+    gap = {**whole, "events": whole["events"][:1] + whole["events"][2:]}
+    code, output = verify(gap)
+    assert code == 1 and "the version is not 2, the next of the stream" in output
+
+    # A range signed by a key the verifier does not trust is refused.
+    stranger = generate_key()
+    leaves = [e["leaf_hash"] for e in cut["events"]]
+    statement = stream_statement("r1", taken, 1, half, leaves, stranger.key_id)
+    forged = {
+        **cut,
+        "stream": {
+            "first_version": 1,
+            "last_version": half,
+            "key_id": stranger.key_id,
+            "signature": stranger.signature(statement),
+        },
+    }
+    code, output = verify(forged)
+    assert code == 1 and "which is not one of the public keys given" in output
+
+    # A proof of the old format, without a range, is refused for what it cannot show.
+    old = {k: v for k, v in whole.items() if k != "stream"}
+    code, output = verify({**old, "format": "waybill-proof/v1"})
+    assert code == 1 and "does not bind the request's whole stream" in output
+
+    # Without the signing key, no proof is made.
+    unsigned = waybill("prove", "r1", "--checkpoints", str(sink), database_url=database_url)
+    assert unsigned.returncode == 2 and "--signing-key" in unsigned.stderr
 
 
 async def test_the_writer_takes_up_from_its_last_checkpoint_and_drops_unsigned_tree_data(

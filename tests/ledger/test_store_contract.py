@@ -541,13 +541,13 @@ async def test_every_catalogue_type_round_trips_through_its_json_form() -> None:
 
 
 def test_a_request_received_before_doors_were_named_came_through_chat_completions() -> None:
-    received = next(e for e in succeeded_trail("r1") if isinstance(e, ev.RequestReceived))
+    (received,) = [e for e in succeeded_trail("r1") if isinstance(e, ev.RequestReceived)]
     data = ev.encode_event(received)
     assert data["api"] == "openai.chat_completions"
     older = {k: v for k, v in data.items() if k != "api"}
-    assert ev.decode_event("RequestReceived", 1, older).api == "openai.chat_completions"
-    anthropic = ev.encode_event(received.model_copy(update={"api": "anthropic.messages"}))
-    assert ev.decode_event("RequestReceived", 1, anthropic).api == "anthropic.messages"
+    assert ev.decode_event("RequestReceived", 1, older) == received
+    anthropic = received.model_copy(update={"api": "anthropic.messages"})
+    assert ev.decode_event("RequestReceived", 1, ev.encode_event(anthropic)) == anthropic
     with pytest.raises(ev.InvalidEventPayload, match="api"):
         ev.decode_event("RequestReceived", 1, {**data, "api": "telnet"})
 

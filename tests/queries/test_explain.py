@@ -352,6 +352,54 @@ def test_a_stream_that_broke_after_it_started_is_a_partial_failure() -> None:
     assert x["attempts"][0]["failover"]["reason"] == "stream_committed"
 
 
+def test_a_partial_failure_says_why_the_fallback_could_not_take_over() -> None:
+    east, west = candidate("east", index=0), candidate("west", tier=1, index=1)
+    trail = [
+        received("r1"),
+        ev.RouteEvaluated(
+            request_id="r1", sequence=1, candidates=(east, west), chosen=choice(east)
+        ),
+        started("a1", "east", stream=True),
+        ev.AttemptFinished(
+            request_id="r1",
+            attempt_id="a1",
+            status="failed",
+            failure_class=ev.FailureClass.NETWORK_ERROR,
+            evidence=ev.Evidence.STARTED,
+            duration_ms=50,
+            stream_committed=True,
+        ),
+        ev.FailoverDecided(
+            request_id="r1",
+            after_attempt_id="a1",
+            failure_class=ev.FailureClass.NETWORK_ERROR,
+            evidence=ev.Evidence.STARTED,
+            action="stop",
+            allowed=False,
+            reason="stream_committed",
+        ),
+        ev.RequestFailed(
+            request_id="r1",
+            http_status=502,
+            error_code="upstream_error",
+            error_type="upstream_error",
+            message="the upstream stream broke",
+            attempts=1,
+            endpoint="east",
+            stream_started=True,
+            duration_ms=60,
+        ),
+    ]
+    x = explain(recorded(trail))
+    assert x["status"] == "partial_failure"
+    assert "never needed" not in x["summary"]
+    assert (
+        "west/m on tier 1 was eligible but could not take over: the stream was committed to "
+        "east/m, and a committed stream is only resumed on its own model or ended"
+    ) in x["summary"]
+    assert "never needed" not in render_text(x)
+
+
 def test_the_explanation_depends_on_the_events_alone() -> None:
     events = recorded(unknown_then_failed_trail("r1"))
     x = explain(events)

@@ -236,7 +236,12 @@ class FakeBreakers:
         self.successes += [(key, duration_ms) for key in keys]
 
     async def failed(
-        self, key: BreakerKey, classification: Classification, duration_ms: int, request_id: str
+        self,
+        key: BreakerKey,
+        classification: Classification,
+        duration_ms: int,
+        request_id: str,
+        workspace: str,
     ) -> bool:
         self.failures.append((key, classification.failure_class))
         if key in self.opens:

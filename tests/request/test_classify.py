@@ -193,6 +193,70 @@ def test_other_4xx_is_non_retryable(status):
     assert (c.breaker_scope, c.may_fail_over) == (None, "no")
 
 
+OPENAI_SCHEMA_400 = {
+    "error_type": "invalid_request_error",
+    "error_code": "invalid_function_parameters",
+    "error_param": "tools[0].function.parameters",
+    "error_message": "Invalid schema for function 'f': In context=(), 'additionalProperties' "
+    "is required to be supplied and to be false.",
+}
+
+
+@pytest.mark.parametrize(
+    "facts",
+    [
+        OPENAI_SCHEMA_400,
+        {"error_message": "Invalid schema for function 'get_weather': schema must be an object"},
+        {"error_param": "messages[1].content", "error_message": "Invalid content type."},
+        {"error_message": "Invalid 'messages[1].content': string too long."},
+        {"error_message": "Invalid value for 'tool_choice': unknown function 'g'."},
+        {"error_message": "tools.0.custom.input_schema: JSON schema is invalid"},  # Anthropic
+        {"error_message": "messages: roles must alternate between user and assistant"},
+        {"error_param": "response_format", "error_message": "Invalid JSON schema."},
+    ],
+)
+def test_a_400_naming_a_field_the_client_wrote_is_its_own_error(facts):
+    c = _c(http_status=400, **facts)
+    assert (c.failure_class, c.evidence) == (FailureClass.NON_RETRYABLE, Evidence.NOT_STARTED)
+    assert (c.clients_own, c.breaker_scope, c.may_fail_over) == (True, None, "no")
+
+
+@pytest.mark.parametrize(
+    ("status", "facts"),
+    [
+        # The gateway's or the endpoint's own, whatever field they name: never the client's.
+        (400, {"error_message": "API key not valid. Please pass a valid API key."}),
+        (400, {"error_message": "Your credit balance is too low to access the API."}),
+        (400, {"error_message": "This organization has been disabled."}),
+        (400, {"error_param": "model", "error_message": "Invalid value for 'model'."}),
+        (400, {"error_param": "max_tokens", "error_message": "Unsupported parameter: "
+               "'max_tokens' is not supported with this model."}),
+        (400, {"error_param": "messages", "error_message": "Invalid 'messages': this model "
+               "does not support image inputs."}),
+        (400, {"error_message": "messages: assistant message prefill is not supported"}),
+        (400, {"error_param": "stream_options", "error_message": "Invalid 'stream_options'."}),
+        # Nothing named: a proxy's bare 400, a body the gateway could not read.
+        (400, {}),
+        (400, {"error_message": "Bad Request"}),
+        (400, {"error_message": "Unrecognized request argument supplied: foo"}),
+        # Another status than 400.
+        (422, OPENAI_SCHEMA_400),
+        (404, OPENAI_SCHEMA_400),
+    ],
+)  # fmt: skip
+def test_an_upstream_4xx_the_gateway_may_have_caused_is_not_blamed_on_the_client(status, facts):
+    c = _c(http_status=status, **facts)
+    assert c.failure_class is FailureClass.NON_RETRYABLE
+    assert not c.clients_own
+
+
+def test_a_policy_or_context_400_naming_the_messages_keeps_its_own_class():
+    policy = _c(http_status=400, error_param="messages", error_code="content_policy_violation")
+    context = _c(http_status=400, error_param="messages", error_code="context_length_exceeded")
+    assert (policy.failure_class, policy.clients_own) == (FailureClass.POLICY_DENIED, False)
+    assert (context.failure_class, context.clients_own) == (FailureClass.CONTEXT_TOO_SMALL, False)
+
+
 def test_transport_wins_over_status():
     # A body cut after a 429's headers is still the transport fact, never a rate limit.
     assert _c(transport="response_too_large", http_status=429).failure_class is (

@@ -6,7 +6,7 @@ and the walk (:func:`router.request.walk.advance`, which asks
 (``X-Waybill-Allow-Failover: false``) and, where the row's last column defers to a rule of the
 policy, with that rule set the other way. Each asserts the class, the evidence, the breaker
 scope, the walk's next action with its reason code, and the answer the client gets if the
-request ends on that failure (:func:`router.errors.error_for_failure`). No socket, no
+request ends on that failure (:func:`router.request.final_error.decision_error`). No socket, no
 database: tests/gateway/test_failure_table.py keeps the rows only a transport can prove.
 """
 
@@ -20,8 +20,10 @@ import pytest
 
 from ledger.events import Evidence, FailureClass
 from router.config import Defaults
-from router.errors import error_for_failure
+from router.drivers import UpstreamFailure
 from router.request.classify import RULES, BreakerScope, Transport, UpstreamOutcome, classify
+from router.request.decision import Decision
+from router.request.final_error import decision_error
 from router.request.selection import RouteContext
 from router.request.walk import (
     Begin,
@@ -310,6 +312,21 @@ ROWS: tuple[Row, ...] = (
         defers_to="on_unknown_execution",
     ),
     Row(
+        "400 naming a field the client wrote and nothing of the gateway's: the client's own",
+        UpstreamOutcome(
+            http_status=400,
+            error_type="invalid_request_error",
+            error_code="invalid_function_parameters",
+            error_param="tools[0].function.parameters",
+            error_message="Invalid schema for function 'f': 'additionalProperties' is required",
+        ),
+        FailureClass.NON_RETRYABLE,
+        Evidence.NOT_STARTED,
+        (None, False),
+        {"default": ("stop", "non_retryable_stops"), FORBIDDEN: ("stop", "non_retryable_stops")},
+        (400, "invalid_request"),
+    ),
+    Row(
         "any other 4xx",
         UpstreamOutcome(http_status=422, error_message="bad field"),
         FailureClass.NON_RETRYABLE,
@@ -402,7 +419,8 @@ def test_failure_table_row(row: Row) -> None:
     assert c.disables_endpoint == (row.failure_class is FailureClass.CREDENTIALS)
     for under, expected in row.next.items():
         _assert_next(row, under, expected)
-    answer = error_for_failure(c.failure_class, "ended", retry_after_ms=c.retry_after_ms)
+    stopped = Decision("stop", "non_retryable_stops")
+    answer = decision_error(c, UpstreamFailure(row.outcome, c), stopped)
     assert (answer.status, answer.code) == row.answer
 
 

@@ -14,6 +14,7 @@ import pytest
 from ledger import events as ev
 from ledger.books.accounting import BudgetDenied, Effect
 from ledger.store import LedgerUnavailable, RecordedEvent, WrongExpectedVersion
+from ledger.store.outage import Outage
 from router.request.budget import RequestBudget
 from router.request.journal import Journal, KeyMoved
 from tests.request.fakes import FakeBalances, FakeClock, config
@@ -29,6 +30,7 @@ class FakeStore:
         self.committed: list[ev.Event] = []
         self.errors: list[BaseException | None] = []  # the next appends' answers, in order
         self.commit_anyway = False  # an error raised after the append was written
+        self.outage = Outage()
 
     def submit(
         self,

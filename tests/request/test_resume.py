@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.request.resume import Seam, continuation_body, prefill_text
+from router.request.resume import (
+    Seam,
+    broken_output_tokens,
+    continuation_body,
+    prefill_text,
+    resumed_usage,
+    text_tokens_bound,
+)
 
 BODY = {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
@@ -95,3 +102,48 @@ def test_a_full_repetition_always_yields_exactly_the_rest(delivered, rest, cuts)
     out = "".join(seam.feed(piece) for piece in pieces)
     assert seam.end()
     assert out == rest
+
+
+# --- the final usage of a resumed stream (contract §5 "Resume") ---------------------------
+
+
+def test_a_broken_attempt_counts_the_bytes_of_the_text_it_delivered():
+    assert text_tokens_bound("Once upon") == 9
+    assert text_tokens_bound("naïve ☃") == len("naïve ☃".encode()) == 10
+    # A partial report (Anthropic's 1 output token at the start) never lowers it ...
+    assert broken_output_tokens("Once upon a time", None) == 16
+    assert broken_output_tokens("Once upon a time", 1) == 16
+    # ... and a larger one raises it.
+    assert broken_output_tokens("Once", 40) == 40
+
+
+def test_the_resumed_usage_adds_the_broken_output_to_the_continuations():
+    continuation = {
+        "prompt_tokens": 65,
+        "completion_tokens": 20,
+        "total_tokens": 85,
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+    told = resumed_usage(continuation, 180)
+    assert told == {
+        "prompt_tokens": 65,  # the request's prompt with the delivered text sent back
+        "completion_tokens": 200,
+        "total_tokens": 265,
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+    assert continuation["completion_tokens"] == 20, "the continuation's own is kept as it was"
+    assert resumed_usage({"total_tokens": 10}, 5) == {"completion_tokens": 5, "total_tokens": 15}
+    assert resumed_usage(continuation, 0) == continuation
+
+
+@given(pieces=st.lists(st.text(max_size=30), min_size=1, max_size=5), reported=st.integers(0, 99))
+def test_the_client_is_never_told_fewer_output_tokens_than_the_text_it_received(
+    pieces: list[str], reported: int
+):
+    # Each broken attempt delivered one piece and reported nothing; the last piece came from
+    # the continuation, whose reported output is the upstream's word for its part.
+    broken = pieces[:-1]
+    carried = sum(broken_output_tokens(text, None) for text in broken)
+    told = resumed_usage({"prompt_tokens": 7, "completion_tokens": reported}, carried)
+    assert told["completion_tokens"] >= sum(text_tokens_bound(t) for t in broken) + reported
+    assert told["total_tokens"] == 7 + told["completion_tokens"]

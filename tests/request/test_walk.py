@@ -150,6 +150,7 @@ EXPECTED: tuple[tuple[tuple[str, str], tuple[str, str]], ...] = (
     (("failover", "not_started_failover"),) * 2,  # model not found
     (("failover", "larger_context_failover"),) * 2,
     (("retry", "retry_with_backoff"), ("stop", "on_unknown_execution_stop")),  # 5xx
+    (("stop", "non_retryable_stops"),) * 2,  # the client's own 400
     (("stop", "non_retryable_stops"),) * 2,
     (("retry", "retry_with_backoff"), ("stop", "on_unknown_execution_stop")),  # anything else
 )
