@@ -1,6 +1,7 @@
 """Claude Code itself through the Anthropic door (contract §3 "The Anthropic door"): `claude -p`
 with ``ANTHROPIC_BASE_URL`` at the gateway, ``ANTHROPIC_API_KEY`` a Waybill key and
-``ANTHROPIC_MODEL`` a model group, answered by the fake kit's Anthropic upstream.
+``ANTHROPIC_MODEL`` a model group, answered by the fake kit's Anthropic upstream (natively)
+and by its OpenAI upstream (through the translation).
 
 Claude Code is installed with npm into a folder of the test session (or the one
 ``WAYBILL_CLAUDE_CODE_DIR`` names, kept between runs); the test skips, saying why, only when
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from ledger import events as ev
-from tests.gateway.harness import Route, running_gateway
+from tests.gateway.harness import Gateway, Route, running_gateway
 
 pytestmark = pytest.mark.slow
 
@@ -51,6 +52,35 @@ def claude(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return binary
 
 
+async def _claude_says(claude: Path, gw: Gateway, folder: Path) -> str:
+    """What `claude -p` prints, pointed at ``gw`` with its key and model group ``chat``."""
+    environ = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(folder),  # a fresh Claude Code: no settings, no login
+        "ANTHROPIC_BASE_URL": gw.url,
+        "ANTHROPIC_API_KEY": gw.secret,
+        "ANTHROPIC_MODEL": "chat",
+        # Its background model too (else it asks for a Haiku the workspace does not have).
+        "ANTHROPIC_DEFAULT_HAIKU_MODEL": "chat",
+        "ANTHROPIC_SMALL_FAST_MODEL": "chat",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+    }
+    process = await asyncio.create_subprocess_exec(
+        str(claude),
+        "-p",
+        "Say hello.",
+        cwd=folder,
+        env=environ,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), timeout=240)
+    said = out.decode()
+    assert process.returncode == 0, (said, err.decode()[-2000:])
+    return said
+
+
 async def test_claude_code_answers_through_the_gateway(database_url, claude, tmp_path):
     async with running_gateway(
         database_url,
@@ -68,29 +98,7 @@ async def test_claude_code_answers_through_the_gateway(database_url, claude, tmp
         ],
         drivers={"claude-up": "anthropic"},
     ) as gw:
-        environ = {
-            "PATH": os.environ.get("PATH", ""),
-            "HOME": str(tmp_path),  # a fresh Claude Code: no settings, no login
-            "ANTHROPIC_BASE_URL": gw.url,
-            "ANTHROPIC_API_KEY": gw.secret,
-            "ANTHROPIC_MODEL": "chat",
-            "ANTHROPIC_SMALL_FAST_MODEL": "chat",
-            "ANTHROPIC_DEFAULT_HAIKU_MODEL": "chat",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "DISABLE_AUTOUPDATER": "1",
-        }
-        process = await asyncio.create_subprocess_exec(
-            str(claude),
-            "-p",
-            "Say hello.",
-            cwd=tmp_path,
-            env=environ,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(process.communicate(), timeout=240)
-        said = out.decode()
-        assert process.returncode == 0, (said, err.decode()[-2000:])
+        said = await _claude_says(claude, gw, tmp_path)
         assert "Hello from claude-up" in said
         upstream = gw.upstreams["claude-up"]
         asked = [r for r in upstream.requests if r.path == "/v1/messages"]
@@ -106,3 +114,22 @@ async def test_claude_code_answers_through_the_gateway(database_url, claude, tmp
         assert {r.api for r in received if isinstance(r, ev.RequestReceived)} == {
             "anthropic.messages"
         }
+
+
+async def test_claude_code_answers_from_an_openai_endpoint_through_the_translation(
+    database_url, claude, tmp_path
+):
+    """Claude Code's betas are translated or dropped where that cannot change the answer
+    (adaptive thinking, clearing thinking, effort as reasoning_effort), so an OpenAI-dialect
+    endpoint can serve it too."""
+    async with running_gateway(
+        database_url,
+        ["gpt-up"],
+        [Route("gpt-up", model="gpt-fake", max_output_tokens=64000, context_window=200000)],
+    ) as gw:
+        said = await _claude_says(claude, gw, tmp_path)
+        assert "Hello from gpt-up" in said
+        asked = [r for r in gw.upstreams["gpt-up"].requests if r.path == "/v1/chat/completions"]
+        assert asked and asked[0].json["model"] == "gpt-fake"
+        assert asked[0].json["tools"][0]["type"] == "function"
+        assert "context_management" not in asked[0].json
