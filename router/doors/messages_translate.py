@@ -156,8 +156,14 @@ def _sampling(body: Mapping[str, Any], chat: dict[str, Any], reading: Translatio
         if value is not None:
             chat[name] = value
     top_k = body.get("top_k")  # checked; an OpenAI endpoint has no top_k (dropped)
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int)):
-        raise invalid_request("'top_k' must be an integer", param="top_k")
+    if isinstance(top_k, float) and top_k.is_integer() and abs(top_k) <= MAX_JSON_INTEGER:
+        top_k = int(top_k)  # JSON has numbers, not ints: 5.0 is the integer 5
+    if top_k is not None and (
+        isinstance(top_k, bool) or not isinstance(top_k, int) or abs(top_k) > MAX_JSON_INTEGER
+    ):
+        raise invalid_request(
+            f"'top_k' must be an integer of at most {MAX_JSON_INTEGER}", param="top_k"
+        )
     typed(body, "service_tier", str, None)
     stops = body.get("stop_sequences")
     if stops is not None:

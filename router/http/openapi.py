@@ -173,7 +173,9 @@ _SCHEMAS: Final[dict[str, Schema]] = {
             "stop_sequences": _nullable({"type": "array", "items": _STRING}),
             "temperature": _nullable({"type": "number"}),
             "top_p": _nullable({"type": "number"}),
-            "top_k": _nullable({"type": "integer"}),
+            "top_k": _nullable(
+                {"type": "integer", "minimum": -MAX_JSON_INTEGER, "maximum": MAX_JSON_INTEGER}
+            ),
             "tools": _nullable({"type": "array", "items": _ref("MessagesTool")}),
             "tool_choice": _nullable(
                 {
