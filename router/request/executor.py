@@ -34,11 +34,13 @@ from router.drivers import UpstreamFailure
 from router.errors import (
     AttemptSummary,
     GatewayError,
+    composition_error,
     ledger_unavailable,
 )
-from router.request.attempt import Attempt
+from router.request.attempt import Attempt, AttemptRoute
 from router.request.call import Call, Caller, Completion, StreamingCompletion
 from router.request.classify import BreakerScope, Classification
+from router.request.composer import CompositionError
 from router.request.endings import Endings
 from router.request.final_error import final_error
 from router.request.journal import KeyMoved
@@ -259,7 +261,7 @@ class Executor:
                 if attempt.kind != "resume":
                     waited = self.endings.took(attempt)
                     self.ports.first_answers.add(self.group.name, self.call.stream, waited)
-                    if self.group.strategy == "least_latency":
+                    if self.plan.observes_latency:
                         mapping = attempt.route.mapping
                         await self.ports.latency.observe((mapping.endpoint, mapping.model), waited)
                 answered = not self.call.stream
@@ -267,9 +269,21 @@ class Executor:
             return await self._attempt_failed(attempt)
 
     async def _route(self, action: Route) -> Routed | Unroutable:
-        """Find the mapping for the walk's next attempt: a retry or a resume asks only the
-        breakers of the targets it names; any other purpose evaluates every mapping and
-        chooses one (contract §4)."""
+        """Find the mapping for the walk's next attempt, or end the request with a
+        composition error (contract §4 "Pools"): found before any upstream I/O, it is never
+        failed over and never counted against an upstream."""
+        try:
+            return await self._find_route(action)
+        except CompositionError as broken:
+            self._stop_hedge_timer()
+            error = composition_error(broken.rule, broken.detail)
+            raise await self.endings.fail(
+                error, self.walk.attempts, **self._failed_stream()
+            ) from None
+
+    async def _find_route(self, action: Route) -> Routed | Unroutable:
+        """A retry or a resume asks only the breakers of the targets it names; any other
+        purpose evaluates every mapping and chooses one (contract §4)."""
         if action.only is None:
             return await self.routing.choose(action)
         target = await self.routing.admit_one_of(action.only)
@@ -314,6 +328,8 @@ class Executor:
             action.delivered_chars,
             action.hedge_of,
             routing.admitted_as,
+            route.dispatch,
+            self._group_path(route),
         )
         seam = Seam(self.relay.delivered()) if action.kind == "resume" else None
         call = None
@@ -344,6 +360,12 @@ class Executor:
         attempt.probes, routing.probes = routing.probes, ()
         self.open[attempt_id] = attempt
         return Started(attempt_id, action.target, action.kind)
+
+    def _group_path(self, route: AttemptRoute) -> tuple[str, ...]:
+        composition = self.plan.composition
+        if composition is None or route.dispatch is None:
+            return ()
+        return composition.path(route.dispatch.pool)
 
     def _stop_hedge_timer(self) -> None:
         if self._hedge_timer is not None:

@@ -21,6 +21,7 @@ from router.drivers import DriverResult, DriverStream, UpstreamFailure
 from router.errors import GatewayError
 from router.request.call import Call, Caller
 from router.request.classify import Classification
+from router.request.composer import Dispatch
 from router.request.decision import Decision
 from router.request.selection import RouteContext
 
@@ -242,6 +243,8 @@ def attempt_started(
     delivered_chars: int | None,
     hedge_of: str | None,
     admitted_as: str,
+    dispatch: Dispatch | None = None,
+    group_path: tuple[str, ...] = (),
 ) -> ev.AttemptStarted:
     return ev.AttemptStarted(
         request_id=request_id,
@@ -262,6 +265,11 @@ def attempt_started(
         delivered_chars=delivered_chars,
         hedge_of=hedge_of,
         admitted_as=admitted_as,
+        # A composed group's attempt (contract §4 "Pools"): its directive, pool and path.
+        dispatch=dispatch.directive if dispatch else None,
+        pool=dispatch.pool if dispatch else None,
+        group_path=group_path,
+        preferred_endpoint=dispatch.preferred if dispatch else None,
     )
 
 

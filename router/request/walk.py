@@ -421,6 +421,7 @@ def _resume_targets(walk: Walk) -> tuple[Target, ...]:
         t
         for t in policy.siblings
         if t.model == broken.model
+        and t.pool == broken.pool  # a pool's resumes stay in its scope (contract §4 "Pools")
         and t.resume != "none"
         and t.endpoint != broken.endpoint
         and policy.allow_failover

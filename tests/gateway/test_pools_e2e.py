@@ -1,0 +1,163 @@
+"""A composed model group over HTTP (contract §4 "Pools"): ``chat`` lists a local pool (tier
+0) and a cloud pool (tier 1), each a model group of its own. The composer admits a request to
+a pool and delegates (``delegate_pool``); a pre-planned fallback is an exact dispatch
+(``execute_endpoint``); each level's evaluation is recorded, and every request's story holds
+to `waybill verify`'s rules. Run on SQLite and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from openai.types.chat import ChatCompletionMessageParam
+
+from ledger.audit.stories import Stories
+from router.fake_provider import Behavior
+from tests.gateway.harness import Route, mappings_yaml, running_gateway
+
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
+COMPOSED = """    pools:
+      - {group: local, tier: 0}
+      - {group: cloud, tier: 1}
+"""
+GROUPS = {
+    "chat": COMPOSED,
+    "local": f"    mappings:\n{mappings_yaml([Route('local-a'), Route('local-b', tier=1)])}",
+    "cloud": f"    mappings:\n{mappings_yaml([Route('cloud')])}",
+}
+UPSTREAMS = ["local-a", "local-b", "cloud"]
+BREAKER = "{failure_threshold: 1, base_cooldown_ms: 60000, max_cooldown_ms: 60000}"
+
+
+def _pooled(**options: Any) -> Any:
+    return {"groups": GROUPS, **options}
+
+
+async def _served_by(gw: Any) -> tuple[str, str]:
+    raw = await gw.client().chat.completions.with_raw_response.create(
+        model="chat", messages=MESSAGES
+    )
+    return raw.headers["x-waybill-endpoint"], raw.headers["x-request-id"]
+
+
+async def _story(gw: Any, request_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The request's evaluations and attempt starts; its story broken nowhere."""
+    events = await gw.events(request_id)
+    stories = Stories()
+    broken = [b for i, e in enumerate(events) for b in stories.feed(i, e.stream_id, _body(e))]
+    assert broken == []
+    evaluated = [e.data for e in events if e.type == "RouteEvaluated"]
+    started = [e.data for e in events if e.type == "AttemptStarted"]
+    return evaluated, started
+
+
+def _body(event: Any) -> dict[str, Any]:
+    return {"type": event.type, "data": event.data}
+
+
+async def test_the_first_attempt_is_a_delegation_and_each_level_is_evaluated(database_url):
+    async with running_gateway(database_url, UPSTREAMS, [Route("cloud")], **_pooled()) as gw:
+        endpoint, request_id = await _served_by(gw)
+        assert endpoint == "local-a"
+        evaluated, started = await _story(gw, request_id)
+        composer, pool = evaluated
+        assert composer["group_path"] == ["chat"]
+        assert [(c["pool"], c["eligible"]) for c in composer["candidates"]] == [
+            ("local", True),
+            ("cloud", True),
+        ]
+        assert composer["chosen"]["endpoint"] == "local-a"
+        assert pool["group_path"] == ["chat", "local"]
+        assert [c["endpoint"] for c in pool["candidates"]] == ["local-a", "local-b"]
+        (attempt,) = started
+        assert attempt["dispatch"] == "delegate_pool"
+        assert attempt["pool"] == "local"
+        assert attempt["group_path"] == ["chat", "local"]
+        assert attempt["preferred_endpoint"] == "local-a"
+
+
+async def test_a_saturated_local_pool_leaves_the_request_to_the_cloud_pool(database_url):
+    limited = {"local-a": "    max_in_flight: 1\n", "local-b": "    max_in_flight: 1\n"}
+    async with running_gateway(
+        database_url, UPSTREAMS, [Route("cloud")], endpoint_extra=limited, **_pooled()
+    ) as gw:
+        local_a, local_b = gw.upstreams["local-a"], gw.upstreams["local-b"]
+        local_a.set_default(Behavior.ok(latency_ms=1500))
+        local_b.set_default(Behavior.ok(latency_ms=1500))
+        first = asyncio.ensure_future(_served_by(gw))
+        second = asyncio.ensure_future(_served_by(gw))
+        await local_a.wait_for_async(lambda up: up.hits >= 1)
+        await local_b.wait_for_async(lambda up: up.hits >= 1)  # both local slots taken
+        endpoint, request_id = await _served_by(gw)
+        assert endpoint == "cloud"
+        evaluated, started = await _story(gw, request_id)
+        local = next(c for c in evaluated[0]["candidates"] if c["pool"] == "local")
+        assert local["reason_code"] == "pool_unavailable"
+        assert "endpoint_saturated" in local["detail"]
+        (attempt,) = started
+        assert (attempt["dispatch"], attempt["pool"]) == ("delegate_pool", "cloud")
+        assert {(await first)[0], (await second)[0]} == {"local-a", "local-b"}
+
+
+async def test_a_pools_breaker_opens_and_the_planned_fallback_is_an_exact_dispatch(
+    database_url,
+):
+    async with running_gateway(
+        database_url,
+        UPSTREAMS,
+        [Route("cloud")],
+        defaults={"breaker": BREAKER},
+        **_pooled(),
+    ) as gw:
+        gw.upstreams["local-a"].set_default(Behavior.server_error(503))
+        endpoint, request_id = await _served_by(gw)
+        # local-a failed and its breaker opened; the plan's next binding is local-b (the
+        # local pool's tier 1), executed exactly, never reordered by the pool.
+        assert endpoint == "local-b"
+        evaluated, started = await _story(gw, request_id)
+        assert [(a["endpoint"], a["dispatch"], a["cause"]) for a in started] == [
+            ("local-a", "delegate_pool", "first"),
+            ("local-b", "execute_endpoint", "failover"),
+        ]
+        assert started[1]["preferred_endpoint"] is None
+        assert [e["group_path"] for e in evaluated] == [
+            ["chat"],
+            ["chat", "local"],
+            ["chat"],
+            ["chat", "local"],
+        ]
+        again, request_id = await _served_by(gw)
+        assert again == "local-b"  # the pool's own router: local-a is behind its breaker
+        evaluated, _ = await _story(gw, request_id)
+        inner = {c["endpoint"]: c["reason_code"] for c in evaluated[1]["candidates"]}
+        assert inner["local-a"] == "breaker_open"
+
+
+async def test_the_fallback_crosses_to_the_cloud_pool_by_exact_dispatch(database_url):
+    async with running_gateway(database_url, UPSTREAMS, [Route("cloud")], **_pooled()) as gw:
+        gw.upstreams["local-a"].set_default(Behavior.server_error(503))
+        gw.upstreams["local-b"].set_default(Behavior.server_error(503))
+        endpoint, request_id = await _served_by(gw)
+        assert endpoint == "cloud"
+        _, started = await _story(gw, request_id)
+        assert [(a["endpoint"], a["dispatch"], a["pool"]) for a in started] == [
+            ("local-a", "delegate_pool", "local"),
+            ("local-b", "execute_endpoint", "local"),
+            ("cloud", "execute_endpoint", "cloud"),
+        ]
+
+
+async def test_a_pool_the_workspace_may_not_use_is_excluded(database_url):
+    async with running_gateway(
+        database_url,
+        UPSTREAMS,
+        [Route("cloud")],
+        workspace_models={"acme": ["chat", "cloud"]},
+        **_pooled(),
+    ) as gw:
+        endpoint, request_id = await _served_by(gw)
+        assert endpoint == "cloud"
+        evaluated, _ = await _story(gw, request_id)
+        local = next(c for c in evaluated[0]["candidates"] if c["pool"] == "local")
+        assert local["reason_code"] == "pool_not_permitted"
