@@ -147,24 +147,23 @@ def check_dispatch(
                 f"{dispatch.endpoint} is a mapping of {composition.name} itself: a leaf "
                 "executes exactly its endpoint and cannot select",
             )
-        scope = range(composition.own)
-        where = composition.name
+        where, offset, scope = composition.name, 0, flat.mappings[: composition.own]
     else:
         member = composition.pool(dispatch.pool)
         if member is None:
             raise CompositionError(
                 "unknown_pool", f"{dispatch.pool} is not a pool of {composition.name}"
             )
-        scope = range(member.offset, member.offset + len(member.group.mappings))
-        where = member.name
-    if dispatch.index not in scope or _differs(flat, dispatch):
+        # The pool's own group, not the composer's view of it: its scope is what it serves.
+        where, offset, scope = member.name, member.offset, member.group.mappings
+    local = dispatch.index - offset
+    bound = scope[local] if 0 <= local < len(scope) else None
+    if bound is None or (bound.endpoint, bound.model) != (dispatch.endpoint, dispatch.model):
         raise CompositionError(
             "binding_outside_scope",
             f"{dispatch.endpoint}/{dispatch.model} is not a mapping of {where}",
         )
-    if dispatch.preferred is not None and all(
-        flat.mappings[i].endpoint != dispatch.preferred for i in scope
-    ):
+    if dispatch.preferred is not None and all(m.endpoint != dispatch.preferred for m in scope):
         raise CompositionError(
             "preference_outside_scope", f"{dispatch.preferred} is not an endpoint of {where}"
         )
@@ -172,11 +171,6 @@ def check_dispatch(
         raise CompositionError(
             "model_excluded", f"{dispatch.model} is excluded for this request ({where})"
         )
-
-
-def _differs(flat: ModelGroup, dispatch: Dispatch) -> bool:
-    mapping = flat.mappings[dispatch.index]
-    return mapping.endpoint != dispatch.endpoint or mapping.model != dispatch.model
 
 
 def preferred(candidates: Sequence[Candidate]) -> Candidate | None:

@@ -3,6 +3,7 @@ table, retries, failovers, budget races, stream resume and hedging."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -515,3 +516,17 @@ def test_hedges_count_against_max_attempts():
     walk(Begin())
     walk.started("a1")
     assert walk(HedgeDue()) == ()
+
+
+def test_a_pooled_stream_resumes_only_inside_its_pool():
+    # contract §4 "Pools": a child's resumes stay inside the pool's scope.
+    pooled = dataclasses.replace(PRIMARY, pool="local")
+    elsewhere = dataclasses.replace(TWIN, pool="cloud")  # the same model, another pool
+    inside = dataclasses.replace(TWIN, pool="local", mapping_index=3, endpoint="south")
+    siblings = (pooled, elsewhere, inside)
+    walk = Driver(WalkPolicy(defaults=Defaults(), siblings=siblings))
+    walk(Begin())
+    walk.started("a1", pooled)
+    assert walk(Content("a1")) == (Commit("a1"),)
+    actions = walk(_broken("a1"))
+    assert actions[1] == Route("resume", RouteContext(), (pooled, inside))
