@@ -11,10 +11,11 @@ from decimal import Decimal
 import pytest
 
 from ledger import events as ev
-from router.config import Config, parse_config
+from router.config import Config, ModelGroup, parse_config
 from router.errors import GatewayError
 from router.request.composer import (
     RULES,
+    Composition,
     CompositionError,
     Dispatch,
     check_dispatch,
@@ -75,7 +76,7 @@ workspaces:
     return parse_config(text, environ=ENV)
 
 
-def _composed(own: bool = False):  # type: ignore[no-untyped-def]
+def _composed(own: bool = False) -> tuple[Composition, ModelGroup]:
     config = _config(own)
     chat = config.model_group("chat")
     assert chat is not None
