@@ -12,8 +12,10 @@ from typing import Any
 
 from openai.types.chat import ChatCompletionMessageParam
 
+from ledger import apikeys
 from ledger.audit.stories import Stories
 from router.fake_provider import Behavior
+from tests.console.support import browser, sign_in
 from tests.gateway.harness import Route, mappings_yaml, running_gateway
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
@@ -161,3 +163,61 @@ async def test_a_pool_the_workspace_may_not_use_is_excluded(database_url):
         evaluated, _ = await _story(gw, request_id)
         local = next(c for c in evaluated[0]["candidates"] if c["pool"] == "local")
         assert local["reason_code"] == "pool_not_permitted"
+
+
+async def test_explain_shows_the_nesting_of_a_pooled_request(database_url):
+    async with running_gateway(database_url, UPSTREAMS, [Route("cloud")], **_pooled()) as gw:
+        gw.upstreams["local-a"].set_default(Behavior.server_error(503))
+        gw.upstreams["local-b"].set_default(Behavior.server_error(503))
+        _, request_id = await _served_by(gw)
+        async with gw.http() as http:
+            explained = (await http.get(f"/v1/requests/{request_id}/explain")).json()
+            text = (await http.get(f"/v1/requests/{request_id}/explain?format=text")).text
+        levels = {(tuple(c["group_path"]), c["pool"]) for c in explained["candidates"]}
+        assert (("chat",), "local") in levels and (("chat",), "cloud") in levels
+        assert (("chat", "local"), None) in levels
+        assert [(a["dispatch"], a["group_path"]) for a in explained["attempts"]] == [
+            ("delegate_pool", ["chat", "local"]),
+            ("execute_endpoint", ["chat", "local"]),
+            ("execute_endpoint", ["chat", "cloud"]),
+        ]
+        steps = [s["text"] for s in explained["decision_path"]]
+        assert any("of the members of composed group chat" in s for s in steps)
+        assert any("inside pool local (chat > local)" in s for s in steps)
+        assert any("delegated to pool local (chat > local)" in s for s in steps)
+        assert any("executed exactly in pool cloud (chat > cloud)" in s for s in steps)
+        assert "pool local (prefers local-a/fake-model)" in text
+        assert "execute_endpoint via chat > cloud" in text
+
+
+async def test_a_pooled_stream_is_delegated_and_served(database_url):
+    async with running_gateway(database_url, UPSTREAMS, [Route("cloud")], **_pooled()) as gw:
+        gw.upstreams["local-a"].set_default(Behavior.server_error(503))
+        raw = await gw.client().chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES, stream=True
+        )
+        stream = raw.parse()
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert text
+        request_id = raw.headers["x-request-id"]
+        await gw.wait_for_types(request_id, "RequestCompleted")
+        _, started = await _story(gw, request_id)
+        assert [(a["endpoint"], a["dispatch"], a["stream"]) for a in started] == [
+            ("local-a", "delegate_pool", True),
+            ("local-b", "execute_endpoint", True),
+        ]
+
+
+async def test_the_console_shows_each_level_and_each_directive(database_url):
+    async with running_gateway(database_url, UPSTREAMS, [Route("cloud")], **_pooled()) as gw:
+        gw.upstreams["local-a"].set_default(Behavior.server_error(503))
+        _, request_id = await _served_by(gw)
+        admin = (await apikeys.create_key(gw.store, "acme", "admin")).secret
+        async with browser(gw) as http:
+            assert (await sign_in(http, admin)).status_code == 303
+            page = (await http.get(f"/console/requests/{request_id}")).text
+        assert "route evaluation 1: pools of chat" in page
+        assert "route evaluation 2: inside pool chat &gt; local" in page
+        assert "pool <strong>local</strong> (prefers local-a/fake-model)" in page
+        assert "delegate_pool via chat &gt; local" in page
+        assert "execute_endpoint via chat &gt; local" in page
