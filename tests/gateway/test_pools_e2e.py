@@ -8,6 +8,7 @@ to `waybill verify`'s rules. Run on SQLite and PostgreSQL.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 from openai.types.chat import ChatCompletionMessageParam
@@ -16,7 +17,13 @@ from ledger import apikeys
 from ledger.audit.stories import Stories
 from router.fake_provider import Behavior
 from tests.console.support import browser, sign_in
-from tests.gateway.harness import Route, mappings_yaml, running_gateway
+from tests.gateway.harness import (
+    ANTHROPIC_ENV,
+    Route,
+    config_text,
+    mappings_yaml,
+    running_gateway,
+)
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 COMPOSED = """    pools:
@@ -221,3 +228,38 @@ async def test_the_console_shows_each_level_and_each_directive(database_url):
         assert "pool <strong>local</strong> (prefers local-a/fake-model)" in page
         assert "delegate_pool via chat &gt; local" in page
         assert "execute_endpoint via chat &gt; local" in page
+
+
+async def test_a_reload_never_redirects_a_pooled_request_in_flight(
+    database_url, tmp_path, monkeypatch
+):
+    for name, value in ANTHROPIC_ENV.items():
+        monkeypatch.setenv(name, value)  # a reload reads the file as `waybill serve` does
+    config_file = tmp_path / "waybill.yaml"
+    async with running_gateway(
+        database_url, UPSTREAMS, [Route("cloud")], config_file=config_file, **_pooled()
+    ) as gw:
+        admin = (await apikeys.create_key(gw.store, "acme", "admin")).secret
+        local_a, local_b = gw.upstreams["local-a"], gw.upstreams["local-b"]
+        local_a.set_plan([dataclasses.replace(Behavior.server_error(503), latency_ms=1500)])
+        in_flight = asyncio.ensure_future(_served_by(gw))
+        await local_a.wait_for_async(lambda up: up.hits == 1)
+        # The new generation serves chat from the cloud pool alone.
+        groups = {**GROUPS, "chat": "    pools:\n      - {group: cloud}\n"}
+        text = config_text(gw.upstreams, [Route("cloud")], groups=groups)
+        config_file.write_text(text.replace("generation: test-1", "generation: test-2"))
+        async with gw.http() as http:
+            http.headers["Authorization"] = f"Bearer {admin}"
+            reloaded = await http.post("/v1/admin/config/reload")
+        assert reloaded.status_code == 200, reloaded.text
+        assert (await _served_by(gw))[0] == "cloud"
+        # The request in flight keeps its generation's plan: local-a's failure falls back
+        # to the binding it planned, local-b, by exact dispatch.
+        endpoint, request_id = await in_flight
+        assert endpoint == "local-b"
+        _, started = await _story(gw, request_id)
+        assert [(a["endpoint"], a["dispatch"]) for a in started] == [
+            ("local-a", "delegate_pool"),
+            ("local-b", "execute_endpoint"),
+        ]
+        assert local_b.hits == 1
