@@ -263,3 +263,24 @@ async def test_a_reload_never_redirects_a_pooled_request_in_flight(
             ("local-b", "execute_endpoint"),
         ]
         assert local_b.hits == 1
+
+
+async def test_a_hedge_stays_in_the_running_attempts_pool(database_url):
+    # contract §4 "Pools": a child's hedges stay inside its pool's scope. The local pool has
+    # one endpoint, busy with the first way: no hedge, though the cloud pool is free.
+    groups = {**GROUPS, "local": f"    mappings:\n{mappings_yaml([Route('local-a')])}"}
+    async with running_gateway(
+        database_url,
+        UPSTREAMS,
+        [Route("cloud")],
+        policies={"chat": "{hedge: {enabled: true, after_ms: 100}}"},
+        groups=groups,
+    ) as gw:
+        gw.upstreams["local-a"].set_default(Behavior.ok(latency_ms=1000))
+        endpoint, request_id = await _served_by(gw)
+        assert endpoint == "local-a"
+        evaluated, started = await _story(gw, request_id)
+        assert [(a["kind"], a["pool"]) for a in started] == [("call", "local")]
+        hedge = evaluated[-1]  # the hedge's evaluation: the pool's alone, nothing left
+        assert (hedge["group_path"], hedge["chosen"]) == (["chat", "local"], None)
+        assert gw.upstreams["cloud"].hits == 0
