@@ -40,6 +40,7 @@ from router.errors import (
 from router.request.attempt import Attempt, AttemptRoute
 from router.request.call import Call, Caller, Completion, StreamingCompletion
 from router.request.classify import BreakerScope, Classification
+from router.request.composed import routing_for
 from router.request.composer import CompositionError
 from router.request.endings import Endings
 from router.request.final_error import final_error
@@ -56,7 +57,7 @@ from router.request.records import (
 )
 from router.request.relay import SEAM_BROKEN, StreamRelay
 from router.request.resume import Seam
-from router.request.routing import GroupPlan, Routing
+from router.request.routing import GroupPlan
 from router.request.runner import AttemptRunner
 from router.request.upstream_call import server_address
 from router.request.walk import (
@@ -123,7 +124,7 @@ class Executor:
         self.walk = Walk(policy=walk_policy(defaults, requirements, plan.targets, p95))
         self.open: dict[str, Attempt] = {}  # started, their end not yet recorded
         self.failures: dict[str, Attempt] = {}  # failed attempts, for their decisions
-        self.routing = Routing(
+        self.routing = routing_for(
             ports, plan, caller.workspace, requirements, request_id, budget, journal
         )
         self.relay = relay = StreamRelay(

@@ -216,6 +216,7 @@ def route_evaluated(
     context: RouteContext,
     chosen: ev.RouteChoice | None,
     strategy: Literal["weighted", "least_latency", "least_cost"],
+    group_path: tuple[str, ...] = (),
 ) -> ev.RouteEvaluated:
     return ev.RouteEvaluated(
         request_id=request_id,
@@ -224,6 +225,7 @@ def route_evaluated(
         tried_endpoints=tuple(sorted(context.tried_endpoints)),
         chosen=chosen,
         strategy=strategy,
+        group_path=group_path,  # a composed group's level (contract §4 "Pools")
     )
 
 

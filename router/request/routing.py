@@ -21,18 +21,10 @@ from typing import Any
 from ledger import events as ev
 from router.adapters.breakers import Admission, BreakerKey
 from router.adapters.disabling import detail as disabled_detail
-from router.config import Config, Defaults, ModelGroup, Strategy, Workspace
+from router.config import Config, Defaults, ModelGroup, Workspace
 from router.config import Mapping as ModelMapping
 from router.request.attempt import AttemptRoute
-from router.request.composer import (
-    Composition,
-    Dispatch,
-    check_dispatch,
-    compose,
-    fallback_order,
-    pool_candidate,
-    preferred,
-)
+from router.request.composer import Composition, compose
 from router.request.policy import group_targets
 from router.request.ports import Budget, Journal, Ports
 from router.request.records import route_evaluated
@@ -105,13 +97,11 @@ class Routing:
         "_budget",
         "_denied",
         "_journal",
-        "_order",
         "_plan",
         "_ports",
         "_request_id",
         "_requirements",
         "_saturated",
-        "_scope",
         "_slot",
         "_workspace",
         "admitted_as",
@@ -148,16 +138,10 @@ class Routing:
         self.admitted_as = "closed"  # the breakers' admission of it
         self.probes: tuple[BreakerKey, ...] = ()  # the breakers whose probe it holds
         self.refused: Refusal = "unavailable"  # why the last retry or resume was refused
-        # A composed group's: its pre-planned bindings (flat indices), once the first
-        # attempt was routed; the pool (None: its own mappings) the last route went to.
-        self._order: tuple[int, ...] | None = None
-        self._scope: str | None = None
 
     async def choose(self, action: Route) -> Routed | Unroutable:
         """Evaluate every mapping, choose one and admit it (contract §4); a refused
         admission is evaluated again, counted as such."""
-        if self._plan.composition is not None:
-            return await self._compose(action, self._plan.composition)
         ports, plan, journal = self._ports, self._plan, self._journal
         while True:
             group, candidates = await self._evaluate(action)
@@ -219,208 +203,6 @@ class Routing:
         )
         return group, candidates
 
-    # --- a composed group (contract §4 "Pools") ---
-
-    async def _compose(self, action: Route, composition: Composition) -> Routed | Unroutable:
-        """Plan the next attempt of a composed group across its pools: the first into a
-        pool a delegation (the pool's router selects inside it), a failover the next
-        pre-planned binding by exact dispatch, a hedge a delegation to the running pool.
-        Each level's evaluation is recorded; a directive the pool cannot carry out is a
-        :class:`~router.request.composer.CompositionError`, before any upstream I/O."""
-        ports, journal = self._ports, self._journal
-        while True:
-            group, flat = await self._evaluate(action)
-            members = self._member_candidates(composition, flat)
-            dispatch: Dispatch | None
-            if action.purpose == "hedge":
-                dispatch = self._delegate(composition, group, flat, self._scope, action)
-            elif action.purpose == "failover" and self._order is not None:
-                dispatch = self._exact(composition, group, flat, members, action)
-            else:
-                dispatch = self._admit_to_pool(composition, group, flat, members, action)
-            if dispatch is None:
-                self.candidates = self._flat_reasons(composition, flat)
-                over = [c for c in flat if c.reason_code is ev.ReasonCode.OVER_BUDGET]
-                if over and action.purpose != "hedge":
-                    journal.queue(self._budget.denied_candidate(over[0]))
-                return Unroutable()
-            check_dispatch(composition, group, dispatch, action.context.excluded_models)
-            if self._order is None:
-                self._order = fallback_order(composition, group, dispatch.index)
-            if action.purpose != "hedge":
-                self._scope = dispatch.pool
-            mapping = group.mappings[dispatch.index]
-            if await self._acquire(dispatch.index, mapping):
-                endpoint = ports.config.endpoint(mapping.endpoint)
-                assert endpoint is not None, "evaluate found the mapping's endpoint"
-                choice = ev.RouteChoice(
-                    endpoint=mapping.endpoint,
-                    model=mapping.model,
-                    mapping_index=dispatch.index,
-                    tier=mapping.tier,
-                    weight=mapping.weight,
-                    selection_position=0,
-                )
-                worst = flat[dispatch.index].worst_case_usd or Decimal(0)
-                driver = ports.drivers[mapping.endpoint]
-                self.routed = AttemptRoute(
-                    choice, mapping, driver, endpoint.driver, "first", worst, dispatch
-                )
-                return Routed(self._plan.targets[dispatch.index])
-
-    def _member_candidates(
-        self, composition: Composition, flat: tuple[ev.Candidate, ...]
-    ) -> tuple[ev.Candidate, ...]:
-        """The composer's candidates: its own mappings, then one per pool."""
-        own = flat[: composition.own]
-        pools = tuple(
-            pool_candidate(
-                composition.own + k,
-                member,
-                _local(flat, member.offset, len(member.group.mappings)),
-                permitted=composition.permitted(self._workspace, member),
-            )
-            for k, member in enumerate(composition.pools)
-        )
-        return own + pools
-
-    def _flat_reasons(
-        self, composition: Composition, flat: tuple[ev.Candidate, ...]
-    ) -> tuple[ev.Candidate, ...]:
-        """What a request no pool could take is answered by: every mapping's reason, a pool
-        the workspace may not use named as such."""
-        shown = list(flat[: composition.own])
-        for member in composition.pools:
-            mine = flat[member.offset : member.offset + len(member.group.mappings)]
-            if composition.permitted(self._workspace, member):
-                shown.extend(mine)
-            else:
-                shown.extend(
-                    c.model_copy(
-                        update={
-                            "eligible": False,
-                            "reason_code": ev.ReasonCode.POOL_NOT_PERMITTED,
-                            "detail": f"the workspace may not use model group {member.name}",
-                        }
-                    )
-                    for c in mine
-                )
-        return tuple(shown)
-
-    def _admit_to_pool(
-        self,
-        composition: Composition,
-        group: ModelGroup,
-        flat: tuple[ev.Candidate, ...],
-        members: tuple[ev.Candidate, ...],
-        action: Route,
-    ) -> Dispatch | None:
-        """The composer chooses a member by tier and weight: its own mapping, executed
-        exactly, or a pool, delegated to with the composer's preference."""
-        ports = self._ports
-        chosen = select(members, ports.rr, self._workspace.id, group)
-        self._record(members, chosen, action, group.strategy, (composition.name,))
-        if chosen is None:
-            return None
-        if chosen.mapping_index < composition.own:
-            return Dispatch(
-                "execute_endpoint", None, chosen.mapping_index, chosen.endpoint, chosen.model
-            )
-        member = composition.pools[chosen.mapping_index - composition.own]
-        return self._delegate(composition, group, flat, member.name, action, chosen.endpoint)
-
-    def _delegate(
-        self,
-        composition: Composition,
-        group: ModelGroup,
-        flat: tuple[ev.Candidate, ...],
-        pool: str | None,
-        action: Route,
-        preference: str | None = None,
-    ) -> Dispatch | None:
-        """``delegate_pool``: the pool's own router selects inside its group, by its own
-        strategy (and a hedge stays inside the running attempt's pool)."""
-        ports = self._ports
-        member = composition.pool(pool) if pool is not None else None
-        if member is None:  # a hedge of the composer's own mapping: among its own
-            own = flat[: composition.own]
-            chosen = select(own, ports.rr, self._workspace.id, group)
-            self._record(own, chosen, action, group.strategy, (composition.name,))
-            if chosen is None:
-                return None
-            return Dispatch(
-                "execute_endpoint", None, chosen.mapping_index, chosen.endpoint, chosen.model
-            )
-        local = _local(flat, member.offset, len(member.group.mappings))
-        if not composition.permitted(self._workspace, member):
-            return None
-        inner = member.group.priced_at(ports.clock.now())
-        chosen = select(local, ports.rr, self._workspace.id, inner)
-        path = composition.path(member.name)
-        self._record(local, chosen, action, inner.strategy, path)
-        if chosen is None:
-            return None
-        if preference is None:
-            pick = preferred(local)
-            preference = pick.endpoint if pick else None
-        index = member.offset + chosen.mapping_index
-        return Dispatch(
-            "delegate_pool", member.name, index, chosen.endpoint, chosen.model, preference
-        )
-
-    def _exact(
-        self,
-        composition: Composition,
-        group: ModelGroup,
-        flat: tuple[ev.Candidate, ...],
-        members: tuple[ev.Candidate, ...],
-        action: Route,
-    ) -> Dispatch | None:
-        """``execute_endpoint``: the next pre-planned binding that is eligible now, never
-        reordered by the pool; the composer's and the pool's evaluations both recorded."""
-        assert self._order is not None
-        index = next((i for i in self._order if flat[i].eligible and self._may_use(i)), None)
-        member = composition.pool_of(index) if index is not None else None
-        if index is None:
-            self._record(members, None, action, group.strategy, (composition.name,))
-            return None
-        mapping = group.mappings[index]
-        at = index if member is None else composition.own + composition.pools.index(member)
-        self._record(members, _choice(members[at]), action, group.strategy, (composition.name,))
-        if member is not None:
-            local = _local(flat, member.offset, len(member.group.mappings))
-            bound = _choice(local[index - member.offset])
-            path = composition.path(member.name)
-            self._record(local, bound, action, member.group.strategy, path)
-        return Dispatch(
-            "execute_endpoint",
-            member.name if member else None,
-            index,
-            mapping.endpoint,
-            mapping.model,
-        )
-
-    def _may_use(self, index: int) -> bool:
-        """Whether the workspace may use the pool a flat mapping lies in (its own: yes)."""
-        composition = self._plan.composition
-        assert composition is not None
-        member = composition.pool_of(index)
-        return member is None or composition.permitted(self._workspace, member)
-
-    def _record(
-        self,
-        candidates: tuple[ev.Candidate, ...],
-        chosen: ev.RouteChoice | None,
-        action: Route,
-        strategy: Strategy,
-        path: tuple[str, ...],
-    ) -> None:
-        self.sequence += 1
-        evaluated = route_evaluated(
-            self._request_id, self.sequence, candidates, action.context, chosen, strategy
-        )
-        self._journal.queue(evaluated.model_copy(update={"group_path": path}))
-
     async def admit_one_of(self, targets: tuple[Target, ...]) -> Target | None:
         """The first of ``targets`` (a retry's or a resume's) not disabled whose slot and
         breakers admit it; the caller binds its route (:attr:`routed`)."""
@@ -459,19 +241,7 @@ class Routing:
             selection_position=0,
         )
         driver = ports.drivers[target.endpoint]
-        dispatch = None
-        composition = self._plan.composition
-        if composition is not None:
-            # A resume continues inside the broken attempt's pool, on the endpoint named.
-            dispatch = Dispatch(
-                "execute_endpoint",
-                target.pool,
-                target.mapping_index,
-                target.endpoint,
-                mapping.model,
-            )
-            check_dispatch(composition, group, dispatch)
-        return AttemptRoute(choice, mapping, driver, endpoint.driver, "first", worst, dispatch)
+        return AttemptRoute(choice, mapping, driver, endpoint.driver, "first", worst)
 
     def take_slot(self) -> str | None:
         """The slot taken for the route, now the started attempt's to give back."""
@@ -561,23 +331,3 @@ class Routing:
         self.admitted_as = "probe:" + scopes if probes else "closed"
         self.probes = tuple(probes)
         return True
-
-
-def _local(flat: tuple[ev.Candidate, ...], offset: int, size: int) -> tuple[ev.Candidate, ...]:
-    """A pool's candidates out of the flat evaluation, indexed as its own mappings."""
-    return tuple(
-        c.model_copy(update={"mapping_index": c.mapping_index - offset})
-        for c in flat[offset : offset + size]
-    )
-
-
-def _choice(candidate: ev.Candidate) -> ev.RouteChoice:
-    """An exact dispatch's binding, as its evaluation records it chosen."""
-    return ev.RouteChoice(
-        endpoint=candidate.endpoint,
-        model=candidate.model,
-        mapping_index=candidate.mapping_index,
-        tier=candidate.tier,
-        weight=candidate.weight,
-        selection_position=0,
-    )
