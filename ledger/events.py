@@ -211,15 +211,28 @@ _MAX_FIELDS_GIVEN: Final = 4096
 # --- value objects shared by several events ---
 
 
+def _nothing(value: object) -> bool:
+    """A field added with a default that is left out of the recorded form while it holds
+    that default (0, empty), so events that do not use it keep their bytes."""
+    return not value
+
+
 class Usage(_Record):
     """What an attempt is billed for, dimension by dimension; a settlement prices each one
-    (``ledger.books.accounting.usage_cost``). Audio and cached tokens are parts of the input and
-    output counts, as OpenAI reports them; image and file tokens are not told apart from
-    text (OpenAI bills them inside the prompt tokens, at the input price)."""
+    (``ledger.books.accounting.usage_cost``). Audio, cached and cache-write tokens are parts
+    of the input and output counts, as OpenAI reports them; image and file tokens are not
+    told apart from text (OpenAI bills them inside the prompt tokens, at the input price)."""
 
     input_tokens: NonNegInt
     output_tokens: NonNegInt
-    cached_input_tokens: NonNegInt = 0
+    cached_input_tokens: NonNegInt = 0  # of input_tokens, read from the provider's cache
+    # Of input_tokens, written to Anthropic's prompt cache (cache_creation_input_tokens, by
+    # its cache_creation breakdown): for 5 minutes, and for an hour. Events recorded before
+    # these fields knew no cache writes (they were settled as input). Left out of the
+    # recorded form when 0, as they were before they existed: most usage has none, and the
+    # ledger's bytes per request stay as they were (bench/README.md, "Ledger size").
+    cache_write_input_tokens: NonNegInt = Field(0, exclude_if=_nothing)
+    cache_write_1h_input_tokens: NonNegInt = Field(0, exclude_if=_nothing)
     audio_input_tokens: NonNegInt = 0  # of input_tokens (prompt_tokens_details.audio_tokens)
     audio_output_tokens: NonNegInt = 0  # of output_tokens (completion_tokens_details.audio_tokens)
     # Billed per search, and no provider reports them in usage: the gateway counts one per
@@ -244,6 +257,9 @@ class Requirements(_Record):
     file_inputs: NonNegInt = 0
     audio_output: bool = False  # `modalities` with "audio", or an `audio` parameter
     web_search: bool = False  # `web_search_options`
+    # The lifetimes ("5m", "1h") of the prompt-cache writes the request's cache_control
+    # markers ask for: an Anthropic endpoint bills them at the cache-write prices.
+    cache_writes: tuple[Literal["5m", "1h"], ...] = Field((), exclude_if=_nothing)
     unknown_inputs: tuple[str, ...] = ()  # content part types no price can cover
     stream: bool = False
     allow_failover: bool = True
@@ -353,6 +369,9 @@ class BudgetReserved(Event):
     key_id: Id | None = None
     model_group: str | None = None
     owner: str | None = None  # the gateway instance that took the hold (crash recovery)
+    # The door its request came through (RequestReceived.api), for the spend views; holds
+    # taken before it was recorded here were all of chat completions.
+    api: Api = "openai.chat_completions"
 
 
 class BudgetReservationDenied(Event):
@@ -730,7 +749,12 @@ class ReconciliationImported(Event):
     imported_by: Id
     # A provider report (§3): its format, its buckets against the ledger, what is not ours.
     report_format: Literal[
-        "lines", "openai-usage", "openai-costs", "anthropic-usage", "anthropic-costs"
+        "lines",
+        "openai-usage",
+        "openai-costs",
+        "anthropic-usage",
+        "anthropic-costs",
+        "anthropic-analytics",
     ] = "lines"
     buckets: tuple[BucketComparison, ...] = ()
     unattributed_provider_usage: tuple[UnattributedUsage, ...] = ()

@@ -395,12 +395,30 @@ def _usage(raw: object) -> Usage | None:
     if prompt is None or completion is None:
         return None
     cached = _count(raw.get("cache_read_input_tokens")) or 0
-    written = _count(raw.get("cache_creation_input_tokens")) or 0
+    written_5m, written_1h = _cache_writes(raw)
     return Usage(
-        input_tokens=prompt + cached + written,
+        input_tokens=prompt + cached + written_5m + written_1h,
         output_tokens=completion,
         cached_input_tokens=cached,
+        cache_write_input_tokens=written_5m,
+        cache_write_1h_input_tokens=written_1h,
     )
+
+
+def _cache_writes(usage: Mapping[str, Any]) -> tuple[int, int]:
+    """The tokens an Anthropic ``usage`` object (an answer's, or a report's) says were
+    written to the prompt cache: (for 5 minutes, for an hour).
+
+    ``cache_creation`` splits ``cache_creation_input_tokens`` by lifetime. Without it every
+    write is a 5-minute one (the default lifetime, and all there was before the split);
+    writes the total counts beyond the split are taken as 5-minute ones too."""
+    total = _count(usage.get("cache_creation_input_tokens")) or 0
+    split = usage.get("cache_creation")
+    if not isinstance(split, dict):
+        return total, 0
+    hour = _count(split.get("ephemeral_1h_input_tokens")) or 0
+    five = _count(split.get("ephemeral_5m_input_tokens")) or 0
+    return max(five, total - hour), hour
 
 
 def _count(value: object) -> int | None:

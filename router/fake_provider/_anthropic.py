@@ -60,11 +60,20 @@ class _Anthropic(Dialect):
         return Partial("assistant_prefill", message_text(content))
 
     @staticmethod
-    def _input_usage(reply: Reply) -> dict[str, int]:
-        # Anthropic's input_tokens leave out what was read from the cache, counted beside.
-        usage = {"input_tokens": reply.prompt_tokens - reply.cached_tokens}
+    def _input_usage(reply: Reply) -> dict[str, Any]:
+        # Anthropic's input_tokens leave out what was read from the cache and written to
+        # it, counted beside.
+        written = reply.cache_write_tokens + reply.cache_write_1h_tokens
+        uncached = reply.prompt_tokens - reply.cached_tokens - written
+        usage: dict[str, Any] = {"input_tokens": uncached}
         if reply.cached_tokens:
             usage["cache_read_input_tokens"] = reply.cached_tokens
+        if written:
+            usage["cache_creation_input_tokens"] = written
+            usage["cache_creation"] = {
+                "ephemeral_5m_input_tokens": reply.cache_write_tokens,
+                "ephemeral_1h_input_tokens": reply.cache_write_1h_tokens,
+            }
         return usage
 
     @staticmethod

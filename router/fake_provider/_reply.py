@@ -120,6 +120,8 @@ class Reply:
     tool_name: str | None
     tool_call_id: str
     cached_tokens: int = 0  # of prompt_tokens, served from the cache
+    cache_write_tokens: int = 0  # of prompt_tokens, written to the cache for 5 minutes
+    cache_write_1h_tokens: int = 0  # of prompt_tokens, written for an hour
     audio_tokens: int = 0  # of prompt_tokens
 
     # The first choice: the only one of a dialect without `n` (Anthropic).
@@ -234,6 +236,9 @@ def make_reply(
     large_body keeps its size whatever the limit (it exists to overflow the gateway's
     max_response_bytes) but still reports no more output tokens than the request allowed.
     """
+    cached = min(behavior.cached_tokens, prompt.prompt_tokens)
+    uncached = prompt.prompt_tokens - cached
+    written_1h = min(behavior.cache_write_1h_tokens, uncached)
     base = Reply(
         request_id=request_id,
         message_id=message_id,
@@ -242,7 +247,9 @@ def make_reply(
         prompt_tokens=prompt.prompt_tokens,
         tool_name=None,
         tool_call_id=f"call_{request_id.removeprefix('req_')}",
-        cached_tokens=min(behavior.cached_tokens, prompt.prompt_tokens),
+        cached_tokens=cached,
+        cache_write_1h_tokens=written_1h,
+        cache_write_tokens=min(behavior.cache_write_tokens, uncached - written_1h),
         audio_tokens=prompt.audio_tokens,
     )
     if behavior.kind is Kind.TOOL_CALL:

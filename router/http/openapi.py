@@ -17,7 +17,7 @@ from typing import Any, Final
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from ledger.events import DATA_CLASSES, FailureClass, ReasonCode
+from ledger.events import APIS, DATA_CLASSES, FailureClass, ReasonCode
 from ledger.types import MONEY_PATTERN
 from ledger.views.queries import REQUEST_STATUSES
 from ledger.views.spend_queries import GROUP_KEYS
@@ -312,7 +312,12 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         },
     ),
     "Explanation": _object(
-        ["summary", "candidates", "attempts", "decision_path"],
+        ["api", "summary", "candidates", "attempts", "decision_path"],
+        api={
+            "type": "string",
+            "enum": list(APIS),
+            "description": "The client API (door) the request came through.",
+        },
         summary=_STRING,
         candidates={
             "type": "array",
@@ -386,6 +391,7 @@ _SCHEMAS: Final[dict[str, Schema]] = {
     ),
     "SpendRow": _object(
         ["settled_usd", "held_unknown_usd", "overrun_usd", "requests", "attempts"],
+        api={"type": "string", "enum": list(APIS), "description": "With group_by=api."},
         settled_usd=_MONEY,
         held_unknown_usd=_MONEY,
         overrun_usd=_MONEY,
@@ -815,6 +821,7 @@ IMPORT_RECONCILIATION: Final[Schema] = {
                     "openai-costs",
                     "anthropic-usage",
                     "anthropic-costs",
+                    "anthropic-analytics",
                     "lines",
                 ],
             },

@@ -147,6 +147,7 @@ class Gateway:
             model_group=call.model_group,
             request_limit=call.requirements.max_cost_usd,
             owner=self.instance_id,
+            api=call.api,
         )
         requires = None  # what the first append requires: the key's stream as it was read
         if caller.key_version is not None:
