@@ -284,3 +284,34 @@ async def test_a_hedge_stays_in_the_running_attempts_pool(database_url):
         hedge = evaluated[-1]  # the hedge's evaluation: the pool's alone, nothing left
         assert (hedge["group_path"], hedge["chosen"]) == (["chat", "local"], None)
         assert gw.upstreams["cloud"].hits == 0
+
+
+async def test_a_composition_error_is_a_500_in_the_documented_shape_before_any_io(database_url):
+    # Within one config generation the composer only hands its pools directives they can
+    # carry out; to see the seam guarded end to end, the served plan's composer is put out
+    # of step with its local pool (it reads the pool's mappings from the wrong place).
+    async with running_gateway(database_url, UPSTREAMS, [Route("cloud")], **_pooled()) as gw:
+        plans = gw.app_state.gateway._plans
+        composition = plans["chat"].composition
+        local, cloud = composition.pools
+        broken = dataclasses.replace(local, offset=local.offset + 1)
+        plans["chat"] = dataclasses.replace(
+            plans["chat"], composition=dataclasses.replace(composition, pools=(broken, cloud))
+        )
+        async with gw.http() as http:
+            answer = await http.post(
+                "/v1/chat/completions", json={"model": "chat", "messages": MESSAGES}
+            )
+        assert answer.status_code == 500
+        assert answer.headers["x-should-retry"] == "false"
+        error = answer.json()["error"]
+        assert (error["type"], error["code"]) == ("api_error", "composition_error")
+        assert error["message"].startswith("composition error (binding_outside_scope): ")
+        assert error["attempts"] == []
+        assert all(up.hits == 0 for up in gw.upstreams.values())  # no upstream I/O
+        request_id = answer.headers["x-request-id"]
+        types = await gw.types(request_id)
+        assert "AttemptStarted" not in types and "FailoverDecided" not in types
+        (failed,) = [e.data for e in await gw.events(request_id) if e.type == "RequestFailed"]
+        assert (failed["error_code"], failed["http_status"]) == ("composition_error", 500)
+        assert await gw.store.read_stream("breaker") == []  # no breaker counted it
