@@ -315,3 +315,26 @@ async def test_a_composition_error_is_a_500_in_the_documented_shape_before_any_i
         (failed,) = [e.data for e in await gw.events(request_id) if e.type == "RequestFailed"]
         assert (failed["error_code"], failed["http_status"]) == ("composition_error", 500)
         assert await gw.store.read_stream("breaker") == []  # no breaker counted it
+
+
+async def test_a_groups_own_mappings_beside_its_pools_are_leaves_run_exactly(database_url):
+    groups = {
+        **GROUPS,
+        "chat": f"    mappings:\n{mappings_yaml([Route('cloud', tier=1)])}"
+        "    pools:\n      - {group: local, tier: 0}\n",
+    }
+    async with running_gateway(database_url, UPSTREAMS, [Route("cloud")], groups=groups) as gw:
+        gw.upstreams["local-a"].set_default(Behavior.server_error(503))
+        gw.upstreams["local-b"].set_default(Behavior.server_error(503))
+        endpoint, request_id = await _served_by(gw)
+        assert endpoint == "cloud"
+        evaluated, started = await _story(gw, request_id)
+        assert [(c["endpoint"], c["pool"]) for c in evaluated[0]["candidates"]] == [
+            ("cloud", None),
+            ("local-a", "local"),
+        ]
+        assert [(a["endpoint"], a["dispatch"], a["pool"], a["group_path"]) for a in started] == [
+            ("local-a", "delegate_pool", "local", ["chat", "local"]),
+            ("local-b", "execute_endpoint", "local", ["chat", "local"]),
+            ("cloud", "execute_endpoint", None, ["chat"]),
+        ]
