@@ -121,7 +121,8 @@ class Executor:
         started = ports.clock.monotonic()
         self.deadline = started + deadline_ms / 1000
         p95 = ports.first_answers.p95(group.name, call.stream) if hedge_p95(defaults) else None
-        self.walk = Walk(policy=walk_policy(defaults, requirements, plan.targets, p95))
+        policy = walk_policy(defaults, requirements, plan.targets, p95, plan.pool_policies)
+        self.walk = Walk(policy=policy)
         self.open: dict[str, Attempt] = {}  # started, their end not yet recorded
         self.failures: dict[str, Attempt] = {}  # failed attempts, for their decisions
         self.routing = routing_for(

@@ -53,6 +53,7 @@ class GroupPlan:
     # mappings, then each pool's — and this maps a flat index back to its pool.
     composition: Composition | None = None
     observes_latency: bool = False  # a strategy of it (or of a pool) reads latency figures
+    pool_policies: tuple[tuple[str, Defaults], ...] = ()  # each pool's, for its hedging
 
 
 def plan_for(config: Config, group: ModelGroup) -> GroupPlan:
@@ -87,6 +88,10 @@ def plan_for(config: Config, group: ModelGroup) -> GroupPlan:
         can_resume=any(target.resume != "none" for target in targets),
         composition=composition,
         observes_latency="least_latency" in strategies,
+        pool_policies=tuple(
+            (member.name, config.policy_for(member.name))
+            for member in (composition.pools if composition else ())
+        ),
     )
 
 

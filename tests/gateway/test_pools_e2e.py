@@ -266,14 +266,15 @@ async def test_a_reload_never_redirects_a_pooled_request_in_flight(
 
 
 async def test_a_hedge_stays_in_the_running_attempts_pool(database_url):
-    # contract §4 "Pools": a child's hedges stay inside its pool's scope. The local pool has
-    # one endpoint, busy with the first way: no hedge, though the cloud pool is free.
+    # contract §4 "Pools": a pool keeps its own hedging, and a child's hedges stay inside
+    # its pool's scope. The local pool hedges, but has one endpoint, busy with the first
+    # way: no hedge, though the cloud pool is free.
     groups = {**GROUPS, "local": f"    mappings:\n{mappings_yaml([Route('local-a')])}"}
     async with running_gateway(
         database_url,
         UPSTREAMS,
         [Route("cloud")],
-        policies={"chat": "{hedge: {enabled: true, after_ms: 100}}"},
+        policies={"local": "{hedge: {enabled: true, after_ms: 100}}"},
         groups=groups,
     ) as gw:
         gw.upstreams["local-a"].set_default(Behavior.ok(latency_ms=1000))
@@ -338,3 +339,21 @@ async def test_a_groups_own_mappings_beside_its_pools_are_leaves_run_exactly(dat
             ("local-b", "execute_endpoint", "local", ["chat", "local"]),
             ("cloud", "execute_endpoint", None, ["chat"]),
         ]
+
+
+async def test_a_pool_hedges_by_its_own_policy_not_the_composed_groups(database_url):
+    local_pool = f"    mappings:\n{mappings_yaml([Route('local-a'), Route('local-b')])}"
+    async with running_gateway(
+        database_url,
+        UPSTREAMS,
+        [Route("cloud")],
+        # The composed group would hedge; its local pool does not.
+        policies={"chat": "{hedge: {enabled: true, after_ms: 100}}"},
+        groups={**GROUPS, "local": local_pool},
+    ) as gw:
+        gw.upstreams["local-a"].set_default(Behavior.ok(latency_ms=600))
+        endpoint, request_id = await _served_by(gw)
+        assert endpoint == "local-a"
+        _, started = await _story(gw, request_id)
+        assert [a["kind"] for a in started] == ["call"]
+        assert gw.upstreams["local-b"].hits == 0
