@@ -107,6 +107,8 @@ class ReasonCode(StrEnum):
     UNPRICED_INPUT = "unpriced_input"  # a billable input or output the mapping has no price for
     ENDPOINT_SATURATED = "endpoint_saturated"  # its max_in_flight attempts are in flight
     CREDENTIALS_DISABLED = "credentials_disabled"  # its key was refused: EndpointDisabled
+    # The endpoint's dialect cannot carry a feature the request needs (the detail names it).
+    DIALECT_UNSUPPORTED = "dialect_unsupported"
     # A composed group's pools (contract §4 "Pools"): the workspace may not use the pool's
     # group; or none of the pool's own mappings is eligible (its evaluation says why).
     POOL_NOT_PERMITTED = "pool_not_permitted"
@@ -271,6 +273,14 @@ class Requirements(_Record):
     # The body asks the provider for effects of its own (server-side tools, web search):
     # the request is strict whatever its model group's policy.
     server_side_effects: bool = False
+    # The upstream dialect the body arrived in ("anthropic" through the Anthropic door): an
+    # endpoint of that dialect is sent the body as it came, every content part in it. None:
+    # the canonical chat body (router/request/call.py).
+    native: str | None = Field(None, exclude_if=_nothing)
+    # (upstream dialect, feature) for each dialect that cannot carry a feature the request
+    # needs (thinking, documents, a beta field): its endpoints are excluded
+    # `dialect_unsupported` (router/doors/messages.py says which feature where).
+    unsupported: tuple[tuple[str, str], ...] = Field((), exclude_if=_nothing)
 
 
 class Candidate(_Record):
