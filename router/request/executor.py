@@ -277,8 +277,11 @@ class Executor:
         try:
             return await self._find_route(action)
         except CompositionError as broken:
-            self._stop_hedge_timer()
             error = composition_error(broken.rule, broken.detail)
+            if self.open:  # a hedge's route: the way running ends with the request
+                self._record_abandoned(canceled=False, error=error)
+                raise error from None
+            self._stop_hedge_timer()
             raise await self.endings.fail(
                 error, self.walk.attempts, **self._failed_stream()
             ) from None

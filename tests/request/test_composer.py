@@ -5,6 +5,7 @@ upstream I/O, with no fallback and no breaker count."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from decimal import Decimal
 
@@ -13,6 +14,7 @@ import pytest
 from ledger import events as ev
 from router.config import Config, ModelGroup, parse_config
 from router.errors import GatewayError
+from router.request.composed import ComposedRouting
 from router.request.composer import (
     RULES,
     Composition,
@@ -29,7 +31,7 @@ from router.request.walk import Target
 from tests.request.fakes import ENV, FakeDriver, World, answer
 
 
-def _config(own: bool = False) -> Config:
+def _config(own: bool = False, local_policy: str = "") -> Config:
     def mapping(endpoint: str, model: str = "m", tier: int = 0) -> str:
         return f"""      - endpoint: {endpoint}
         model: {model}
@@ -58,7 +60,7 @@ endpoints:
 {endpoints}
 models:
   - name: local
-    mappings:
+{local_policy}    mappings:
 {mapping("east", tier=1)}{mapping("north")}
   - name: cloud
     mappings:
@@ -209,3 +211,30 @@ async def test_a_composition_error_ends_the_request_before_any_upstream_io():
     assert "AttemptStarted" not in types and "BudgetReserved" not in types
     (failed,) = world.journal.of(ev.RequestFailed)
     assert (failed.error_code, failed.attempts) == ("composition_error", 0)
+
+
+async def test_a_composition_error_on_a_hedges_route_ends_the_way_running_with_the_request():
+    config = _config(local_policy="    policy: {hedge: {enabled: true, after_ms: 200}}\n")
+    world = World(config)
+    world.drivers["north"] = FakeDriver("north")
+    world.drivers["north"].then(answer(gate=asyncio.Event()))  # never answers
+    executor = world.executor()
+    task = asyncio.create_task(executor.complete())
+    await world.clock.armed.wait()  # the first way runs in the local pool; a hedge is armed
+    routing = executor.routing
+    assert isinstance(routing, ComposedRouting)
+    cloud, local = routing._composition.pools
+    routing._composition = dataclasses.replace(
+        routing._composition, pools=(cloud, dataclasses.replace(local, offset=0))
+    )
+    world.clock.fire()
+    with pytest.raises(GatewayError) as caught:
+        await task
+    await world.kept.drain()
+    assert caught.value.code == "composition_error"
+    (started,) = world.journal.of(ev.AttemptStarted)
+    (finished,) = world.journal.of(ev.AttemptFinished)
+    assert (finished.attempt_id, finished.status) == (started.attempt_id, "failed")
+    (failed,) = world.journal.of(ev.RequestFailed)
+    assert failed.error_code == "composition_error"
+    assert world.breakers.failures == []
