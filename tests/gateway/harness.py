@@ -108,10 +108,12 @@ def config_text(
     checkpoints: str = "",
     policies: dict[str, str] | None = None,
     strategies: dict[str, str] | None = None,
+    embedding_routes: Sequence[Route] = (),
 ) -> str:
     """``policies``, ``strategies``: model group name → its ``policy:`` block (a YAML flow
     mapping), its ``strategy``. ``chat`` always exists; any other name is one more group
-    with the same mappings."""
+    with the same mappings. ``embedding_routes``: the mappings of one more group, ``embed``,
+    of kind ``embeddings``."""
     drivers = drivers or {}
     policies = policies or {}
     endpoint_extra = endpoint_extra or {}
@@ -135,20 +137,7 @@ def config_text(
 {endpoint_extra.get(name, "")}
 """
         )
-    mappings = []
-    for route in routes:
-        mappings.append(
-            f"""      - endpoint: {route.upstream}
-        model: {route.model}
-        tier: {route.tier}
-        weight: {route.weight}
-        capabilities: [{", ".join(route.capabilities)}]
-        context_window: {route.context_window}
-        max_output_tokens: {route.max_output_tokens}
-        resume: {route.resume}
-        price: {route.price}
-"""
-        )
+    mappings = [_mapping(route) for route in routes]
     settings = {**BASE_DEFAULTS, **(defaults or {})}
     defaults_yaml = "".join(f"  {key}: {value}\n" for key, value in settings.items())
     limits_yaml = f"limits: {limits}\n" if limits else ""
@@ -163,6 +152,10 @@ def config_text(
         + f"    mappings:\n{''.join(mappings)}"
         for name in names
     )
+    if embedding_routes:
+        names.append("embed")
+        embedding_mappings = "".join(_mapping(route) for route in embedding_routes)
+        groups += f"  - name: embed\n    kind: embeddings\n    mappings:\n{embedding_mappings}"
     return f"""generation: {generation}
 {limits_yaml}defaults:
 {defaults_yaml}
@@ -180,6 +173,19 @@ workspaces:
     models: [{", ".join(names)}]
     regions: [us-east]
     data_class: internal
+"""
+
+
+def _mapping(route: Route) -> str:
+    return f"""      - endpoint: {route.upstream}
+        model: {route.model}
+        tier: {route.tier}
+        weight: {route.weight}
+        capabilities: [{", ".join(route.capabilities)}]
+        context_window: {route.context_window}
+        max_output_tokens: {route.max_output_tokens}
+        resume: {route.resume}
+        price: {route.price}
 """
 
 
