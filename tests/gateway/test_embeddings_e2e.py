@@ -174,3 +174,37 @@ async def test_a_malformed_input_is_refused_naming_it(database_url):
             await client.embeddings.create(model="embed", input=["ok", ""])
         assert raised.value.body["param"] == "input[1]"  # type: ignore[index]
         assert gw.upstreams["a"].hits == 0
+
+
+async def test_an_embeddings_request_is_explained_replayed_and_held_to_its_deadline(
+    database_url,
+):
+    async with door(database_url) as (gw, client):
+        key = {"Idempotency-Key": "embed-once"}
+        first = await client.embeddings.with_raw_response.create(
+            model="embed", input="hello", encoding_format="float", extra_headers=key
+        )
+        again = await client.embeddings.with_raw_response.create(
+            model="embed", input="hello", encoding_format="float", extra_headers=key
+        )
+        assert again.headers["idempotent-replayed"] == "true"
+        assert again.parse().data[0].embedding == first.parse().data[0].embedding
+        assert gw.upstreams["a"].hits == 1
+
+        request_id = first.headers["x-request-id"]
+        await gw.wait_for_types(request_id, "RequestCompleted")
+        async with gw.http() as http:
+            explained = (await http.get(f"/v1/requests/{request_id}/explain")).json()
+            text = (await http.get(f"/v1/requests/{request_id}/explain?format=text")).text
+        assert explained["api"] == "openai.embeddings" and explained["status"] == "succeeded"
+        assert explained["requirements"]["kind"] == "embeddings"
+        assert [a["endpoint"] for a in explained["attempts"]] == ["a"]
+        assert "received through openai.embeddings" in text
+
+        gw.upstreams["a"].set_plan([Behavior.stall(stall_s=10)])
+        with pytest.raises(openai.APIStatusError) as raised:
+            await client.embeddings.create(
+                model="embed", input="slow", extra_headers={"X-Waybill-Deadline-Ms": "300"}
+            )
+        assert raised.value.status_code == 504
+        assert raised.value.body["code"] == "deadline_exceeded"  # type: ignore[index]
