@@ -165,6 +165,17 @@ async def test_a_group_of_the_other_kind_is_refused_model_kind_mismatch(database
             )
         assert raised.value.body["code"] == "model_kind_mismatch"  # type: ignore[index]
         assert raised.value.body["param"] == "model"  # type: ignore[index]
+        # The Anthropic door's routes serve chat groups alone too.
+        message = {
+            "model": "embed",
+            "max_tokens": 10,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+        async with gw.http() as http:
+            for path in ("/v1/messages", "/v1/messages/count_tokens"):
+                refused = await http.post(path, json=message)
+                assert refused.status_code == 400, (path, refused.text)
+                assert refused.json()["error"]["code"] == "model_kind_mismatch"
         assert gw.upstreams["a"].hits == 0
 
 
