@@ -156,6 +156,9 @@ def _text_tokens(text: str, where: str) -> int:
 
 
 def _is_token(value: object) -> bool:
+    """An integer as JSON carries one: 5.0 included (JSON has numbers, not ints)."""
+    if isinstance(value, float):
+        return value.is_integer()
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -202,7 +202,7 @@ def _input_count(body: Any) -> int:
     """How many embeddings an embeddings body asks for: one per string or token array, one
     for a string or a single token array (the door checked the shape)."""
     items = body.get("input")
-    if isinstance(items, list) and items and not isinstance(items[0], int):
+    if isinstance(items, list) and items and isinstance(items[0], str | list):
         return len(items)
     return 1
 

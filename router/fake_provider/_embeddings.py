@@ -59,7 +59,7 @@ def _inputs(body: dict[str, Any]) -> list[str | list[int]]:
     value = body.get("input")
     if isinstance(value, str):
         return [value]
-    if isinstance(value, list) and value and isinstance(value[0], int):
+    if isinstance(value, list) and value and isinstance(value[0], int | float):
         return [value]
     if isinstance(value, list):
         return [item for item in value if isinstance(item, str | list)]

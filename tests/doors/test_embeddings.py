@@ -100,3 +100,11 @@ def test_the_prompt_hash_is_of_the_input_alone():
     b = parse(input=["x", "y"], user="two")
     assert a.prompt_sha256 == b.prompt_sha256
     assert a.body_sha256() != b.body_sha256()
+
+
+def test_integers_written_as_json_floats_are_integers():
+    # JSON has numbers, not ints: an SDK or a schema-driven client may write 5.0.
+    assert parse(input=[[5.0, 6]], dimensions=256.0).input_tokens == 2
+    assert parse(input=[7.0, 8.0]).input_count == 1
+    assert refused(input=[[5.5]]).param == "input[0]"
+    assert refused(input="x", dimensions=2.5).param == "dimensions"
