@@ -392,6 +392,9 @@ class Defaults(_Frozen):
     # validation"): another mapping answers, or the client gets it as it is.
     on_invalid_output: Literal["failover", "return"] = "failover"
     hedge: Hedge = Hedge()
+    # Failover as an approved policy (contract §4 "Failover on grant"): `on_grant` moves to
+    # another endpoint only when the request carries X-Waybill-Allow-Failover: true.
+    failover: Literal["allowed", "on_grant"] = "allowed"
 
 
 # --- endpoints, model groups, workspaces ---------------------------------------------------
@@ -1016,7 +1019,14 @@ def _policy_summary(policy: Defaults, *, breaker: bool = True) -> dict[str, Any]
         summary["breaker"] = policy.breaker.summary()
     if not policy.hedge.after_p95:  # the default leaves earlier summaries as they were
         del summary["hedge"]["after_p95"]
+    for key in _LATER_POLICY_KEYS:  # their defaults leave earlier summaries as they were
+        if summary[key] == Defaults.model_fields[key].default:
+            del summary[key]
     return summary
+
+
+# Policy keys added after configs were first activated: summarised only when set otherwise.
+_LATER_POLICY_KEYS: Final = ("failover",)
 
 
 def _mapping_summary(m: Mapping) -> dict[str, Any]:

@@ -59,8 +59,9 @@ DECISION_REASONS: Final[tuple[str, ...]] = (
     # retry the same endpoint
     "retry_after_honoured",
     "retry_with_backoff",
-    # stop: the caller forbade moving
+    # stop: the caller forbade moving, or did not grant it where the group's policy asks
     "failover_forbidden_by_header",
+    "failover_not_granted",
     # failover
     "larger_context_failover",
     "credentials_policy_failover",
@@ -126,6 +127,9 @@ class AttemptOutcome:
     retries_on_endpoint: int  # same-endpoint retries already made for this endpoint
     remaining_ms: int  # whole-request deadline left
     allow_failover: bool = True  # X-Waybill-Allow-Failover
+    # Failover is not allowed because the group's `failover: on_grant` found no grant (the
+    # caller did not forbid it): the stop says so rather than naming the header.
+    failover_not_granted: bool = False
     stream_committed: bool = False  # an event reached the client: the endpoint is fixed
     # X-Waybill-Allow-Failover: unknown: the caller accepts that an attempt of unknown
     # execution is followed by another (a possible duplicate), even where the policy is strict.
@@ -149,6 +153,8 @@ def decide(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> D
     candidate is left to fail over to is the next evaluation's question.
     """
     decision = _decide(outcome, defaults, rng)
+    if decision.reason == "failover_not_granted":
+        return dataclasses.replace(decision, policy="failover=on_grant")
     return dataclasses.replace(decision, policy=_policy(outcome, defaults))
 
 
@@ -186,8 +192,15 @@ def _decide(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> 
         return retry
     # 4. Otherwise move to another endpoint, if the caller lets us.
     if not outcome.allow_failover:
-        return _stop("failover_forbidden_by_header")
+        return _stop(_forbidden(outcome))
     return Decision("failover", _failover_reason(outcome, defaults))
+
+
+def _forbidden(outcome: AttemptOutcome) -> str:
+    """Why the request may not move to another endpoint (the stop's reason)."""
+    if outcome.failover_not_granted:
+        return "failover_not_granted"
+    return "failover_forbidden_by_header"
 
 
 def _strict(outcome: AttemptOutcome, defaults: Defaults) -> str | None:

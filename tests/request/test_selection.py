@@ -1215,6 +1215,17 @@ def test_failover_forbidden_by_header_stops_after_the_retries():
     assert (decision.action, decision.reason) == ("stop", "failover_forbidden_by_header")
 
 
+def test_failover_not_granted_stops_where_a_failover_would_go_and_names_the_policy():
+    decision = _decide(
+        FIVE_XX, allow_failover=False, failover_not_granted=True, retries_on_endpoint=1
+    )
+    assert (decision.action, decision.reason) == ("stop", "failover_not_granted")
+    assert decision.policy == "failover=on_grant"
+    # Retries on the same endpoint follow the existing rules.
+    retry = _decide(FIVE_XX, allow_failover=False, failover_not_granted=True)
+    assert (retry.action, retry.reason) == ("retry", "retry_with_backoff")
+
+
 def test_a_class_stop_is_reported_before_the_header():
     quota = _from(http_status=429, error_code="insufficient_quota")
     assert _decide(quota, allow_failover=False).reason == "quota_exhausted_stops"
@@ -1246,6 +1257,7 @@ def test_every_decision_reason_is_listed_once_and_reachable():
                 {},
                 {"retries_on_endpoint": 1},
                 {"retries_on_endpoint": 1, "allow_failover": False},
+                {"retries_on_endpoint": 1, "allow_failover": False, "failover_not_granted": True},
                 {"retries_on_endpoint": 1, "server_side_effects": True},
                 {
                     "retries_on_endpoint": 1,
