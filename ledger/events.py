@@ -113,6 +113,8 @@ class ReasonCode(StrEnum):
     # group; or none of the pool's own mappings is eligible (its evaluation says why).
     POOL_NOT_PERMITTED = "pool_not_permitted"
     POOL_UNAVAILABLE = "pool_unavailable"
+    # Its provider account answered insufficient_quota (contract §4 "Quota failover").
+    QUOTA_EXHAUSTED = "quota_exhausted"
 
 
 class FailureClass(StrEnum):

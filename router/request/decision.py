@@ -65,6 +65,7 @@ DECISION_REASONS: Final[tuple[str, ...]] = (
     # failover
     "larger_context_failover",
     "credentials_policy_failover",
+    "quota_failover_policy",
     "invalid_output_policy_failover",
     "not_started_failover",
     "unknown_execution_policy_failover",
@@ -234,6 +235,11 @@ def _class_stops(outcome: AttemptOutcome, defaults: Defaults) -> str | None:
             if c.evidence is Evidence.NOT_STARTED or outcome.allow_unknown_execution:
                 return None
             return _strict(outcome, defaults)
+        case "per_on_quota_exhausted":
+            # Only an approved policy moves a request off an account whose balance ran out.
+            if defaults.on_quota_exhausted == "failover":
+                return None
+            return f"{c.failure_class.value}_stops"
         case "per_on_invalid_output":
             # With `return` the gateway gives the answer as it is and never asks; here for
             # completeness of the table.
@@ -245,6 +251,7 @@ def _retry(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> D
     if c.may_fail_over == "larger_context_only" or c.failure_class in (
         FailureClass.CONTEXT_TOO_SMALL,  # the same model would refuse the same prompt again
         FailureClass.TIMEOUT,  # a silent route is never retried, whatever the config says
+        FailureClass.QUOTA_EXHAUSTED,  # the same account has no more balance a moment later
     ):
         return None
     rule = defaults.retry_same_endpoint.rule(c.failure_class)
@@ -269,6 +276,8 @@ def _failover_reason(outcome: AttemptOutcome, defaults: Defaults) -> str:
         return "larger_context_failover"
     if c.may_fail_over == "per_on_credentials_error":
         return "credentials_policy_failover"
+    if c.may_fail_over == "per_on_quota_exhausted":
+        return "quota_failover_policy"
     if c.may_fail_over == "per_on_invalid_output":
         return "invalid_output_policy_failover"
     if c.evidence is Evidence.NOT_STARTED:
@@ -293,6 +302,8 @@ def _policy(outcome: AttemptOutcome, defaults: Defaults) -> str | None:
         return f"on_credentials_error={defaults.on_credentials_error}"
     if c.may_fail_over == "per_on_invalid_output":
         return f"on_invalid_output={defaults.on_invalid_output}"
+    if c.may_fail_over == "per_on_quota_exhausted":
+        return f"on_quota_exhausted={defaults.on_quota_exhausted}"
     if c.may_fail_over != "per_on_unknown_execution":
         return None
     strict = _strict(outcome, defaults)
@@ -323,10 +334,15 @@ def next_context(
     if action != "failover":
         return context
     tried = context.tried_endpoints | {place.endpoint}
+    if failure_class is FailureClass.QUOTA_EXHAUSTED:
+        # Its provider account ran out: every endpoint drawing on it is left too.
+        exhausted = context.quota_exhausted | {place.endpoint}
+        return dataclasses.replace(context, tried_endpoints=tried, quota_exhausted=exhausted)
     if failure_class is not FailureClass.CONTEXT_TOO_SMALL:
         return dataclasses.replace(context, tried_endpoints=tried)
     floor = context.larger_context_than
-    return RouteContext(
+    return dataclasses.replace(
+        context,
         tried_endpoints=tried,
         larger_context_than=place.context_window
         if floor is None

@@ -89,3 +89,46 @@ async def test_failover_false_still_names_the_header_under_on_grant(database_url
         assert response.status_code == 503, response.text
         [decided] = await _decisions(gw, response.headers["x-request-id"])
         assert decided["reason"] == "failover_forbidden_by_header"
+
+
+QUOTA_FAILOVER = {"approved": "{on_quota_exhausted: failover}"}
+
+
+async def test_quota_failover_is_an_approved_policy(database_url: str) -> None:
+    async with running_gateway(
+        database_url, ["east", "west"], ROUTES, defaults=PATIENT_BREAKERS, policies=QUOTA_FAILOVER
+    ) as gw:
+        gw.upstreams["east"].set_default(Behavior.insufficient_quota())
+        client = gw.client()
+        # The default policy stops and names the cause.
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.chat.completions.create(model="chat", messages=MESSAGES)
+        assert caught.value.status_code == 502
+        [decided] = await _decisions(gw, caught.value.response.headers["x-request-id"])
+        assert (decided["reason"], decided["policy"]) == (
+            "quota_exhausted_stops",
+            "on_quota_exhausted=stop",
+        )
+
+        # The approved policy moves to another provider account at once.
+        moved = await client.chat.completions.with_raw_response.create(
+            model="approved", messages=MESSAGES
+        )
+        assert moved.headers["x-waybill-endpoint"] == "west"
+        assert (gw.upstreams["east"].hits, gw.upstreams["west"].hits) == (2, 1)
+        request_id = moved.headers["x-request-id"]
+        [decided] = await _decisions(gw, request_id)
+        assert (decided["action"], decided["reason"], decided["policy"]) == (
+            "failover",
+            "quota_failover_policy",
+            "on_quota_exhausted=failover",
+        )
+        events = await gw.events(request_id)
+        _, second = [e.data for e in events if e.type == "RouteEvaluated"]
+        [east] = [c for c in second["candidates"] if c["endpoint"] == "east"]
+        assert (east["reason_code"], east["detail"]) == (
+            "quota_exhausted",
+            "east answered insufficient_quota",
+        )
+        explained = await _explained(gw, request_id)
+        assert "quota_failover_policy" in explained and "quota_exhausted" in explained
