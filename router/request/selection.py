@@ -32,6 +32,7 @@ __all__ = [
     "BreakerOpen",
     "CredentialsDisabled",
     "OverBudget",
+    "QuotaExhausted",
     "RouteContext",
     "Saturated",
     "Scope",
@@ -57,6 +58,10 @@ OverBudget: TypeAlias = Callable[[Decimal], "str | None"]
 
 CredentialsDisabled: TypeAlias = Callable[[str], "str | None"]
 """endpoint id → None unless a credentials failure disabled it, else what was refused."""
+
+QuotaExhausted: TypeAlias = Callable[[str], "str | None"]
+"""endpoint id → None unless an earlier request found its quota exhausted and its breaker is
+still cooling down, else what happened."""
 
 
 # --- the request's policy scope ----------------------------------------------------------
@@ -117,6 +122,7 @@ class _Subject:
     saturated: Saturated | None
     over_budget: OverBudget | None
     credentials_disabled: CredentialsDisabled | None
+    quota_exhausted: QuotaExhausted | None
 
 
 def _endpoint_disabled(s: _Subject) -> str | None:
@@ -132,7 +138,8 @@ def _model_kind_mismatch(s: _Subject) -> str | None:
 def _quota_exhausted(s: _Subject) -> str | None:
     exhausted = s.exhausted_accounts.get(s.endpoint.account)
     if exhausted is None:
-        return None
+        # An earlier request's: until the endpoint's breaker, opened by it, cools down.
+        return None if s.quota_exhausted is None else s.quota_exhausted(s.endpoint.id)
     if exhausted == s.endpoint.id:
         return f"{exhausted} answered insufficient_quota"
     return f"same provider account as {exhausted}, which answered insufficient_quota"
@@ -251,6 +258,7 @@ def evaluate(
     latencies: AbcMapping[tuple[str, str], float] | None = None,
     saturated: Saturated | None = None,
     credentials_disabled: CredentialsDisabled | None = None,
+    quota_exhausted: QuotaExhausted | None = None,
 ) -> tuple[Candidate, ...]:
     """One candidate per mapping of ``group``, in mapping order: eligible, or excluded with
     the reason code of the first failing check in :data:`CHECK_ORDER`. ``latencies``: each
@@ -289,6 +297,7 @@ def evaluate(
             saturated=saturated,
             over_budget=over_budget,
             credentials_disabled=credentials_disabled,
+            quota_exhausted=quota_exhausted,
         )
         reason, detail = _first_failure(subject)
         candidates.append(

@@ -19,7 +19,10 @@ from tests.gateway.harness import Gateway, Route, running_gateway
 MESSAGES: list[Any] = [{"role": "user", "content": "hi"}]
 ROUTES = (Route("east", tier=0), Route("west", tier=1))
 # Breakers that stay closed through a test's few failures, so each request meets east first.
-PATIENT_BREAKERS = {"breaker": "{failure_threshold: 50, base_cooldown_ms: 5000}"}
+# A breaker once open stays open for the rest of the test (no test waits out its cool-down).
+PATIENT_BREAKERS = {
+    "breaker": "{failure_threshold: 50, base_cooldown_ms: 600000, max_cooldown_ms: 600000}"
+}
 ON_GRANT = {"granted": "{failover: on_grant}"}
 NOT_GRANTED_WORDS = "failover_not_granted, the model group fails over only on grant"
 
@@ -132,3 +135,18 @@ async def test_quota_failover_is_an_approved_policy(database_url: str) -> None:
         )
         explained = await _explained(gw, request_id)
         assert "quota_failover_policy" in explained and "quota_exhausted" in explained
+
+        # The quota failure opened east's breaker at once: the next request does not try
+        # east while it cools down, and says why.
+        after = await client.chat.completions.with_raw_response.create(
+            model="approved", messages=MESSAGES
+        )
+        assert after.headers["x-waybill-endpoint"] == "west"
+        assert (gw.upstreams["east"].hits, gw.upstreams["west"].hits) == (2, 2)
+        events = await gw.events(after.headers["x-request-id"])
+        [evaluated] = [e.data for e in events if e.type == "RouteEvaluated"]
+        [east] = [c for c in evaluated["candidates"] if c["endpoint"] == "east"]
+        assert (east["reason_code"], east["detail"]) == (
+            "quota_exhausted",
+            "east answered insufficient_quota; its breaker is cooling down",
+        )

@@ -1431,3 +1431,22 @@ def test_quota_failover_is_an_approved_policy_never_a_retry():
     assert decision.policy == "on_quota_exhausted=failover"
     # The caller's header still forbids moving.
     assert _decide(quota, approved, allow_failover=False).reason == "failover_forbidden_by_header"
+
+
+def test_an_earlier_requests_quota_exhaustion_excludes_the_endpoint_alone():
+    config = _accounts_config()
+    candidates = evaluate(
+        config,
+        config.workspaces[0],
+        config.models[0],
+        Requirements(capabilities=("text",), data_class="internal"),
+        RouteContext(),
+        breaker_open=lambda endpoint_id, mapping: None,
+        quota_exhausted=lambda endpoint_id: "cooling" if endpoint_id == "a" else None,
+    )
+    assert [(c.endpoint, c.reason_code, c.detail) for c in candidates] == [
+        ("a", R.QUOTA_EXHAUSTED, "cooling"),
+        ("b", None, None),
+        ("c", None, None),
+        ("d", None, None),
+    ]
