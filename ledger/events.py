@@ -113,6 +113,8 @@ class ReasonCode(StrEnum):
     # group; or none of the pool's own mappings is eligible (its evaluation says why).
     POOL_NOT_PERMITTED = "pool_not_permitted"
     POOL_UNAVAILABLE = "pool_unavailable"
+    # Its provider account answered insufficient_quota (contract §4 "Quota failover").
+    QUOTA_EXHAUSTED = "quota_exhausted"
 
 
 class FailureClass(StrEnum):
@@ -273,6 +275,9 @@ class Requirements(_Record):
     # X-Waybill-Allow-Failover: unknown: an attempt of unknown execution may be followed by
     # another even where the request is strict (contract §5 "Per on_unknown_execution").
     allow_unknown_execution: bool = False
+    # X-Waybill-Allow-Failover was sent allowing failover: the grant a model group's
+    # `failover: on_grant` waits for (contract §4 "Failover on grant").
+    failover_granted: bool = Field(False, exclude_if=_nothing)
     # The body asks the provider for effects of its own (server-side tools, web search):
     # the request is strict whatever its model group's policy.
     server_side_effects: bool = False

@@ -64,6 +64,10 @@ _RULE_WORDS: Final[Mapping[str, str]] = {
         "the caller's X-Waybill-Allow-Failover: unknown allowed running it again although "
         "the attempt may have run"
     ),
+    "failover_not_granted": (
+        "the model group fails over only on grant (failover: on_grant), and the request "
+        "carried no X-Waybill-Allow-Failover: true"
+    ),
 }
 
 _BUDGET_TYPES: Final = frozenset(
@@ -682,6 +686,7 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
                 f"data class {r.data_class}"
                 + (f"; regions {', '.join(r.regions)}" if r.regions is not None else "")
                 + ("" if r.allow_failover else "; failover forbidden by the caller")
+                + ("; failover granted by the caller" if r.failover_granted else "")
                 + (
                     "; asks the provider for server-side effects, so it is strict"
                     if r.server_side_effects

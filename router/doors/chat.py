@@ -122,6 +122,7 @@ class ChatCall:
             max_cost_usd=headers.max_cost_usd,
             deadline_ms=headers.deadline_ms,
             allow_unknown_execution=headers.allow_unknown_execution,
+            failover_granted=headers.failover_granted,
             server_side_effects=self.server_side_effects,
         )
 

@@ -72,6 +72,7 @@ class EmbeddingsCall:
             max_cost_usd=headers.max_cost_usd,
             deadline_ms=headers.deadline_ms,
             allow_unknown_execution=headers.allow_unknown_execution,
+            failover_granted=headers.failover_granted,
         )
 
 

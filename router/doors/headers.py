@@ -51,6 +51,9 @@ class HeaderNarrowing:
     deadline_ms: int | None = None
     allow_failover: bool = True
     allow_unknown_execution: bool = False  # X-Waybill-Allow-Failover: unknown
+    # The header was sent and allows failover (true or unknown): the grant a group's
+    # `failover: on_grant` waits for; absent, failover is allowed but not granted.
+    failover_granted: bool = False
     capabilities: tuple[str, ...] = ()
     regions: tuple[str, ...] | None = None
     data_class: DataClass | None = None
@@ -76,6 +79,7 @@ def read_headers(headers: Mapping[str, str]) -> HeaderNarrowing:
         deadline_ms=_positive_int(headers.get("x-waybill-deadline-ms"), "X-Waybill-Deadline-Ms"),
         allow_failover=allow_failover,
         allow_unknown_execution=allow_unknown_execution,
+        failover_granted=allow_failover and "x-waybill-allow-failover" in headers,
         capabilities=_csv(headers.get("x-waybill-capabilities"), "X-Waybill-Capabilities") or (),
         regions=_csv(headers.get("x-waybill-regions"), "X-Waybill-Regions"),
         data_class=_data_class(headers.get("x-waybill-data-class")),

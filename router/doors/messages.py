@@ -120,6 +120,7 @@ class MessagesCall:
             max_cost_usd=headers.max_cost_usd,
             deadline_ms=headers.deadline_ms,
             allow_unknown_execution=headers.allow_unknown_execution,
+            failover_granted=headers.failover_granted,
             server_side_effects=self.server_side_effects,
             native=ANTHROPIC_DIALECT,
             unsupported=self.unsupported,

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections import deque
 from collections.abc import Coroutine
 from decimal import Decimal
 from typing import Any, TypeVar
 
 from ledger.books.accounting import BudgetDenied
+from ledger.events import FailureClass
 from ledger.store import LedgerUnavailable
 from ledger.support.frozen import evolve
 from router.drivers import UpstreamFailure
@@ -577,6 +579,13 @@ class Executor:
             return None
         key = endpoint_key if scope == "endpoint" else mapping_key
         attempt.probes = tuple(k for k in attempt.probes if k != key)  # judged
+        if (
+            classification.failure_class is FailureClass.QUOTA_EXHAUSTED
+            and plan.defaults.on_quota_exhausted == "failover"
+        ):
+            # An approved quota failover leaves the account at once: its endpoint's breaker
+            # opens now, and its cool-down is how long the endpoint stays excluded.
+            classification = dataclasses.replace(classification, breaker_opens_at_once=True)
         failed = self.ports.breakers.failed
         workspace = self.caller.workspace.id
         opened = await failed(key, classification, latency_ms, self.request_id, workspace)

@@ -47,9 +47,16 @@ def walk_policy(
     their policies, whose hedging holds for the attempts in them (``after_p95`` falls back
     to ``after_ms`` there: first answers are counted per requested group)."""
     after_ms, max_ways = _hedging(defaults, requirements, p95_ms)
+    # `failover: on_grant`: moving to another endpoint waits for the caller's explicit grant.
+    not_granted = (
+        defaults.failover == "on_grant"
+        and requirements.allow_failover
+        and not requirements.failover_granted
+    )
     return WalkPolicy(
         defaults=defaults,
-        allow_failover=requirements.allow_failover,
+        allow_failover=requirements.allow_failover and not not_granted,
+        failover_not_granted=not_granted,
         allow_unknown_execution=requirements.allow_unknown_execution,
         server_side_effects=requirements.server_side_effects,
         hedge_after_ms=after_ms,

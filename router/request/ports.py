@@ -99,6 +99,11 @@ class Breakers(Protocol):
         is one no breaker counts, or it never ran): the next attempt probes at once."""
         ...
 
+    def quota_opened(self) -> frozenset[str]:
+        """The endpoints whose own breaker an ``insufficient_quota`` opened last (as this
+        process saw it): while that breaker blocks, they are excluded ``quota_exhausted``."""
+        ...
+
 
 class Slots(Protocol):
     """Endpoints' ``max_in_flight`` slots (:class:`router.adapters.slots.EndpointSlots`)."""

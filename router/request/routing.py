@@ -185,7 +185,8 @@ class Routing:
             # A failed attempt's hold was just released or kept: the balances this
             # evaluation reads must include that.
             await journal.flush()
-        breaker_open = self._breaker_lookup(await ports.breakers.blocked(plan.breaker_keys))
+        blocked = await ports.breakers.blocked(plan.breaker_keys)
+        breaker_open = self._breaker_lookup(blocked)
         saturated = await self._saturation_lookup()
         latencies = None
         if plan.observes_latency:
@@ -205,6 +206,7 @@ class Routing:
             latencies=latencies,
             saturated=saturated,
             credentials_disabled=functools.partial(disabled_detail, disabled),
+            quota_exhausted=_quota_lookup(ports.breakers.quota_opened(), blocked),
         )
         return group, candidates
 
@@ -336,3 +338,17 @@ class Routing:
         self.admitted_as = "probe:" + scopes if probes else "closed"
         self.probes = tuple(probes)
         return True
+
+
+def _quota_lookup(
+    opened: frozenset[str], blocked: Mapping[BreakerKey, bool]
+) -> Callable[[str], str | None]:
+    """An endpoint whose breaker an insufficient_quota opened is excluded ``quota_exhausted``
+    until that breaker's cool-down passes (contract §4 "Quota failover")."""
+
+    def quota_exhausted(endpoint_id: str) -> str | None:
+        if endpoint_id in opened and blocked.get(BreakerKey.endpoint(endpoint_id)):
+            return f"{endpoint_id} answered insufficient_quota; its breaker is cooling down"
+        return None
+
+    return quota_exhausted

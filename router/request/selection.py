@@ -32,6 +32,7 @@ __all__ = [
     "BreakerOpen",
     "CredentialsDisabled",
     "OverBudget",
+    "QuotaExhausted",
     "RouteContext",
     "Saturated",
     "Scope",
@@ -57,6 +58,10 @@ OverBudget: TypeAlias = Callable[[Decimal], "str | None"]
 
 CredentialsDisabled: TypeAlias = Callable[[str], "str | None"]
 """endpoint id → None unless a credentials failure disabled it, else what was refused."""
+
+QuotaExhausted: TypeAlias = Callable[[str], "str | None"]
+"""endpoint id → None unless an earlier request found its quota exhausted and its breaker is
+still cooling down, else what happened."""
 
 
 # --- the request's policy scope ----------------------------------------------------------
@@ -92,6 +97,9 @@ class RouteContext:
     tried_endpoints: frozenset[str] = frozenset()  # left by a failover: never entered again
     larger_context_than: int | None = None  # after context_too_small: only larger windows
     excluded_models: frozenset[str] = frozenset()  # upstream models never tried again
+    # Endpoints whose provider account answered insufficient_quota in this request (a quota
+    # failover, contract §4 "Quota failover"): no endpoint of those accounts is entered again.
+    quota_exhausted: frozenset[str] = frozenset()
 
 
 # --- eligibility ---------------------------------------------------------------------------
@@ -107,12 +115,14 @@ class _Subject:
     requirements: Requirements
     scope: Scope
     context: RouteContext
+    exhausted_accounts: AbcMapping[str, str]  # account → an endpoint that ran out on it
     unpriced: str | None  # the dimensions the mapping has no price for
     worst_case_usd: Decimal | None  # None while something is unpriced
     breaker_open: BreakerOpen
     saturated: Saturated | None
     over_budget: OverBudget | None
     credentials_disabled: CredentialsDisabled | None
+    quota_exhausted: QuotaExhausted | None
 
 
 def _endpoint_disabled(s: _Subject) -> str | None:
@@ -123,6 +133,16 @@ def _model_kind_mismatch(s: _Subject) -> str | None:
     if s.group.kind == s.requirements.kind:
         return None
     return f"group kind {s.group.kind} != requested {s.requirements.kind}"
+
+
+def _quota_exhausted(s: _Subject) -> str | None:
+    exhausted = s.exhausted_accounts.get(s.endpoint.account)
+    if exhausted is None:
+        # An earlier request's: until the endpoint's breaker, opened by it, cools down.
+        return None if s.quota_exhausted is None else s.quota_exhausted(s.endpoint.id)
+    if exhausted == s.endpoint.id:
+        return f"{exhausted} answered insufficient_quota"
+    return f"same provider account as {exhausted}, which answered insufficient_quota"
 
 
 def _already_tried(s: _Subject) -> str | None:
@@ -207,6 +227,7 @@ _Check: TypeAlias = Callable[[_Subject], "str | None"]
 _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.ENDPOINT_DISABLED, _endpoint_disabled),
     (ReasonCode.MODEL_KIND_MISMATCH, _model_kind_mismatch),
+    (ReasonCode.QUOTA_EXHAUSTED, _quota_exhausted),
     (ReasonCode.ALREADY_TRIED, _already_tried),
     (ReasonCode.SCOPE_EMPTY, _scope_empty),
     (ReasonCode.REGION_NOT_ALLOWED, _region_not_allowed),
@@ -237,6 +258,7 @@ def evaluate(
     latencies: AbcMapping[tuple[str, str], float] | None = None,
     saturated: Saturated | None = None,
     credentials_disabled: CredentialsDisabled | None = None,
+    quota_exhausted: QuotaExhausted | None = None,
 ) -> tuple[Candidate, ...]:
     """One candidate per mapping of ``group``, in mapping order: eligible, or excluded with
     the reason code of the first failing check in :data:`CHECK_ORDER`. ``latencies``: each
@@ -248,6 +270,7 @@ def evaluate(
     before theirs.
     """
     scope = effective_scope(workspace, requirements)
+    exhausted_accounts = _exhausted_accounts(config, context)
     candidates = []
     for index, mapping in enumerate(group.mappings):
         endpoint = config.endpoint(mapping.endpoint)
@@ -265,6 +288,7 @@ def evaluate(
             requirements=requirements,
             scope=scope,
             context=context,
+            exhausted_accounts=exhausted_accounts,
             unpriced=missing,
             worst_case_usd=None
             if missing is not None
@@ -273,6 +297,7 @@ def evaluate(
             saturated=saturated,
             over_budget=over_budget,
             credentials_disabled=credentials_disabled,
+            quota_exhausted=quota_exhausted,
         )
         reason, detail = _first_failure(subject)
         candidates.append(
@@ -290,6 +315,16 @@ def evaluate(
             )
         )
     return tuple(candidates)
+
+
+def _exhausted_accounts(config: Config, context: RouteContext) -> dict[str, str]:
+    """The provider accounts this request found out of quota, each with its endpoint."""
+    accounts: dict[str, str] = {}
+    for endpoint_id in sorted(context.quota_exhausted):
+        endpoint = config.endpoint(endpoint_id)
+        if endpoint is not None:
+            accounts.setdefault(endpoint.account, endpoint_id)
+    return accounts
 
 
 def _latency(latencies: AbcMapping[tuple[str, str], float] | None, mapping: Mapping) -> int | None:

@@ -73,6 +73,15 @@ def test_the_header_reaches_the_requirements() -> None:
 
 
 @pytest.mark.parametrize(
+    ("value", "granted"),
+    [(None, False), ("true", True), ("yes", True), ("unknown", True), ("false", False)],
+)
+def test_only_a_header_that_allows_failover_grants_it(value: str | None, granted: bool) -> None:
+    headers = {} if value is None else {"x-waybill-allow-failover": value}
+    assert _requirements(headers).failover_granted is granted
+
+
+@pytest.mark.parametrize(
     "body",
     [
         {"tools": [{"type": "web_search"}]},

@@ -253,6 +253,9 @@ class FakeBreakers:
     async def release_probes(self, keys: Sequence[BreakerKey]) -> None:
         self.released += keys
 
+    def quota_opened(self) -> frozenset[str]:
+        return frozenset()
+
 
 class FakeSlots:
     async def in_use(self, endpoints: Sequence[str]) -> Mapping[str, int]:
