@@ -14,6 +14,7 @@ import sys
 
 import typer
 
+from ledger.store.db import head_revision
 from ledger.support.process import tune_gc
 from router.cli import (
     checkpoints,
@@ -28,6 +29,7 @@ from router.cli import (
     traces,
     verify,
 )
+from router.support.version import package_version
 
 __all__ = ["app", "main"]
 
@@ -37,7 +39,30 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain help, as click writes it: typer's rich panels label a flag with a type it takes no
+    # value of (`--json <bool>`), and their boxes cost an 80-column terminal its width.
+    rich_markup_mode=None,
 )
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        typer.echo(f"waybill {package_version()} (schema {head_revision()})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        help="Print the version and the schema revision this code migrates to, and exit.",
+        callback=_print_version,
+        is_eager=True,
+    ),
+) -> None:
+    """Waybill: an LLM gateway whose every decision is an immutable, billable fact."""
+
 
 # Every command, in the order `waybill --help` lists them.
 app.command("migrate")(database.migrate_command)
