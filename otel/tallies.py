@@ -298,7 +298,7 @@ class Tallies:
         return MetricsData(resource_metrics=resources)
 
 
-def _preferred(by_class: Mapping[type, Any], kind: type[Instrument]) -> Any:
+def _preferred(by_class: Mapping[type[Instrument], Any], kind: type[Instrument]) -> Any:
     """A reader's preference for the SDK's instruments of ``kind`` (its public class): the
     reader keys them by the SDK's private subclasses, which are not imported here."""
     return next((value for cls, value in by_class.items() if issubclass(cls, kind)), None)

@@ -221,7 +221,7 @@ def test_tallies_find_each_readers_preferences_for_the_sdks_public_instrument_cl
     assert counter.sinks and histogram.sinks
     collected = reader.get_metrics_data()
     assert collected is not None
-    metrics = {
+    metrics: dict[str, Any] = {
         m.name: m for r in collected.resource_metrics for s in r.scope_metrics for m in s.metrics
     }
     assert metrics["c"].data.aggregation_temporality is AggregationTemporality.DELTA
