@@ -387,6 +387,9 @@ def print_report(report: dict[str, Any], output: Output) -> None:
         print(json.dumps(report))
     elif output == "csv":
         sys.stdout.write(report_csv(report))
+        # The rows carry no id, and stdout is often a file: say which report it was, for
+        # `reconcile show`, where the terminal still shows it.
+        err.print(f"reconciliation {report['id']} (`waybill reconcile show {report['id']}`)")
     elif report.get("format", "lines") == "lines":
         _lines_table(report)
     else:
