@@ -146,3 +146,30 @@ workspaces:
     ok = waybill("check-config", str(one), database_url="sqlite://")
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.endswith(", 1 endpoint, 1 model group, 1 workspace\n"), ok.stdout
+
+
+def waybill_in_terminal(*args: str, database_url: str, columns: int = 80) -> str:
+    """`waybill ARGS` with its output on a terminal COLUMNS wide (a pseudo-terminal), as a
+    person reads it; returns what the terminal showed, without its styling."""
+    import pty
+    import re
+
+    env = {**os.environ, "WAYBILL_DATABASE_URL": database_url, "COLUMNS": str(columns)}
+    env.pop("NO_COLOR", None)
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [*WAYBILL, *args], stdout=follower, stderr=follower, env=env, cwd=Path.cwd()
+    )
+    os.close(follower)
+    shown = bytearray()
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed: the process is gone
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert process.wait(timeout=120) == 0, shown.decode()
+    return re.sub(r"\x1b\[[0-9;]*m", "", shown.decode()).replace("\r\n", "\n")

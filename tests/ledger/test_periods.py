@@ -237,7 +237,7 @@ def test_the_cli_closes_refuses_and_spend_shows_the_adjustment(database_url: str
         D("-0.005"),
     )
     table = waybill("spend", database_url=database_url)
-    assert "adjustment_settled_usd" in table.stdout
+    assert "adj_settled" in table.stdout and "adj_held_unknown" in table.stdout
 
 
 async def test_a_month_with_attempts_in_flight_does_not_close(
