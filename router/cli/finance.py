@@ -134,6 +134,13 @@ def reprice_command(
     since: Annotated[str, typer.Option("--since", help="First day (YYYY-MM-DD).")],
     until: Annotated[str, typer.Option("--until", help="Last day, inclusive (YYYY-MM-DD).")],
     database_url: DatabaseUrl = None,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint",
+            help="Hold only this endpoint's recorded costs against the report (its own bill).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Compare the costs the ledger recorded with a provider's cost report, by model and
@@ -160,7 +167,7 @@ def reprice_command(
     async def work(store: EventStore) -> Any:
         runner = ProjectionRunner(store, all_projections())
         await runner.catch_up(runner.get("spend"))
-        return compare(await recorded_costs(store.engine, first, last), provider)
+        return compare(await recorded_costs(store.engine, first, last, endpoint), provider)
 
     rows = with_store(database_url, work)
     parted = sorted({row.day for row in rows if row.parted})
