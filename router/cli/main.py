@@ -2,10 +2,10 @@
 
 Each group is a module of this package (``serve``, ``demo``, ``keys``, ``database``,
 ``verify``, ``explain``, ``checkpoints``, ``finance``, ``reconcile``, ``endpoints``,
-``traces``), over what they share (``router.cli._shared``). Each command is a thin edge:
-parse options, call the ledger or the gateway, print. Errors a user can cause (a bad URL,
-an unreachable database, an unknown key) end with a one-line message and a non-zero exit
-code, never a traceback.
+``traces``, ``fake_provider``), over what they share (``router.cli._shared``). Each command
+is a thin edge: parse options, call the ledger or the gateway, print. Errors a user can
+cause (a bad URL, an unreachable database, an unknown key) end with a one-line message and a
+non-zero exit code, never a traceback.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from router.cli import (
     demo,
     endpoints,
     explain,
+    fake_provider,
     finance,
     keys,
     reconcile,
@@ -85,6 +86,7 @@ app.add_typer(finance.period_app, name="period")
 app.add_typer(endpoints.endpoints_app, name="endpoints")
 app.add_typer(reconcile.reconcile_app, name="reconcile")
 app.add_typer(checkpoints.checkpoint_app, name="checkpoint")
+app.add_typer(fake_provider.fake_provider_app, name="fake-provider")
 
 
 def main() -> None:

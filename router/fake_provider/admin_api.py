@@ -75,9 +75,13 @@ class FakeAdminApi(Served):
         *,
         admin_key: str = "sk-admin-fake",
         page_size: int = 2,
+        host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
         self.admin_key = admin_key
         self.page_size = page_size
+        self.host = host
+        self._requested_port = port  # 0: a free one
         self._reports = {k: list(v) for k, v in (reports or {}).items()}
         self._lock = threading.Lock()
         self._faults: deque[_Fault] = deque()
@@ -97,7 +101,7 @@ class FakeAdminApi(Served):
         """Anthropic's form (the host alone)."""
         if not self._port:
             raise RuntimeError("FakeAdminApi is not running")
-        return f"http://127.0.0.1:{self._port}"
+        return f"http://{self.host}:{self._port}"
 
     def set_report(self, report_format: str, buckets: list[dict[str, Any]]) -> None:
         with self._lock:
@@ -238,7 +242,7 @@ class FakeAdminApi(Served):
     # --- lifecycle: on the caller's loop, or on a loop of its own in a thread ---
 
     async def astart(self) -> Self:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, self.host, self._requested_port)
         self._port = self._server.sockets[0].getsockname()[1]
         return self
 
