@@ -4,9 +4,10 @@ It is the test kit's :class:`router.fake_provider.FakeUpstream` (the demo's prov
 port speaks both dialects (OpenAI ``/v1/chat/completions`` and ``/v1/models``, Anthropic
 ``/v1/messages``), answering each request with the next fault of its plan, then its default.
 With ``--admin-port`` it also serves the providers' admin report API
-(:class:`router.fake_provider.FakeAdminApi`) from saved report pages, so that
-``waybill reconcile fetch`` runs offline. ``python -m router.fake_provider`` is the same
-command. The fake provider is imported when the command runs, not with the CLI.
+(:class:`router.fake_provider.FakeAdminApi`): saved report pages, or for usage what it
+billed itself, so that ``waybill reconcile fetch`` runs offline against its traffic.
+``python -m router.fake_provider`` is the same command. The fake provider is imported when
+the command runs, not with the CLI.
 """
 
 from __future__ import annotations
@@ -98,12 +99,22 @@ def fake_provider_command(
             "--admin-report",
             help="NAME=FILE: report pages to serve (repeat it); NAME is one of "
             + ", ".join(REPORTS)
-            + ".",
+            + ". Without one, OpenAI's usage and Anthropic's analytics usage are what this "
+            "fake billed, hour by hour.",
         ),
     ] = None,
+    project_id: Annotated[
+        str, typer.Option("--project-id", help="The OpenAI project its usage names.")
+    ] = "proj_fake",
+    api_key_id: Annotated[
+        str, typer.Option("--api-key-id", help="The API key id its usage names.")
+    ] = "key_fake",
+    workspace_id: Annotated[
+        str, typer.Option("--workspace-id", help="The Anthropic workspace its usage names.")
+    ] = "wrkspc_fake",
 ) -> None:
     """Serve the fake provider until Ctrl-C; prints `listening URL` (and `admin API URL`)."""
-    from router.fake_provider import FakeAdminApi, FakeUpstream
+    from router.fake_provider import FakeAdminApi, FakeUpstream, Identity
 
     with friendly_errors():
         upstream = FakeUpstream(
@@ -118,7 +129,14 @@ def fake_provider_command(
         admin = None
         if admin_port is not None:
             reports = dict(_report(spec) for spec in admin_reports or [])
-            admin = FakeAdminApi(reports, admin_key=admin_key, host=host, port=admin_port)
+            admin = FakeAdminApi(
+                reports,
+                admin_key=admin_key,
+                host=host,
+                port=admin_port,
+                billed_by=upstream,
+                identity=Identity(project_id, api_key_id, workspace_id),
+            )
         elif admin_reports:
             raise CliError("--admin-report needs --admin-port")
         try:

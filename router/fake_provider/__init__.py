@@ -7,7 +7,8 @@ cached input reported, each image, audio clip or file at its `PART_TOKENS`, audi
 an answer asked for as audio reported as audio tokens (OpenAI's usage details). Standalone:
 `python -m router.fake_provider --port 8900`. `FakeProxy` is an HTTP CONNECT proxy beside
 it, with faults of its own (a refused, dropped or silent tunnel). `FakeAdminApi` serves both
-providers' usage and cost report endpoints (paging, auth, 429 / 401 / 5xx faults).
+providers' usage and cost report endpoints (paging, auth, 429 / 401 / 5xx faults), from
+pages a test gives or, for usage, from what a `FakeUpstream` billed.
 `reply_pieces` is the answer's text, piece by piece, for tests that count what was sent.
 
 It continues a partial assistant message as its `continuation` rule says (the form it takes
@@ -18,10 +19,10 @@ and refusing any other form with 400 `invalid_prefill`.
 
 from router.fake_provider._continuation import CONTINUATIONS, MISMATCHED_SEAM, Continuation
 from router.fake_provider._reply import PART_TOKENS, reply_pieces
-from router.fake_provider.admin_api import AdminRequest, FakeAdminApi
+from router.fake_provider.admin_api import AdminRequest, FakeAdminApi, Identity
 from router.fake_provider.behavior import Behavior, Kind, LineEnding
 from router.fake_provider.proxy import FakeProxy, ProxyMode, RecordedConnect
-from router.fake_provider.server import FakeUpstream, RecordedRequest
+from router.fake_provider.server import Billed, FakeUpstream, RecordedRequest
 
 __all__ = [
     "CONTINUATIONS",
@@ -29,10 +30,12 @@ __all__ = [
     "PART_TOKENS",
     "AdminRequest",
     "Behavior",
+    "Billed",
     "Continuation",
     "FakeAdminApi",
     "FakeProxy",
     "FakeUpstream",
+    "Identity",
     "Kind",
     "LineEnding",
     "ProxyMode",
