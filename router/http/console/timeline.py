@@ -124,8 +124,7 @@ def timeline(explanation: Mapping[str, Any], trail: Sequence[RecordedEvent]) -> 
 
 def _late_label(event_type: str) -> str:
     """`UnknownUsageSettled` → `unknown usage settled`."""
-    words = "".join(f" {c.lower()}" if c.isupper() else c for c in event_type).strip()
-    return words
+    return "".join(f" {c.lower()}" if c.isupper() else c for c in event_type).strip()
 
 
 def _attempt_title(attempt: Mapping[str, Any]) -> str:
