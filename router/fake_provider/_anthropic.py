@@ -38,6 +38,7 @@ class _Anthropic(Dialect):
             for t in (tools if isinstance(tools, list) else [])
             if isinstance(t, dict) and t.get("name")
         )
+        thinking = body.get("thinking")
         return Prompt(
             model=str(body.get("model") or "fake-model"),
             prompt_tokens=prompt_tokens(body)[0],
@@ -45,6 +46,7 @@ class _Anthropic(Dialect):
             tool_names=names,
             stream=body.get("stream") is True,
             include_usage=True,
+            thinking=isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"),
         )
 
     def partial(self, body: dict[str, Any]) -> Partial | None:
@@ -77,6 +79,10 @@ class _Anthropic(Dialect):
         return usage
 
     @staticmethod
+    def _signature(reply: Reply) -> str:
+        return f"sig_{reply.request_id}"
+
+    @staticmethod
     def _stop_reason(reply: Reply) -> str:
         return {"stop": "end_turn", "length": "max_tokens", "tool": "tool_use"}[reply.finish]
 
@@ -89,12 +95,17 @@ class _Anthropic(Dialect):
                 "name": reply.tool_name,
                 "input": json_object(reply.text),
             }
+        blocks = [block]
+        if reply.thinking:
+            thought = "".join(reply.thinking)
+            signature = self._signature(reply)
+            blocks.insert(0, {"type": "thinking", "thinking": thought, "signature": signature})
         return {
             "id": reply.message_id,
             "type": "message",
             "role": "assistant",
             "model": reply.model,
-            "content": [block],
+            "content": blocks,
             "stop_reason": self._stop_reason(reply),
             "stop_sequence": None,
             "usage": {**self._input_usage(reply), "output_tokens": reply.completion_tokens},
@@ -121,14 +132,20 @@ class _Anthropic(Dialect):
             block = {"type": "tool_use", "id": reply.tool_call_id, "name": reply.tool_name}
             block["input"] = {}
             deltas = [{"type": "input_json_delta", "partial_json": p} for p in reply.pieces]
-        events = [
-            event("message_start", message=message),
-            event("content_block_start", index=0, content_block=block),
-            event("ping"),
-        ]
-        content_index = len(events)
-        events += [event("content_block_delta", index=0, delta=delta) for delta in deltas]
-        events.append(event("content_block_stop", index=0))
+        blocks: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+        if reply.thinking:
+            thought = [{"type": "thinking_delta", "thinking": t} for t in reply.thinking]
+            signed = {"type": "signature_delta", "signature": self._signature(reply)}
+            blocks.append(({"type": "thinking", "thinking": ""}, [*thought, signed]))
+        blocks.append((block, deltas))
+        events = [event("message_start", message=message)]
+        for at, (start, block_deltas) in enumerate(blocks):
+            events.append(event("content_block_start", index=at, content_block=start))
+            if at == 0:
+                events.append(event("ping"))
+            events += [event("content_block_delta", index=at, delta=d) for d in block_deltas]
+            events.append(event("content_block_stop", index=at))
+        content_index = 3  # the first block's first delta, after the start and the ping
         finish_index = len(events)
         events.append(
             event(

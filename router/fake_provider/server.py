@@ -19,13 +19,14 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Self
+from typing import Any, Final, Self
 
 from router.fake_provider._anthropic import ANTHROPIC
 from router.fake_provider._continuation import Continuation, Partial, parse_continuation, refusal
+from router.fake_provider._embeddings import EmbeddingsDialect
 from router.fake_provider._http import BadRequest, Connection, Headers, HttpRequest
 from router.fake_provider._openai import OPENAI
-from router.fake_provider._reply import Dialect, Reply
+from router.fake_provider._reply import Dialect, Reply, prompt_tokens
 from router.fake_provider._respond import Exchange, respond, send_json
 from router.fake_provider._serving import Served
 from router.fake_provider.behavior import Behavior
@@ -33,6 +34,7 @@ from router.fake_provider.behavior import Behavior
 __all__ = ["FakeUpstream", "RecordedRequest"]
 
 _INFERENCE: dict[str, Dialect] = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC}
+_EMBEDDINGS: Final = "/v1/embeddings"  # its dialect holds the request's inputs: one each
 
 
 @dataclass(frozen=True)
@@ -330,7 +332,8 @@ class FakeUpstream(Served):
             self._sequence += 1
             request_id = f"req_{self.name}_{self._sequence:06d}"
             self._hits_by_path[request.path] += 1
-            if request.method == "POST" and request.path in _INFERENCE:
+            inference = request.path in _INFERENCE or request.path == _EMBEDDINGS
+            if request.method == "POST" and inference:
                 self._hits += 1
             self._requests.append(
                 RecordedRequest(
@@ -427,12 +430,25 @@ class FakeUpstream(Served):
             await self._control(conn, request)
             return
         dialect = _INFERENCE.get(request.path)
+        if request.path == _EMBEDDINGS and request.method == "POST":
+            body = _parse_json(request.body)
+            dialect = EmbeddingsDialect(body if isinstance(body, dict) else {})
         if dialect is not None and request.method == "POST":
             await self._inference(conn, request, dialect, connection_id)
             return
         request_id = self._record(request, connection_id, None)
         headers = {"x-request-id": request_id, "x-fake-upstream": self.name}
         keep_alive = request.keep_alive
+        if request.path == "/v1/messages/count_tokens" and request.method == "POST":
+            # Anthropic's token counting: free, and never an inference (nothing of the plan).
+            body = _parse_json(request.body)
+            if not isinstance(body, dict):
+                error = ANTHROPIC.bad_request("The request body is not a JSON object.", request_id)
+                await send_json(conn, 400, error.body, keep_alive=keep_alive, headers=headers)
+                return
+            counted = {"input_tokens": prompt_tokens(body)[0]}
+            await send_json(conn, 200, counted, keep_alive=keep_alive, headers=headers)
+            return
         if request.path == "/v1/models" and request.method == "GET":
             models = [
                 {"id": m, "object": "model", "created": 0, "owned_by": self.name}

@@ -29,12 +29,15 @@ __all__ = [
     "ADMIN_RELOAD",
     "BUDGETS",
     "CHAT_COMPLETIONS",
+    "EMBEDDINGS",
     "ENABLE_ENDPOINT",
     "ERROR_CODES",
     "EXPLAIN_REQUEST",
     "HEALTHZ",
     "IMPORT_RECONCILIATION",
     "LIST_ENDPOINTS",
+    "MESSAGES",
+    "MESSAGES_COUNT_TOKENS",
     "METRICS",
     "MODELS",
     "READYZ",
@@ -89,10 +92,21 @@ def _page(item: Schema) -> Schema:
     }
 
 
+def _when(kind: str, **required: Schema) -> Schema:
+    """A block of type ``kind`` has these fields, of these types."""
+    return {
+        "if": {"properties": {"type": {"const": kind}}},
+        "then": {"required": list(required), "properties": required},
+    }
+
+
 def _object(required: Iterable[str], **properties: Schema) -> Schema:
     """An object with these fields at least (more are welcome: contract §3)."""
     return {"type": "object", "required": list(required), "properties": properties}
 
+
+# A cache_control marker: its lifetime is a cache write the request may be billed for.
+_CACHE: Final[Schema] = _nullable({"type": "object", "properties": {"ttl": {"enum": ["5m", "1h"]}}})
 
 _SCHEMAS: Final[dict[str, Schema]] = {
     "Error": {
@@ -112,6 +126,156 @@ _SCHEMAS: Final[dict[str, Schema]] = {
                     "attempts": {"type": "array", "items": _ref("AttemptSummary")},
                 },
             }
+        },
+    },
+    "AnthropicError": {
+        "description": (
+            'The Anthropic door\'s error body (contract §3 "The Anthropic door"): '
+            "Anthropic's shape, Waybill's error code under error.code."
+        ),
+        "type": "object",
+        "required": ["type", "error"],
+        "properties": {
+            "type": {"type": "string", "enum": ["error"]},
+            "error": {
+                "type": "object",
+                "required": ["type", "message", "code"],
+                "properties": {
+                    "type": _STRING,
+                    "message": _STRING,
+                    "code": {"type": "string", "enum": list(ERROR_CODES)},
+                    "param": _STRING,
+                    "attempts": {"type": "array", "items": _ref("AttemptSummary")},
+                },
+            },
+            "request_id": _nullable(_STRING),
+        },
+    },
+    "MessagesRequest": {
+        "description": (
+            "An Anthropic Messages API request; model names a Waybill model group. A field "
+            "outside the documented set is refused (400) unless it belongs to a beta named "
+            "in anthropic-beta (contract §3 lists them). Anthropic endpoints receive the body "
+            "natively; OpenAI-dialect endpoints its translation, or are excluded "
+            "(dialect_unsupported). Also accepted, beyond what this schema can say: "
+            'thinking {"type": "enabled", "budget_tokens"} below max_tokens, and tool_choice '
+            '{"type": "tool", "name"} naming a declared tool.'
+        ),
+        "type": "object",
+        "required": ["model", "messages", "max_tokens"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "messages": {"type": "array", "minItems": 1, "items": _ref("MessagesTurn")},
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_JSON_INTEGER},
+            "system": _nullable(
+                {"anyOf": [_STRING, {"type": "array", "items": _ref("MessagesTextBlock")}]}
+            ),
+            "stream": _nullable({"type": "boolean"}),
+            "stop_sequences": _nullable({"type": "array", "items": _STRING}),
+            "temperature": _nullable({"type": "number"}),
+            "top_p": _nullable({"type": "number"}),
+            "top_k": _nullable(
+                {"type": "integer", "minimum": -MAX_JSON_INTEGER, "maximum": MAX_JSON_INTEGER}
+            ),
+            "tools": _nullable({"type": "array", "items": _ref("MessagesTool")}),
+            "tool_choice": _nullable(
+                {
+                    "type": "object",
+                    "required": ["type"],
+                    "properties": {"type": {"enum": ["auto", "any", "none"]}},
+                }
+            ),
+            "metadata": _nullable(
+                {"type": "object", "properties": {"user_id": _nullable(_STRING)}}
+            ),
+            "thinking": _nullable(
+                {
+                    "type": "object",
+                    "required": ["type"],
+                    "properties": {"type": {"enum": ["adaptive", "disabled"]}},
+                }
+            ),
+            "service_tier": _nullable(_STRING),
+        },
+        "additionalProperties": False,
+    },
+    "MessagesTurn": {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {
+            "role": {"enum": ["user", "assistant"]},
+            "content": {"anyOf": [_STRING, {"type": "array", "items": _ref("MessagesBlock")}]},
+        },
+    },
+    "MessagesTextBlock": {
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"const": "text"}, "text": _STRING, "cache_control": _CACHE},
+    },
+    "MessagesBlock": {
+        "description": (
+            "A content block: text, image, document, tool_use, tool_result, thinking, ... "
+            "(others are passed on natively to Anthropic endpoints)."
+        ),
+        "type": "object",
+        "required": ["type"],
+        "properties": {"type": _STRING, "cache_control": _CACHE},
+        "allOf": [
+            _when("text", text=_STRING),
+            _when("image", source={"type": "object"}),
+            _when("tool_use", id=_STRING, name=_STRING),
+            {
+                "if": {"properties": {"type": {"const": "tool_result"}}},
+                "then": {
+                    "required": ["tool_use_id"],
+                    "properties": {
+                        "tool_use_id": _STRING,
+                        "content": _nullable(
+                            {
+                                "anyOf": [
+                                    _STRING,
+                                    {"type": "array", "items": _ref("MessagesPart")},
+                                ]
+                            }
+                        ),
+                    },
+                },
+            },
+        ],
+    },
+    "MessagesPart": {
+        "description": "A block inside a tool_result's content.",
+        "type": "object",
+        "required": ["type"],
+        "properties": {"type": _STRING, "cache_control": _CACHE},
+        "allOf": [
+            _when("text", text=_STRING),
+            _when("image", source={"type": "object"}),
+            _when("tool_use", id=_STRING, name=_STRING),
+            _when("tool_result", tool_use_id=_STRING),
+        ],
+    },
+    "MessagesTool": {
+        "description": "A custom tool (input_schema required) or an Anthropic-defined one.",
+        "type": "object",
+        "required": ["name"],
+        "properties": {"name": _STRING, "cache_control": _CACHE},
+        "if": {"properties": {"type": {"const": "custom"}}},
+        "then": {"required": ["input_schema"], "properties": {"input_schema": {"type": "object"}}},
+    },
+    "Message": {
+        "description": "Anthropic's message object.",
+        "type": "object",
+        "required": ["id", "type", "role", "content", "model", "stop_reason", "usage"],
+        "properties": {
+            "id": _STRING,
+            "type": {"type": "string", "enum": ["message"]},
+            "role": {"type": "string", "enum": ["assistant"]},
+            "content": {"type": "array", "items": {"type": "object"}},
+            "model": _nullable(_STRING),
+            "stop_reason": _nullable(_STRING),
+            "stop_sequence": _nullable(_STRING),
+            "usage": {"type": "object"},
         },
     },
     "AttemptSummary": {
@@ -659,6 +823,74 @@ CHAT_COMPLETIONS: Final[Schema] = {
         **_error_responses(400, 402, 404, 409, 413, 422, 429, 502, 504),
     },
 }
+
+EMBEDDINGS: Final[Schema] = {
+    "summary": "OpenAI-compatible embeddings of a string, a batch or token arrays (buffered)",
+    "parameters": _CHAT_HEADERS,
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": _ref("EmbeddingsRequest")}},
+    },
+    "responses": {
+        "200": _ok(_ref("Embeddings")),
+        **_error_responses(400, 402, 404, 409, 413, 422, 429, 502, 504),
+    },
+}
+
+
+def _anthropic_errors(*statuses: int) -> dict[str, Schema]:
+    """The Anthropic door's errors: its statuses (a 503 of the gateway's is a 529)."""
+    return {
+        str(status): {
+            "description": "Anthropic's error object; error.code is Waybill's error code.",
+            "headers": {"X-Request-Id": _REQUEST_ID_HEADER},
+            "content": {"application/json": {"schema": _ref("AnthropicError")}},
+        }
+        for status in sorted({*statuses, 401, 529})
+    }
+
+
+_ANTHROPIC_HEADERS: Final = [
+    _header("x-api-key", _STRING, "The Waybill key (or Authorization: Bearer <key>)."),
+    _header("anthropic-version", _STRING, "Accepted; Anthropic endpoints get their own."),
+    _header(
+        "anthropic-beta",
+        _STRING,
+        "Betas, comma-separated: their body fields are accepted, and the header is "
+        "forwarded to Anthropic endpoints.",
+    ),
+    *_CHAT_HEADERS,
+]
+MESSAGES: Final[Schema] = {
+    "summary": "An Anthropic Messages API request, buffered or streamed (SSE)",
+    "parameters": [*_ANTHROPIC_HEADERS, _query("beta", _STRING, "Sent by Claude Code; ignored.")],
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": _ref("MessagesRequest")}},
+    },
+    "responses": {
+        "200": {
+            **_ok(_ref("Message"), also="text/event-stream"),
+            "description": "The message (JSON), or Anthropic's events (SSE) with stream: true.",
+        },
+        **_anthropic_errors(400, 402, 404, 409, 413, 422, 429, 502, 504),
+    },
+}
+MESSAGES_COUNT_TOKENS: Final[Schema] = {
+    "summary": (
+        "Count a Messages request's input tokens: an Anthropic endpoint of the group "
+        "answers, else the gateway estimates (X-Waybill-Token-Count says which); never billed"
+    ),
+    "parameters": [*_ANTHROPIC_HEADERS[:3], _query("beta", _STRING, "Ignored.")],
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": _ref("MessagesCountRequest")}},
+    },
+    "responses": {
+        "200": _ok(_object(["input_tokens"], input_tokens={"type": "integer", "minimum": 0})),
+        **_anthropic_errors(400, 404, 413),
+    },
+}
 ADMIN_RELOAD: Final[Schema] = {
     "summary": "Reload the config file (admin keys)",
     "responses": {
@@ -885,6 +1117,85 @@ def _n(max_n: int) -> Schema:
             "the config's limits.max_n: more is refused (400 invalid_request, param n).",
         }
     )
+
+
+# A count_tokens body is a Messages body whose max_tokens may be left out.
+_SCHEMAS["MessagesCountRequest"] = {
+    **_SCHEMAS["MessagesRequest"],
+    "description": "A Messages API request to count (max_tokens may be left out).",
+    "required": ["model", "messages"],
+}
+
+
+# The embeddings door (router/doors/embeddings.py).
+_TOKEN_ARRAY: Final[Schema] = {
+    "type": "array",
+    "minItems": 1,
+    "items": {"type": "integer", "minimum": 0, "maximum": MAX_JSON_INTEGER},
+}
+_SCHEMAS["EmbeddingsRequest"] = {
+    "description": (
+        "An OpenAI embeddings request, for a model group of kind embeddings (another kind: "
+        "400 model_kind_mismatch). Fields the gateway does not read pass through to the "
+        "upstream unchanged. Before each attempt the gateway reserves the input at the "
+        "mapping's input_per_mtok: exact for token arrays, a token per byte for text; "
+        "there is no output."
+    ),
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        "model": {
+            "type": "string",
+            "minLength": 1,
+            "description": "A model group of kind embeddings the key may call.",
+        },
+        "input": {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 2048,
+                    "items": {"type": "string", "minLength": 1},
+                },
+                _TOKEN_ARRAY,
+                {"type": "array", "minItems": 1, "maxItems": 2048, "items": _TOKEN_ARRAY},
+            ]
+        },
+        "dimensions": _nullable(_TOKENS),
+        "encoding_format": _nullable({"enum": ["float", "base64"]}),
+        "user": _nullable(_STRING),
+    },
+    "additionalProperties": True,
+}
+_SCHEMAS["Embeddings"] = {
+    "description": "OpenAI's embeddings list: one embedding per input, in order.",
+    "type": "object",
+    "required": ["object", "data", "model", "usage"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {
+            "type": "array",
+            "items": _object(
+                ["object", "index", "embedding"],
+                object={"const": "embedding"},
+                index={"type": "integer", "minimum": 0},
+                embedding={
+                    "anyOf": [
+                        {"type": "array", "items": {"type": "number"}},
+                        {"type": "string", "description": "base64 of float32s, little-endian"},
+                    ]
+                },
+            ),
+        },
+        "model": _STRING,
+        "usage": _object(
+            ["prompt_tokens", "total_tokens"],
+            prompt_tokens={"type": "integer", "minimum": 0},
+            total_tokens={"type": "integer", "minimum": 0},
+        ),
+    },
+}
 
 
 def _schemas(limits: Limits) -> dict[str, Schema]:

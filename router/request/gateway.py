@@ -122,6 +122,10 @@ class Gateway:
         await self.breakers.aclose()
         await self.latency.aclose()
 
+    def driver(self, endpoint_id: str) -> Driver:
+        """The driver of one of this generation's endpoints (KeyError for another)."""
+        return self._drivers[endpoint_id]
+
     def models_for(self, workspace: Workspace) -> list[ModelGroup]:
         return [g for g in self.config.models if g.name in workspace.models]
 

@@ -148,6 +148,14 @@ def _missing_capability(s: _Subject) -> str | None:
     return ",".join(sorted(missing)) if missing else None
 
 
+def _dialect_unsupported(s: _Subject) -> str | None:
+    driver = s.endpoint.driver
+    for dialect, feature in s.requirements.unsupported:
+        if dialect == driver:
+            return feature
+    return None
+
+
 def _context_too_small(s: _Subject) -> str | None:
     mapping, context = s.mapping, s.context
     if mapping.model in context.excluded_models:
@@ -155,9 +163,12 @@ def _context_too_small(s: _Subject) -> str | None:
     floor = context.larger_context_than
     if floor is not None and mapping.context_window <= floor:
         return f"context_window {mapping.context_window} <= failed {floor}"
-    needed = input_tokens(mapping, s.requirements, s.endpoint.driver) + output_tokens(
-        mapping, s.requirements
-    )
+    if s.requirements.kind == "embeddings":
+        needed = s.requirements.largest_input_tokens  # each input is embedded on its own
+    else:
+        needed = input_tokens(mapping, s.requirements, s.endpoint.driver) + output_tokens(
+            mapping, s.requirements
+        )
     if needed > mapping.context_window:
         return f"context_window {mapping.context_window} < needed {needed}"
     return None
@@ -201,6 +212,7 @@ _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.REGION_NOT_ALLOWED, _region_not_allowed),
     (ReasonCode.DATA_CLASS_NOT_ALLOWED, _data_class_not_allowed),
     (ReasonCode.MISSING_CAPABILITY, _missing_capability),
+    (ReasonCode.DIALECT_UNSUPPORTED, _dialect_unsupported),
     (ReasonCode.UNPRICED_INPUT, _unpriced_input),
     (ReasonCode.CONTEXT_TOO_SMALL, _context_too_small),
     (ReasonCode.CREDENTIALS_DISABLED, _credentials_disabled),

@@ -77,11 +77,18 @@ class Dimension(StrEnum):
 # dimension of the request reaches the upstream. The Anthropic driver sends text and function
 # tools only: `n`, non-text content parts, audio, predictions and web search have no Messages
 # API counterpart and are left out (router/drivers/anthropic.py;
-# tests/request/test_worst_case.py holds it to that), so they cannot be billed there.
+# tests/request/test_worst_case.py holds it to that), so they cannot be billed there — unless
+# the body arrived in its own dialect (`Requirements.native`, the Anthropic door), which it
+# then sends as it came, images and documents included.
 _PASSES_BODY_THROUGH: Final[AnyMapping[Driver, bool]] = {"openai": True, "anthropic": False}
 # Whether the driver's dialect bills prompt-cache writes: Anthropic's does (at its own
 # prices, reported as cache_creation_input_tokens); OpenAI's caches for free.
 _BILLS_CACHE_WRITES: Final[AnyMapping[Driver, bool]] = {"openai": False, "anthropic": True}
+
+
+def _passes_through(driver: Driver, requirements: Requirements) -> bool:
+    return _PASSES_BODY_THROUGH[driver] or requirements.native == driver
+
 
 _PER_MTOK_EXPONENT: Final = -6
 
@@ -108,7 +115,7 @@ def unpriced(mapping: Mapping, requirements: Requirements, driver: Driver = "ope
     """
     r, price = requirements, mapping.price
     writes = _unpriced_cache_writes(price, r, driver)
-    if not _PASSES_BODY_THROUGH[driver] or not _beyond_text(requirements):
+    if not _passes_through(driver, requirements) or not _beyond_text(requirements):
         return ",".join(writes) or None
     needed = (
         (Dimension.IMAGE_INPUT, r.image_inputs > 0, price.image_input),
@@ -154,7 +161,7 @@ def input_tokens(mapping: Mapping, requirements: Requirements, driver: Driver = 
     """The most input tokens the request may be billed on ``mapping``: its text, and each
     content part the driver sends at its kind's bound. Raises ValueError if unpriced."""
     tokens = requirements.estimated_input_tokens
-    if _PASSES_BODY_THROUGH[driver] and _beyond_text(requirements):
+    if _passes_through(driver, requirements) and _beyond_text(requirements):
         tokens += sum(count * part.tokens for count, part in _parts(mapping, requirements))
     return tokens
 
@@ -177,7 +184,7 @@ def worst_case_cost(
     (:func:`unpriced` says which).
     """
     price, r = mapping.price, requirements
-    passes = _PASSES_BODY_THROUGH[driver]
+    passes = _passes_through(driver, r)
     extras = passes and _beyond_text(r)
     if extras or r.cache_writes:
         missing = unpriced(mapping, r, driver)
