@@ -115,6 +115,7 @@ from router.serving.reload import (
 )
 from router.serving.server import BODY_EXTENSION, HANGUP_EXTENSION, BodyWriter, Hangup
 from router.support.ids import new_id
+from router.support.version import package_version
 
 __all__ = [
     "DEFAULT_MAX_IN_FLIGHT",
@@ -565,9 +566,13 @@ def create_app(settings: AppSettings) -> FastAPI:
     async def _failed(request: Request, error: Exception) -> Response:
         return _failure_response(request, error)
 
+    # Liveness touches no database: `schema` is the revision this code migrates to (its
+    # Alembic head); /readyz says whether the database is at it (contract §3).
+    alive = orjson.dumps({"status": "ok", "version": package_version(), "schema": head_revision()})
+
     @app.get("/healthz", openapi_extra=api_doc.HEALTHZ)
     async def healthz() -> Response:
-        return Response(b'{"status":"ok"}', media_type=_JSON)
+        return Response(alive, media_type=_JSON)
 
     @app.get("/metrics", openapi_extra=api_doc.METRICS)
     async def metrics(request: Request) -> Response:

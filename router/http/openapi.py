@@ -778,8 +778,14 @@ _PUBLIC: Final[Schema] = {"security": []}
 
 HEALTHZ: Final[Schema] = {
     **_PUBLIC,
-    "summary": "Liveness",
-    "responses": {"200": _ok(_ref("Status"))},
+    "summary": "Liveness, with the version and the schema revision the code migrates to",
+    "responses": {
+        "200": _ok(
+            _object(
+                ["status", "version", "schema"], status=_STRING, version=_STRING, schema=_STRING
+            )
+        )
+    },
 }
 READYZ: Final[Schema] = {
     **_PUBLIC,

@@ -6,11 +6,12 @@ import json
 import os
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from ledger.store.db import sync_url
+from ledger.store.db import head_revision, sync_url
 from ledger.store.stored import payloads_of
 from tests.ledger.tamper import Stored, edit_ledger
 
@@ -110,3 +111,65 @@ def test_check_config_accepts_the_example_and_names_each_bad_field(tmp_path: Pat
     assert "].tier:" in result.stderr
     assert "Traceback" not in result.stderr
     assert "sk-test-secret-value" not in result.stderr + result.stdout
+
+
+def test_version_names_the_release_and_the_schema_it_migrates_to(empty_database_url: str) -> None:
+    shown = waybill("--version", database_url=empty_database_url)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == f"waybill {version('waybill')} (schema {head_revision()})\n"
+
+
+def test_help_shows_flags_without_a_value_type(empty_database_url: str) -> None:
+    # A flag takes no value: `--json <bool>` read as if it did.
+    for command in ([], ["keys", "create"], ["verify"], ["reconcile", "fetch"], ["spend"]):
+        shown = waybill(*command, "--help", database_url=empty_database_url)
+        assert shown.returncode == 0, shown.stderr
+        assert "--help" in shown.stdout and "<bool>" not in shown.stdout, shown.stdout
+
+
+def test_check_config_counts_agree_with_their_nouns(tmp_path: Path) -> None:
+    one = tmp_path / "one.yaml"
+    one.write_text(
+        """
+endpoints:
+  - {id: local, driver: openai, base_url: "http://127.0.0.1:9/v1", region: local,
+     data_classes: [public]}
+models:
+  - name: chat
+    mappings:
+      - {endpoint: local, model: m, capabilities: [text], context_window: 8000,
+         max_output_tokens: 1000, price: {input_per_mtok: 1, output_per_mtok: 2}}
+workspaces:
+  - {id: acme, models: [chat], regions: [local], data_class: public}
+"""
+    )
+    ok = waybill("check-config", str(one), database_url="sqlite://")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.endswith(", 1 endpoint, 1 model group, 1 workspace\n"), ok.stdout
+
+
+def waybill_in_terminal(*args: str, database_url: str, columns: int = 80) -> str:
+    """`waybill ARGS` with its output on a terminal COLUMNS wide (a pseudo-terminal), as a
+    person reads it; returns what the terminal showed, without its styling."""
+    import pty
+    import re
+
+    env = {**os.environ, "WAYBILL_DATABASE_URL": database_url, "COLUMNS": str(columns)}
+    env.pop("NO_COLOR", None)
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [*WAYBILL, *args], stdout=follower, stderr=follower, env=env, cwd=Path.cwd()
+    )
+    os.close(follower)
+    shown = bytearray()
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed: the process is gone
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert process.wait(timeout=120) == 0, shown.decode()
+    return re.sub(r"\x1b\[[0-9;]*m", "", shown.decode()).replace("\r\n", "\n")
