@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal, TypeGuard
 
+import orjson
+
 from ledger.events import KeyCreated, KeyRevoked
 from ledger.store import NO_STREAM, EventStore
 from ledger.store.stored import TYPE_CHARS
@@ -49,6 +51,7 @@ class ApiKey:
     revoked: bool
     budget: tuple[Decimal, Window] | None = None  # overrides the workspace's key_budget
     version: int = 0  # its ledger stream's version when read (see key_stream)
+    endpoints: tuple[str, ...] | None = None  # its standing endpoint scope; None: unrestricted
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,7 @@ class NewKey:
     secret: str
     workspace: str
     role: Role
+    endpoints: tuple[str, ...] | None = None
 
 
 def secret_digest(secret: str) -> str:
@@ -84,7 +88,10 @@ async def create_key(
     *,
     created_by: str | None = None,
     budget: tuple[Decimal, Window] | None = None,
+    endpoints: tuple[str, ...] | None = None,
 ) -> NewKey:
+    """A new key of ``workspace``; ``endpoints``, its standing endpoint scope (endpoint ids
+    and ``provider:NAME`` labels, contract §4 "Endpoint scope"), None for none."""
     key_id = f"key_{secrets.token_hex(8)}"
     secret = f"wb_{secrets.token_urlsafe(32)}"
     event = KeyCreated(
@@ -95,10 +102,11 @@ async def create_key(
         created_by=created_by,
         budget_limit_usd=budget[0] if budget else None,
         budget_window=budget[1] if budget else None,
+        endpoints=endpoints,
     )
     await store.append(key_stream(key_id), NO_STREAM, [event])
     await _project(store)
-    return NewKey(key_id, secret, workspace, role)
+    return NewKey(key_id, secret, workspace, role, endpoints)
 
 
 async def revoke_key(
@@ -119,7 +127,7 @@ async def revoke_key(
 # (which the read model may not show yet if the revoking command died before projecting).
 _SELECT_KEY = (
     "SELECT k.key_id, k.workspace, k.role, k.revoked_at, k.budget_limit_usd, "
-    "k.budget_window, "
+    "k.budget_window, k.endpoints, "
     "coalesce((SELECT max(e.version + length(e.types) - 1) FROM appends e "
     "WHERE e.stream_id = 'key-' || k.key_id), (SELECT a.version FROM archived_streams a "
     "WHERE a.stream_id = 'key-' || k.key_id)) AS version, "
@@ -153,7 +161,10 @@ def _key_of(row: Any) -> ApiKey | None:
     if row.budget_limit_usd is not None and row.budget_window in ("day", "month", "total"):
         budget = (money_of(row.budget_limit_usd), row.budget_window)
     revoked = row.revoked_at is not None or bool(row.revoked_in_ledger)
-    return ApiKey(row.key_id, row.workspace, row.role, revoked, budget, int(row.version or 0))
+    endpoints = None if row.endpoints is None else tuple(orjson.loads(row.endpoints))
+    return ApiKey(
+        row.key_id, row.workspace, row.role, revoked, budget, int(row.version or 0), endpoints
+    )
 
 
 class KeyCache:

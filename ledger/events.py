@@ -107,6 +107,7 @@ class ReasonCode(StrEnum):
     UNPRICED_INPUT = "unpriced_input"  # a billable input or output the mapping has no price for
     ENDPOINT_SATURATED = "endpoint_saturated"  # its max_in_flight attempts are in flight
     CREDENTIALS_DISABLED = "credentials_disabled"  # its key was refused: EndpointDisabled
+    OUT_OF_SCOPE = "out_of_scope"  # outside the caller's endpoint scope (key, header, pin)
 
 
 class FailureClass(StrEnum):
@@ -251,6 +252,16 @@ class Requirements(_Record):
     # The body asks the provider for effects of its own (server-side tools, web search):
     # the request is strict whatever its model group's policy.
     server_side_effects: bool = False
+    # The caller's endpoint scope (contract §4 "Endpoint scope"): endpoint ids and
+    # `provider:NAME` labels as X-Waybill-Endpoints named them, and as the key's standing
+    # scope names them; each None: not narrowed that way. Labels are expanded within the
+    # model group when the request is routed, so the record keeps what was asked.
+    endpoints: tuple[str, ...] | None = None
+    key_endpoints: tuple[str, ...] | None = None
+    # X-Waybill-Prefer-Endpoint (a preference the router may overrule) or
+    # X-Waybill-Require-Endpoint (`require_target`: no other endpoint is ever tried).
+    target_endpoint: str | None = None
+    require_target: bool = False
 
 
 class Candidate(_Record):
@@ -277,6 +288,9 @@ class RouteChoice(_Record):
     tier: NonNegInt
     weight: Annotated[int, Field(gt=0)]
     selection_position: NonNegInt  # position in the tier's smooth weighted round-robin
+    # Chosen as the caller's X-Waybill-Prefer-Endpoint, ahead of tier and strategy (the
+    # round-robin was not consulted: selection_position is 0).
+    preferred: bool = False
 
 
 class AccountRef(_Record):
@@ -729,6 +743,9 @@ class KeyCreated(Event):
     # This key's own budget, overriding its workspace's key_budget (contract §6).
     budget_limit_usd: Money | None = None
     budget_window: Literal["day", "month", "total"] | None = None
+    # The key's standing endpoint scope (contract §4 "Endpoint scope"): endpoint ids and
+    # `provider:NAME` labels every request of the key is narrowed to. None: unrestricted.
+    endpoints: tuple[str, ...] | None = None
 
 
 class KeyRevoked(Event):

@@ -315,7 +315,7 @@ def _caller(key: ApiKey | None, config: Config) -> Caller:
     workspace = config.workspace(key.workspace)
     if workspace is None:
         raise invalid_api_key(f"the key's workspace {key.workspace!r} is not configured")
-    return Caller(key.key_id, workspace, key.role, key.budget, key.version)
+    return Caller(key.key_id, workspace, key.role, key.budget, key.version, key.endpoints)
 
 
 async def _refuse_nul(request: Request) -> None:

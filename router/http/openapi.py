@@ -594,6 +594,23 @@ _CHAT_HEADERS: Final = [
     ),
     _header("X-Waybill-Regions", _NAMES, "A narrower region set, comma-separated."),
     _header(
+        "X-Waybill-Endpoints",
+        _NAMES,
+        "A narrower endpoint set, comma-separated: endpoint ids and provider:NAME labels "
+        "(expanded within the model group), intersected with the key's own scope.",
+    ),
+    _header(
+        "X-Waybill-Prefer-Endpoint",
+        _STRING,
+        "An endpoint id to choose when one of its mappings is eligible; the router overrules "
+        "it otherwise.",
+    ),
+    _header(
+        "X-Waybill-Require-Endpoint",
+        _STRING,
+        "An endpoint id the request is pinned to: no other endpoint is ever tried.",
+    ),
+    _header(
         "X-Waybill-Data-Class",
         {"type": "string", "enum": list(DATA_CLASSES)},
         "This request's data class; it may raise the workspace's default, never lower it.",

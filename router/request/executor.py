@@ -56,6 +56,7 @@ from router.request.relay import SEAM_BROKEN, StreamRelay
 from router.request.resume import Seam
 from router.request.routing import GroupPlan, Routing
 from router.request.runner import AttemptRunner
+from router.request.scope import endpoint_scope
 from router.request.upstream_call import server_address
 from router.request.walk import (
     Answered,
@@ -118,7 +119,8 @@ class Executor:
         started = ports.clock.monotonic()
         self.deadline = started + deadline_ms / 1000
         p95 = ports.first_answers.p95(group.name, call.stream) if hedge_p95(defaults) else None
-        self.walk = Walk(policy=walk_policy(defaults, requirements, plan.targets, p95))
+        scope = endpoint_scope(ports.config, group, requirements)
+        self.walk = Walk(policy=walk_policy(defaults, requirements, plan.targets, p95, scope))
         self.open: dict[str, Attempt] = {}  # started, their end not yet recorded
         self.failures: dict[str, Attempt] = {}  # failed attempts, for their decisions
         self.routing = Routing(

@@ -10,25 +10,26 @@ The first cause that names what the client can do wins: a budget, a rate limit w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Final
 
 from ledger import events as ev
 from router.drivers import UpstreamFailure
 from router.errors import (
     AttemptSummary,
     GatewayError,
+    admission_refused,
     budget_exceeded,
     deadline_exceeded,
     error_for_failure,
     invalid_request,
     no_eligible_route,
     stream_broken,
-    upstream_unavailable,
 )
 from router.request.classify import Classification
 from router.request.decision import Decision
 from router.request.walk import Fail
 
-__all__ = ["Tally", "decision_error", "final_error", "no_route_error"]
+__all__ = ["ADMISSION_REFUSALS", "Tally", "decision_error", "final_error", "no_route_error"]
 
 
 @dataclass(slots=True)
@@ -129,18 +130,29 @@ def no_route_error(candidates: tuple[ev.Candidate, ...], tally: Tally, group: st
             "the upstream refused the credentials of every endpoint left: "
             + _exclusions(candidates, ev.ReasonCode.CREDENTIALS_DISABLED),
         )
-    if ev.ReasonCode.BREAKER_OPEN in reasons and reasons <= {
-        ev.ReasonCode.BREAKER_OPEN,
-        ev.ReasonCode.ALREADY_TRIED,
-    }:
-        return upstream_unavailable(
-            "every candidate endpoint is cooling down after failures (breaker open)",
-            retry_after_s=1,
+    if reasons & ADMISSION_REFUSALS:
+        # Every candidate that could carry the request was refused at admission, before any
+        # upstream I/O: not an upstream failure, and not for good (contract §3).
+        return admission_refused(
+            "every eligible endpoint refused admission before any upstream was called: "
+            + "; ".join(
+                _exclusions(candidates, reason)
+                for reason in sorted(ADMISSION_REFUSALS)
+                if reason in reasons
+            )
         )
     return no_eligible_route(
         f"no endpoint of model group {group!r} can serve this request: "
         + _exclusions(candidates, None)
     )
+
+
+# The exclusions that waiting lifts: an endpoint's breaker admits a probe after its cool-down,
+# a slot frees when an attempt in flight ends. A request whose candidates are all either
+# refused so or excluded for good (capability, region, scope, ...) is answered 503, not 422.
+ADMISSION_REFUSALS: Final = frozenset(
+    {ev.ReasonCode.BREAKER_OPEN, ev.ReasonCode.ENDPOINT_SATURATED}
+)
 
 
 def _failure_message(

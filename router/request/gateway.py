@@ -11,6 +11,7 @@ redirected by a reload), then closes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import random
@@ -137,6 +138,7 @@ class Gateway:
         """A request's executor, with the ports of this generation and its own budget and
         journal."""
         plan = self._plans[call.model_group]  # the app resolves the model group first
+        call = dataclasses.replace(call, requirements=caller.narrowing(call.requirements))
         ports = self._ports
         budget = RequestBudget(
             self._balances,

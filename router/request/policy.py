@@ -16,6 +16,7 @@ from typing import Final
 
 from ledger.events import Requirements
 from router.config import Defaults, ModelGroup
+from router.request.scope import EndpointScope
 from router.request.walk import Target, WalkPolicy
 
 __all__ = ["FirstAnswerTimes", "group_targets", "hedge_p95", "walk_policy"]
@@ -37,12 +38,14 @@ def walk_policy(
     requirements: Requirements,
     siblings: tuple[Target, ...],
     p95_ms: int | None = None,
+    scope: EndpointScope | None = None,
 ) -> WalkPolicy:
     """The walk's policy for one request: ``defaults`` (the group's, ``Config.policy_for``),
     narrowed by ``requirements`` (the caller's headers, the body's server-side effects);
     ``siblings``, every mapping of the group (:func:`group_targets`); ``p95_ms``, the group's
     observed time to a first answer (:meth:`FirstAnswerTimes.p95`), which replaces
-    ``hedge.after_ms`` under ``hedge.after_p95``."""
+    ``hedge.after_ms`` under ``hedge.after_p95``; ``scope``, the caller's endpoint scope
+    (:func:`router.request.scope.endpoint_scope`), which a resume stays inside too."""
     hedge = defaults.hedge
     # A request that asks the provider for server-side effects is never sent twice.
     hedged = hedge.enabled and not requirements.server_side_effects
@@ -51,9 +54,13 @@ def walk_policy(
         after_ms = hedge.after_ms
         if hedge.after_p95:
             after_ms = p95_ms or after_ms
+    if scope is not None:
+        siblings = tuple(t for t in siblings if t.endpoint in scope.endpoints)
     return WalkPolicy(
         defaults=defaults,
-        allow_failover=requirements.allow_failover,
+        # A pinned request (X-Waybill-Require-Endpoint) never moves to another endpoint: a
+        # failure that would fail over stops, as X-Waybill-Allow-Failover: false makes it.
+        allow_failover=requirements.allow_failover and not requirements.require_target,
         allow_unknown_execution=requirements.allow_unknown_execution,
         server_side_effects=requirements.server_side_effects,
         hedge_after_ms=after_ms,

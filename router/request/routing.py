@@ -151,7 +151,8 @@ class Routing:
                 saturated=saturated,
                 credentials_disabled=functools.partial(disabled_detail, disabled),
             )
-            choice = select(candidates, ports.rr, self._workspace.id, group)
+            prefer = self._requirements.target_endpoint
+            choice = select(candidates, ports.rr, self._workspace.id, group, prefer)
             self.sequence += 1
             journal.queue(
                 route_evaluated(
