@@ -258,10 +258,11 @@ class Requirements(_Record):
     # model group when the request is routed, so the record keeps what was asked.
     endpoints: tuple[str, ...] | None = None
     key_endpoints: tuple[str, ...] | None = None
-    # X-Waybill-Prefer-Endpoint (a preference the router may overrule) or
-    # X-Waybill-Require-Endpoint (`require_target`: no other endpoint is ever tried).
-    target_endpoint: str | None = None
-    require_target: bool = False
+    # X-Waybill-Prefer-Endpoint: a preference the router may overrule.
+    prefer_endpoint: str | None = None
+    # X-Waybill-Require-Endpoint: the request is pinned there (`require_target`), no other
+    # endpoint is ever tried.
+    require_endpoint: str | None = None
 
 
 class Candidate(_Record):

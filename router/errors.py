@@ -22,7 +22,6 @@ from ledger.books.recovery import GATEWAY_LOST
 from ledger.events import FailureClass
 
 __all__ = [
-    "ADMISSION_RETRY_AFTER_S",
     "ERRORS",
     "FAILURE_ERRORS",
     "AttemptSummary",
@@ -389,21 +388,13 @@ def upstream_unavailable(message: str, *, retry_after_s: int | None = None) -> G
     return GatewayError(_E.UPSTREAM_UNAVAILABLE, message, retry_after_s=retry_after_s)
 
 
-ADMISSION_RETRY_AFTER_S: Final = 1
-
-
-def admission_refused(message: str) -> GatewayError:
+def admission_refused(message: str, *, retry_after_s: int) -> GatewayError:
     """Every attempt was refused at admission (open breakers, full ``max_in_flight`` slots)
     before any upstream I/O (contract §3): nothing was sent, so a retry is no duplicate, and
-    ``Retry-After`` says when one is worth it. One second: a slot frees whenever an attempt
-    in flight ends, which nothing here can foresee, and a breaker admits one probe after its
-    cool-down, so a retry sooner than the cool-down is refused as cheaply as this one was —
-    the bound keeps a client's back-off short rather than exact."""
+    ``Retry-After`` says when one is worth it
+    (:func:`router.request.final_error.admission_retry_after_s`)."""
     return GatewayError(
-        _E.UPSTREAM_UNAVAILABLE,
-        message,
-        retry_after_s=ADMISSION_RETRY_AFTER_S,
-        should_retry=True,
+        _E.UPSTREAM_UNAVAILABLE, message, retry_after_s=retry_after_s, should_retry=True
     )
 
 

@@ -640,11 +640,10 @@ def _endpoint_scope_text(r: ev.Requirements) -> str:
         text += f"; the key's endpoint scope {', '.join(r.key_endpoints)}"
     if r.endpoints is not None:
         text += f"; endpoints narrowed to {', '.join(r.endpoints)}"
-    if r.target_endpoint is not None:
-        if r.require_target:
-            text += f"; pinned to endpoint {r.target_endpoint}: no other is ever tried"
-        else:
-            text += f"; prefers endpoint {r.target_endpoint}"
+    if r.require_endpoint is not None:
+        text += f"; pinned to endpoint {r.require_endpoint}: no other is ever tried"
+    if r.prefer_endpoint is not None:
+        text += f"; prefers endpoint {r.prefer_endpoint}"
     return text
 
 

@@ -26,7 +26,6 @@ from ledger.types import MONEY_LIMIT, money_str, parse_money
 from router.config import Limits, Workspace
 from router.errors import GatewayError, invalid_request
 from router.request.call import Call, Completion, StreamingCompletion, trace_context
-from router.request.scope import PROVIDER_PREFIX, bad_scope_name
 
 __all__ = [
     "ALLOW_FAILOVER_VALUES",
@@ -110,8 +109,8 @@ class HeaderNarrowing:
     regions: tuple[str, ...] | None = None
     data_class: DataClass | None = None
     endpoints: tuple[str, ...] | None = None  # endpoint ids and provider: labels
-    target_endpoint: str | None = None  # preferred or, with require_target, pinned
-    require_target: bool = False
+    prefer_endpoint: str | None = None
+    require_endpoint: str | None = None  # pinned there: no other endpoint is ever tried
     traceparent: str | None = None
     tracestate: str | None = None  # W3C, opaque; forwarded only with a valid traceparent
 
@@ -167,8 +166,8 @@ class ChatCall:
             allow_unknown_execution=headers.allow_unknown_execution,
             server_side_effects=self.server_side_effects,
             endpoints=headers.endpoints,
-            target_endpoint=headers.target_endpoint,
-            require_target=headers.require_target,
+            prefer_endpoint=headers.prefer_endpoint,
+            require_endpoint=headers.require_endpoint,
         )
 
 
@@ -475,7 +474,6 @@ def read_headers(headers: Mapping[str, str]) -> HeaderNarrowing:
     allow_failover, allow_unknown_execution = _allow_failover(
         headers.get("x-waybill-allow-failover")
     )
-    target, require_target = _target(headers)
     return HeaderNarrowing(
         idempotency_key=_idempotency_key(headers.get("idempotency-key")),
         max_cost_usd=_max_cost(headers.get("x-waybill-max-cost-usd")),
@@ -485,9 +483,13 @@ def read_headers(headers: Mapping[str, str]) -> HeaderNarrowing:
         capabilities=_csv(headers.get("x-waybill-capabilities"), "X-Waybill-Capabilities") or (),
         regions=_csv(headers.get("x-waybill-regions"), "X-Waybill-Regions"),
         data_class=_data_class(headers.get("x-waybill-data-class")),
-        endpoints=_endpoints(headers.get("x-waybill-endpoints")),
-        target_endpoint=target,
-        require_target=require_target,
+        endpoints=_csv(headers.get("x-waybill-endpoints"), "X-Waybill-Endpoints"),
+        prefer_endpoint=_endpoint_id(
+            headers.get("x-waybill-prefer-endpoint"), "X-Waybill-Prefer-Endpoint"
+        ),
+        require_endpoint=_endpoint_id(
+            headers.get("x-waybill-require-endpoint"), "X-Waybill-Require-Endpoint"
+        ),
         traceparent=headers.get("traceparent"),
         tracestate=_tracestate(headers.get("tracestate")),
     )
@@ -548,35 +550,14 @@ def _csv(value: str | None, name: str) -> tuple[str, ...] | None:
     return items
 
 
-def _endpoints(value: str | None) -> tuple[str, ...] | None:
-    names = _csv(value, "X-Waybill-Endpoints")
-    for name in names or ():
-        why = bad_scope_name(name)
-        if why is not None:
-            raise _bad_header("X-Waybill-Endpoints", f"{why}: name endpoint ids or provider:NAME")
-    return names
-
-
-def _target(headers: Mapping[str, str]) -> tuple[str | None, bool]:
-    """(the endpoint X-Waybill-Prefer-Endpoint or X-Waybill-Require-Endpoint names, whether
-    it is required); one endpoint id each, and not both: a pin leaves nothing to prefer."""
-    prefer = _endpoint_id(headers.get("x-waybill-prefer-endpoint"), "X-Waybill-Prefer-Endpoint")
-    require = _endpoint_id(headers.get("x-waybill-require-endpoint"), "X-Waybill-Require-Endpoint")
-    if prefer is not None and require is not None:
-        raise _bad_header(
-            "X-Waybill-Prefer-Endpoint", "may not be sent with X-Waybill-Require-Endpoint"
-        )
-    if require is not None:
-        return require, True
-    return prefer, False
-
-
 def _endpoint_id(value: str | None, name: str) -> str | None:
+    """One endpoint id, as X-Waybill-Prefer-Endpoint and X-Waybill-Require-Endpoint name it.
+    An id the model group lacks is no error: it matches nothing, as a scope's names do."""
     if value is None:
         return None
     text = value.strip()
-    if not text or "," in text or text.startswith(PROVIDER_PREFIX):
-        raise _bad_header(name, "must name one endpoint id")
+    if not text:
+        raise _bad_header(name, "must name an endpoint id")
     return text
 
 

@@ -560,6 +560,8 @@ _NAMES: Final[Schema] = {
     "items": {"type": "string", "pattern": f"^[^,]*{_kept(',')}[^,]*$"},
 }
 
+_ENDPOINT_ID: Final[Schema] = {"type": "string", "pattern": _kept()}
+
 _CHAT_HEADERS: Final = [
     _header(
         "Idempotency-Key",
@@ -597,17 +599,18 @@ _CHAT_HEADERS: Final = [
         "X-Waybill-Endpoints",
         _NAMES,
         "A narrower endpoint set, comma-separated: endpoint ids and provider:NAME labels "
-        "(expanded within the model group), intersected with the key's own scope.",
+        "(expanded within the model group), intersected with the key's own scope; a name "
+        "that matches nothing narrows to nothing.",
     ),
     _header(
         "X-Waybill-Prefer-Endpoint",
-        _STRING,
+        _ENDPOINT_ID,
         "An endpoint id to choose when one of its mappings is eligible; the router overrules "
         "it otherwise.",
     ),
     _header(
         "X-Waybill-Require-Endpoint",
-        _STRING,
+        _ENDPOINT_ID,
         "An endpoint id the request is pinned to: no other endpoint is ever tried.",
     ),
     _header(

@@ -487,6 +487,7 @@ class Executor:
             group=self.group.name,
             budget_refusal=self._budget_refusal,
             failed=failed,
+            probe_in_ms=self.routing.probe_in_ms,
         )
 
     def _failed_stream(self) -> dict[str, Any]:

@@ -186,6 +186,10 @@ class _RecordedBreakers:
     def blocked(self, keys: Sequence[BreakerKey]) -> Coroutine[Any, Any, dict[BreakerKey, bool]]:
         return self._board.blocked(keys)
 
+    async def probe_in(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, int | None]:
+        views = await self._board.inspect(keys)
+        return {key: view.probe_in_ms for key, view in views.items()}
+
     async def admit(self, key: BreakerKey, request_id: str) -> Admission:
         admission, transitions = await self._board.admit(key)
         if transitions:

@@ -60,7 +60,7 @@ def walk_policy(
         defaults=defaults,
         # A pinned request (X-Waybill-Require-Endpoint) never moves to another endpoint: a
         # failure that would fail over stops, as X-Waybill-Allow-Failover: false makes it.
-        allow_failover=requirements.allow_failover and not requirements.require_target,
+        allow_failover=requirements.allow_failover and requirements.require_endpoint is None,
         allow_unknown_execution=requirements.allow_unknown_execution,
         server_side_effects=requirements.server_side_effects,
         hedge_after_ms=after_ms,

@@ -90,8 +90,8 @@ def endpoint_scope(
         sources.append((KEY_SCOPE, requirements.key_endpoints))
     if requirements.endpoints is not None:
         sources.append((HEADER_SCOPE, requirements.endpoints))
-    if requirements.require_target and requirements.target_endpoint is not None:
-        sources.append((PINNED, (requirements.target_endpoint,)))
+    if requirements.require_endpoint is not None:
+        sources.append((PINNED, (requirements.require_endpoint,)))
     if not sources:
         return None
     narrowings = tuple((source, expand(config, group, names)) for source, names in sources)

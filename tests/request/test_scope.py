@@ -11,7 +11,12 @@ import pytest
 from ledger.events import Candidate, ReasonCode, Requirements
 from router.config import Config, ModelGroup, Workspace, parse_config
 from router.errors import ErrorCode
-from router.request.final_error import Tally, no_route_error
+from router.request.final_error import (
+    MAX_ADMISSION_RETRY_AFTER_S,
+    Tally,
+    admission_retry_after_s,
+    no_route_error,
+)
 from router.request.scope import bad_scope_name, endpoint_scope, expand
 from router.request.selection import RouteContext, WeightedRoundRobin, evaluate, select
 
@@ -111,11 +116,9 @@ def test_the_header_narrows_the_keys_scope_and_never_widens_it():
 
 
 def test_a_pin_is_the_scope_of_one_endpoint_inside_the_others():
-    assert _scope(target_endpoint="claude", require_target=True) == frozenset({"claude"})
-    assert _scope(target_endpoint="claude") is None, "a preference does not narrow"
-    pinned_outside = _scope(
-        key_endpoints=("provider:openai",), target_endpoint="claude", require_target=True
-    )
+    assert _scope(require_endpoint="claude") == frozenset({"claude"})
+    assert _scope(prefer_endpoint="claude") is None, "a preference does not narrow"
+    pinned_outside = _scope(key_endpoints=("provider:openai",), require_endpoint="claude")
     assert pinned_outside == frozenset()
 
 
@@ -143,7 +146,7 @@ def test_an_empty_intersection_excludes_everything_scope_empty_never_unrestricte
     for requirements in (
         {"endpoints": ("elsewhere",)},
         {"key_endpoints": ("oa-east",), "endpoints": ("claude",)},
-        {"key_endpoints": ("oa-east",), "target_endpoint": "claude", "require_target": True},
+        {"key_endpoints": ("oa-east",), "require_endpoint": "claude"},
     ):
         reasons = _reasons(_evaluate(**requirements))
         assert {r for r, _ in reasons.values()} == {"scope_empty"}, requirements
@@ -151,7 +154,7 @@ def test_an_empty_intersection_excludes_everything_scope_empty_never_unrestricte
 
 
 def test_a_pinned_request_has_only_its_endpoint_eligible():
-    reasons = _reasons(_evaluate(target_endpoint="claude", require_target=True))
+    reasons = _reasons(_evaluate(require_endpoint="claude"))
     assert reasons["claude"] == (None, None)
     assert reasons["oa-east"] == ("out_of_scope", "not in X-Waybill-Require-Endpoint")
 
@@ -223,6 +226,19 @@ def test_nothing_eligible_for_good_stays_422(reasons: tuple[ReasonCode, ...]) ->
     error = no_route_error(candidates, Tally(), "chat")
     assert (error.status, error.code) == (422, ErrorCode.NO_ELIGIBLE_ROUTE)
     assert error.headers() == {"x-should-retry": "false"}
+
+
+def test_retry_after_is_the_soonest_a_refused_candidate_may_admit_bounded():
+    saturated = _candidate("e0", ReasonCode.ENDPOINT_SATURATED, 0)
+    opened = _candidate("e1", ReasonCode.BREAKER_OPEN, 1)
+    later = _candidate("e2", ReasonCode.BREAKER_OPEN, 2)
+    assert admission_retry_after_s((opened, later), {1: 4200, 2: 9000}) == 5
+    assert admission_retry_after_s((saturated, opened), {1: 4200}) == 1, "a slot: at once"
+    assert admission_retry_after_s((opened,), {1: 0}) == 1, "never below a second"
+    assert admission_retry_after_s((opened,), {}) == 1, "unknown: at once"
+    assert admission_retry_after_s((opened,), {1: 600_000}) == MAX_ADMISSION_RETRY_AFTER_S
+    error = no_route_error((opened, later), Tally(), "chat", {1: 4200, 2: 9000})
+    assert error.headers()["retry-after"] == "5"
 
 
 def test_a_budget_that_covers_no_candidate_stays_402_beside_admission_refusals():
