@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Literal, TypeGuard
 
@@ -26,6 +27,7 @@ __all__ = [
     "find_key",
     "find_key_by_id",
     "key_stream",
+    "list_keys",
     "revoke_key",
     "secret_digest",
 ]
@@ -152,6 +154,49 @@ async def find_key_by_id(store: EventStore, key_id: str) -> ApiKey | None:
 
 async def _find_key(store: EventStore, digest: str) -> ApiKey | None:
     return _key_of(await store.hot.first(_FIND_KEY, {"digest": digest}))
+
+
+@dataclass(frozen=True, slots=True)
+class KeyListing:
+    """A key as ``waybill keys list`` shows it: never its secret, nor its hash."""
+
+    key_id: str
+    workspace: str
+    role: str
+    created_at: datetime
+    revoked: bool
+    budget: tuple[Decimal, str] | None
+    endpoints: tuple[str, ...] | None  # its standing endpoint scope; None: unrestricted
+
+
+async def list_keys(store: EventStore, workspace: str | None = None) -> list[KeyListing]:
+    """Every key (of ``workspace``), oldest first, from the keys read model."""
+    where = "" if workspace is None else "WHERE workspace = :workspace "
+    rows = await store.hot.rows(
+        "SELECT key_id, workspace, role, created_at, revoked_at, budget_limit_usd, "
+        f"budget_window, endpoints FROM api_keys {where}ORDER BY created_at, key_id",
+        {} if workspace is None else {"workspace": workspace},
+    )
+    return [
+        KeyListing(
+            row.key_id,
+            row.workspace,
+            row.role,
+            _utc(row.created_at),
+            row.revoked_at is not None,
+            None
+            if row.budget_limit_usd is None
+            else (money_of(row.budget_limit_usd), str(row.budget_window)),
+            None if row.endpoints is None else tuple(orjson.loads(row.endpoints)),
+        )
+        for row in rows
+    ]
+
+
+def _utc(value: Any) -> datetime:
+    # A raw read: PostgreSQL gives a datetime, SQLite the text it stored (UTC).
+    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _key_of(row: Any) -> ApiKey | None:

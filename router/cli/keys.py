@@ -1,4 +1,4 @@
-"""``waybill keys create|revoke``: API keys (contract §1, §3 "Authentication and roles")."""
+"""``waybill keys create|list|revoke``: API keys (contract §1, §3 "Authentication and roles")."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from router.request.scope import PROVIDER_PREFIX, bad_scope_name
 
 __all__ = ["keys_app"]
 
-keys_app = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
+keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
 
 
 @keys_app.command("create")
@@ -140,6 +140,50 @@ def _endpoints(value: str | None) -> tuple[str, ...] | None:
         )
         raise typer.Exit(2)
     return names
+
+
+@keys_app.command("list")
+def keys_list(
+    workspace: Annotated[
+        str | None, typer.Option("--workspace", help="Only this workspace's keys.")
+    ] = None,
+    database_url: DatabaseUrl = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List API keys, oldest first: id, workspace, role, whether revoked, budget, endpoint
+    scope. Never a secret."""
+
+    async def work(store: EventStore) -> list[apikeys.KeyListing]:
+        return await apikeys.list_keys(store, workspace)
+
+    keys = with_store(database_url, work)
+    if as_json:
+        print(json.dumps([_listed(key) for key in keys]))
+        return
+    for key in keys:
+        scope = ", ".join(key.endpoints) if key.endpoints is not None else "all"
+        budget = f"{key.budget[0]} per {key.budget[1]}" if key.budget else "-"
+        state = "revoked" if key.revoked else "active"
+        out.print(
+            escape(
+                f"{key.key_id}  {key.workspace}  {key.role}  {state}  budget {budget}  "
+                f"endpoints {scope}"
+            ),
+            highlight=False,
+        )
+
+
+def _listed(key: apikeys.KeyListing) -> dict[str, Any]:
+    return {
+        "key_id": key.key_id,
+        "workspace": key.workspace,
+        "role": key.role,
+        "created_at": key.created_at.isoformat(),
+        "revoked": key.revoked,
+        "budget_usd": str(key.budget[0]) if key.budget else None,
+        "budget_window": key.budget[1] if key.budget else None,
+        "endpoints": list(key.endpoints) if key.endpoints is not None else None,
+    }
 
 
 @keys_app.command("revoke")

@@ -102,6 +102,18 @@ def test_a_key_created_with_endpoints_keeps_its_scope_through_a_replay(sqlite_ur
         (scope,) = conn.execute(text("SELECT endpoints FROM api_keys")).one()
     engine.dispose()
     assert json.loads(scope) == ["provider:anthropic", "west"]
+    plain = waybill("keys", "create", "--workspace", "other", database_url=sqlite_url)
+    assert plain.returncode == 0, plain.stderr
+    listed = waybill("keys", "list", "--json", database_url=sqlite_url)
+    assert listed.returncode == 0, listed.stderr
+    assert [(k["workspace"], k["endpoints"]) for k in json.loads(listed.stdout)] == [
+        ("acme", ["provider:anthropic", "west"]),
+        ("other", None),
+    ]
+    assert "secret" not in listed.stdout and "wb_" not in listed.stdout
+    text_list = waybill("keys", "list", "--workspace", "acme", database_url=sqlite_url)
+    assert "endpoints provider:anthropic, west" in text_list.stdout
+    assert "other" not in text_list.stdout
 
 
 def test_keys_create_refuses_an_unknown_provider_or_an_empty_scope(sqlite_url: str) -> None:
