@@ -18,6 +18,7 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolPara
 from ledger import apikeys
 from router.fake_provider import Behavior
 from tests.gateway.harness import Gateway, Route, running_gateway
+from tests.ledger.test_cli import waybill
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 ROUTES = [Route("east"), Route("west", tier=1), Route("claude", tier=2)]
@@ -144,6 +145,7 @@ async def test_a_pinned_request_that_fails_is_never_moved(database_url):
         assert received["requirements"]["require_endpoint"] == "west"
         evaluation = await _first(gw, request_id, "RouteEvaluated")
         assert _reasons(evaluation)["east"] == "out_of_scope"
+        await _verified(database_url)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
@@ -177,3 +179,10 @@ async def test_every_attempt_refused_before_io_is_503_with_retry_after(database_
         evaluation = await _first(gw, response.headers["x-request-id"], "RouteEvaluated")
         assert _reasons(evaluation) == {"east": "endpoint_saturated", "west": "out_of_scope"}
         assert (await holding).headers["x-waybill-endpoint"] == "east"
+        await _verified(database_url)
+
+
+async def _verified(database_url: str) -> None:
+    """``waybill verify`` holds every request to what its decisions said (contract §4)."""
+    verified = await asyncio.to_thread(waybill, "verify", database_url=database_url)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
