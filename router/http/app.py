@@ -681,7 +681,11 @@ async def _chat_completions(request: Request) -> Response:
         return Response(payload, media_type=_JSON, headers=response_headers)
     except GatewayError as error:
         release()
-        if claim is not None:
+        if claim is not None and error.should_retry:
+            # An answer the client is told to retry (every attempt refused at admission:
+            # nothing was sent) is not the request's answer: the retry runs again.
+            await state.idempotency.abandon(claim)
+        elif claim is not None:
             await state.idempotency.finish(
                 claim,
                 RecordedAnswer(

@@ -182,6 +182,26 @@ async def test_every_attempt_refused_before_io_is_503_with_retry_after(database_
         await _verified(database_url)
 
 
+async def test_a_refusal_at_admission_is_not_the_idempotent_answer(database_url):
+    async with running_gateway(
+        database_url, ["east"], ROUTES[:1], endpoint_extra={"east": "    max_in_flight: 1\n"}
+    ) as gw:
+        east = gw.upstreams["east"]
+        east.set_default(Behavior.ok(latency_ms=1500))
+        holding = asyncio.ensure_future(_served(gw, {}))
+        await east.wait_for_async(lambda up: up.hits >= 1)
+        again = {"Idempotency-Key": "scope-retry-1"}
+        with pytest.raises(openai.InternalServerError) as refused:
+            await _served(gw, again)
+        assert refused.value.response.headers["x-should-retry"] == "true"
+        await holding  # the slot is free again
+        east.set_default(Behavior.ok())
+        raw = await _served(gw, again)  # the client's retry runs, it is not a replay
+        assert raw.headers["x-waybill-endpoint"] == "east"
+        assert "idempotent-replayed" not in raw.headers
+        assert east.hits == 2
+
+
 async def _verified(database_url: str) -> None:
     """``waybill verify`` holds every request to what its decisions said (contract §4)."""
     verified = await asyncio.to_thread(waybill, "verify", database_url=database_url)
