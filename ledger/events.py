@@ -107,6 +107,8 @@ class ReasonCode(StrEnum):
     UNPRICED_INPUT = "unpriced_input"  # a billable input or output the mapping has no price for
     ENDPOINT_SATURATED = "endpoint_saturated"  # its max_in_flight attempts are in flight
     CREDENTIALS_DISABLED = "credentials_disabled"  # its key was refused: EndpointDisabled
+    # The endpoint's dialect cannot carry a feature the request needs (the detail names it).
+    DIALECT_UNSUPPORTED = "dialect_unsupported"
     OUT_OF_SCOPE = "out_of_scope"  # outside the caller's endpoint scope (key, header, pin)
 
 
@@ -208,15 +210,34 @@ _MAX_FIELDS_GIVEN: Final = 4096
 # --- value objects shared by several events ---
 
 
+def _absent(value: object) -> bool:
+    """A field added with the default None, left out of the recorded form while None (where
+    an empty value means something else than an absent one)."""
+    return value is None
+
+
+def _nothing(value: object) -> bool:
+    """A field added with a default that is left out of the recorded form while it holds
+    that default (0, empty), so events that do not use it keep their bytes."""
+    return not value
+
+
 class Usage(_Record):
     """What an attempt is billed for, dimension by dimension; a settlement prices each one
-    (``ledger.books.accounting.usage_cost``). Audio and cached tokens are parts of the input and
-    output counts, as OpenAI reports them; image and file tokens are not told apart from
-    text (OpenAI bills them inside the prompt tokens, at the input price)."""
+    (``ledger.books.accounting.usage_cost``). Audio, cached and cache-write tokens are parts
+    of the input and output counts, as OpenAI reports them; image and file tokens are not
+    told apart from text (OpenAI bills them inside the prompt tokens, at the input price)."""
 
     input_tokens: NonNegInt
     output_tokens: NonNegInt
-    cached_input_tokens: NonNegInt = 0
+    cached_input_tokens: NonNegInt = 0  # of input_tokens, read from the provider's cache
+    # Of input_tokens, written to Anthropic's prompt cache (cache_creation_input_tokens, by
+    # its cache_creation breakdown): for 5 minutes, and for an hour. Events recorded before
+    # these fields knew no cache writes (they were settled as input). Left out of the
+    # recorded form when 0, as they were before they existed: most usage has none, and the
+    # ledger's bytes per request stay as they were (bench/README.md, "Ledger size").
+    cache_write_input_tokens: NonNegInt = Field(0, exclude_if=_nothing)
+    cache_write_1h_input_tokens: NonNegInt = Field(0, exclude_if=_nothing)
     audio_input_tokens: NonNegInt = 0  # of input_tokens (prompt_tokens_details.audio_tokens)
     audio_output_tokens: NonNegInt = 0  # of output_tokens (completion_tokens_details.audio_tokens)
     # Billed per search, and no provider reports them in usage: the gateway counts one per
@@ -241,6 +262,9 @@ class Requirements(_Record):
     file_inputs: NonNegInt = 0
     audio_output: bool = False  # `modalities` with "audio", or an `audio` parameter
     web_search: bool = False  # `web_search_options`
+    # The lifetimes ("5m", "1h") of the prompt-cache writes the request's cache_control
+    # markers ask for: an Anthropic endpoint bills them at the cache-write prices.
+    cache_writes: tuple[Literal["5m", "1h"], ...] = Field((), exclude_if=_nothing)
     unknown_inputs: tuple[str, ...] = ()  # content part types no price can cover
     stream: bool = False
     allow_failover: bool = True
@@ -252,17 +276,26 @@ class Requirements(_Record):
     # The body asks the provider for effects of its own (server-side tools, web search):
     # the request is strict whatever its model group's policy.
     server_side_effects: bool = False
+    # The upstream dialect the body arrived in ("anthropic" through the Anthropic door): an
+    # endpoint of that dialect is sent the body as it came, every content part in it. None:
+    # the canonical chat body (router/request/call.py).
+    native: str | None = Field(None, exclude_if=_nothing)
+    # (upstream dialect, feature) for each dialect that cannot carry a feature the request
+    # needs (thinking, documents, a beta field): its endpoints are excluded
+    # `dialect_unsupported` (router/doors/messages.py says which feature where).
+    unsupported: tuple[tuple[str, str], ...] = Field((), exclude_if=_nothing)
     # The caller's endpoint scope (contract §4 "Endpoint scope"): endpoint ids and
     # `provider:NAME` labels as X-Waybill-Endpoints named them, and as the key's standing
-    # scope names them; each None: not narrowed that way. Labels are expanded within the
-    # model group when the request is routed, so the record keeps what was asked.
-    endpoints: tuple[str, ...] | None = None
-    key_endpoints: tuple[str, ...] | None = None
+    # scope names them; each None: not narrowed that way (an empty one narrows to nothing,
+    # so only None is left out of the recorded form). Labels are expanded within the model
+    # group when the request is routed, so the record keeps what was asked.
+    endpoints: tuple[str, ...] | None = Field(None, exclude_if=_absent)
+    key_endpoints: tuple[str, ...] | None = Field(None, exclude_if=_absent)
     # X-Waybill-Prefer-Endpoint: a preference the router may overrule.
-    prefer_endpoint: str | None = None
+    prefer_endpoint: str | None = Field(None, exclude_if=_absent)
     # X-Waybill-Require-Endpoint: the request is pinned there (`require_target`), no other
     # endpoint is ever tried.
-    require_endpoint: str | None = None
+    require_endpoint: str | None = Field(None, exclude_if=_absent)
 
 
 class Candidate(_Record):
@@ -290,8 +323,8 @@ class RouteChoice(_Record):
     weight: Annotated[int, Field(gt=0)]
     selection_position: NonNegInt  # position in the tier's smooth weighted round-robin
     # Chosen as the caller's X-Waybill-Prefer-Endpoint, ahead of tier and strategy (the
-    # round-robin was not consulted: selection_position is 0).
-    preferred: bool = False
+    # round-robin was not consulted: selection_position is 0). Left out while False.
+    preferred: bool = Field(False, exclude_if=_nothing)
 
 
 class AccountRef(_Record):
@@ -357,6 +390,9 @@ class BudgetReserved(Event):
     key_id: Id | None = None
     model_group: str | None = None
     owner: str | None = None  # the gateway instance that took the hold (crash recovery)
+    # The door its request came through (RequestReceived.api), for the spend views; holds
+    # taken before it was recorded here were all of chat completions.
+    api: Api = "openai.chat_completions"
 
 
 class BudgetReservationDenied(Event):
@@ -725,7 +761,12 @@ class ReconciliationImported(Event):
     imported_by: Id
     # A provider report (§3): its format, its buckets against the ledger, what is not ours.
     report_format: Literal[
-        "lines", "openai-usage", "openai-costs", "anthropic-usage", "anthropic-costs"
+        "lines",
+        "openai-usage",
+        "openai-costs",
+        "anthropic-usage",
+        "anthropic-costs",
+        "anthropic-analytics",
     ] = "lines"
     buckets: tuple[BucketComparison, ...] = ()
     unattributed_provider_usage: tuple[UnattributedUsage, ...] = ()
@@ -746,7 +787,7 @@ class KeyCreated(Event):
     budget_window: Literal["day", "month", "total"] | None = None
     # The key's standing endpoint scope (contract §4 "Endpoint scope"): endpoint ids and
     # `provider:NAME` labels every request of the key is narrowed to. None: unrestricted.
-    endpoints: tuple[str, ...] | None = None
+    endpoints: tuple[str, ...] | None = Field(None, exclude_if=_absent)
 
 
 class KeyRevoked(Event):

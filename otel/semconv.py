@@ -209,6 +209,8 @@ WAYBILL_SETTLED_USD: Final = "waybill.settled_usd"
 WAYBILL_HELD_UNKNOWN_USD: Final = "waybill.held_unknown_usd"
 WAYBILL_COST_USD: Final = "waybill.cost_usd"
 WAYBILL_CACHED_INPUT_TOKENS: Final = "waybill.usage.cached_input_tokens"
+WAYBILL_CACHE_WRITE_INPUT_TOKENS: Final = "waybill.usage.cache_write_input_tokens"
+WAYBILL_CACHE_WRITE_1H_INPUT_TOKENS: Final = "waybill.usage.cache_write_1h_input_tokens"
 
 # span events and their attributes
 EVENT_ROUTE_EVALUATED: Final = "waybill.route.evaluated"

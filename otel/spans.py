@@ -223,6 +223,10 @@ def _usage(attributes: dict[str, AttributeValue], usage: ev.Usage | None) -> Non
     attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] = usage.output_tokens
     if usage.cached_input_tokens:
         attributes[sc.WAYBILL_CACHED_INPUT_TOKENS] = usage.cached_input_tokens
+    if usage.cache_write_input_tokens:
+        attributes[sc.WAYBILL_CACHE_WRITE_INPUT_TOKENS] = usage.cache_write_input_tokens
+    if usage.cache_write_1h_input_tokens:
+        attributes[sc.WAYBILL_CACHE_WRITE_1H_INPUT_TOKENS] = usage.cache_write_1h_input_tokens
 
 
 def _costs(attributes: dict[str, AttributeValue], attempts: Sequence[_Attempt]) -> None:

@@ -137,25 +137,39 @@ class Rates:
     audio_input_per_mtok: Decimal
     audio_output_per_mtok: Decimal
     web_search_usd: Decimal | None = None
+    # Prompt-cache writes, for 5 minutes and for an hour (None: at the input rate).
+    cache_write_per_mtok: Decimal | None = None
+    cache_write_1h_per_mtok: Decimal | None = None
 
 
 def usage_cost(usage: Usage, rates: Rates) -> Decimal:
     """The cost of known usage, each token at its kind's rate and each web search at its
     fee, rounded up to the ledger's precision (contract §6).
 
-    Audio and cached tokens are parts of the input and output counts. A provider does not
-    say whether its cached tokens are text or audio, so they are taken as audio first: a
-    token that may be audio is priced as audio, and text is discounted only for cached
-    tokens that cannot be audio. The bill is never understated.
+    Audio, cached and cache-write tokens are parts of the input and output counts. A
+    provider does not say whether its cached tokens are text or audio, so they are taken as
+    audio first: a token that may be audio is priced as audio, and text is discounted only
+    for cached tokens that cannot be audio. Cache writes (Anthropic's, all text) are
+    claimed from the text before cached reads, hour-long ones first. The bill is never
+    understated.
     """
     audio_input = min(usage.audio_input_tokens, usage.input_tokens)
     text_input = usage.input_tokens - audio_input
-    cached_text = min(max(0, usage.cached_input_tokens - audio_input), text_input)
+    written_1h = min(usage.cache_write_1h_input_tokens, text_input)
+    written_5m = min(usage.cache_write_input_tokens, text_input - written_1h)
+    unwritten = text_input - written_1h - written_5m
+    cached_text = min(max(0, usage.cached_input_tokens - audio_input), unwritten)
     audio_output = min(usage.audio_output_tokens, usage.output_tokens)
+    write_5m = rates.cache_write_per_mtok
+    write_5m = rates.input_per_mtok if write_5m is None else write_5m
+    write_1h = rates.cache_write_1h_per_mtok
+    write_1h = write_5m if write_1h is None else write_1h
     with localcontext(EXACT):
         micro = (
-            (text_input - cached_text) * rates.input_per_mtok
+            (unwritten - cached_text) * rates.input_per_mtok
             + cached_text * rates.cached_input_per_mtok
+            + written_5m * write_5m
+            + written_1h * write_1h
             + audio_input * rates.audio_input_per_mtok
             + (usage.output_tokens - audio_output) * rates.output_per_mtok
             + audio_output * rates.audio_output_per_mtok

@@ -329,6 +329,9 @@ def _sum_usage(usages: Iterable[ev.Usage]) -> ev.Usage | None:
             input_tokens=total.input_tokens + u.input_tokens,
             output_tokens=total.output_tokens + u.output_tokens,
             cached_input_tokens=total.cached_input_tokens + u.cached_input_tokens,
+            cache_write_input_tokens=total.cache_write_input_tokens + u.cache_write_input_tokens,
+            cache_write_1h_input_tokens=total.cache_write_1h_input_tokens
+            + u.cache_write_1h_input_tokens,
             audio_input_tokens=total.audio_input_tokens + u.audio_input_tokens,
             audio_output_tokens=total.audio_output_tokens + u.audio_output_tokens,
             web_searches=total.web_searches + u.web_searches,
@@ -392,7 +395,10 @@ def _judge(
     provider_usage = _sum_usage(r.usage for r in unit.rows if r.usage is not None)
     if report.usage and provider_usage is None:
         provider_usage = ev.Usage(input_tokens=0, output_tokens=0)
-    requests = sum(r.requests or 0 for r in unit.rows) if report.format == "openai-usage" else None
+    counted = report.format == "openai-usage" or (
+        report.format == "anthropic-analytics" and report.usage
+    )
+    requests = sum(r.requests or 0 for r in unit.rows) if counted else None
     provider_usd = _provider_usd(report, unit, rates)
     billable = [a for a in unit.attempts if a.state != "released"]
     known = [a for a in billable if a.state in ("settled", "unknown_settled")]

@@ -3,11 +3,12 @@ by model and day, naming the days where they part — the mark of a price change
 missed (or traffic around the gateway).
 
 The ledger side is the spend read model: settled USD of the attempts reserved that day (UTC),
-by upstream model. The provider side is a cost report's pages (OpenAI costs, Anthropic cost
-report; ``ledger.finance.provider_reports``) or a plain CSV of ``day,model,cost_usd``. Models meet
-without their snapshot date (``ledger.finance.buckets.model_key``). OpenAI's costs name no model:
-their ``line_item`` does (``gpt-4o-mini-2024-07-18, input``), and its part before the comma is
-taken as the model. Nothing is recorded: repricing is a read.
+by upstream model. The provider side is a cost report's pages (OpenAI costs, Anthropic's cost
+report or its analytics cost pages; ``ledger.finance.provider_reports``) or a plain CSV of
+``day,model,cost_usd``. Models meet without their snapshot date
+(``ledger.finance.buckets.model_key``). OpenAI's costs name no model: their ``line_item`` does
+(``gpt-4o-mini-2024-07-18, input``), and its part before the comma is taken as the model.
+Nothing is recorded: repricing is a read.
 """
 
 from __future__ import annotations
@@ -94,7 +95,9 @@ def provider_costs(
     else:
         report = parse_report(files)
         if report.usage:
-            raise ExportError(f"a {report.format} report has no costs: give a cost report")
+            raise ExportError(
+                f"these {report.format} pages count usage, not costs: give a cost report"
+            )
         rows = [
             (r.start.date(), r.model or (r.item or "").split(",")[0], r.cost_usd or Decimal(0))
             for r in report.rows

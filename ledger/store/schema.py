@@ -168,6 +168,9 @@ spend_attempts = Table(
     Column("model_group", String(200), nullable=False),
     Column("endpoint", String(200), nullable=False),
     Column("model", String(200), nullable=False),
+    # The door the request came through (BudgetReserved.api); rows from before it was
+    # recorded are chat completions, the only door there was.
+    Column("api", String(40), nullable=False, server_default="openai.chat_completions"),
     Column("day", String(10), nullable=False),  # UTC date of the reservation
     Column("state", String(20), nullable=False),  # held|settled|released|unknown|unknown_settled
     Column("reserved_usd", MoneyColumn, nullable=False),

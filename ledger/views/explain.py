@@ -220,6 +220,7 @@ def explain(events: Sequence[RecordedEvent]) -> Explanation:
         "workspace": received.workspace,
         "key_id": received.key_id,
         "model": received.model_group,
+        "api": received.api,
         "status": trail.status,
         "http_status": end.http_status if end is not None else None,
         "error_code": end.error_code if isinstance(end, ev.RequestFailed) else None,
@@ -653,8 +654,9 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
             r = event.requirements
             needs = ", ".join(r.capabilities) or "nothing special"
             return (
-                f"received for model group {event.model_group} from key {event.key_id} of "
-                f"workspace {event.workspace}: needs {needs}; data class {r.data_class}"
+                f"received through {event.api} for model group {event.model_group} from key "
+                f"{event.key_id} of workspace {event.workspace}: needs {needs}; "
+                f"data class {r.data_class}"
                 + (f"; regions {', '.join(r.regions)}" if r.regions is not None else "")
                 + _endpoint_scope_text(r)
                 + ("" if r.allow_failover else "; failover forbidden by the caller")

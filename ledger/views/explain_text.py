@@ -21,8 +21,8 @@ def render_text(explanation: Mapping[str, Any]) -> str:
     lines = [
         f"request {x['request_id']}: {x['status']}"
         + (f" ({x['http_status']} {x['error_code']})" if x.get("error_code") else ""),
-        f"model group {x['model']} · workspace {x['workspace']} · key {x['key_id']} · "
-        f"config generation {x['config_generation']}",
+        f"model group {x['model']} · api {x['api']} · workspace {x['workspace']} · "
+        f"key {x['key_id']} · config generation {x['config_generation']}",
         "",
         *textwrap.wrap(x["summary"], _WIDTH, break_on_hyphens=False),
         "",

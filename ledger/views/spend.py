@@ -2,7 +2,7 @@
 settlement, folded from the budget events.
 
 ``spend_attempts`` is the fact table the spend report groups: every hold with its
-dimensions (workspace, key, model group, endpoint, upstream model, day) and what became of
+dimensions (workspace, key, model group, endpoint, upstream model, door, day) and what became of
 it — settled, released, or held as unknown usage. ``unknown_settlements`` lists the holds
 whose usage is unknown, open until a reconciliation or an operator settles them. Both are
 rebuilt from events alone, to identical rows.
@@ -41,6 +41,7 @@ def fold_attempt(row: Row | None, recorded: RecordedEvent) -> Row | None:
             "model_group": event.model_group or "",
             "endpoint": event.endpoint,
             "model": event.model,
+            "api": event.api,
             "day": recorded.recorded_at.date().isoformat(),
             "state": "held",
             "reserved_usd": event.amount_usd,

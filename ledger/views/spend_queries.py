@@ -43,6 +43,7 @@ GROUP_KEYS: Final = {
     "model": "model_group",
     "endpoint": "endpoint",
     "upstream_model": "model",
+    "api": "api",  # the door: openai.chat_completions, anthropic.messages, ...
     "day": "day",
 }
 

@@ -4,10 +4,16 @@ provider's admin API (``waybill reconcile fetch``).
 
 The fetch pages with ``has_more`` / ``next_page`` and authenticates as each provider asks
 (OpenAI: ``Authorization: Bearer`` with the admin key; Anthropic: ``x-api-key`` and
-``anthropic-version``). A 429 is waited out as its ``Retry-After`` says, a 5xx or a broken
-connection retried with backoff, each at most :data:`MAX_RETRIES` times a page and never
-longer than :data:`MAX_WAIT_S` a wait; any other answer ends the fetch with the provider's
-own message (both providers' error shapes are read). The admin key is sent, never shown.
+``anthropic-version``). An Anthropic endpoint's reports come from the Usage and Cost
+Analytics API (``/v1/organizations/analytics/usage`` and ``/analytics/cost``, in beta: the
+``anthropic-beta`` header names it), which Anthropic recommends over its legacy
+``usage_report`` / ``cost_report``; pages of those saved earlier are still read
+(``ledger.finance.provider_reports``).
+
+A 429 is waited out as its ``Retry-After`` says, a 5xx or a broken connection retried with
+backoff, each at most :data:`MAX_RETRIES` times a page and never longer than
+:data:`MAX_WAIT_S` a wait; any other answer ends the fetch with the provider's own message
+(both providers' error shapes are read). The admin key is sent, never shown.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ MAX_RETRIES: Final = 5
 MAX_WAIT_S: Final = 60.0
 MAX_PAGES: Final = 10_000
 ANTHROPIC_VERSION: Final = "2023-06-01"
+ANTHROPIC_ANALYTICS_BETA: Final = "analytics-usage-cost-2026-08-24"
 _TIMEOUT: Final = httpx.Timeout(30.0, connect=10.0)
 
 
@@ -125,12 +132,16 @@ def _params(
         query += [("bucket_width", width), ("limit", str(limit))]
         query += [("group_by", g) for g in groups]
         return path, query, "openai-usage" if kind == "usage" else "openai-costs"
+    # The analytics API pages by row (its default page size), each row one group's figures
+    # in one time bucket: hourly tokens, daily costs, grouped by model as the legacy
+    # reports were (costs by model rather than by description: the analytics rows name it).
     query = [
         ("starting_at", start.strftime("%Y-%m-%dT%H:%M:%SZ")),
         ("ending_at", end.strftime("%Y-%m-%dT%H:%M:%SZ")),
     ]
+    groups = ["model"]
     if kind == "usage":
-        path, groups, width, limit = "/v1/organizations/usage_report/messages", ["model"], "1h", 168
+        path, width = "/v1/organizations/analytics/usage", "1h"
         for key, value in (
             ("workspace_ids[]", endpoint.provider_workspace_id),
             ("api_key_ids[]", endpoint.provider_api_key_id),
@@ -140,12 +151,12 @@ def _params(
         if endpoint.provider_api_key_id:
             groups.append("api_key_id")
     else:
-        path, groups, width, limit = "/v1/organizations/cost_report", ["description"], "1d", 31
+        path, width = "/v1/organizations/analytics/cost", "1d"
     if endpoint.provider_workspace_id:
         groups.append("workspace_id")
-    query += [("bucket_width", width), ("limit", str(limit))]
+    query.append(("bucket_width", width))
     query += [("group_by[]", g) for g in groups]
-    return path, query, "anthropic-usage" if kind == "usage" else "anthropic-costs"
+    return path, query, "anthropic-analytics"
 
 
 def _headers(endpoint: Endpoint) -> dict[str, str]:
@@ -156,6 +167,7 @@ def _headers(endpoint: Endpoint) -> dict[str, str]:
     return {
         "x-api-key": secret,
         "anthropic-version": ANTHROPIC_VERSION,
+        "anthropic-beta": ANTHROPIC_ANALYTICS_BETA,
         "Accept": "application/json",
     }
 

@@ -28,7 +28,8 @@ def spend_command(
     group_by: Annotated[
         str,
         typer.Option(
-            "--group-by", help="Comma-separated: workspace,key,model,endpoint,upstream_model,day"
+            "--group-by",
+            help="Comma-separated: workspace,key,model,endpoint,upstream_model,api,day",
         ),
     ] = "workspace",
     since: Annotated[str | None, typer.Option("--from", help="First day (YYYY-MM-DD).")] = None,

@@ -38,7 +38,14 @@ from router.cli._shared import (
 __all__ = ["reconcile_app"]
 
 Output = Literal["table", "json", "csv"]
-InputFormat = Literal["openai-usage", "openai-costs", "anthropic-usage", "anthropic-costs", "lines"]
+InputFormat = Literal[
+    "openai-usage",
+    "openai-costs",
+    "anthropic-usage",
+    "anthropic-costs",
+    "anthropic-analytics",
+    "lines",
+]
 
 
 class _FilesOrCommand(TyperGroup):

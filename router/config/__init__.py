@@ -602,6 +602,10 @@ class Price(_Frozen):
     input_per_mtok: _Money
     output_per_mtok: _Money
     cached_input_per_mtok: _Money
+    # Anthropic's prompt-cache writes, for 5 minutes and for an hour (Anthropic endpoints
+    # only: no other dialect bills them). Left out: not priced (worst_case.unpriced).
+    cache_write_per_mtok: _Money | None = None
+    cache_write_1h_per_mtok: _Money | None = None
     image_input: PartPrice | None = None  # image_url / input_image parts
     audio_input: PartPrice | None = None  # input_audio parts, an assistant's earlier audio
     file_input: PartPrice | None = None  # file parts
@@ -1247,6 +1251,28 @@ def _unique(
     return names
 
 
+def _cache_write_price_errors(
+    mapping: dict[str, Any], driver: object, path: str
+) -> list[tuple[str, str]]:
+    """Cache-write prices on a mapping whose endpoint no driver reports cache writes for
+    (only Anthropic's Messages API bills them): a price that could never act is refused."""
+    if driver == "anthropic":
+        return []
+    price = mapping.get("price")
+    entries = price if isinstance(price, list) else [price]
+    return [
+        (
+            f"{path}.price" + (f"[{k}]" if isinstance(price, list) else "") + f".{key}",
+            f"only an anthropic endpoint bills prompt-cache writes; endpoint "
+            f"'{mapping.get('endpoint')}' reports none",
+        )
+        for k, entry in enumerate(entries)
+        if isinstance(entry, dict)
+        for key in ("cache_write_per_mtok", "cache_write_1h_per_mtok")
+        if key in entry
+    ]
+
+
 def _reference_errors(data: dict[str, Any]) -> list[tuple[str, str]]:
     """Duplicate ids and dangling references, read from the raw document so they are
     reported together with any type errors pydantic found."""
@@ -1273,6 +1299,9 @@ def _reference_errors(data: dict[str, Any]) -> list[tuple[str, str]]:
             ref = mapping.get("endpoint")
             if endpoint_ids is not None and isinstance(ref, str) and ref not in endpoint_ids:
                 errors.append((f"models[{i}].mappings[{j}].endpoint", f"unknown endpoint '{ref}'"))
+            if isinstance(ref, str) and ref in drivers:
+                path = f"models[{i}].mappings[{j}]"
+                errors += _cache_write_price_errors(mapping, drivers[ref], path)
             resume = mapping.get("resume")
             wire_only = isinstance(resume, str) and resume in _OPENAI_WIRE_RESUME
             if wire_only and isinstance(ref, str) and drivers.get(ref) == "anthropic":

@@ -12,6 +12,7 @@ from router.drivers.base import (
     Driver,
     DriverResult,
     DriverStream,
+    NativeBody,
     PreparedCall,
     UpstreamFailure,
 )
@@ -26,6 +27,7 @@ __all__ = [
     "Driver",
     "DriverResult",
     "DriverStream",
+    "NativeBody",
     "OpenAIDriver",
     "PreparedCall",
     "UpstreamFailure",

@@ -1,5 +1,10 @@
 """The Anthropic driver: OpenAI chat requests to the Messages API, and answers back.
 
+A request that came through the Anthropic door carries its Messages body as it arrived
+(``ChatRequest.native``): that body is sent as it is — thinking, documents, ``cache_control``
+and beta fields included, ``anthropic-beta`` as a header — with the mapping's upstream model,
+the resolved ``max_tokens`` and ``stream`` set.
+
 Requests: system (and developer) messages become ``system``; ``stop`` becomes
 ``stop_sequences``; ``max_tokens`` (required by Anthropic) is the attempt's resolved limit.
 Function ``tools``, ``tool_choice`` and ``parallel_tool_calls`` become Anthropic's tools and
@@ -8,10 +13,19 @@ become ``tool_result`` blocks in a user turn.
 Answers: ``stop_reason`` maps to an OpenAI ``finish_reason`` and ``usage`` to OpenAI token
 counts; ``tool_use`` blocks become ``tool_calls``; stream events (``input_json_delta``
 included) become ``chat.completion.chunk`` dicts.
+
+What the chat shape has no field for is carried in extension fields (contract §3 "The
+canonical answer"), which OpenAI clients ignore and the Anthropic door reads back: thinking
+as the message's (or delta's) ``reasoning_content`` and ``thinking_blocks`` (``thinking``
+with its ``signature``, or ``redacted_thinking`` with its ``data``; in a stream, each delta's
+block is a piece of the current one), the matched stop sequence as the choice's
+``stop_sequence``, and cache usage as ``usage.cache_creation_input_tokens`` and
+``usage.cache_read_input_tokens`` (with OpenAI's ``prompt_tokens_details.cached_tokens``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
@@ -31,8 +45,10 @@ from router.drivers.base import (
     StreamErrorEvent,
     StreamTranslator,
     optional_str,
+    proxy_of,
     sanitize,
 )
+from router.drivers.http import HTTPError
 from router.request.classify import UpstreamOutcome
 
 __all__ = [
@@ -71,6 +87,7 @@ _ERROR_TYPE_STATUS: Final = {
 
 class AnthropicDriver(Driver):
     _request_id_header = "request-id"
+    dialect = "anthropic"
     requires_max_tokens = True
 
     def _auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
@@ -80,12 +97,24 @@ class AnthropicDriver(Driver):
         return headers
 
     def _url(self, binding: AttemptBinding) -> str:
+        return self._url_of(binding.endpoint)
+
+    @staticmethod
+    def _url_of(endpoint: Endpoint) -> str:
         # Like the Anthropic SDK, base_url is the API root (https://api.anthropic.com); a
         # base_url that already ends in /v1 is accepted too.
-        base = binding.endpoint.base_url.rstrip("/")
+        base = endpoint.base_url.rstrip("/")
         return base + ("/messages" if base.endswith("/v1") else "/v1/messages")
 
     def _payload(self, request: ChatRequest) -> dict[str, Any]:
+        native = request.native
+        if native is not None and native.dialect == self.dialect:
+            payload = dict(native.body)
+            payload["model"] = request.upstream_model
+            if request.max_tokens is not None:
+                payload["max_tokens"] = request.max_tokens
+            payload["stream"] = request.stream
+            return payload
         return to_messages_request(request, stream=request.stream)
 
     async def complete(self, call: PreparedCall) -> DriverResult:
@@ -112,6 +141,42 @@ class AnthropicDriver(Driver):
             status=response.status_code,
             response_bytes=size,
         )
+
+    async def count_tokens(
+        self,
+        endpoint: Endpoint,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str],
+        timeout_s: float,
+    ) -> int | None:
+        """The endpoint's own count of a Messages body's input tokens (Anthropic's free
+        ``POST /v1/messages/count_tokens``); None if it did not answer with one in time."""
+        url = self._url_of(endpoint) + "/count_tokens"
+        sent = {**headers, **self._auth_headers(endpoint), "content-type": "application/json"}
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await self._client.request(
+                    "POST",
+                    url,
+                    headers=sent,
+                    body=orjson.dumps(body),
+                    proxy=proxy_of(endpoint.proxy),
+                    connect_timeout=timeout_s,
+                    read_timeout=timeout_s,
+                )
+                try:
+                    raw = await response.aread()
+                finally:
+                    await response.aclose()
+        except (HTTPError, OSError, TimeoutError):
+            return None
+        if response.status_code != 200:
+            return None
+        try:
+            answer = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            return None
+        return _count(answer.get("input_tokens")) if isinstance(answer, dict) else None
 
     async def stream(self, call: PreparedCall) -> DriverStream:
         started_at = time.monotonic()
@@ -345,11 +410,14 @@ def to_chat_completion(body: dict[str, Any], model: str) -> dict[str, Any]:
     """An Anthropic message as an OpenAI ``chat.completion``."""
     text = ""
     tool_calls: list[dict[str, Any]] = []
+    thinking: list[dict[str, Any]] = []
     for block in body.get("content") or ():
         if not isinstance(block, dict):
             continue
         if block.get("type") == "text":
             text += str(block.get("text", ""))
+        elif block.get("type") in ("thinking", "redacted_thinking"):
+            thinking.append(block)
         elif block.get("type") == "tool_use":
             tool_calls.append(
                 {
@@ -364,18 +432,27 @@ def to_chat_completion(body: dict[str, Any], model: str) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text or None}
     if tool_calls:
         message["tool_calls"] = tool_calls
+    if thinking:
+        message["reasoning_content"] = "".join(str(b.get("thinking", "")) for b in thinking)
+        message["thinking_blocks"] = thinking
+    choice: dict[str, Any] = {
+        "index": 0,
+        "message": message,
+        "finish_reason": _finish(body.get("stop_reason")),
+    }
+    if isinstance(body.get("stop_sequence"), str):
+        choice["stop_sequence"] = body["stop_sequence"]
     completion: dict[str, Any] = {
         "id": body.get("id"),
         "object": "chat.completion",
         "created": int(time.time()),
         "model": body.get("model") or model,
-        "choices": [
-            {"index": 0, "message": message, "finish_reason": _finish(body.get("stop_reason"))}
-        ],
+        "choices": [choice],
     }
-    usage = _usage(body.get("usage"))
+    raw_usage = body.get("usage")
+    usage = _usage(raw_usage)
     if usage is not None:
-        completion["usage"] = _openai_usage(usage)
+        completion["usage"] = _openai_usage(usage, raw_usage)
     return completion
 
 
@@ -395,24 +472,51 @@ def _usage(raw: object) -> Usage | None:
     if prompt is None or completion is None:
         return None
     cached = _count(raw.get("cache_read_input_tokens")) or 0
-    written = _count(raw.get("cache_creation_input_tokens")) or 0
+    written_5m, written_1h = _cache_writes(raw)
     return Usage(
-        input_tokens=prompt + cached + written,
+        input_tokens=prompt + cached + written_5m + written_1h,
         output_tokens=completion,
         cached_input_tokens=cached,
+        cache_write_input_tokens=written_5m,
+        cache_write_1h_input_tokens=written_1h,
     )
+
+
+def _cache_writes(usage: Mapping[str, Any]) -> tuple[int, int]:
+    """The tokens an Anthropic ``usage`` object (an answer's, or a report's) says were
+    written to the prompt cache: (for 5 minutes, for an hour).
+
+    ``cache_creation`` splits ``cache_creation_input_tokens`` by lifetime. Without it every
+    write is a 5-minute one (the default lifetime, and all there was before the split);
+    writes the total counts beyond the split are taken as 5-minute ones too."""
+    total = _count(usage.get("cache_creation_input_tokens")) or 0
+    split = usage.get("cache_creation")
+    if not isinstance(split, dict):
+        return total, 0
+    hour = _count(split.get("ephemeral_1h_input_tokens")) or 0
+    five = _count(split.get("ephemeral_5m_input_tokens")) or 0
+    return max(five, total - hour), hour
 
 
 def _count(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def _openai_usage(usage: Usage) -> dict[str, Any]:
-    return {
+def _openai_usage(usage: Usage, raw: object = None) -> dict[str, Any]:
+    """OpenAI's usage; cache reads and writes as Anthropic counted them, beside it."""
+    openai: dict[str, Any] = {
         "prompt_tokens": usage.input_tokens,
         "completion_tokens": usage.output_tokens,
         "total_tokens": usage.input_tokens + usage.output_tokens,
     }
+    if isinstance(raw, dict):
+        written = _count(raw.get("cache_creation_input_tokens")) or 0
+        read = _count(raw.get("cache_read_input_tokens")) or 0
+        if written or read:
+            openai["prompt_tokens_details"] = {"cached_tokens": read}
+            openai["cache_creation_input_tokens"] = written
+            openai["cache_read_input_tokens"] = read
+    return openai
 
 
 class AnthropicEvents(StreamTranslator):
@@ -450,6 +554,8 @@ class AnthropicEvents(StreamTranslator):
             return [self._chunk({"role": "assistant", "content": ""})]
         if kind == "content_block_start":
             block = event.get("content_block") or {}
+            if block.get("type") == "redacted_thinking":
+                return [self._chunk({"thinking_blocks": [block]})]
             if block.get("type") == "tool_use":
                 index = self._tool_indexes[event.get("index")] = len(self._tool_indexes)
                 call = {
@@ -464,6 +570,13 @@ class AnthropicEvents(StreamTranslator):
             delta = event.get("delta") or {}
             if delta.get("type") == "text_delta":
                 return [self._chunk({"content": str(delta.get("text", ""))})]
+            if delta.get("type") == "thinking_delta":
+                text = str(delta.get("thinking", ""))
+                piece = {"type": "thinking", "thinking": text}
+                return [self._chunk({"reasoning_content": text, "thinking_blocks": [piece]})]
+            if delta.get("type") == "signature_delta":
+                piece = {"type": "thinking", "signature": str(delta.get("signature", ""))}
+                return [self._chunk({"thinking_blocks": [piece]})]
             tool_index = self._tool_indexes.get(event.get("index"))
             # Only a tool_use block's input is a tool call's arguments (a server tool's
             # input streams the same way but is not the client's to run).
@@ -499,7 +612,11 @@ class AnthropicEvents(StreamTranslator):
         chunks = []
         if finish is not None:
             self.finish_reason = finish
-            chunks.append(self._chunk({}, finish))
+            chunk = self._chunk({}, finish)
+            if isinstance(delta.get("stop_sequence"), str):
+                chunk["choices"][0]["stop_sequence"] = delta["stop_sequence"]
+            chunks.append(chunk)
         if usage is not None:
-            chunks.append({**self._chunk({}), "choices": [], "usage": _openai_usage(usage)})
+            counts = _openai_usage(usage, {**self._start_usage, **raw})  # type: ignore[dict-item]
+            chunks.append({**self._chunk({}), "choices": [], "usage": counts})
         return chunks

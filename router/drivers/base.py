@@ -47,6 +47,7 @@ __all__ = [
     "Driver",
     "DriverResult",
     "DriverStream",
+    "NativeBody",
     "PreparedCall",
     "SSEDriverStream",
     "StreamErrorEvent",
@@ -55,6 +56,7 @@ __all__ = [
     "count_bytes",
     "elapsed_ms",
     "optional_str",
+    "proxy_of",
     "retry_after_ms",
     "sanitize",
 ]
@@ -69,14 +71,28 @@ _MAX_ERROR_BODY: Final = 64 * 1024
 _MAX_MESSAGE_CHARS: Final = 300
 
 
+@dataclass(frozen=True, slots=True)
+class NativeBody:
+    """The client's body in an upstream dialect's own shape, as a door received it (the
+    Anthropic door's Messages body): a driver of that dialect sends it as it came — the
+    mapping's upstream model, the resolved output bound and ``stream`` set — with
+    ``headers`` (e.g. ``anthropic-beta``), rather than translating the canonical body."""
+
+    dialect: str  # a driver's `dialect` ("anthropic")
+    body: Mapping[str, Any]
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
 @dataclass(frozen=True)
 class ChatRequest:
-    """The client's OpenAI-style chat body, and what the core resolved for this attempt."""
+    """The client's OpenAI-style chat body, and what the core resolved for this attempt;
+    ``native`` the same request in the dialect it arrived in, if a door kept it."""
 
     body: Mapping[str, Any]
     upstream_model: str
     max_tokens: int | None = None
     stream: bool = False
+    native: NativeBody | None = None
 
 
 @dataclass(frozen=True)
@@ -228,6 +244,7 @@ class Driver(ABC):
     """One provider API. Holds one pooled :class:`HTTPClient`; close it with :meth:`aclose`."""
 
     _request_id_header: ClassVar[str]
+    dialect: ClassVar[str]  # the config's `driver:` name; a NativeBody of it is sent as it came
     # The provider's API takes no request without an output bound (Anthropic's max_tokens):
     # the core then sends the one it reserved for (router/request/worst_case.py).
     requires_max_tokens: ClassVar[bool] = False
@@ -243,8 +260,11 @@ class Driver(ABC):
         for :meth:`complete` or :meth:`stream`. ``ValueError`` for a header that cannot be
         written (a CR or LF in it)."""
         headers = {**self._headers(binding), "content-type": "application/json"}
+        native = request.native
+        if native is not None and native.dialect == self.dialect:
+            headers.update(native.headers)
         body = orjson.dumps(self._payload(request))
-        proxy = _proxy(binding.endpoint.proxy)
+        proxy = proxy_of(binding.endpoint.proxy)
         http = prepare_request("POST", self._url(binding), headers=headers, body=body, proxy=proxy)
         return PreparedCall(request, binding, http)
 
@@ -428,7 +448,8 @@ class Driver(ABC):
 
 
 @functools.lru_cache(maxsize=64)
-def _proxy(setting: ProxySetting | None) -> Proxy | None:
+def proxy_of(setting: ProxySetting | None) -> Proxy | None:
+    """The HTTP client's proxy for an endpoint's ``proxy`` setting."""
     # Cached: an endpoint's proxy is one object per config generation; one Proxy (and one
     # base64 of its credentials) per setting keeps its pool key a cheap, stable value.
     if setting is None:

@@ -27,6 +27,7 @@ __all__ = ["OpenAIDriver", "openai_usage"]
 
 class OpenAIDriver(Driver):
     _request_id_header = "x-request-id"
+    dialect = "openai"
 
     def _auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
         if endpoint.api_key is None:

@@ -38,6 +38,7 @@ class _Anthropic(Dialect):
             for t in (tools if isinstance(tools, list) else [])
             if isinstance(t, dict) and t.get("name")
         )
+        thinking = body.get("thinking")
         return Prompt(
             model=str(body.get("model") or "fake-model"),
             prompt_tokens=prompt_tokens(body)[0],
@@ -45,6 +46,7 @@ class _Anthropic(Dialect):
             tool_names=names,
             stream=body.get("stream") is True,
             include_usage=True,
+            thinking=isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive"),
         )
 
     def partial(self, body: dict[str, Any]) -> Partial | None:
@@ -60,12 +62,25 @@ class _Anthropic(Dialect):
         return Partial("assistant_prefill", message_text(content))
 
     @staticmethod
-    def _input_usage(reply: Reply) -> dict[str, int]:
-        # Anthropic's input_tokens leave out what was read from the cache, counted beside.
-        usage = {"input_tokens": reply.prompt_tokens - reply.cached_tokens}
+    def _input_usage(reply: Reply) -> dict[str, Any]:
+        # Anthropic's input_tokens leave out what was read from the cache and written to
+        # it, counted beside.
+        written = reply.cache_write_tokens + reply.cache_write_1h_tokens
+        uncached = reply.prompt_tokens - reply.cached_tokens - written
+        usage: dict[str, Any] = {"input_tokens": uncached}
         if reply.cached_tokens:
             usage["cache_read_input_tokens"] = reply.cached_tokens
+        if written:
+            usage["cache_creation_input_tokens"] = written
+            usage["cache_creation"] = {
+                "ephemeral_5m_input_tokens": reply.cache_write_tokens,
+                "ephemeral_1h_input_tokens": reply.cache_write_1h_tokens,
+            }
         return usage
+
+    @staticmethod
+    def _signature(reply: Reply) -> str:
+        return f"sig_{reply.request_id}"
 
     @staticmethod
     def _stop_reason(reply: Reply) -> str:
@@ -80,12 +95,17 @@ class _Anthropic(Dialect):
                 "name": reply.tool_name,
                 "input": json_object(reply.text),
             }
+        blocks = [block]
+        if reply.thinking:
+            thought = "".join(reply.thinking)
+            signature = self._signature(reply)
+            blocks.insert(0, {"type": "thinking", "thinking": thought, "signature": signature})
         return {
             "id": reply.message_id,
             "type": "message",
             "role": "assistant",
             "model": reply.model,
-            "content": [block],
+            "content": blocks,
             "stop_reason": self._stop_reason(reply),
             "stop_sequence": None,
             "usage": {**self._input_usage(reply), "output_tokens": reply.completion_tokens},
@@ -112,14 +132,20 @@ class _Anthropic(Dialect):
             block = {"type": "tool_use", "id": reply.tool_call_id, "name": reply.tool_name}
             block["input"] = {}
             deltas = [{"type": "input_json_delta", "partial_json": p} for p in reply.pieces]
-        events = [
-            event("message_start", message=message),
-            event("content_block_start", index=0, content_block=block),
-            event("ping"),
-        ]
-        content_index = len(events)
-        events += [event("content_block_delta", index=0, delta=delta) for delta in deltas]
-        events.append(event("content_block_stop", index=0))
+        blocks: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+        if reply.thinking:
+            thought = [{"type": "thinking_delta", "thinking": t} for t in reply.thinking]
+            signed = {"type": "signature_delta", "signature": self._signature(reply)}
+            blocks.append(({"type": "thinking", "thinking": ""}, [*thought, signed]))
+        blocks.append((block, deltas))
+        events = [event("message_start", message=message)]
+        for at, (start, block_deltas) in enumerate(blocks):
+            events.append(event("content_block_start", index=at, content_block=start))
+            if at == 0:
+                events.append(event("ping"))
+            events += [event("content_block_delta", index=at, delta=d) for d in block_deltas]
+            events.append(event("content_block_stop", index=at))
+        content_index = 3  # the first block's first delta, after the start and the ping
         finish_index = len(events)
         events.append(
             event(

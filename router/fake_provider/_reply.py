@@ -19,6 +19,7 @@ from router.fake_provider.behavior import Behavior, Kind, LineEnding
 
 __all__ = [
     "PART_TOKENS",
+    "THINKING_PIECES",
     "Choice",
     "Dialect",
     "ErrorResponse",
@@ -38,6 +39,8 @@ __all__ = [
 ]
 
 DEFAULT_CHUNKS = 6
+THINKING_PIECES = ("Let", " me", " think.")
+"""The thinking block's text, piece by piece, of a request that asks for thinking."""
 # What one non-text content part costs in prompt tokens, by type, however large: OpenAI's
 # and Anthropic's names. (An image of 1024x1024 at high detail is 765 tokens on gpt-4o.)
 PART_TOKENS: dict[str, int] = {
@@ -93,6 +96,7 @@ class Prompt:
     choices: int = 1  # OpenAI's `n`
     audio_tokens: int = 0  # of prompt_tokens, from input_audio parts
     audio_output: bool = False  # the answer is spoken (OpenAI's `modalities` / `audio`)
+    thinking: bool = False  # Anthropic's `thinking` (enabled or adaptive): a thinking block first
 
 
 @dataclass(frozen=True)
@@ -120,7 +124,10 @@ class Reply:
     tool_name: str | None
     tool_call_id: str
     cached_tokens: int = 0  # of prompt_tokens, served from the cache
+    cache_write_tokens: int = 0  # of prompt_tokens, written to the cache for 5 minutes
+    cache_write_1h_tokens: int = 0  # of prompt_tokens, written for an hour
     audio_tokens: int = 0  # of prompt_tokens
+    thinking: tuple[str, ...] = ()  # the thinking block's pieces (Anthropic's `thinking`)
 
     # The first choice: the only one of a dialect without `n` (Anthropic).
     @property
@@ -234,6 +241,15 @@ def make_reply(
     large_body keeps its size whatever the limit (it exists to overflow the gateway's
     max_response_bytes) but still reports no more output tokens than the request allowed.
     """
+    thinking: tuple[str, ...] = ()
+    if prompt.thinking:
+        # The model thinks first; its thinking is output within the request's limit.
+        thinking = THINKING_PIECES
+        reasoning = max(behavior.reasoning_tokens, len(thinking))
+        behavior = replace(behavior, reasoning_tokens=reasoning)
+    cached = min(behavior.cached_tokens, prompt.prompt_tokens)
+    uncached = prompt.prompt_tokens - cached
+    written_1h = min(behavior.cache_write_1h_tokens, uncached)
     base = Reply(
         request_id=request_id,
         message_id=message_id,
@@ -242,8 +258,11 @@ def make_reply(
         prompt_tokens=prompt.prompt_tokens,
         tool_name=None,
         tool_call_id=f"call_{request_id.removeprefix('req_')}",
-        cached_tokens=min(behavior.cached_tokens, prompt.prompt_tokens),
+        cached_tokens=cached,
+        cache_write_1h_tokens=written_1h,
+        cache_write_tokens=min(behavior.cache_write_tokens, uncached - written_1h),
         audio_tokens=prompt.audio_tokens,
+        thinking=thinking,
     )
     if behavior.kind is Kind.TOOL_CALL:
         name = behavior.tool_name or (prompt.tool_names[0] if prompt.tool_names else "get_weather")

@@ -2,9 +2,13 @@
 
 It serves OpenAI ``GET /v1/organization/usage/completions`` and ``/v1/organization/costs``
 and Anthropic ``GET /v1/organizations/usage_report/messages`` and
-``/v1/organizations/cost_report`` from buckets a test gives (each as the provider writes
-it), ``page_size`` buckets a page with ``has_more`` / ``next_page``, within the requested
-window and narrowed by the requested ids. It checks each provider's auth (``Authorization:
+``/v1/organizations/cost_report`` (legacy) from buckets a test gives (each as the provider
+writes it), ``page_size`` buckets a page with ``has_more`` / ``next_page``, within the
+requested window and narrowed by the requested ids; and Anthropic's Usage and Cost Analytics
+API, ``GET /v1/organizations/analytics/usage`` and ``/analytics/cost``, from rows a test
+gives (``{"starting_at", "ending_at", "group", "usage" | "cost"}``), ``page_size`` rows a
+page, narrowed by the ids in each row's ``group``; it asks for the API's ``anthropic-beta``
+header, as a beta endpoint does. It checks each provider's auth (``Authorization:
 Bearer`` / ``x-api-key`` with ``anthropic-version``) and answers in its error shapes; faults
 queued with :meth:`FakeAdminApi.fail_next` answer the next requests instead (a 429 with
 ``Retry-After``, a 401, a 5xx). Every request is recorded.
@@ -33,7 +37,10 @@ _OPENAI = {
 _ANTHROPIC = {
     "/v1/organizations/usage_report/messages": "anthropic-usage",
     "/v1/organizations/cost_report": "anthropic-costs",
+    "/v1/organizations/analytics/usage": "anthropic-analytics-usage",
+    "/v1/organizations/analytics/cost": "anthropic-analytics-costs",
 }
+_ANALYTICS_BETA = "analytics-usage-cost-2026-08-24"
 _FILTERS = {
     "project_ids": "project_id",
     "api_key_ids": "api_key_id",
@@ -58,7 +65,9 @@ class _Fault:
 
 class FakeAdminApi(Served):
     """Both providers' admin report endpoints, serving the buckets of ``reports`` (by
-    format: ``openai-usage`` ... ``anthropic-costs``) to a caller with ``admin_key``."""
+    format: ``openai-usage`` ... ``anthropic-costs``; the analytics API's rows under
+    ``anthropic-analytics-usage`` and ``anthropic-analytics-costs``) to a caller with
+    ``admin_key``."""
 
     def __init__(
         self,
@@ -155,8 +164,14 @@ class FakeAdminApi(Served):
             return 401, {"message": "invalid x-api-key"}, {}
         elif not headers.get("anthropic-version"):
             return 400, {"message": "anthropic-version: header is required"}, {}
+        analytics = report_format.startswith("anthropic-analytics")
+        betas = {b.strip() for b in headers.get("anthropic-beta", "").split(",")}
+        if analytics and _ANALYTICS_BETA not in betas:
+            return 400, {"message": f"this endpoint needs anthropic-beta: {_ANALYTICS_BETA}"}, {}
         with self._lock:
             buckets = list(self._reports.get(report_format, []))
+        if analytics:
+            return 200, self._rows_page(buckets, params), {}
         return 200, self._page(path in _OPENAI, buckets, params), {}
 
     def _page(
@@ -191,6 +206,34 @@ class FakeAdminApi(Served):
             "next_page": f"page_{offset + self.page_size}" if more else None,
         }
         return {"object": "page", **body} if openai else body
+
+    def _rows_page(
+        self, rows: list[dict[str, Any]], params: list[tuple[str, str]]
+    ) -> dict[str, Any]:
+        """An analytics page: the rows in the window whose group has the requested ids."""
+        query = dict(params)
+        start, end = _instant(query.get("starting_at")), _instant(query.get("ending_at"))
+        wanted: dict[str, set[str]] = {}
+        for key, value in params:
+            if key in _FILTERS:
+                wanted.setdefault(_FILTERS[key], set()).add(value)
+        chosen = []
+        for row in rows:
+            at = _instant(row["starting_at"])
+            if at is not None and (
+                (start is not None and at < start) or (end is not None and at >= end)
+            ):
+                continue
+            group = row.get("group") or {}
+            if all(group.get(field) in ids for field, ids in wanted.items()):
+                chosen.append(row)
+        offset = int(query.get("page", "page_0").removeprefix("page_") or 0)
+        more = offset + self.page_size < len(chosen)
+        return {
+            "data": chosen[offset : offset + self.page_size],
+            "has_more": more,
+            "next_page": f"page_{offset + self.page_size}" if more else None,
+        }
 
     # --- lifecycle: on the caller's loop, or on a loop of its own in a thread ---
 

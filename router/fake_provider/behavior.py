@@ -104,6 +104,10 @@ class Behavior:
     - cached_tokens: replies; this many prompt tokens (at most all) are reported as served
       from the cache (`prompt_tokens_details.cached_tokens`; Anthropic's
       `cache_read_input_tokens`, beside its `input_tokens`).
+    - cache_write_tokens, cache_write_1h_tokens: replies; this many prompt tokens (at most
+      what the cache did not serve) are reported as written to the prompt cache for 5
+      minutes and for an hour (Anthropic's `cache_creation_input_tokens` and its
+      `cache_creation` split, beside its `input_tokens`); an OpenAI answer reports none.
     - overbill_output_tokens: ok and its streams; the usage reports this many output tokens
       more than were sent, whatever the request's bound: a provider whose bill exceeds
       anything the gateway could have reserved.
@@ -141,6 +145,8 @@ class Behavior:
     tool_arguments: str = '{"city": "Paris"}'
     reasoning_tokens: int = 0
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
     overbill_output_tokens: int = 0
     repeat_prefix: bool = False
     mismatched_continuation: bool = False
@@ -161,7 +167,15 @@ class Behavior:
             value = getattr(self, opt)
             if value is not None and value < 0:
                 raise ValueError(f"{opt}: must be >= 0")
-        for count in ("min_bytes", "reasoning_tokens", "cached_tokens", "overbill_output_tokens"):
+        counts = (
+            "min_bytes",
+            "reasoning_tokens",
+            "cached_tokens",
+            "cache_write_tokens",
+            "cache_write_1h_tokens",
+            "overbill_output_tokens",
+        )
+        for count in counts:
             if getattr(self, count) < 0:
                 raise ValueError(f"{count}: must be >= 0")
 
@@ -210,6 +224,8 @@ class Behavior:
         first_event_delay_ms: float = 0.0,
         reasoning_tokens: int = 0,
         cached_tokens: int = 0,
+        cache_write_tokens: int = 0,
+        cache_write_1h_tokens: int = 0,
         repeat_prefix: bool = False,
         mismatched_continuation: bool = False,
         text: str | None = None,
@@ -223,6 +239,8 @@ class Behavior:
             first_event_delay_ms=first_event_delay_ms,
             reasoning_tokens=reasoning_tokens,
             cached_tokens=cached_tokens,
+            cache_write_tokens=cache_write_tokens,
+            cache_write_1h_tokens=cache_write_1h_tokens,
             repeat_prefix=repeat_prefix,
             mismatched_continuation=mismatched_continuation,
         )

@@ -23,7 +23,7 @@ from router.fake_provider._anthropic import ANTHROPIC
 from router.fake_provider._continuation import Continuation, Partial, parse_continuation, refusal
 from router.fake_provider._http import BadRequest, Connection, Headers, HttpRequest
 from router.fake_provider._openai import OPENAI
-from router.fake_provider._reply import Dialect
+from router.fake_provider._reply import Dialect, prompt_tokens
 from router.fake_provider._respond import Exchange, respond, send_json
 from router.fake_provider._serving import Served
 from router.fake_provider.behavior import Behavior
@@ -400,6 +400,16 @@ class FakeUpstream(Served):
         request_id = self._record(request, connection_id, None)
         headers = {"x-request-id": request_id, "x-fake-upstream": self.name}
         keep_alive = request.keep_alive
+        if request.path == "/v1/messages/count_tokens" and request.method == "POST":
+            # Anthropic's token counting: free, and never an inference (nothing of the plan).
+            body = _parse_json(request.body)
+            if not isinstance(body, dict):
+                error = ANTHROPIC.bad_request("The request body is not a JSON object.", request_id)
+                await send_json(conn, 400, error.body, keep_alive=keep_alive, headers=headers)
+                return
+            counted = {"input_tokens": prompt_tokens(body)[0]}
+            await send_json(conn, 200, counted, keep_alive=keep_alive, headers=headers)
+            return
         if request.path == "/v1/models" and request.method == "GET":
             models = [
                 {"id": m, "object": "model", "created": 0, "owned_by": self.name}

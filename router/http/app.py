@@ -30,7 +30,7 @@ from collections.abc import (
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import httpx
 import orjson
@@ -77,14 +77,9 @@ from router.config import (
     parse_config_file,
     read_config_file,
 )
-from router.doors.chat import (
-    MAX_BODY_BYTES,
-    answer,
-    parse_body,
-    read_headers,
-    stream_headers,
-    to_core,
-)
+from router.doors import chat, messages, messages_wire
+from router.doors.chat import MAX_BODY_BYTES
+from router.doors.headers import HeaderNarrowing, read_headers
 from router.errors import (
     ErrorCode,
     GatewayError,
@@ -102,11 +97,13 @@ from router.errors import (
 )
 from router.http import openapi as api_doc
 from router.http.console import Identify, console_router, secret_from
+from router.http.count_tokens import count_tokens_router
 from router.http.endpoints import endpoints_router
 from router.http.proofs import proof_router
 from router.http.queries import queries_router
 from router.http.reconcile import reconcile_router
 from router.http.spend import spend_router
+from router.request.call import Call, Completion, StreamingCompletion
 from router.request.gateway import Caller, Gateway, KeyMoved
 from router.serving.reload import (
     WORKER_RELOAD_HEADER,
@@ -133,6 +130,8 @@ _OWN_METRICS: Final = "x-waybill-own-metrics"
 """Asks ``GET /metrics`` for this process's metrics alone (a sibling worker asks so)."""
 _SSE: Final = "text/event-stream"
 _CHAT_PATH: Final = "/v1/chat/completions"
+_MESSAGES_PATH: Final = "/v1/messages"
+_COUNT_TOKENS_PATH: Final = "/v1/messages/count_tokens"
 _MAX_RECORDED_STREAM: Final = 8 * 1024 * 1024
 
 Scope = MutableMapping[str, Any]
@@ -229,14 +228,15 @@ class _Edge:
                 message["headers"] = headers
             await send(message)
 
-        if scope["method"] == "POST" and scope["path"] == _CHAT_PATH:
+        door = _DOORS.get(scope["path"]) if scope["method"] == "POST" else None
+        if door is not None:
             scope["app"] = self.app
             request = Request(scope, receive)
             try:
                 await _refuse_nul(request)
-                response = await _chat_completions(request)
+                response = await _serve(request, door)
             except Exception as error:
-                response = _failure_response(request, error)
+                response = _failure_response(request, error, door.error)
             # The header is the response's own here, so its messages go out unwrapped (a
             # stream sends one per read of the upstream's body).
             if "x-request-id" not in response.headers:
@@ -265,13 +265,24 @@ class _Capacity:
         self._in_flight[workspace] -= 1
 
 
-def _error_response(error: GatewayError, request_id: str | None) -> Response:
-    return Response(
-        orjson.dumps(error.body(request_id)),
-        status_code=error.status,
-        media_type=_JSON,
-        headers=error.headers(),
-    )
+ErrorWire = Callable[[GatewayError, str | None], tuple[int, bytes]]
+"""A door's error on its wire: (status, body)."""
+
+
+def _chat_error(error: GatewayError, request_id: str | None) -> tuple[int, bytes]:
+    return error.status, orjson.dumps(error.body(request_id))
+
+
+def _messages_error(error: GatewayError, request_id: str | None) -> tuple[int, bytes]:
+    body = messages_wire.error_body(error, request_id)
+    return messages_wire.error_status(error), orjson.dumps(body)
+
+
+def _error_response(
+    error: GatewayError, request_id: str | None, wire: ErrorWire = _chat_error
+) -> Response:
+    status, body = wire(error, request_id)
+    return Response(body, status_code=status, media_type=_JSON, headers=error.headers())
 
 
 async def authenticate(request: Request) -> Caller:
@@ -287,6 +298,15 @@ async def authenticate(request: Request) -> Caller:
 async def _authenticate(request: Request, config: Config) -> Caller:
     _refuse_repeated(request.scope["headers"])
     return _caller(await find_key(request.app.state.store, _secret(request.headers)), config)
+
+
+async def _identify_anthropic(request: Request) -> tuple[Caller, dict[str, str]]:
+    """The caller of an Anthropic-door route other than inference (its key read from the
+    ledger every time), and the request's headers by name."""
+    named = _headers_by_name(request)
+    gateway: Gateway = request.app.state.gateway
+    key = await find_key(request.app.state.store, _anthropic_secret(named))
+    return _caller(key, gateway.config), named
 
 
 async def _caller_of_secret(request: Request, secret: str) -> Caller:
@@ -309,6 +329,19 @@ def _secret(headers: Mapping[str, str]) -> str:
     return secret.strip()
 
 
+def _anthropic_secret(headers: Mapping[str, str]) -> str:
+    """The Anthropic door's key: ``x-api-key``, as Anthropic's clients send it, or a Bearer
+    key (``ANTHROPIC_AUTH_TOKEN``); both at once is refused as ambiguous."""
+    key = headers.get("x-api-key")
+    if key is None:
+        return _secret(headers)
+    if "authorization" in headers:
+        raise invalid_api_key("send the key once: x-api-key or Authorization, not both")
+    if not key.strip():
+        raise invalid_api_key("missing API key: send x-api-key: <key>")
+    return key.strip()
+
+
 def _caller(key: ApiKey | None, config: Config) -> Caller:
     if key is None or key.revoked:
         raise invalid_api_key()
@@ -325,22 +358,34 @@ async def _refuse_nul(request: Request) -> None:
         raise invalid_request("the URL contains a NUL character (%00)")
 
 
-def _failure_response(request: Request, error: Exception) -> Response:
-    """The answer to an exception a handler raised: its own for a :class:`GatewayError`,
-    503 when the ledger's database could not do the work now (``ledger.store.db.is_unavailable``),
-    else a bare 500 (logged, never shown): a constraint violated is a bug, not an outage."""
+def _wire_of(request: Request) -> ErrorWire:
+    """The error wire of the door a path belongs to: the Anthropic door's routes answer
+    Anthropic's error object whatever went wrong (a 405 included)."""
+    path = request.scope["path"]
+    if path == _MESSAGES_PATH or path.startswith(_MESSAGES_PATH + "/"):
+        return _messages_error
+    return _chat_error
+
+
+def _failure_response(
+    request: Request, error: Exception, wire: ErrorWire = _chat_error
+) -> Response:
+    """The answer to an exception a handler raised, on the door's ``wire``: its own for a
+    :class:`GatewayError`, 503 when the ledger's database could not do the work now
+    (``ledger.store.db.is_unavailable``), else a bare 500 (logged, never shown): a
+    constraint violated is a bug, not an outage."""
     if isinstance(error, GatewayError):
         if error.code is ErrorCode.LEDGER_UNAVAILABLE:
             _refused_in_outage(request, error)
-        return _error_response(error, _request_id(request))
+        return _error_response(error, _request_id(request), wire)
     if isinstance(error, ClientDisconnect):
         # The client left before its body arrived: nobody reads the answer, nothing to log.
-        return _error_response(client_canceled(), _request_id(request))
+        return _error_response(client_canceled(), _request_id(request), wire)
     if is_unavailable(error):
         _refused_in_outage(request, error)
-        return _error_response(ledger_unavailable(), _request_id(request))
+        return _error_response(ledger_unavailable(), _request_id(request), wire)
     log.exception("unexpected error serving %s", request.url.path, exc_info=error)
-    return _error_response(internal_error(), _request_id(request))
+    return _error_response(internal_error(), _request_id(request), wire)
 
 
 def _refused_in_outage(request: Request, error: Exception) -> None:
@@ -502,13 +547,15 @@ def create_app(settings: AppSettings) -> FastAPI:
             answer = route_not_found()
         else:  # e.g. a 405, for a method the route does not take
             answer = invalid_request(str(error.detail), status=error.status_code)
-        response = _error_response(answer, _request_id(request))
+        response = _error_response(answer, _request_id(request), _wire_of(request))
         response.headers.update(error.headers or {})  # a 405's Allow (RFC 9110)
         return response
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, error: RequestValidationError) -> Response:
-        return _error_response(invalid_request("invalid request"), _request_id(request))
+        return _error_response(
+            invalid_request("invalid request"), _request_id(request), _wire_of(request)
+        )
 
     @app.exception_handler(LedgerUnavailable)
     @app.exception_handler(DBAPIError)
@@ -571,6 +618,13 @@ def create_app(settings: AppSettings) -> FastAPI:
         return Response(orjson.dumps({"object": "list", "data": data}), media_type=_JSON)
 
     app.post("/v1/chat/completions", openapi_extra=api_doc.CHAT_COMPLETIONS)(_chat_completions)
+    app.post("/v1/messages", openapi_extra=api_doc.MESSAGES)(_messages)
+    app.include_router(
+        count_tokens_router(
+            _identify_anthropic,
+            lambda request, error: _failure_response(request, error, _messages_error),
+        )
+    )
     app.include_router(queries_router(authenticate))
     app.include_router(spend_router(authenticate))
     app.include_router(reconcile_router(authenticate))
@@ -589,6 +643,17 @@ def create_app(settings: AppSettings) -> FastAPI:
 async def _chat_completions(request: Request) -> Response:
     """``POST /v1/chat/completions``: served by :class:`_Edge` directly (see there), and
     declared on the FastAPI app for its schema and for any other method on the path."""
+    return await _serve(request, _DOORS[_CHAT_PATH])
+
+
+async def _messages(request: Request) -> Response:
+    """``POST /v1/messages`` (the Anthropic door), served as the chat route is."""
+    return await _serve(request, _DOORS[_MESSAGES_PATH])
+
+
+async def _serve(request: Request, door: _Door) -> Response:
+    """An inference request through ``door``: the key, the body and headers read once, the
+    Idempotency-Key claimed, the core asked, the answer on the door's wire."""
     request_id = _request_id(request)
     state = request.app.state
     # One gateway (one config generation) serves this request from end to end, even if
@@ -597,12 +662,12 @@ async def _chat_completions(request: Request) -> Response:
     config = gateway.config
     keys: KeyCache = state.keys
     named = _headers_by_name(request)
-    secret = _secret(named)
+    secret = door.secret(named)
     key, unconfirmed = await keys.find(secret)
     caller = _caller(key, config)
     reread = functools.partial(_reread, keys, secret, config)
     try:
-        call = parse_body(await _read_body(request, named), config.limits)
+        call = door.parse(await _read_body(request, named), named, config)
         headers = read_headers(named)
         if call.model_group not in caller.workspace.models or not config.model_group(
             call.model_group
@@ -651,14 +716,12 @@ async def _chat_completions(request: Request) -> Response:
                 request.scope,
                 request.receive,
                 _on_current_key(
-                    lambda c: gateway.stream(c, to_core(call, headers, c.workspace), request_id),
+                    lambda c: gateway.stream(c, door.to_core(call, headers, c), request_id),
                     caller,
                     reread,
                 ),
             )
-            response_headers = stream_headers(started)
-            body = started.body
-            write_directly: Callable[[BodyWriter], None] | None = started.write_directly
+            body, response_headers, write_directly = door.stream(started)
             if claim is not None:  # every piece of it is recorded: all go through the body
                 body = _recorded(body, state.idempotency, claim, response_headers, gateway)
                 write_directly = None
@@ -667,12 +730,12 @@ async def _chat_completions(request: Request) -> Response:
             request.scope,
             request.receive,
             _on_current_key(
-                lambda c: gateway.complete(c, to_core(call, headers, c.workspace), request_id),
+                lambda c: gateway.complete(c, door.to_core(call, headers, c), request_id),
                 caller,
                 reread,
             ),
         )
-        payload, response_headers = answer(completion)
+        payload, response_headers = door.answer(completion)
         if claim is not None:
             await state.idempotency.finish(
                 claim, RecordedAnswer(request_id, 200, _JSON, response_headers, payload)
@@ -686,15 +749,9 @@ async def _chat_completions(request: Request) -> Response:
             # nothing was sent) is not the request's answer: the retry runs again.
             await state.idempotency.abandon(claim)
         elif claim is not None:
+            status, error_body = door.error(error, request_id)
             await state.idempotency.finish(
-                claim,
-                RecordedAnswer(
-                    request_id,
-                    error.status,
-                    _JSON,
-                    error.headers(),
-                    orjson.dumps(error.body(request_id)),
-                ),
+                claim, RecordedAnswer(request_id, status, _JSON, error.headers(), error_body)
             )
         raise
     except _ClientGone:
@@ -707,6 +764,70 @@ async def _chat_completions(request: Request) -> Response:
         if claim is not None:
             await state.idempotency.abandon(claim)
         raise
+
+
+class _Parsed(Protocol):
+    """What the edge reads of a door's parsed request."""
+
+    model_group: str
+    stream: bool
+
+    def body_sha256(self) -> str: ...
+
+
+Directly = Callable[[BodyWriter], None] | None
+
+
+@dataclass(frozen=True)
+class _Door:
+    """One client API at the edge: how its key and body are read, its request handed to the
+    core, and the core's answers and the gateway's errors written on its wire."""
+
+    secret: Callable[[Mapping[str, str]], str]
+    parse: Callable[[bytes, Mapping[str, str], Config], Any]
+    to_core: Callable[[Any, HeaderNarrowing, Caller], Call]
+    answer: Callable[[Completion], tuple[bytes, dict[str, str]]]
+    stream: Callable[
+        [StreamingCompletion], tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]
+    ]
+    error: ErrorWire
+
+
+def _chat_stream(
+    started: StreamingCompletion,
+) -> tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]:
+    return started.body, chat.stream_headers(started), started.write_directly
+
+
+def _messages_stream(
+    started: StreamingCompletion,
+) -> tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]:
+    # Every piece is rewritten into Anthropic's events: none goes out as the upstream's.
+    return messages_wire.events(started), messages_wire.stream_headers(started), None
+
+
+def _messages_parse(raw: bytes, named: Mapping[str, str], config: Config) -> Any:
+    return messages.read_body(raw, named.get("anthropic-beta"))
+
+
+_DOORS: Final[Mapping[str, _Door]] = {
+    _CHAT_PATH: _Door(
+        secret=_secret,
+        parse=lambda raw, named, config: chat.parse_body(raw, config.limits),
+        to_core=lambda call, headers, caller: chat.to_core(call, headers, caller.workspace),
+        answer=chat.answer,
+        stream=_chat_stream,
+        error=_chat_error,
+    ),
+    _MESSAGES_PATH: _Door(
+        secret=_anthropic_secret,
+        parse=_messages_parse,
+        to_core=lambda call, headers, caller: messages.to_core(call, headers, caller.workspace),
+        answer=messages_wire.answer,
+        stream=_messages_stream,
+        error=_messages_error,
+    ),
+}
 
 
 async def _reread(keys: KeyCache, secret: str, config: Config) -> Caller:
@@ -763,7 +884,7 @@ def _single_valued(name: str) -> bool:
     return name in _SINGLE_VALUED or name.startswith("x-waybill-")
 
 
-_SINGLE_VALUED: Final = frozenset({"authorization", "idempotency-key"})
+_SINGLE_VALUED: Final = frozenset({"authorization", "x-api-key", "idempotency-key"})
 
 
 def _refuse_repeated(raw: Iterable[tuple[bytes, bytes]]) -> None:

@@ -17,7 +17,7 @@ from typing import Any, Final
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
-from ledger.events import DATA_CLASSES, FailureClass, ReasonCode
+from ledger.events import APIS, DATA_CLASSES, FailureClass, ReasonCode
 from ledger.types import MONEY_PATTERN
 from ledger.views.queries import REQUEST_STATUSES
 from ledger.views.spend_queries import GROUP_KEYS
@@ -35,6 +35,8 @@ __all__ = [
     "HEALTHZ",
     "IMPORT_RECONCILIATION",
     "LIST_ENDPOINTS",
+    "MESSAGES",
+    "MESSAGES_COUNT_TOKENS",
     "METRICS",
     "MODELS",
     "READYZ",
@@ -89,10 +91,21 @@ def _page(item: Schema) -> Schema:
     }
 
 
+def _when(kind: str, **required: Schema) -> Schema:
+    """A block of type ``kind`` has these fields, of these types."""
+    return {
+        "if": {"properties": {"type": {"const": kind}}},
+        "then": {"required": list(required), "properties": required},
+    }
+
+
 def _object(required: Iterable[str], **properties: Schema) -> Schema:
     """An object with these fields at least (more are welcome: contract §3)."""
     return {"type": "object", "required": list(required), "properties": properties}
 
+
+# A cache_control marker: its lifetime is a cache write the request may be billed for.
+_CACHE: Final[Schema] = _nullable({"type": "object", "properties": {"ttl": {"enum": ["5m", "1h"]}}})
 
 _SCHEMAS: Final[dict[str, Schema]] = {
     "Error": {
@@ -112,6 +125,156 @@ _SCHEMAS: Final[dict[str, Schema]] = {
                     "attempts": {"type": "array", "items": _ref("AttemptSummary")},
                 },
             }
+        },
+    },
+    "AnthropicError": {
+        "description": (
+            'The Anthropic door\'s error body (contract §3 "The Anthropic door"): '
+            "Anthropic's shape, Waybill's error code under error.code."
+        ),
+        "type": "object",
+        "required": ["type", "error"],
+        "properties": {
+            "type": {"type": "string", "enum": ["error"]},
+            "error": {
+                "type": "object",
+                "required": ["type", "message", "code"],
+                "properties": {
+                    "type": _STRING,
+                    "message": _STRING,
+                    "code": {"type": "string", "enum": list(ERROR_CODES)},
+                    "param": _STRING,
+                    "attempts": {"type": "array", "items": _ref("AttemptSummary")},
+                },
+            },
+            "request_id": _nullable(_STRING),
+        },
+    },
+    "MessagesRequest": {
+        "description": (
+            "An Anthropic Messages API request; model names a Waybill model group. A field "
+            "outside the documented set is refused (400) unless it belongs to a beta named "
+            "in anthropic-beta (contract §3 lists them). Anthropic endpoints receive the body "
+            "natively; OpenAI-dialect endpoints its translation, or are excluded "
+            "(dialect_unsupported). Also accepted, beyond what this schema can say: "
+            'thinking {"type": "enabled", "budget_tokens"} below max_tokens, and tool_choice '
+            '{"type": "tool", "name"} naming a declared tool.'
+        ),
+        "type": "object",
+        "required": ["model", "messages", "max_tokens"],
+        "properties": {
+            "model": {"type": "string", "minLength": 1},
+            "messages": {"type": "array", "minItems": 1, "items": _ref("MessagesTurn")},
+            "max_tokens": {"type": "integer", "minimum": 1, "maximum": MAX_JSON_INTEGER},
+            "system": _nullable(
+                {"anyOf": [_STRING, {"type": "array", "items": _ref("MessagesTextBlock")}]}
+            ),
+            "stream": _nullable({"type": "boolean"}),
+            "stop_sequences": _nullable({"type": "array", "items": _STRING}),
+            "temperature": _nullable({"type": "number"}),
+            "top_p": _nullable({"type": "number"}),
+            "top_k": _nullable(
+                {"type": "integer", "minimum": -MAX_JSON_INTEGER, "maximum": MAX_JSON_INTEGER}
+            ),
+            "tools": _nullable({"type": "array", "items": _ref("MessagesTool")}),
+            "tool_choice": _nullable(
+                {
+                    "type": "object",
+                    "required": ["type"],
+                    "properties": {"type": {"enum": ["auto", "any", "none"]}},
+                }
+            ),
+            "metadata": _nullable(
+                {"type": "object", "properties": {"user_id": _nullable(_STRING)}}
+            ),
+            "thinking": _nullable(
+                {
+                    "type": "object",
+                    "required": ["type"],
+                    "properties": {"type": {"enum": ["adaptive", "disabled"]}},
+                }
+            ),
+            "service_tier": _nullable(_STRING),
+        },
+        "additionalProperties": False,
+    },
+    "MessagesTurn": {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {
+            "role": {"enum": ["user", "assistant"]},
+            "content": {"anyOf": [_STRING, {"type": "array", "items": _ref("MessagesBlock")}]},
+        },
+    },
+    "MessagesTextBlock": {
+        "type": "object",
+        "required": ["type", "text"],
+        "properties": {"type": {"const": "text"}, "text": _STRING, "cache_control": _CACHE},
+    },
+    "MessagesBlock": {
+        "description": (
+            "A content block: text, image, document, tool_use, tool_result, thinking, ... "
+            "(others are passed on natively to Anthropic endpoints)."
+        ),
+        "type": "object",
+        "required": ["type"],
+        "properties": {"type": _STRING, "cache_control": _CACHE},
+        "allOf": [
+            _when("text", text=_STRING),
+            _when("image", source={"type": "object"}),
+            _when("tool_use", id=_STRING, name=_STRING),
+            {
+                "if": {"properties": {"type": {"const": "tool_result"}}},
+                "then": {
+                    "required": ["tool_use_id"],
+                    "properties": {
+                        "tool_use_id": _STRING,
+                        "content": _nullable(
+                            {
+                                "anyOf": [
+                                    _STRING,
+                                    {"type": "array", "items": _ref("MessagesPart")},
+                                ]
+                            }
+                        ),
+                    },
+                },
+            },
+        ],
+    },
+    "MessagesPart": {
+        "description": "A block inside a tool_result's content.",
+        "type": "object",
+        "required": ["type"],
+        "properties": {"type": _STRING, "cache_control": _CACHE},
+        "allOf": [
+            _when("text", text=_STRING),
+            _when("image", source={"type": "object"}),
+            _when("tool_use", id=_STRING, name=_STRING),
+            _when("tool_result", tool_use_id=_STRING),
+        ],
+    },
+    "MessagesTool": {
+        "description": "A custom tool (input_schema required) or an Anthropic-defined one.",
+        "type": "object",
+        "required": ["name"],
+        "properties": {"name": _STRING, "cache_control": _CACHE},
+        "if": {"properties": {"type": {"const": "custom"}}},
+        "then": {"required": ["input_schema"], "properties": {"input_schema": {"type": "object"}}},
+    },
+    "Message": {
+        "description": "Anthropic's message object.",
+        "type": "object",
+        "required": ["id", "type", "role", "content", "model", "stop_reason", "usage"],
+        "properties": {
+            "id": _STRING,
+            "type": {"type": "string", "enum": ["message"]},
+            "role": {"type": "string", "enum": ["assistant"]},
+            "content": {"type": "array", "items": {"type": "object"}},
+            "model": _nullable(_STRING),
+            "stop_reason": _nullable(_STRING),
+            "stop_sequence": _nullable(_STRING),
+            "usage": {"type": "object"},
         },
     },
     "AttemptSummary": {
@@ -312,7 +475,12 @@ _SCHEMAS: Final[dict[str, Schema]] = {
         },
     ),
     "Explanation": _object(
-        ["summary", "candidates", "attempts", "decision_path"],
+        ["api", "summary", "candidates", "attempts", "decision_path"],
+        api={
+            "type": "string",
+            "enum": list(APIS),
+            "description": "The client API (door) the request came through.",
+        },
         summary=_STRING,
         candidates={
             "type": "array",
@@ -386,6 +554,7 @@ _SCHEMAS: Final[dict[str, Schema]] = {
     ),
     "SpendRow": _object(
         ["settled_usd", "held_unknown_usd", "overrun_usd", "requests", "attempts"],
+        api={"type": "string", "enum": list(APIS), "description": "With group_by=api."},
         settled_usd=_MONEY,
         held_unknown_usd=_MONEY,
         overrun_usd=_MONEY,
@@ -667,6 +836,61 @@ CHAT_COMPLETIONS: Final[Schema] = {
         **_error_responses(400, 402, 404, 409, 413, 422, 429, 502, 504),
     },
 }
+
+
+def _anthropic_errors(*statuses: int) -> dict[str, Schema]:
+    """The Anthropic door's errors: its statuses (a 503 of the gateway's is a 529)."""
+    return {
+        str(status): {
+            "description": "Anthropic's error object; error.code is Waybill's error code.",
+            "headers": {"X-Request-Id": _REQUEST_ID_HEADER},
+            "content": {"application/json": {"schema": _ref("AnthropicError")}},
+        }
+        for status in sorted({*statuses, 401, 529})
+    }
+
+
+_ANTHROPIC_HEADERS: Final = [
+    _header("x-api-key", _STRING, "The Waybill key (or Authorization: Bearer <key>)."),
+    _header("anthropic-version", _STRING, "Accepted; Anthropic endpoints get their own."),
+    _header(
+        "anthropic-beta",
+        _STRING,
+        "Betas, comma-separated: their body fields are accepted, and the header is "
+        "forwarded to Anthropic endpoints.",
+    ),
+    *_CHAT_HEADERS,
+]
+MESSAGES: Final[Schema] = {
+    "summary": "An Anthropic Messages API request, buffered or streamed (SSE)",
+    "parameters": [*_ANTHROPIC_HEADERS, _query("beta", _STRING, "Sent by Claude Code; ignored.")],
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": _ref("MessagesRequest")}},
+    },
+    "responses": {
+        "200": {
+            **_ok(_ref("Message"), also="text/event-stream"),
+            "description": "The message (JSON), or Anthropic's events (SSE) with stream: true.",
+        },
+        **_anthropic_errors(400, 402, 404, 409, 413, 422, 429, 502, 504),
+    },
+}
+MESSAGES_COUNT_TOKENS: Final[Schema] = {
+    "summary": (
+        "Count a Messages request's input tokens: an Anthropic endpoint of the group "
+        "answers, else the gateway estimates (X-Waybill-Token-Count says which); never billed"
+    ),
+    "parameters": [*_ANTHROPIC_HEADERS[:3], _query("beta", _STRING, "Ignored.")],
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": _ref("MessagesCountRequest")}},
+    },
+    "responses": {
+        "200": _ok(_object(["input_tokens"], input_tokens={"type": "integer", "minimum": 0})),
+        **_anthropic_errors(400, 404, 413),
+    },
+}
 ADMIN_RELOAD: Final[Schema] = {
     "summary": "Reload the config file (admin keys)",
     "responses": {
@@ -835,6 +1059,7 @@ IMPORT_RECONCILIATION: Final[Schema] = {
                     "openai-costs",
                     "anthropic-usage",
                     "anthropic-costs",
+                    "anthropic-analytics",
                     "lines",
                 ],
             },
@@ -892,6 +1117,14 @@ def _n(max_n: int) -> Schema:
             "the config's limits.max_n: more is refused (400 invalid_request, param n).",
         }
     )
+
+
+# A count_tokens body is a Messages body whose max_tokens may be left out.
+_SCHEMAS["MessagesCountRequest"] = {
+    **_SCHEMAS["MessagesRequest"],
+    "description": "A Messages API request to count (max_tokens may be left out).",
+    "required": ["model", "messages"],
+}
 
 
 def _schemas(limits: Limits) -> dict[str, Schema]:

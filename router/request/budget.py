@@ -28,6 +28,7 @@ from ledger.books.accounting import (
     reservation_id,
     settlement_id,
 )
+from ledger.events import Api
 from ledger.store import EventStore
 from ledger.types import money_of
 from router.config import Workspace
@@ -88,8 +89,10 @@ class RequestBudget:
         owner: str,
         key_budget: tuple[Decimal, Window] | None = None,
         now: datetime | None = None,
+        api: Api = "openai.chat_completions",
     ) -> None:
         self._balances = balances
+        self.api: Api = api
         self.request_id = request_id
         self.workspace = workspace.id
         self.key_id = key_id
@@ -167,6 +170,7 @@ class RequestBudget:
             key_id=self.key_id,
             model_group=self.model_group,
             owner=self.owner,
+            api=self.api,
         )
         return StepRecord.of(event)
 

@@ -16,6 +16,7 @@ from typing import Any, Final, Literal
 
 from ledger.events import Api, Requirements
 from router.config import Workspace
+from router.drivers import NativeBody
 
 __all__ = ["Call", "Caller", "Completion", "StreamingCompletion", "TraceContext", "trace_context"]
 
@@ -76,6 +77,10 @@ class Call:
     message_count: int
     trace: TraceContext | None = None
     api: Api = "openai.chat_completions"  # the door it came through (RequestReceived.api)
+    native: NativeBody | None = None
+    """The body as it arrived, where the door's API is an upstream dialect too (the
+    Anthropic door's Messages body): an endpoint of that dialect is sent it rather than
+    ``body``'s translation (``Requirements.native`` names the dialect for the worst case)."""
 
 
 def trace_context(traceparent: str | None, tracestate: str | None) -> TraceContext | None:

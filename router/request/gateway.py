@@ -123,6 +123,10 @@ class Gateway:
         await self.breakers.aclose()
         await self.latency.aclose()
 
+    def driver(self, endpoint_id: str) -> Driver:
+        """The driver of one of this generation's endpoints (KeyError for another)."""
+        return self._drivers[endpoint_id]
+
     def models_for(self, workspace: Workspace) -> list[ModelGroup]:
         return [g for g in self.config.models if g.name in workspace.models]
 
@@ -149,6 +153,7 @@ class Gateway:
             model_group=call.model_group,
             request_limit=call.requirements.max_cost_usd,
             owner=self.instance_id,
+            api=call.api,
         )
         requires = None  # what the first append requires: the key's stream as it was read
         if caller.key_version is not None:

@@ -39,7 +39,17 @@ __all__ = [
 
 # What in a delta is content the client must see (text, a tool call, a refusal, spoken
 # audio, the legacy function call): the first of these commits the stream.
-_CONTENT_KEYS: Final = ("content", "tool_calls", "refusal", "audio", "function_call")
+# Thinking (the Anthropic driver's extension fields, router/drivers/anthropic.py) is content
+# the client sees, and no prefill can continue it.
+_CONTENT_KEYS: Final = (
+    "content",
+    "tool_calls",
+    "refusal",
+    "audio",
+    "function_call",
+    "reasoning_content",
+    "thinking_blocks",
+)
 _OTHER_CONTENT_KEYS: Final = _CONTENT_KEYS[1:]  # what a resume cannot continue
 
 # A resume whose continuation cannot be joined to what the client has: the upstream did

@@ -17,12 +17,14 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from router.config import ResumeMode
+from router.drivers import NativeBody
 
 __all__ = [
     "SEAM_CHECK_CHARS",
     "Seam",
     "broken_output_tokens",
     "continuation_body",
+    "native_continuation",
     "prefill_text",
     "resumed_usage",
     "text_tokens_bound",
@@ -52,6 +54,15 @@ def continuation_body(body: Mapping[str, Any], mode: ResumeMode, delivered: str)
         resumed["continue_final_message"] = True
         resumed["add_generation_prompt"] = False
     return resumed
+
+
+def native_continuation(native: NativeBody, delivered: str) -> NativeBody:
+    """A native Messages body asking to continue ``delivered``: Anthropic takes a final
+    assistant turn as the start of its answer (the dialect's own prefill)."""
+    body = dict(native.body)
+    partial = {"role": "assistant", "content": prefill_text(delivered)}
+    body["messages"] = [*native.body.get("messages", ()), partial]
+    return NativeBody(native.dialect, body, native.headers)
 
 
 def text_tokens_bound(text: str) -> int:

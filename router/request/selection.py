@@ -162,6 +162,14 @@ def _missing_capability(s: _Subject) -> str | None:
     return ",".join(sorted(missing)) if missing else None
 
 
+def _dialect_unsupported(s: _Subject) -> str | None:
+    driver = s.endpoint.driver
+    for dialect, feature in s.requirements.unsupported:
+        if dialect == driver:
+            return feature
+    return None
+
+
 def _context_too_small(s: _Subject) -> str | None:
     mapping, context = s.mapping, s.context
     if mapping.model in context.excluded_models:
@@ -216,6 +224,7 @@ _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.REGION_NOT_ALLOWED, _region_not_allowed),
     (ReasonCode.DATA_CLASS_NOT_ALLOWED, _data_class_not_allowed),
     (ReasonCode.MISSING_CAPABILITY, _missing_capability),
+    (ReasonCode.DIALECT_UNSUPPORTED, _dialect_unsupported),
     (ReasonCode.UNPRICED_INPUT, _unpriced_input),
     (ReasonCode.CONTEXT_TOO_SMALL, _context_too_small),
     (ReasonCode.CREDENTIALS_DISABLED, _credentials_disabled),

@@ -16,7 +16,7 @@ from router.config import Defaults, Endpoint
 from router.drivers import AttemptBinding, AttemptTimeouts, ChatRequest
 from router.request.attempt import AttemptRoute
 from router.request.call import Call
-from router.request.resume import Seam, continuation_body
+from router.request.resume import Seam, continuation_body, native_continuation
 
 __all__ = ["attempt_binding", "chat_request", "server_address"]
 
@@ -27,10 +27,17 @@ def chat_request(call: Call, route: AttemptRoute, seam: Seam | None = None) -> C
         # The bound the worst case reserved for, not a driver's default.
         max_tokens = route.mapping.max_output_tokens
     body: Mapping[str, Any] = call.body
+    native = call.native
     if seam is not None:
         body = continuation_body(body, route.mapping.resume, seam.delivered)
+        if native is not None:
+            native = native_continuation(native, seam.delivered)
     return ChatRequest(
-        body=body, upstream_model=route.mapping.model, max_tokens=max_tokens, stream=call.stream
+        body=body,
+        upstream_model=route.mapping.model,
+        max_tokens=max_tokens,
+        stream=call.stream,
+        native=native,
     )
 
 

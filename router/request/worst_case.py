@@ -6,7 +6,9 @@ Pure: a mapping, its endpoint's driver and the request's requirements in, exact 
 Every dimension a request can trigger is bounded, none guessed:
 
 - text input: the prompt's bytes bound its tokens (``router/doors/chat.py``), priced at the higher
-  of the input and cached input prices (the provider decides what it served from cache);
+  of the input and cached input prices (the provider decides what it served from cache) —
+  on an Anthropic endpoint, at the cache-write prices too when they are higher (a request
+  may write its whole prompt to the cache);
 - content parts (images, audio, files): each at most its kind's ``tokens`` in the mapping's
   price, at the higher of that kind's own price and the input prices;
 - output, for each of the ``n`` choices (each is billed its own tokens): the request's
@@ -17,13 +19,20 @@ Every dimension a request can trigger is bounded, none guessed:
 - web search: the mapping's amount per choice.
 
 A dimension the mapping has no price for makes :func:`unpriced` name it, and routing
-excludes the mapping (``unpriced_input``) rather than reserve a guess.
+excludes the mapping (``unpriced_input``) rather than reserve a guess. A request can incur
+cache writes when it carries ``cache_control`` markers (``Requirements.cache_writes``, the
+lifetimes they ask for) and its endpoint is Anthropic's, the one dialect that bills them:
+such a mapping needs ``cache_write_per_mtok`` for 5-minute writes and
+``cache_write_1h_per_mtok`` for hour-long ones.
 
 The settlement (``ledger.books.accounting.usage_cost``) prices what the provider reports at
 :func:`settlement_rates`, the rates the worst case used: audio input and output tokens at
 their dimension's rate, never below the text price; text, cached or not, at its own price;
 images and files at the input price (OpenAI bills them inside the prompt tokens, and no
-count of them is reported apart). Web searches are billed per search and reported nowhere:
+count of them is reported apart); cache writes at their lifetime's price. Writes an upstream
+reports though the mapping has no price for them (a request without markers cannot cause
+them) are settled at the next price the mapping has: an hour's at the 5-minute price, a
+5-minute one at the input price. Web searches are billed per search and reported nowhere:
 :func:`billed_usage` adds the ones the worst case counted, one per choice.
 """
 
@@ -60,14 +69,26 @@ class Dimension(StrEnum):
     FILE_INPUT = "file_input"
     AUDIO_OUTPUT = "audio_output"
     WEB_SEARCH = "web_search"
+    CACHE_WRITE = "cache_write_per_mtok"  # the key itself: prices per token are flat keys
+    CACHE_WRITE_1H = "cache_write_1h_per_mtok"
 
 
 # Whether a driver sends the client's body on as it is. The OpenAI driver does, so every
 # dimension of the request reaches the upstream. The Anthropic driver sends text and function
 # tools only: `n`, non-text content parts, audio, predictions and web search have no Messages
 # API counterpart and are left out (router/drivers/anthropic.py;
-# tests/request/test_worst_case.py holds it to that), so they cannot be billed there.
+# tests/request/test_worst_case.py holds it to that), so they cannot be billed there — unless
+# the body arrived in its own dialect (`Requirements.native`, the Anthropic door), which it
+# then sends as it came, images and documents included.
 _PASSES_BODY_THROUGH: Final[AnyMapping[Driver, bool]] = {"openai": True, "anthropic": False}
+# Whether the driver's dialect bills prompt-cache writes: Anthropic's does (at its own
+# prices, reported as cache_creation_input_tokens); OpenAI's caches for free.
+_BILLS_CACHE_WRITES: Final[AnyMapping[Driver, bool]] = {"openai": False, "anthropic": True}
+
+
+def _passes_through(driver: Driver, requirements: Requirements) -> bool:
+    return _PASSES_BODY_THROUGH[driver] or requirements.native == driver
+
 
 _PER_MTOK_EXPONENT: Final = -6
 
@@ -92,9 +113,10 @@ def unpriced(mapping: Mapping, requirements: Requirements, driver: Driver = "ope
     A content part of a type the gateway does not know (``content_part:video_url``) can
     have no price: whatever it costs upstream is unknown.
     """
-    if not _PASSES_BODY_THROUGH[driver] or not _beyond_text(requirements):
-        return None
     r, price = requirements, mapping.price
+    writes = _unpriced_cache_writes(price, r, driver)
+    if not _passes_through(driver, requirements) or not _beyond_text(requirements):
+        return ",".join(writes) or None
     needed = (
         (Dimension.IMAGE_INPUT, r.image_inputs > 0, price.image_input),
         (Dimension.AUDIO_INPUT, r.audio_inputs > 0, price.audio_input),
@@ -104,7 +126,18 @@ def unpriced(mapping: Mapping, requirements: Requirements, driver: Driver = "ope
     )
     missing = [str(dimension) for dimension, asked, priced in needed if asked and priced is None]
     missing += [f"content_part:{kind}" for kind in r.unknown_inputs]
-    return ",".join(missing) or None
+    return ",".join(missing + writes) or None
+
+
+def _unpriced_cache_writes(price: Price, requirements: Requirements, driver: Driver) -> list[str]:
+    if not requirements.cache_writes or not _BILLS_CACHE_WRITES[driver]:
+        return []
+    needed = (
+        (Dimension.CACHE_WRITE, "5m", price.cache_write_per_mtok),
+        (Dimension.CACHE_WRITE_1H, "1h", price.cache_write_1h_per_mtok),
+    )
+    asked = requirements.cache_writes
+    return [str(key) for key, ttl, priced in needed if ttl in asked and priced is None]
 
 
 def _parts(mapping: Mapping, requirements: Requirements) -> list[tuple[int, PartPrice]]:
@@ -128,7 +161,7 @@ def input_tokens(mapping: Mapping, requirements: Requirements, driver: Driver = 
     """The most input tokens the request may be billed on ``mapping``: its text, and each
     content part the driver sends at its kind's bound. Raises ValueError if unpriced."""
     tokens = requirements.estimated_input_tokens
-    if _PASSES_BODY_THROUGH[driver] and _beyond_text(requirements):
+    if _passes_through(driver, requirements) and _beyond_text(requirements):
         tokens += sum(count * part.tokens for count, part in _parts(mapping, requirements))
     return tokens
 
@@ -151,13 +184,13 @@ def worst_case_cost(
     (:func:`unpriced` says which).
     """
     price, r = mapping.price, requirements
-    passes = _PASSES_BODY_THROUGH[driver]
+    passes = _passes_through(driver, r)
     extras = passes and _beyond_text(r)
-    if extras:
+    if extras or r.cache_writes:
         missing = unpriced(mapping, r, driver)
         if missing is not None:
             raise ValueError(f"no price for {missing}")
-    input_price = _input_rate(price)
+    input_price = _input_rate(price, driver)
     micro = EXACT.multiply(Decimal(r.estimated_input_tokens), input_price)
     if extras:
         for count, part in _parts(mapping, r):
@@ -177,10 +210,16 @@ def worst_case_cost(
 # --- the rates: one per dimension, for the worst case and the settlement alike ---
 
 
-def _input_rate(price: Price) -> Decimal:
+def _input_rate(price: Price, driver: Driver = "openai") -> Decimal:
     """The most a text input token may cost: the provider decides what it serves from its
-    cache, so the higher of the input and cached input prices."""
-    return max(price.input_per_mtok, price.cached_input_per_mtok)
+    cache, so the higher of the input and cached input prices; where the dialect bills
+    cache writes, of their prices too (a request may write its whole prompt to the cache)."""
+    rate = max(price.input_per_mtok, price.cached_input_per_mtok)
+    if _BILLS_CACHE_WRITES[driver]:
+        for write in (price.cache_write_per_mtok, price.cache_write_1h_per_mtok):
+            if write is not None:
+                rate = max(rate, write)
+    return rate
 
 
 def _part_rate(part: PartPrice | None, input_rate: Decimal) -> Decimal:
@@ -211,6 +250,8 @@ def settlement_rates(mapping: Mapping) -> Rates:
         audio_input_per_mtok=_part_rate(price.audio_input, _input_rate(price)),
         audio_output_per_mtok=_audio_output_rate(price),
         web_search_usd=None if price.web_search is None else price.web_search.per_choice_usd,
+        cache_write_per_mtok=price.cache_write_per_mtok,
+        cache_write_1h_per_mtok=price.cache_write_1h_per_mtok,
     )
 
 

@@ -4,6 +4,7 @@ paging, each provider's auth and error shapes, and the bounded waits (the sleep 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -58,28 +59,25 @@ def _endpoint(driver: str, admin_url: str, **identity: str) -> Endpoint:
     return parse_config(yaml.safe_dump(document), environ={"ADMIN": KEY}).endpoints[0]
 
 
-def _anthropic_buckets(hours: int) -> list[dict[str, Any]]:
+def _analytics_rows(hours: int) -> list[dict[str, Any]]:
+    """Rows of Anthropic's analytics usage API: one an hour, alternating workspaces."""
     return [
         {
             "starting_at": (T0 + timedelta(hours=h)).isoformat().replace("+00:00", "Z"),
             "ending_at": (T0 + timedelta(hours=h + 1)).isoformat().replace("+00:00", "Z"),
-            "results": [
-                {
-                    "uncached_input_tokens": 10 + h,
-                    "cache_read_input_tokens": 0,
-                    "cache_creation": {
-                        "ephemeral_5m_input_tokens": 0,
-                        "ephemeral_1h_input_tokens": 0,
-                    },
-                    "output_tokens": 5,
-                    "server_tool_use": {"web_search_requests": 0},
-                    "workspace_id": "wrkspc_1" if h % 2 == 0 else "wrkspc_other",
-                    "api_key_id": None,
-                    "model": "claude-sonnet-4-5-20250929",
-                    "service_tier": "standard",
-                    "context_window": "0-200k",
-                }
-            ],
+            "group": {
+                "api_key_id": None,
+                "model": "claude-sonnet-4-5-20250929",
+                "workspace_id": "wrkspc_1" if h % 2 == 0 else "wrkspc_other",
+            },
+            "usage": {
+                "uncached_input_tokens": 10 + h,
+                "cache_read_input_tokens": 0,
+                "cache_creation": {"ephemeral_5m_input_tokens": h, "ephemeral_1h_input_tokens": 0},
+                "output_tokens": 5,
+                "requests": 1,
+                "server_tool_use": {"web_search_requests": 0},
+            },
         }
         for h in range(hours)
     ]
@@ -93,9 +91,9 @@ class Sleeps:
         self.waits.append(seconds)
 
 
-async def test_anthropic_pages_are_fetched_with_its_headers_and_filters() -> None:
+async def test_anthropic_reports_are_fetched_from_the_analytics_api_with_its_headers() -> None:
     async with FakeAdminApi(
-        {"anthropic-usage": _anthropic_buckets(5)}, admin_key=KEY, page_size=2
+        {"anthropic-analytics-usage": _analytics_rows(5)}, admin_key=KEY, page_size=2
     ) as api:
         endpoint = _endpoint("anthropic", api.root_url, provider_workspace_id="wrkspc_1")
         pages: list[int] = []
@@ -103,20 +101,41 @@ async def test_anthropic_pages_are_fetched_with_its_headers_and_filters() -> Non
             endpoint, "usage", T0, T0 + timedelta(days=1), on_page=pages.append
         )
         requests = api.requests
-    assert fetched.format == "anthropic-usage" and len(fetched.pages) == 3 and pages == [1, 2, 3]
-    assert [r.path for r in requests] == ["/v1/organizations/usage_report/messages"] * 3
+    # Three rows of wrkspc_1, two a page.
+    assert fetched.format == "anthropic-analytics" and len(fetched.pages) == 2 and pages == [1, 2]
+    assert [r.path for r in requests] == ["/v1/organizations/analytics/usage"] * 2
     first = requests[0]
     assert first.headers["x-api-key"] == KEY and first.headers["anthropic-version"] == "2023-06-01"
+    assert first.headers["anthropic-beta"] == "analytics-usage-cost-2026-08-24"
     assert "authorization" not in first.headers
     params = dict(first.params)
     assert params["starting_at"] == "2026-11-30T00:00:00Z"
     assert params["ending_at"] == "2026-12-01T00:00:00Z"
     assert params["workspace_ids[]"] == "wrkspc_1" and params["bucket_width"] == "1h"
     assert {v for k, v in first.params if k == "group_by[]"} == {"model", "workspace_id"}
+    assert dict(requests[1].params)["page"] == "page_2"
     report = parse_report([(f"p{n}", page) for n, page in enumerate(fetched.pages)])
-    # Narrowed to the workspace: the other workspace's hours come back empty.
+    assert report.format == "anthropic-analytics" and report.usage
     assert [r.workspace_id for r in report.rows] == ["wrkspc_1"] * 3
-    assert len(report.buckets) == 5
+    assert [r.usage.cache_write_input_tokens for r in report.rows if r.usage] == [0, 2, 4]
+    assert len(report.buckets) == 3
+
+
+async def test_anthropic_costs_come_from_the_analytics_cost_endpoint_by_day() -> None:
+    row = {
+        "starting_at": "2026-11-30T00:00:00Z",
+        "ending_at": "2026-12-01T00:00:00Z",
+        "group": {"model": "claude-sonnet-4-5-20250929", "workspace_id": "wrkspc_1"},
+        "cost": {"amount": "123.45", "currency": "USD"},
+    }
+    async with FakeAdminApi({"anthropic-analytics-costs": [row]}, admin_key=KEY) as api:
+        endpoint = _endpoint("anthropic", api.root_url, provider_workspace_id="wrkspc_1")
+        fetched = await fetch_report(endpoint, "costs", T0, T0 + timedelta(days=1))
+        (request,) = api.requests
+    assert request.path == "/v1/organizations/analytics/cost"
+    assert dict(request.params)["bucket_width"] == "1d"
+    report = parse_report([(None, fetched.pages[0])])
+    assert not report.usage and [r.cost_usd for r in report.rows] == [Decimal("1.2345")]
 
 
 async def test_a_429_is_waited_out_as_retry_after_says_and_never_longer_than_the_bound() -> None:

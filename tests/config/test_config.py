@@ -461,6 +461,17 @@ ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "defaults.hedge.after_p95: must be a boolean (true or false)",
     ),
     (
+        "cache_write_price_on_openai",
+        lambda d: _mapping(d)["price"].update(cache_write_per_mtok=3.75),
+        "models[0].mappings[0].price.cache_write_per_mtok: only an anthropic endpoint bills "
+        "prompt-cache writes; endpoint 'openai-east' reports none",
+    ),
+    (
+        "cache_write_negative",
+        lambda d: _mapping(d, 1)["price"].update(cache_write_1h_per_mtok=-1),
+        "models[0].mappings[1].price.cache_write_1h_per_mtok: must be >= 0",
+    ),
+    (
         "unknown_resume",
         lambda d: _mapping(d).update(resume="prefill"),
         "models[0].mappings[0].resume: must be 'none', 'assistant_prefill', 'prefix_flag' or "

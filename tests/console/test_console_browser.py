@@ -37,6 +37,8 @@ async def test_an_operator_signs_in_reads_a_failover_settles_unknown_usage_and_s
         assert any("after attempt 1: failover" in s for s in steps)
         assert any("attempt 2: west/fake-model" in s and "succeeded" in s for s in steps)
         assert await page.locator("figure.timeline-chart svg rect").count() == 2
+        facts = await page.inner_text("dl.facts")
+        assert "client API" in facts and "openai.chat_completions" in facts
         await page.click("text=Raw events")
         assert "RequestReceived" in await page.inner_text("main")
 
@@ -48,6 +50,10 @@ async def test_an_operator_signs_in_reads_a_failover_settles_unknown_usage_and_s
         await page.wait_for_url("**/console/spend?*group=endpoint*")
         table = await page.inner_text("table.data")
         assert "east" in table and "west" in table
+        await page.select_option("select[name=group]", "api")
+        await page.click("button:text('Show')")
+        await page.wait_for_url("**/console/spend?*group=api*")
+        assert "openai.chat_completions" in await page.inner_text("table.data")
 
         # Unknown usage: the attempt's story, then the form.
         await page.click("nav >> text=Unknown usage")

@@ -210,14 +210,58 @@ def test_every_answer_is_declared_and_every_error_controlled(
     for authorization in (None, "Bearer wb_not-a-key"):
         refused = _send(case, fuzzed.url, authorization)
         assert refused.status_code == 401, (label, refused.status_code, refused.text)
-        assert_controlled_error(401, refused.headers, refused.json())
+        if _anthropic(case.operation.path):
+            assert_anthropic_error(401, refused.headers, refused.json())
+        else:
+            assert_controlled_error(401, refused.headers, refused.json())
 
 
 def controlled_error(ctx: CheckContext, response: Response, case: Case[Any]) -> bool | None:
-    """Every error is contract §3's JSON body, with a code and type its status may carry."""
+    """Every error is contract §3's JSON body, with a code and type its status may carry (the
+    Anthropic door's: Anthropic's error object, with Waybill's code)."""
     if response.status_code >= 400:
-        assert_controlled_error(response.status_code, response.headers, response.json())
+        if _anthropic(case.operation.path):
+            assert_anthropic_error(response.status_code, response.headers, response.json())
+        else:
+            assert_controlled_error(response.status_code, response.headers, response.json())
     return None
+
+
+def _anthropic(path: str) -> bool:
+    return path == "/v1/messages" or path.startswith("/v1/messages/")
+
+
+# The Anthropic door's (status answered, type) by the gateway's status (contract §3).
+_ANTHROPIC_ERRORS: Final = {
+    **{status: (status, "invalid_request_error") for status in (400, 405, 409, 422, 431)},
+    401: (401, "authentication_error"),
+    402: (402, "billing_error"),
+    403: (403, "permission_error"),
+    404: (404, "not_found_error"),
+    413: (413, "request_too_large"),
+    429: (429, "rate_limit_error"),
+    **{status: (status, "api_error") for status in (499, 500, 502)},
+    503: (529, "overloaded_error"),
+    504: (504, "timeout_error"),
+}
+
+
+def assert_anthropic_error(status: int, headers: Any, body: Any) -> None:
+    assert _header(headers, "content-type").startswith("application/json")
+    assert set(body) == {"type", "error", "request_id"} and body["type"] == "error", body
+    error = body["error"]
+    assert (
+        {"type", "message", "code"}
+        <= set(error)
+        <= {"type", "message", "code", "param", "attempts"}
+    )
+    gateway_status = next(
+        g for g, (s, t) in _ANTHROPIC_ERRORS.items() if (s, t) == (status, error["type"])
+    )
+    assert error["code"] in CODES_BY_STATUS.get(gateway_status, ()), (status, error["code"])
+    assert isinstance(error["message"], str) and "Traceback" not in error["message"]
+    assert body["request_id"] == _header(headers, "x-request-id")
+    assert _header(headers, "x-should-retry") in ("true", "false")
 
 
 def assert_controlled_error(status: int, headers: Any, body: Any) -> None:
@@ -245,7 +289,11 @@ def _header(headers: Any, name: str) -> str:
 def _send(case: Case[Any], url: str, authorization: str | None) -> requests.Response:
     """``case`` as it is, with ``authorization`` (or none) for its Authorization header."""
     kwargs = case.as_transport_kwargs(base_url=url)
-    headers = {k: v for k, v in kwargs.pop("headers", {}).items() if k.lower() != "authorization"}
+    headers = {
+        k: v
+        for k, v in kwargs.pop("headers", {}).items()
+        if k.lower() not in ("authorization", "x-api-key")
+    }
     if authorization is not None:
         headers["Authorization"] = authorization
     return requests.request(**kwargs, headers=headers)

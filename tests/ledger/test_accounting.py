@@ -316,3 +316,39 @@ def test_applying_effects_leaves_them_as_they_were_so_they_can_be_applied_again(
     reserve = effects[0]
     assert isinstance(reserve, Reserve)
     assert (reserve.hold.state, reserve.hold.accounts) == ("held", ())
+
+
+def test_cache_writes_are_priced_at_their_lifetimes_rate_inside_the_input() -> None:
+    # 1000 input tokens: 100 read from the cache, 200 written for 5 minutes, 50 for an hour.
+    usage = Usage(
+        input_tokens=1000,
+        output_tokens=10,
+        cached_input_tokens=100,
+        cache_write_input_tokens=200,
+        cache_write_1h_input_tokens=50,
+    )
+    rates = replace(
+        _rates("3", "15", "0.3"), cache_write_per_mtok=D("3.75"), cache_write_1h_per_mtok=D("6")
+    )
+    expected = D("650") * 3 + D("100") * D("0.3") + 200 * D("3.75") + 50 * 6 + 10 * 15
+    assert usage_cost(usage, rates) == expected / 10**6
+    # Without a price for them, writes are settled as the next price the rates have: an
+    # hour's at the 5-minute rate, a 5-minute one at the input rate (as before the split).
+    no_hour = replace(rates, cache_write_1h_per_mtok=None)
+    assert usage_cost(usage, no_hour) == (expected - 50 * 6 + 50 * D("3.75")) / 10**6
+    none = replace(rates, cache_write_per_mtok=None, cache_write_1h_per_mtok=None)
+    assert usage_cost(usage, none) == (D(900) * 3 + 100 * D("0.3") + 10 * 15) / 10**6
+
+
+def test_cache_writes_beyond_the_input_count_bill_no_token_twice() -> None:
+    usage = Usage(
+        input_tokens=10,
+        output_tokens=0,
+        cached_input_tokens=10,
+        cache_write_input_tokens=8,
+        cache_write_1h_input_tokens=5,
+    )
+    rates = replace(
+        _rates("1", cached="0.1"), cache_write_per_mtok=D(2), cache_write_1h_per_mtok=D(4)
+    )
+    assert usage_cost(usage, rates) == D(5 * 4 + 5 * 2) / 10**6

@@ -3,6 +3,7 @@ detection from the content, several pages as one report, hostile pages refused w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -67,7 +68,10 @@ def test_openai_costs_are_dollars_read_exactly() -> None:
 def test_anthropic_usage_input_is_uncached_plus_cache_reads_plus_cache_writes() -> None:
     (row,) = parse_report([(None, page("anthropic-usage"))]).rows
     assert row.usage == Usage(
-        input_tokens=8200 + 6144 + 2048, output_tokens=2300, cached_input_tokens=6144
+        input_tokens=8200 + 6144 + 2048,
+        output_tokens=2300,
+        cached_input_tokens=6144,
+        cache_write_input_tokens=2048,  # kept by lifetime, to be priced as cache writes
     )
     assert row.workspace_id == "wrkspc_01JwQvzr7rXLA5AGx3HKfFUJ"
     assert row.api_key_id == "apikey_01Rj2N8SVvo6BePZj99NhmiT"
@@ -205,3 +209,87 @@ def test_a_currency_other_than_usd_is_refused() -> None:
     with pytest.raises(ExportError, match="must be usd") as caught:
         parse_report([(None, json.dumps(euros).encode())])
     assert caught.value.field == "data[0].results[1].amount.currency"
+
+
+# --- Anthropic's Usage and Cost Analytics API (anthropic-analytics) ---------------------------
+
+
+@pytest.mark.parametrize("name", ["anthropic-analytics-usage", "anthropic-analytics-cost"])
+def test_analytics_pages_are_told_by_their_rows(name: str) -> None:
+    assert detect_format(page(name)) == "anthropic-analytics"
+    report = parse_report([(f"{name}.json", page(name))])
+    assert report.format == "anthropic-analytics"
+    assert report.usage is name.endswith("usage")
+    named = parse_report([(None, page(name))], "anthropic-analytics")
+    assert named.rows == tuple(
+        dataclasses.replace(r, where=r.where.removeprefix(f"{name}.json, ")) for r in report.rows
+    )
+
+
+def test_analytics_usage_rows_read_as_the_legacy_report_with_writes_by_lifetime() -> None:
+    report = parse_report([(None, page("anthropic-analytics-usage"))])
+    (bucket,) = report.buckets
+    assert (bucket.start, bucket.end) == (
+        datetime(2026, 11, 30, tzinfo=UTC),
+        datetime(2026, 12, 1, tzinfo=UTC),
+    )
+    sonnet, haiku = report.rows
+    assert sonnet.usage == Usage(
+        input_tokens=8200 + 6144 + 2048 + 512,
+        output_tokens=2300,
+        cached_input_tokens=6144,
+        cache_write_input_tokens=2048,
+        cache_write_1h_input_tokens=512,
+        web_searches=3,
+    )
+    assert (sonnet.model, sonnet.api_key_id, sonnet.workspace_id, sonnet.requests) == (
+        "claude-sonnet-4-5-20250929",
+        "apikey_01Rj2N8SVvo6BePZj99NhmiT",
+        "wrkspc_01JwQvzr7rXLA5AGx3HKfFUJ",
+        41,
+    )
+    assert haiku.usage is not None and haiku.usage.input_tokens == 100
+    assert sonnet.where == "line 1, data[0]"
+
+
+def test_analytics_cost_amounts_are_cents_per_row() -> None:
+    report = parse_report([(None, page("anthropic-analytics-cost"))])
+    assert not report.usage
+    assert [r.cost_usd for r in report.rows] == [D("0.0246"), D("0.0345")]
+    assert {r.model for r in report.rows} == {"claude-sonnet-4-5-20250929"}
+
+
+def test_analytics_rows_of_one_bucket_on_two_pages_are_one_bucket_and_repeats_count_once() -> None:
+    data = body("anthropic-analytics-usage")
+    first = {**data, "data": data["data"][:1], "has_more": True, "next_page": "p2"}
+    second = {**data, "data": data["data"][1:]}
+    pages = [(None, json.dumps(first).encode()), (None, json.dumps(second).encode())]
+    (bucket,) = parse_report(pages).buckets
+    assert len(bucket.rows) == 2
+    again = parse_report([*pages, (None, page("anthropic-analytics-usage"))])
+    assert again.rows == parse_report(pages).rows
+    other = json.loads(json.dumps(first))
+    other["data"][0]["usage"]["output_tokens"] = 1
+    with pytest.raises(ExportError, match="other figures"):
+        parse_report([*pages, (None, json.dumps(other).encode())])
+
+
+def test_analytics_usage_and_cost_pages_are_never_one_import() -> None:
+    with pytest.raises(ExportError, match="usage and the cost pages apart"):
+        parse_report(
+            [(None, page("anthropic-analytics-usage")), (None, page("anthropic-analytics-cost"))]
+        )
+    with pytest.raises(ExportError, match="one report at a time"):
+        parse_report([(None, page("anthropic-analytics-usage")), (None, page("anthropic-usage"))])
+
+
+def test_a_bad_analytics_row_is_refused_naming_its_field() -> None:
+    data = body("anthropic-analytics-usage")
+    data["data"][1]["usage"]["output_tokens"] = -1
+    with pytest.raises(ExportError) as caught:
+        parse_report([(None, json.dumps(data).encode())])
+    assert caught.value.field == "data[1].usage.output_tokens"
+    cost = body("anthropic-analytics-cost")
+    cost["data"][0]["cost"]["currency"] = "EUR"
+    with pytest.raises(ExportError, match="must be USD"):
+        parse_report([(None, json.dumps(cost).encode())])

@@ -36,6 +36,14 @@ def test_an_anthropic_cost_report_names_its_model() -> None:
     assert set(provider_costs(pages, *NOV)) == {("2026-11-30", "claude-sonnet-4-5")}
 
 
+def test_an_anthropic_analytics_cost_report_is_summed_by_model_and_a_usage_one_refused() -> None:
+    pages = [("c.json", (REPORTS / "anthropic-analytics-cost.json").read_bytes())]
+    assert provider_costs(pages, *NOV) == {("2026-11-30", "claude-sonnet-4-5"): D("0.0591")}
+    usage = [("u.json", (REPORTS / "anthropic-analytics-usage.json").read_bytes())]
+    with pytest.raises(ExportError, match="count usage, not costs"):
+        provider_costs(usage, *NOV)
+
+
 def test_a_csv_of_day_model_cost_is_read_exactly_and_a_bad_line_named() -> None:
     data = (
         b"day,model,cost_usd\n2026-11-02,gpt-4o-mini-2024-07-18,0.1\n2026-11-02,gpt-4o-mini,0.2\n"

@@ -115,6 +115,21 @@ def test_a_request_for_several_choices_names_their_count():
     assert request.attributes[sc.GEN_AI_REQUEST_CHOICE_COUNT] == 3
 
 
+def test_an_attempts_cache_writes_are_span_attributes_by_lifetime():
+    trail = failover_trail("r1")
+    at_ = next(i for i, e in enumerate(trail) if e.type == "AttemptFinished" and e.data["usage"])
+    usage = {**trail[at_].data["usage"], "cache_write_input_tokens": 4}
+    usage["cache_write_1h_input_tokens"] = 2
+    trail[at_] = dataclasses.replace(trail[at_], data={**trail[at_].data, "usage": usage})
+    _, first, second = request_spans(trail)
+    b = second.attributes
+    assert (b[sc.WAYBILL_CACHE_WRITE_INPUT_TOKENS], b[sc.WAYBILL_CACHE_WRITE_1H_INPUT_TOKENS]) == (
+        4,
+        2,
+    )
+    assert sc.WAYBILL_CACHE_WRITE_INPUT_TOKENS not in first.attributes
+
+
 def test_routing_decisions_are_span_events_at_their_own_time():
     request, *_ = request_spans(failover_trail("r1"))
     names = [(e.name, e.time) for e in request.events]

@@ -320,6 +320,23 @@ def test_missing_capability_lists_the_missing_names_comma_joined():
     assert candidates[1].detail == "json_schema"
 
 
+def test_dialect_unsupported_excludes_only_the_dialect_named_with_its_feature():
+    candidates = _evaluate(Requirements(unsupported=(("openai", "thinking"),)))
+    # east (openai) twice, west (anthropic), south (openai, outside the regions first).
+    assert _reasons(candidates)[:4] == [
+        "dialect_unsupported",
+        "dialect_unsupported",
+        None,
+        "region_not_allowed",
+    ]
+    assert candidates[0].detail == "thinking"
+
+
+def test_dialect_unsupported_comes_after_missing_capability():
+    needs = Requirements(capabilities=("text", "vision"), unsupported=(("openai", "document"),))
+    assert _reasons(_evaluate(needs))[:2] == ["missing_capability", "dialect_unsupported"]
+
+
 def test_context_too_small_when_input_plus_max_output_exceeds_the_window():
     # small: window 8192, max_output_tokens 1024: 7168 input fits exactly, 7169 does not.
     fits = _evaluate(Requirements(estimated_input_tokens=7168))[0]
@@ -458,6 +475,7 @@ SPEC_ORDER = (
     R.REGION_NOT_ALLOWED,
     R.DATA_CLASS_NOT_ALLOWED,
     R.MISSING_CAPABILITY,
+    R.DIALECT_UNSUPPORTED,
     R.UNPRICED_INPUT,
     R.CONTEXT_TOO_SMALL,
     R.CREDENTIALS_DISABLED,
@@ -551,6 +569,7 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
         data_class="restricted" if R.DATA_CLASS_NOT_ALLOWED in failing else "internal",
         capabilities=("text", "vision") if R.MISSING_CAPABILITY in failing else ("text",),
         image_inputs=1 if R.UNPRICED_INPUT in failing else 0,  # the mapping prices no image
+        unsupported=(("openai", "thinking"),) if R.DIALECT_UNSUPPORTED in failing else (),
         estimated_input_tokens=901 if R.CONTEXT_TOO_SMALL in failing else 900,
         endpoints=("spare",) if R.OUT_OF_SCOPE in failing else None,
     )

@@ -490,3 +490,107 @@ def test_any_usage_within_the_bounds_settles_as_priced_and_within_the_reservatio
     searches = requirements.choices if requirements.web_search else 0
     assert Fraction(settled) == _as_the_prices_say(mapping, usage, searches)
     assert settled <= reserved, (reserved, settled, requirements, usage)
+
+
+# --- prompt-cache writes (Anthropic's): asked for by cache_control markers ------------------
+
+
+def test_cache_writes_asked_for_need_their_price_on_an_anthropic_endpoint_only():
+    both = Requirements(estimated_input_tokens=10, cache_writes=("5m", "1h"))
+    bare = _mapping()
+    assert unpriced(bare, both, "anthropic") == "cache_write_per_mtok,cache_write_1h_per_mtok"
+    assert unpriced(_mapping(cache_write_per_mtok="3.75"), both, "anthropic") == (
+        "cache_write_1h_per_mtok"
+    )
+    five = Requirements(estimated_input_tokens=10, cache_writes=("5m",))
+    assert unpriced(_mapping(cache_write_per_mtok="3.75"), five, "anthropic") is None
+    with pytest.raises(ValueError, match="cache_write_per_mtok"):
+        worst_case_cost(bare, five, "anthropic")
+    # OpenAI's dialect bills no cache write: nothing to price there.
+    assert unpriced(bare, both, "openai") is None
+    # Without a marker a request asks for no write.
+    assert unpriced(bare, Requirements(estimated_input_tokens=10), "anthropic") is None
+
+
+def test_an_anthropic_prompt_is_reserved_at_the_dearest_of_its_input_and_cache_write_prices():
+    requirements = Requirements(estimated_input_tokens=1000, max_output_tokens=10)
+    mapping = _mapping(cache_write_per_mtok="1.25", cache_write_1h_per_mtok="2")
+    # The whole prompt may be written to the cache for an hour, markers or not.
+    assert worst_case_cost(mapping, requirements, "anthropic") == D(1000 * 2 + 10 * 2) / MTOK
+    cheap = _mapping(input_per_mtok=3, cache_write_per_mtok="1.25")
+    assert worst_case_cost(cheap, requirements, "anthropic") == D(1000 * 3 + 10 * 2) / MTOK
+
+
+def test_cache_writes_settle_at_the_rates_of_their_lifetimes():
+    usage = Usage(
+        input_tokens=100,
+        output_tokens=10,
+        cached_input_tokens=20,
+        cache_write_input_tokens=30,
+        cache_write_1h_input_tokens=40,
+    )
+    mapping = _mapping(
+        cached_input_per_mtok="0.1", cache_write_per_mtok="1.25", cache_write_1h_per_mtok="2"
+    )
+    expected = 10 * 1 + 20 * D("0.1") + 30 * D("1.25") + 40 * 2 + 10 * 2
+    assert _settled(mapping, Requirements(), usage) == expected / MTOK
+    # Never above the reservation: every input token was reserved at the dearest rate.
+    requirements = Requirements(estimated_input_tokens=100, max_output_tokens=10)
+    assert _settled(mapping, requirements, usage) <= worst_case_cost(
+        mapping, requirements, "anthropic"
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    estimated=st.integers(0, 10**6),
+    max_output=st.integers(1, 10**5),
+    split=st.tuples(*[st.integers(0, 10**6)] * 4),
+    output=st.integers(0, 10**5),
+    prices=st.tuples(*[_PRICE] * 3, st.none() | _PRICE, st.none() | _PRICE),
+    asked=st.sampled_from([(), ("5m",), ("1h",), ("5m", "1h")]),
+)
+def test_an_anthropic_reservation_covers_any_cache_reads_and_writes_within_the_prompt(
+    estimated, max_output, split, output, prices, asked
+):
+    input_price, output_price, cached_price, write_5m, write_1h = prices
+    mapping = _mapping(
+        max_output=max_output,
+        input_per_mtok=input_price,
+        output_per_mtok=output_price,
+        cached_input_per_mtok=cached_price,
+        **({} if write_5m is None else {"cache_write_per_mtok": write_5m}),
+        **({} if write_1h is None else {"cache_write_1h_per_mtok": write_1h}),
+    )
+    requirements = Requirements(estimated_input_tokens=estimated, cache_writes=asked)
+    missing = unpriced(mapping, requirements, "anthropic")
+    needs = {"5m": write_5m, "1h": write_1h}
+    assert (missing is None) == all(needs[ttl] is not None for ttl in asked)
+    if missing is not None:
+        return
+    # Any split of the prompt the provider may report: read, written for either lifetime,
+    # the rest plain; the answer within the mapping's output bound.
+    read, five, hour, _ = split
+    hour = min(hour, estimated)
+    five = min(five, estimated - hour)
+    read = min(read, estimated - hour - five)
+    usage = Usage(
+        input_tokens=estimated,
+        output_tokens=min(output, max_output),
+        cached_input_tokens=read,
+        cache_write_input_tokens=five,
+        cache_write_1h_input_tokens=hour,
+    )
+    settled = _settled(mapping, requirements, usage)
+    assert worst_case_cost(mapping, requirements, "anthropic") >= settled
+    f = Fraction
+    write_5m_rate = f(input_price if write_5m is None else write_5m)
+    write_1h_rate = write_5m_rate if write_1h is None else f(write_1h)
+    micro = (
+        (estimated - read - five - hour) * f(input_price)
+        + read * f(cached_price)
+        + five * write_5m_rate
+        + hour * write_1h_rate
+        + usage.output_tokens * f(output_price)
+    )
+    assert Fraction(settled) == _priced(micro / MTOK)

@@ -9,7 +9,11 @@ OpenAI and Anthropic export no per-request lines, only aggregates over time buck
 - ``anthropic-usage``: ``GET /v1/organizations/usage_report/messages`` pages (buckets with
   ``starting_at`` / ``ending_at``, results with ``uncached_input_tokens`` ...);
 - ``anthropic-costs``: ``GET /v1/organizations/cost_report`` pages (``amount`` a decimal
-  string in cents: ``"123.45"`` is $1.2345).
+  string in cents: ``"123.45"`` is $1.2345);
+- ``anthropic-analytics``: the Usage and Cost Analytics API's pages,
+  ``GET /v1/organizations/analytics/usage`` or ``/analytics/cost`` (rows of
+  ``starting_at`` / ``ending_at``, ``group`` and ``usage`` or ``cost``): one format for both,
+  whose rows say which (``_anthropic_analytics``).
 
 :func:`parse_report` reads the pages of one report, from one or several files, into
 :class:`ReportRow`s: one per result, with its bucket, its provider-side identity
@@ -28,7 +32,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final, Literal, get_args
 
-from ledger.finance.provider_reports import _anthropic, _openai
+from ledger.finance.provider_reports import _anthropic, _anthropic_analytics, _openai
 from ledger.finance.provider_reports._fields import Page, Where, items, read_pages
 from ledger.finance.provider_reports._rows import Bucket, ReportRow
 from ledger.finance.usage_export import ExportError
@@ -46,13 +50,16 @@ __all__ = [
     "parse_report",
 ]
 
-ReportFormat = Literal["openai-usage", "openai-costs", "anthropic-usage", "anthropic-costs"]
+ReportFormat = Literal[
+    "openai-usage", "openai-costs", "anthropic-usage", "anthropic-costs", "anthropic-analytics"
+]
 REPORT_FORMATS: Final[tuple[ReportFormat, ...]] = get_args(ReportFormat)
 _TITLES: Final[dict[str, str]] = {
     "openai-usage": "OpenAI usage",
     "openai-costs": "OpenAI costs",
     "anthropic-usage": "Anthropic usage",
     "anthropic-costs": "Anthropic costs",
+    "anthropic-analytics": "Anthropic analytics",
 }
 
 
@@ -71,9 +78,13 @@ class ParsedReport:
     format: ReportFormat
     buckets: tuple[Bucket, ...]  # in time order, none overlapping
     rows: tuple[ReportRow, ...]  # every bucket's results, in time order
+    # What the rows count, for a format of both (anthropic-analytics); None: as its name says.
+    measure: _anthropic_analytics.Measure | None = None
 
     @property
     def usage(self) -> bool:
+        if self.measure is not None:
+            return self.measure == "usage"
         return self.format.endswith("usage")
 
 
@@ -114,6 +125,8 @@ def _format_of_page(body: dict[str, Any]) -> ReportFormat | None:
     for bucket in body.get("data") or ():
         if not isinstance(bucket, dict):
             continue
+        if _anthropic_analytics.measure_of(bucket) is not None:
+            return "anthropic-analytics"
         for result in bucket.get("results") or ():
             if not isinstance(result, dict):
                 continue
@@ -148,9 +161,25 @@ def parse_report(
         found = _format_of_page(page.body)
         if found is not None and found != chosen:
             raise where.error(f"a {found} page among {chosen} pages: import one report at a time")
-        buckets.extend(_page_buckets(chosen, page.body, where))
+        if chosen != "anthropic-analytics":
+            buckets.extend(_page_buckets(chosen, page.body, where))
+    measure = None
+    if chosen == "anthropic-analytics":
+        measure = _analytics_measure(pages)
+        buckets = _anthropic_analytics.buckets(pages, measure)
     merged = _merge(buckets)
-    return ParsedReport(chosen, merged, tuple(row for b in merged for row in b.rows))
+    return ParsedReport(chosen, merged, tuple(row for b in merged for row in b.rows), measure)
+
+
+def _analytics_measure(pages: list[tuple[str | None, Page]]) -> _anthropic_analytics.Measure:
+    """Whether analytics pages are of usage or of cost: their first row says (pages with no
+    row at all are of neither, and add no bucket)."""
+    for _, page in pages:
+        for item in page.body.get("data") or ():
+            measure = _anthropic_analytics.measure_of(item)
+            if measure is not None:
+                return measure
+    return "usage"
 
 
 def _detected(pages: list[tuple[str | None, Page]]) -> ReportFormat:

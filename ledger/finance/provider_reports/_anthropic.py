@@ -6,7 +6,8 @@ usage result counts ``uncached_input_tokens``, ``cache_read_input_tokens``,
 ``output_tokens`` and ``server_tool_use: {web_search_requests}``, grouped by
 ``api_key_id``, ``workspace_id``, ``model``, ``service_tier``, ``context_window`` (null
 when not grouped). In the ledger's terms, as the Anthropic driver reads a response, input
-is all three kinds of input token and the cached part is the cache reads.
+is all three kinds of input token, the cached part is the cache reads and the cache writes
+are kept by lifetime (priced at the cache-write prices).
 
 A cost result's ``amount`` is a decimal string in the currency's lowest unit: cents,
 ``"123.45"`` is $1.2345. It is grouped by ``workspace_id`` and ``description`` (with
@@ -49,15 +50,17 @@ def usage_bucket(raw: Any, where: Where) -> Bucket:
         creation = _nested(result, "cache_creation", at)
         tools = _nested(result, "server_tool_use", at)
         cached = count(result, "cache_read_input_tokens", at)
-        written = count(creation, "ephemeral_5m_input_tokens", at.at("cache_creation")) + count(
-            creation, "ephemeral_1h_input_tokens", at.at("cache_creation")
-        )
+        written_5m = count(creation, "ephemeral_5m_input_tokens", at.at("cache_creation"))
+        written_1h = count(creation, "ephemeral_1h_input_tokens", at.at("cache_creation"))
         usage = Usage(
             input_tokens=count(result, "uncached_input_tokens", at, required=True)
             + cached
-            + written,
+            + written_5m
+            + written_1h,
             output_tokens=count(result, "output_tokens", at, required=True),
             cached_input_tokens=cached,
+            cache_write_input_tokens=written_5m,
+            cache_write_1h_input_tokens=written_1h,
             web_searches=count(tools, "web_search_requests", at.at("server_tool_use")),
         )
         rows.append(

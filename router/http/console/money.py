@@ -48,7 +48,7 @@ from router.http.spend import parse_day, settle_as
 
 __all__ = ["add_money_pages"]
 
-SPEND_GROUPS: Final = ("model", "endpoint", "workspace")
+SPEND_GROUPS: Final = ("model", "endpoint", "workspace", "api")
 DEFAULT_DAYS: Final = 30
 SETTLEMENTS_PAGE: Final = 20
 REPORTS_PAGE: Final = 20

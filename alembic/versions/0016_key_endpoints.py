@@ -5,8 +5,8 @@
 scope"); authentication reads the key from ``api_keys``, so the scope is kept there too, as
 a JSON array. NULL: the key is not narrowed, which every existing key is (the field is new).
 
-Revision ID: 0015
-Revises: 0014
+Revision ID: 0016
+Revises: 0015
 Create Date: 2026-12-07
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0015"
-down_revision = "0014"
+revision = "0016"
+down_revision = "0015"
 branch_labels = None
 depends_on = None
 
