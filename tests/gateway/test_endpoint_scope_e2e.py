@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionToolParam
@@ -204,3 +205,30 @@ async def _verified(database_url: str) -> None:
     """``waybill verify`` holds every request to what its decisions said (contract §4)."""
     verified = await asyncio.to_thread(waybill, "verify", database_url=database_url)
     assert verified.returncode == 0, verified.stdout + verified.stderr
+
+
+async def test_the_anthropic_door_narrows_and_pins_as_the_chat_door_does(database_url):
+    async with running_gateway(database_url, NAMES, ROUTES, drivers=DRIVERS) as gw:
+        key = await apikeys.create_key(gw.store, "acme", endpoints=("provider:anthropic", "west"))
+        client = anthropic.AsyncAnthropic(base_url=gw.url, api_key=key.secret, max_retries=0)
+        try:
+            raw = await client.messages.with_raw_response.create(
+                model="chat",
+                max_tokens=50,
+                messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"X-Waybill-Endpoints": "provider:anthropic"},
+            )
+            assert raw.headers["x-waybill-endpoint"] == "claude"
+            received = await _first(gw, raw.headers["x-request-id"], "RequestReceived")
+            assert received["requirements"]["endpoints"] == ["provider:anthropic"]
+            assert received["requirements"]["key_endpoints"] == ["provider:anthropic", "west"]
+            with pytest.raises(anthropic.UnprocessableEntityError):
+                await client.messages.create(
+                    model="chat",
+                    max_tokens=50,
+                    messages=[{"role": "user", "content": "hi"}],
+                    extra_headers={"X-Waybill-Require-Endpoint": "east"},  # outside the key's
+                )
+        finally:
+            await client.close()
+        assert gw.upstreams["east"].hits == 0
