@@ -33,6 +33,7 @@ __all__ = [
     "capacity_error",
     "client_canceled",
     "codes_by_status",
+    "composition_error",
     "deadline_exceeded",
     "endpoint_not_disabled",
     "endpoint_not_found",
@@ -82,6 +83,7 @@ class ErrorCode(StrEnum):
     UPSTREAM_RATE_LIMITED = "upstream_rate_limited"
     CLIENT_CANCELED = "client_canceled"
     INTERNAL_ERROR = "internal_error"
+    COMPOSITION_ERROR = "composition_error"
     GATEWAY_LOST = GATEWAY_LOST  # crash recovery writes it (ledger.books.recovery), never sent
     UPSTREAM_QUOTA_EXHAUSTED = "upstream_quota_exhausted"
     UPSTREAM_CREDENTIALS = "upstream_credentials"
@@ -135,6 +137,7 @@ ERRORS: Final[tuple[ErrorRow, ...]] = (
     ErrorRow(431, _E.INVALID_REQUEST, "the request line and headers are too large"),
     ErrorRow(499, _E.CLIENT_CANCELED, "the client closed the connection"),
     ErrorRow(500, _E.INTERNAL_ERROR, "a bug: logged, no detail given"),
+    ErrorRow(500, _E.COMPOSITION_ERROR, "a pool cannot carry out its dispatch directive"),
     ErrorRow(500, _E.GATEWAY_LOST, "the gateway died during the request", sent=False),
     ErrorRow(502, _E.UPSTREAM_QUOTA_EXHAUSTED, "the upstream's quota is exhausted"),
     ErrorRow(502, _E.UPSTREAM_CREDENTIALS, "the upstream refused the gateway's credentials"),
@@ -356,6 +359,13 @@ def client_canceled(message: str = "the client closed the connection") -> Gatewa
 def internal_error() -> GatewayError:
     # A bug: logged where it is caught, never described to the client.
     return GatewayError(_E.INTERNAL_ERROR, "internal error")
+
+
+def composition_error(rule: str, detail: str) -> GatewayError:
+    """A pool of a composed group cannot carry out what the composer asked (contract §4
+    "Pools"): found before any upstream I/O, never failed over, never counted against an
+    upstream. The message names the rule broken; retrying the same request meets it again."""
+    return GatewayError(_E.COMPOSITION_ERROR, f"composition error ({rule}): {detail}")
 
 
 def stream_broken(failure_class: FailureClass) -> GatewayError:

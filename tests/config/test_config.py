@@ -307,7 +307,7 @@ ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     (
         "empty_mappings",
         lambda d: d["models"][0].update(mappings=[]),
-        "models[0].mappings: must not be empty",
+        "models[0]: a model group lists mappings, pools, or both: it has neither",
     ),
     (
         "unknown_failure_class",
