@@ -257,6 +257,9 @@ class Requirements(_Record):
     regions: tuple[str, ...] | None = None  # None: the workspace's regions apply unnarrowed
     data_class: DataClass = "internal"
     estimated_input_tokens: NonNegInt = 0  # text: the prompt's bytes bound its tokens
+    # Embeddings: the longest input's bound. Each input is embedded alone, so it, not the
+    # batch, must fit a mapping's context window.
+    largest_input_tokens: NonNegInt = Field(0, exclude_if=_nothing)
     max_output_tokens: NonNegInt | None = None
     # What else the request may be billed for (the worst case, router/request/worst_case.py):
     choices: Annotated[int, Field(ge=1)] = 1  # `n`: every choice's output is billed

@@ -44,6 +44,7 @@ __all__ = [
     "invalid_api_key",
     "invalid_request",
     "ledger_unavailable",
+    "model_kind_mismatch",
     "model_not_found",
     "no_eligible_route",
     "permission_denied",
@@ -65,6 +66,7 @@ class ErrorCode(StrEnum):
     """Every ``error.code`` of contract §3, in the order of its table."""
 
     INVALID_REQUEST = "invalid_request"
+    MODEL_KIND_MISMATCH = "model_kind_mismatch"
     INVALID_API_KEY = "invalid_api_key"
     BUDGET_EXCEEDED = "budget_exceeded"
     PERMISSION_DENIED = "permission_denied"
@@ -116,6 +118,7 @@ _E = ErrorCode
 # fmt: off
 ERRORS: Final[tuple[ErrorRow, ...]] = (
     ErrorRow(400, _E.INVALID_REQUEST, "a malformed body, header, query value or cursor"),
+    ErrorRow(400, _E.MODEL_KIND_MISMATCH, "the model group is not of the route's kind"),
     ErrorRow(401, _E.INVALID_API_KEY, "missing, unknown or revoked key"),
     ErrorRow(402, _E.BUDGET_EXCEEDED, "no budget covers an eligible attempt's worst case"),
     ErrorRow(403, _E.PERMISSION_DENIED, "the key's role may not do this"),
@@ -268,6 +271,16 @@ def invalid_request(message: str, *, param: str | None = None, status: int = 400
 
 def invalid_api_key(message: str = "missing, unknown or revoked API key") -> GatewayError:
     return GatewayError(_E.INVALID_API_KEY, message)
+
+
+def model_kind_mismatch(model: str, kind: str, wanted: str) -> GatewayError:
+    """A model group of one kind asked through a route of another (contract §3): a chat
+    group on ``/v1/embeddings``, an embeddings group on a chat route."""
+    return GatewayError(
+        _E.MODEL_KIND_MISMATCH,
+        f"model {model!r} is a {kind} model group; this route serves {wanted} requests",
+        param="model",
+    )
 
 
 def model_not_found(model: str) -> GatewayError:

@@ -718,7 +718,9 @@ class Pool(_Frozen):
 
 class ModelGroup(_Frozen):
     name: _Name
-    kind: Literal["chat"] = "chat"
+    # What its requests are: chat (chat completions, Anthropic Messages) or embeddings
+    # (POST /v1/embeddings). A request of the other kind is refused model_kind_mismatch.
+    kind: Literal["chat", "embeddings"] = "chat"
     # A group lists mappings, pools, or both (contract §2 "Pools"); at least one of them.
     mappings: tuple[Mapping, ...] = ()
     pools: tuple[Pool, ...] = ()
@@ -1306,6 +1308,28 @@ def _cache_write_price_errors(
     ]
 
 
+def _embeddings_mapping_errors(
+    mapping: dict[str, Any], driver: object, path: str
+) -> list[tuple[str, str]]:
+    """A mapping of an embeddings group declares it embeds (contract §2), and its endpoint
+    can: only the OpenAI dialect has an embeddings API (Anthropic's has none)."""
+    errors: list[tuple[str, str]] = []
+    capabilities = mapping.get("capabilities")
+    if not isinstance(capabilities, list) or "embeddings" not in capabilities:
+        errors.append(
+            (f"{path}.capabilities", "a mapping of an embeddings group must declare embeddings")
+        )
+    if driver == "anthropic":
+        errors.append(
+            (
+                f"{path}.endpoint",
+                f"endpoint '{mapping.get('endpoint')}' (driver anthropic) cannot embed: "
+                "the Anthropic API has no embeddings",
+            )
+        )
+    return errors
+
+
 def _reference_errors(data: dict[str, Any]) -> list[tuple[str, str]]:
     """Duplicate ids and dangling references, read from the raw document so they are
     reported together with any type errors pydantic found."""
@@ -1335,6 +1359,10 @@ def _reference_errors(data: dict[str, Any]) -> list[tuple[str, str]]:
             if isinstance(ref, str) and ref in drivers:
                 path = f"models[{i}].mappings[{j}]"
                 errors += _cache_write_price_errors(mapping, drivers[ref], path)
+            if group.get("kind") == "embeddings":
+                path = f"models[{i}].mappings[{j}]"
+                driver = drivers.get(ref) if isinstance(ref, str) else None
+                errors += _embeddings_mapping_errors(mapping, driver, path)
             resume = mapping.get("resume")
             wire_only = isinstance(resume, str) and resume in _OPENAI_WIRE_RESUME
             if wire_only and isinstance(ref, str) and drivers.get(ref) == "anthropic":

@@ -17,10 +17,11 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Final, Self
 
 from router.fake_provider._anthropic import ANTHROPIC
 from router.fake_provider._continuation import Continuation, Partial, parse_continuation, refusal
+from router.fake_provider._embeddings import EmbeddingsDialect
 from router.fake_provider._http import BadRequest, Connection, Headers, HttpRequest
 from router.fake_provider._openai import OPENAI
 from router.fake_provider._reply import Dialect, prompt_tokens
@@ -31,6 +32,7 @@ from router.fake_provider.behavior import Behavior
 __all__ = ["FakeUpstream", "RecordedRequest"]
 
 _INFERENCE: dict[str, Dialect] = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC}
+_EMBEDDINGS: Final = "/v1/embeddings"  # its dialect holds the request's inputs: one each
 
 
 @dataclass(frozen=True)
@@ -297,7 +299,8 @@ class FakeUpstream(Served):
             self._sequence += 1
             request_id = f"req_{self.name}_{self._sequence:06d}"
             self._hits_by_path[request.path] += 1
-            if request.method == "POST" and request.path in _INFERENCE:
+            inference = request.path in _INFERENCE or request.path == _EMBEDDINGS
+            if request.method == "POST" and inference:
                 self._hits += 1
             self._requests.append(
                 RecordedRequest(
@@ -394,6 +397,9 @@ class FakeUpstream(Served):
             await self._control(conn, request)
             return
         dialect = _INFERENCE.get(request.path)
+        if request.path == _EMBEDDINGS and request.method == "POST":
+            body = _parse_json(request.body)
+            dialect = EmbeddingsDialect(body if isinstance(body, dict) else {})
         if dialect is not None and request.method == "POST":
             await self._inference(conn, request, dialect, connection_id)
             return

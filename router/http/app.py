@@ -77,7 +77,7 @@ from router.config import (
     parse_config_file,
     read_config_file,
 )
-from router.doors import chat, messages, messages_wire
+from router.doors import chat, embeddings, messages, messages_wire
 from router.doors.chat import MAX_BODY_BYTES
 from router.doors.headers import HeaderNarrowing, read_headers
 from router.errors import (
@@ -89,6 +89,7 @@ from router.errors import (
     invalid_api_key,
     invalid_request,
     ledger_unavailable,
+    model_kind_mismatch,
     model_not_found,
     permission_denied,
     reload_incomplete,
@@ -132,6 +133,7 @@ _SSE: Final = "text/event-stream"
 _CHAT_PATH: Final = "/v1/chat/completions"
 _MESSAGES_PATH: Final = "/v1/messages"
 _COUNT_TOKENS_PATH: Final = "/v1/messages/count_tokens"
+_EMBEDDINGS_PATH: Final = "/v1/embeddings"
 _MAX_RECORDED_STREAM: Final = 8 * 1024 * 1024
 
 Scope = MutableMapping[str, Any]
@@ -619,6 +621,7 @@ def create_app(settings: AppSettings) -> FastAPI:
 
     app.post("/v1/chat/completions", openapi_extra=api_doc.CHAT_COMPLETIONS)(_chat_completions)
     app.post("/v1/messages", openapi_extra=api_doc.MESSAGES)(_messages)
+    app.post(_EMBEDDINGS_PATH, openapi_extra=api_doc.EMBEDDINGS)(_embeddings)
     app.include_router(
         count_tokens_router(
             _identify_anthropic,
@@ -651,6 +654,11 @@ async def _messages(request: Request) -> Response:
     return await _serve(request, _DOORS[_MESSAGES_PATH])
 
 
+async def _embeddings(request: Request) -> Response:
+    """``POST /v1/embeddings`` (the embeddings door), served as the chat route is."""
+    return await _serve(request, _DOORS[_EMBEDDINGS_PATH])
+
+
 async def _serve(request: Request, door: _Door) -> Response:
     """An inference request through ``door``: the key, the body and headers read once, the
     Idempotency-Key claimed, the core asked, the answer on the door's wire."""
@@ -669,10 +677,11 @@ async def _serve(request: Request, door: _Door) -> Response:
     try:
         call = door.parse(await _read_body(request, named), named, config)
         headers = read_headers(named)
-        if call.model_group not in caller.workspace.models or not config.model_group(
-            call.model_group
-        ):
+        group = config.model_group(call.model_group)
+        if call.model_group not in caller.workspace.models or not group:
             raise model_not_found(call.model_group)
+        if group.kind != door.kind:
+            raise model_kind_mismatch(call.model_group, group.kind, door.kind)
     except GatewayError:
         if unconfirmed:  # a revoked key hears only that, whatever else is wrong
             await reread()
@@ -791,6 +800,7 @@ class _Door:
         [StreamingCompletion], tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]
     ]
     error: ErrorWire
+    kind: str = "chat"  # the model group kind it serves; another is model_kind_mismatch
 
 
 def _chat_stream(
@@ -804,6 +814,12 @@ def _messages_stream(
 ) -> tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]:
     # Every piece is rewritten into Anthropic's events: none goes out as the upstream's.
     return messages_wire.events(started), messages_wire.stream_headers(started), None
+
+
+def _never_streams(
+    started: StreamingCompletion,
+) -> tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]:
+    raise AssertionError("an embeddings request never streams (embeddings.parse_body)")
 
 
 def _messages_parse(raw: bytes, named: Mapping[str, str], config: Config) -> Any:
@@ -826,6 +842,15 @@ _DOORS: Final[Mapping[str, _Door]] = {
         answer=messages_wire.answer,
         stream=_messages_stream,
         error=_messages_error,
+    ),
+    _EMBEDDINGS_PATH: _Door(
+        secret=_secret,
+        parse=lambda raw, named, config: embeddings.parse_body(raw),
+        to_core=lambda call, headers, caller: embeddings.to_core(call, headers, caller.workspace),
+        answer=embeddings.answer,
+        stream=_never_streams,
+        error=_chat_error,
+        kind=embeddings.KIND,
     ),
 }
 

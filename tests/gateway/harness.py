@@ -110,12 +110,14 @@ def config_text(
     strategies: dict[str, str] | None = None,
     groups: dict[str, str] | None = None,
     workspace_models: dict[str, Sequence[str]] | None = None,
+    embedding_routes: Sequence[Route] = (),
 ) -> str:
     """``policies``, ``strategies``: model group name → its ``policy:`` block (a YAML flow
     mapping), its ``strategy``. ``chat`` always exists; any other name is one more group
     with the same mappings. ``groups``: more model groups, name → the YAML of the rest of
     the group (:func:`mappings_yaml` writes mappings); ``workspace_models``: a workspace's
-    model groups, when not every group's."""
+    model groups, when not every group's. ``embedding_routes``: the mappings of one more
+    group, ``embed``, of kind ``embeddings``."""
     drivers = drivers or {}
     policies = policies or {}
     endpoint_extra = endpoint_extra or {}
@@ -156,6 +158,10 @@ def config_text(
         for name in names
     ) + "".join(f"  - name: {name}\n{rest}" for name, rest in more.items() if name not in names)
     names = list(dict.fromkeys([*names, *more]))
+    if embedding_routes:
+        embed = mappings_yaml(embedding_routes)
+        group_yaml += f"  - name: embed\n    kind: embeddings\n    mappings:\n{embed}"
+        names.append("embed")
     allowed = {"acme": names, "other": names, **(workspace_models or {})}
     return f"""generation: {generation}
 {limits_yaml}defaults:

@@ -1336,3 +1336,26 @@ def test_a_backoff_must_end_strictly_before_the_deadline():
     )
     assert _decide(FIVE_XX, defaults, remaining_ms=200).action == "failover"
     assert _decide(FIVE_XX, defaults, remaining_ms=201).backoff_ms == 200
+
+
+def _evaluate_embeddings(requirements: Requirements) -> tuple[Candidate, ...]:
+    embeddings = _group().model_copy(update={"kind": "embeddings"})
+    return evaluate(
+        _config(), _workspace(), embeddings, requirements, RouteContext(), breaker_open=_admit
+    )
+
+
+def test_an_embeddings_batch_fits_when_its_longest_input_fits_the_window():
+    # small: window 8192. Each input is embedded on its own: the batch's total (20000)
+    # and the output bound (none) do not count, the longest input does.
+    batch = Requirements(
+        kind="embeddings",
+        estimated_input_tokens=20000,
+        largest_input_tokens=8192,
+        max_output_tokens=0,
+    )
+    assert _evaluate_embeddings(batch)[0].eligible
+    longer = batch.model_copy(update={"largest_input_tokens": 8193})
+    too_big = _evaluate_embeddings(longer)[0]
+    assert too_big.reason_code is ReasonCode.CONTEXT_TOO_SMALL
+    assert too_big.detail == "context_window 8192 < needed 8193"
