@@ -351,7 +351,7 @@ def _caller(key: ApiKey | None, config: Config) -> Caller:
     workspace = config.workspace(key.workspace)
     if workspace is None:
         raise invalid_api_key(f"the key's workspace {key.workspace!r} is not configured")
-    return Caller(key.key_id, workspace, key.role, key.budget, key.version)
+    return Caller(key.key_id, workspace, key.role, key.budget, key.version, key.endpoints)
 
 
 async def _refuse_nul(request: Request) -> None:
@@ -758,7 +758,11 @@ async def _serve(request: Request, door: _Door) -> Response:
         return Response(payload, media_type=_JSON, headers=response_headers)
     except GatewayError as error:
         release()
-        if claim is not None:
+        if claim is not None and error.should_retry:
+            # An answer the client is told to retry (every attempt refused at admission:
+            # nothing was sent) is not the request's answer: the retry runs again.
+            await state.idempotency.abandon(claim)
+        elif claim is not None:
             status, error_body = door.error(error, request_id)
             await state.idempotency.finish(
                 claim, RecordedAnswer(request_id, status, _JSON, error.headers(), error_body)

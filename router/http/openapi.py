@@ -730,6 +730,8 @@ _NAMES: Final[Schema] = {
     "items": {"type": "string", "pattern": f"^[^,]*{_kept(',')}[^,]*$"},
 }
 
+_ENDPOINT_ID: Final[Schema] = {"type": "string", "pattern": _kept()}
+
 _CHAT_HEADERS: Final = [
     _header(
         "Idempotency-Key",
@@ -763,6 +765,24 @@ _CHAT_HEADERS: Final = [
         "Extra required capabilities, comma-separated (others are inferred from the body).",
     ),
     _header("X-Waybill-Regions", _NAMES, "A narrower region set, comma-separated."),
+    _header(
+        "X-Waybill-Endpoints",
+        _NAMES,
+        "A narrower endpoint set, comma-separated: endpoint ids and provider:NAME labels "
+        "(expanded within the model group), intersected with the key's own scope; a name "
+        "that matches nothing narrows to nothing.",
+    ),
+    _header(
+        "X-Waybill-Prefer-Endpoint",
+        _ENDPOINT_ID,
+        "An endpoint id to choose when one of its mappings is eligible; the router overrules "
+        "it otherwise.",
+    ),
+    _header(
+        "X-Waybill-Require-Endpoint",
+        _ENDPOINT_ID,
+        "An endpoint id the request is pinned to: no other endpoint is ever tried.",
+    ),
     _header(
         "X-Waybill-Data-Class",
         {"type": "string", "enum": list(DATA_CLASSES)},

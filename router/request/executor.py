@@ -61,6 +61,7 @@ from router.request.relay import SEAM_BROKEN, StreamRelay
 from router.request.resume import Seam
 from router.request.routing import GroupPlan
 from router.request.runner import AttemptRunner
+from router.request.scope import endpoint_scope
 from router.request.upstream_call import server_address
 from router.request.walk import (
     Answered,
@@ -123,7 +124,10 @@ class Executor:
         started = ports.clock.monotonic()
         self.deadline = started + deadline_ms / 1000
         p95 = ports.first_answers.p95(group.name, call.stream) if hedge_p95(defaults) else None
-        policy = walk_policy(defaults, requirements, plan.targets, p95, plan.pool_policies)
+        scope = endpoint_scope(ports.config, group, requirements)
+        policy = walk_policy(
+            defaults, requirements, plan.targets, p95, plan.pool_policies, scope=scope
+        )
         self.walk = Walk(policy=policy)
         self.open: dict[str, Attempt] = {}  # started, their end not yet recorded
         self.failures: dict[str, Attempt] = {}  # failed attempts, for their decisions
@@ -514,6 +518,7 @@ class Executor:
             group=self.group.name,
             budget_refusal=self._budget_refusal,
             failed=failed,
+            probe_in_ms=self.routing.probe_in_ms,
         )
 
     def _failed_stream(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ redirected by a reload), then closes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import random
@@ -142,6 +143,7 @@ class Gateway:
         """A request's executor, with the ports of this generation and its own budget and
         journal."""
         plan = self._plans[call.model_group]  # the app resolves the model group first
+        call = dataclasses.replace(call, requirements=caller.narrowing(call.requirements))
         ports = self._ports
         budget = RequestBudget(
             self._balances,
@@ -193,6 +195,10 @@ class _RecordedBreakers:
 
     def blocked(self, keys: Sequence[BreakerKey]) -> Coroutine[Any, Any, dict[BreakerKey, bool]]:
         return self._board.blocked(keys)
+
+    async def probe_in(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, int | None]:
+        views = await self._board.inspect(keys)
+        return {key: view.probe_in_ms for key, view in views.items()}
 
     async def admit(self, key: BreakerKey, request_id: str) -> Admission:
         admission, transitions = await self._board.admit(key)

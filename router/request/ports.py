@@ -77,6 +77,11 @@ class Breakers(Protocol):
         """Atomically admit one attempt (the half-open probe is taken here)."""
         ...
 
+    def probe_in(self, keys: Sequence[BreakerKey]) -> Awaitable[Mapping[BreakerKey, int | None]]:
+        """Read-only: for each key whose breaker is open, how long (ms) until it admits a
+        probe; None for one that is not open."""
+        ...
+
     async def succeeded(
         self, keys: Sequence[BreakerKey], duration_ms: int, request_id: str
     ) -> None: ...

@@ -25,6 +25,7 @@ from ledger.events import (
     data_class_rank,
 )
 from router.config import Config, Endpoint, Mapping, ModelGroup, Workspace
+from router.request.scope import EndpointScope, endpoint_scope
 from router.request.worst_case import input_tokens, output_tokens, unpriced, worst_case_cost
 
 __all__ = [
@@ -74,10 +75,14 @@ class Scope:
     regions: frozenset[str]
     data_class: DataClass
     empty: str | None = None  # the narrowing that came out empty, e.g. "regions"
+    endpoints: EndpointScope | None = None  # the caller's endpoint scope; None: unnarrowed
 
 
-def effective_scope(workspace: Workspace, requirements: Requirements) -> Scope:
-    """The workspace's regions narrowed by the request's; the request's data class.
+def effective_scope(
+    workspace: Workspace, requirements: Requirements, endpoints: EndpointScope | None = None
+) -> Scope:
+    """The workspace's regions narrowed by the request's; the request's data class; the
+    caller's endpoint scope (:func:`router.request.scope.endpoint_scope`).
 
     A narrowing that leaves nothing is marked ``empty``, never read as "unrestricted".
     """
@@ -87,7 +92,12 @@ def effective_scope(workspace: Workspace, requirements: Requirements) -> Scope:
     # The app raises the class to the workspace's already; taking the higher one again here
     # keeps contract §2's "a request may raise its workspace's class, never lower it" local.
     data_class = max(workspace.data_class, requirements.data_class, key=data_class_rank)
-    return Scope(regions=regions, data_class=data_class, empty=None if regions else "regions")
+    empty = None
+    if not regions:
+        empty = "regions"
+    elif endpoints is not None and not endpoints.endpoints:
+        empty = "endpoints"
+    return Scope(regions=regions, data_class=data_class, empty=empty, endpoints=endpoints)
 
 
 @dataclass(frozen=True)
@@ -153,6 +163,10 @@ def _already_tried(s: _Subject) -> str | None:
 
 def _scope_empty(s: _Subject) -> str | None:
     return s.scope.empty
+
+
+def _out_of_scope(s: _Subject) -> str | None:
+    return None if s.scope.endpoints is None else s.scope.endpoints.excluded_by(s.endpoint.id)
 
 
 def _region_not_allowed(s: _Subject) -> str | None:
@@ -230,6 +244,7 @@ _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.QUOTA_EXHAUSTED, _quota_exhausted),
     (ReasonCode.ALREADY_TRIED, _already_tried),
     (ReasonCode.SCOPE_EMPTY, _scope_empty),
+    (ReasonCode.OUT_OF_SCOPE, _out_of_scope),
     (ReasonCode.REGION_NOT_ALLOWED, _region_not_allowed),
     (ReasonCode.DATA_CLASS_NOT_ALLOWED, _data_class_not_allowed),
     (ReasonCode.MISSING_CAPABILITY, _missing_capability),
@@ -269,7 +284,7 @@ def evaluate(
     most once per mapping, in mapping order, and only for a mapping that passed every check
     before theirs.
     """
-    scope = effective_scope(workspace, requirements)
+    scope = effective_scope(workspace, requirements, endpoint_scope(config, group, requirements))
     exhausted_accounts = _exhausted_accounts(config, context)
     candidates = []
     for index, mapping in enumerate(group.mappings):
@@ -397,9 +412,12 @@ def select(
     rr: WeightedRoundRobin,
     workspace_id: str,
     group: ModelGroup,
+    prefer: str | None = None,
 ) -> RouteChoice | None:
     """The lowest tier with an eligible candidate, then the group's strategy inside it; None
-    if none is eligible.
+    if none is eligible. ``prefer``: the caller's X-Waybill-Prefer-Endpoint, chosen ahead of
+    tier and strategy when one of its mappings is eligible (its lowest tier, then its first
+    mapping), and overruled when none is.
 
     ``weighted``: smooth weighted round-robin over the tier. ``least_cost``: the candidates
     with the lowest worst-case cost for this request. ``least_latency``: the candidates not
@@ -409,6 +427,19 @@ def select(
     eligible = [c for c in candidates if c.eligible]
     if not eligible:
         return None
+    preferred = [c for c in eligible if c.endpoint == prefer]
+    if preferred:
+        # The caller chose among what is eligible; the round-robin is not consulted.
+        chosen = min(preferred, key=lambda c: (c.tier, c.mapping_index))
+        return RouteChoice(
+            endpoint=chosen.endpoint,
+            model=chosen.model,
+            mapping_index=chosen.mapping_index,
+            tier=chosen.tier,
+            weight=chosen.weight,
+            selection_position=0,
+            preferred=True,
+        )
     # contract §4: a lower tier is never chosen while a higher-priority one has a candidate.
     tier = min(c.tier for c in eligible)
     pool = _best_by_strategy([c for c in eligible if c.tier == tier], group.strategy)

@@ -42,8 +42,9 @@ def test_migrate_verify_keys_replay_round_trip(empty_database_url: str) -> None:
     )
     assert created.returncode == 0, created.stderr
     key = json.loads(created.stdout)
-    assert set(key) == {"key_id", "secret", "workspace", "role"}
+    assert set(key) == {"key_id", "secret", "workspace", "role", "endpoints"}
     assert key["workspace"] == "acme" and key["role"] == "auditor"
+    assert key["endpoints"] is None  # unrestricted
 
     revoked = waybill("keys", "revoke", key["key_id"], database_url=url)
     assert revoked.returncode == 0, revoked.stderr
@@ -81,6 +82,61 @@ def test_verify_exits_non_zero_naming_the_first_bad_position(database_url: str) 
     result = waybill("verify", database_url=database_url)
     assert result.returncode == 1
     assert "BROKEN at position 2" in result.stdout
+
+
+def test_a_key_created_with_endpoints_keeps_its_scope_through_a_replay(sqlite_url: str) -> None:
+    created = waybill(
+        "keys",
+        "create",
+        "--workspace",
+        "acme",
+        "--endpoints",
+        "west, provider:anthropic,west",
+        "--json",
+        database_url=sqlite_url,
+    )
+    assert created.returncode == 0, created.stderr
+    assert json.loads(created.stdout)["endpoints"] == ["provider:anthropic", "west"]
+    assert waybill("replay", "--projection", "keys", database_url=sqlite_url).returncode == 0
+    engine = create_engine(sync_url(sqlite_url))
+    with engine.connect() as conn:
+        (scope,) = conn.execute(text("SELECT endpoints FROM api_keys")).one()
+    engine.dispose()
+    assert json.loads(scope) == ["provider:anthropic", "west"]
+    plain = waybill("keys", "create", "--workspace", "other", database_url=sqlite_url)
+    assert plain.returncode == 0, plain.stderr
+    listed = waybill("keys", "list", "--json", database_url=sqlite_url)
+    assert listed.returncode == 0, listed.stderr
+    assert [(k["workspace"], k["endpoints"]) for k in json.loads(listed.stdout)] == [
+        ("acme", ["provider:anthropic", "west"]),
+        ("other", None),
+    ]
+    assert "secret" not in listed.stdout and "wb_" not in listed.stdout
+    text_list = waybill("keys", "list", "--workspace", "acme", database_url=sqlite_url)
+    assert "endpoints provider:anthropic, west" in text_list.stdout
+    assert "other" not in text_list.stdout
+
+
+def test_keys_create_refuses_an_unknown_provider_or_an_empty_scope(sqlite_url: str) -> None:
+    for endpoints in ("provider:gemini", " , "):
+        refused = waybill(
+            "keys", "create", "--workspace", "acme", "--endpoints", endpoints,
+            database_url=sqlite_url,
+        )  # fmt: skip
+        assert refused.returncode == 2, refused.stderr
+        assert "--endpoints must name endpoint ids or provider:NAME" in refused.stderr
+        assert "Traceback" not in refused.stderr
+
+
+def test_keys_create_with_a_config_refuses_an_endpoint_it_does_not_have(sqlite_url: str) -> None:
+    example = Path(__file__).resolve().parents[2] / "docs" / "config.example.yaml"
+    env = {"OPENAI_API_KEY": "sk-test-secret-value", "ANTHROPIC_API_KEY": "sk-ant-secret"}
+    args = ("keys", "create", "--workspace", "acme", "--config", str(example), "--json")
+    known = waybill(*args, "--endpoints", "openai-east", database_url=sqlite_url, env=env)
+    assert known.returncode == 0, known.stderr
+    unknown = waybill(*args, "--endpoints", "openai-west", database_url=sqlite_url, env=env)
+    assert unknown.returncode == 1
+    assert "'openai-west'" in unknown.stderr and "Traceback" not in unknown.stderr
 
 
 def test_user_errors_are_one_line_without_traceback(sqlite_url: str) -> None:

@@ -473,6 +473,7 @@ SPEC_ORDER = (
     R.QUOTA_EXHAUSTED,
     R.ALREADY_TRIED,
     R.SCOPE_EMPTY,
+    R.OUT_OF_SCOPE,
     R.REGION_NOT_ALLOWED,
     R.DATA_CLASS_NOT_ALLOWED,
     R.MISSING_CAPABILITY,
@@ -502,7 +503,15 @@ def _single_mapping_config(disabled: bool, far_region: bool) -> Config:
                 "region": "ap-south" if far_region else "us-east",
                 "data_classes": ["public", "internal"],
                 "enabled": not disabled,
-            }
+            },
+            {  # a disabled spare: never eligible, never asked about live state
+                "id": "spare",
+                "driver": "openai",
+                "base_url": "https://spare.invalid/v1",
+                "region": "us-east",
+                "data_classes": ["public", "internal"],
+                "enabled": False,
+            },
         ],
         "models": [
             {
@@ -515,7 +524,15 @@ def _single_mapping_config(disabled: bool, far_region: bool) -> Config:
                         "context_window": 1000,
                         "max_output_tokens": 100,
                         "price": {"input_per_mtok": 1, "output_per_mtok": 2},
-                    }
+                    },
+                    {
+                        "endpoint": "spare",
+                        "model": "m",
+                        "capabilities": ["text"],
+                        "context_window": 1000,
+                        "max_output_tokens": 100,
+                        "price": {"input_per_mtok": 1, "output_per_mtok": 2},
+                    },
                 ],
             }
         ],
@@ -527,7 +544,8 @@ def _single_mapping_config(disabled: bool, far_region: bool) -> Config:
 
 
 def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[str]]:
-    """Evaluate a one-mapping group set up to fail exactly the checks in ``failing``."""
+    """Evaluate a group's first mapping set up to fail exactly the checks in ``failing`` (the
+    other, a disabled spare, is what an endpoint scope leaves the request)."""
     config = _single_mapping_config(R.ENDPOINT_DISABLED in failing, R.REGION_NOT_ALLOWED in failing)
     called: list[str] = []
 
@@ -555,11 +573,12 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
         image_inputs=1 if R.UNPRICED_INPUT in failing else 0,  # the mapping prices no image
         unsupported=(("openai", "thinking"),) if R.DIALECT_UNSUPPORTED in failing else (),
         estimated_input_tokens=901 if R.CONTEXT_TOO_SMALL in failing else 900,
+        endpoints=("spare",) if R.OUT_OF_SCOPE in failing else None,
     )
     tried = frozenset({"ep"}) if R.ALREADY_TRIED in failing else frozenset()
     exhausted = frozenset({"ep"}) if R.QUOTA_EXHAUSTED in failing else frozenset()
     workspace, group = config.workspaces[0], config.models[0]
-    (candidate,) = evaluate(
+    candidate, _spare = evaluate(
         config,
         workspace,
         group,
