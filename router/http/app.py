@@ -77,7 +77,7 @@ from router.config import (
     parse_config_file,
     read_config_file,
 )
-from router.doors import chat, messages, messages_wire
+from router.doors import chat, messages, messages_wire, responses, responses_wire
 from router.doors.chat import MAX_BODY_BYTES
 from router.doors.headers import HeaderNarrowing, read_headers
 from router.errors import (
@@ -132,6 +132,7 @@ _SSE: Final = "text/event-stream"
 _CHAT_PATH: Final = "/v1/chat/completions"
 _MESSAGES_PATH: Final = "/v1/messages"
 _COUNT_TOKENS_PATH: Final = "/v1/messages/count_tokens"
+_RESPONSES_PATH: Final = "/v1/responses"
 _MAX_RECORDED_STREAM: Final = 8 * 1024 * 1024
 
 Scope = MutableMapping[str, Any]
@@ -619,6 +620,7 @@ def create_app(settings: AppSettings) -> FastAPI:
 
     app.post("/v1/chat/completions", openapi_extra=api_doc.CHAT_COMPLETIONS)(_chat_completions)
     app.post("/v1/messages", openapi_extra=api_doc.MESSAGES)(_messages)
+    app.post(_RESPONSES_PATH, openapi_extra=api_doc.RESPONSES)(_responses)
     app.include_router(
         count_tokens_router(
             _identify_anthropic,
@@ -649,6 +651,11 @@ async def _chat_completions(request: Request) -> Response:
 async def _messages(request: Request) -> Response:
     """``POST /v1/messages`` (the Anthropic door), served as the chat route is."""
     return await _serve(request, _DOORS[_MESSAGES_PATH])
+
+
+async def _responses(request: Request) -> Response:
+    """``POST /v1/responses`` (the Responses door), served as the chat route is."""
+    return await _serve(request, _DOORS[_RESPONSES_PATH])
 
 
 async def _serve(request: Request, door: _Door) -> Response:
@@ -721,7 +728,7 @@ async def _serve(request: Request, door: _Door) -> Response:
                     reread,
                 ),
             )
-            body, response_headers, write_directly = door.stream(started)
+            body, response_headers, write_directly = door.stream(call, started)
             if claim is not None:  # every piece of it is recorded: all go through the body
                 body = _recorded(body, state.idempotency, claim, response_headers, gateway)
                 write_directly = None
@@ -735,7 +742,7 @@ async def _serve(request: Request, door: _Door) -> Response:
                 reread,
             ),
         )
-        payload, response_headers = door.answer(completion)
+        payload, response_headers = door.answer(call, completion)
         if claim is not None:
             await state.idempotency.finish(
                 claim, RecordedAnswer(request_id, 200, _JSON, response_headers, payload)
@@ -782,24 +789,31 @@ class _Door:
     secret: Callable[[Mapping[str, str]], str]
     parse: Callable[[bytes, Mapping[str, str], Config], Any]
     to_core: Callable[[Any, HeaderNarrowing, Caller], Call]
-    answer: Callable[[Completion], tuple[bytes, dict[str, str]]]
+    answer: Callable[[Any, Completion], tuple[bytes, dict[str, str]]]
     stream: Callable[
-        [StreamingCompletion], tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]
+        [Any, StreamingCompletion], tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]
     ]
     error: ErrorWire
 
 
 def _chat_stream(
-    started: StreamingCompletion,
+    call: Any, started: StreamingCompletion
 ) -> tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]:
     return started.body, chat.stream_headers(started), started.write_directly
 
 
 def _messages_stream(
-    started: StreamingCompletion,
+    call: Any, started: StreamingCompletion
 ) -> tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]:
     # Every piece is rewritten into Anthropic's events: none goes out as the upstream's.
     return messages_wire.events(started), messages_wire.stream_headers(started), None
+
+
+def _responses_stream(
+    call: Any, started: StreamingCompletion
+) -> tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]:
+    # Every piece is rewritten into the Responses events.
+    return responses_wire.events(call, started), responses_wire.stream_headers(started), None
 
 
 def _messages_parse(raw: bytes, named: Mapping[str, str], config: Config) -> Any:
@@ -811,7 +825,7 @@ _DOORS: Final[Mapping[str, _Door]] = {
         secret=_secret,
         parse=lambda raw, named, config: chat.parse_body(raw, config.limits),
         to_core=lambda call, headers, caller: chat.to_core(call, headers, caller.workspace),
-        answer=chat.answer,
+        answer=lambda call, completion: chat.answer(completion),
         stream=_chat_stream,
         error=_chat_error,
     ),
@@ -819,9 +833,17 @@ _DOORS: Final[Mapping[str, _Door]] = {
         secret=_anthropic_secret,
         parse=_messages_parse,
         to_core=lambda call, headers, caller: messages.to_core(call, headers, caller.workspace),
-        answer=messages_wire.answer,
+        answer=lambda call, completion: messages_wire.answer(completion),
         stream=_messages_stream,
         error=_messages_error,
+    ),
+    _RESPONSES_PATH: _Door(
+        secret=_secret,
+        parse=lambda raw, named, config: responses.read_body(raw, config.limits),
+        to_core=lambda call, headers, caller: responses.to_core(call, headers, caller.workspace),
+        answer=responses_wire.answer,
+        stream=_responses_stream,
+        error=_chat_error,
     ),
 }
 

@@ -818,6 +818,23 @@ CHAT_COMPLETIONS: Final[Schema] = {
 }
 
 
+RESPONSES: Final[Schema] = {
+    "summary": "An OpenAI Responses API request, buffered or streamed (SSE)",
+    "parameters": _CHAT_HEADERS,
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": _ref("ResponsesRequest")}},
+    },
+    "responses": {
+        "200": {
+            **_ok(_ref("Response"), also="text/event-stream"),
+            "description": "The response (JSON), or the Responses events (SSE) with stream: true.",
+        },
+        **_error_responses(400, 402, 404, 409, 413, 422, 429, 502, 504),
+    },
+}
+
+
 def _anthropic_errors(*statuses: int) -> dict[str, Schema]:
     """The Anthropic door's errors: its statuses (a 503 of the gateway's is a 529)."""
     return {
@@ -1097,6 +1114,51 @@ def _n(max_n: int) -> Schema:
             "the config's limits.max_n: more is refused (400 invalid_request, param n).",
         }
     )
+
+
+_SCHEMAS["ResponsesRequest"] = {
+    "description": (
+        "An OpenAI Responses API request; model names a Waybill model group. A field outside "
+        "the documented set is refused (400). A stateless request is served by any eligible "
+        "mapping, translated to chat completions; previous_response_id, conversation, "
+        "store: true, background: true, a stored prompt and built-in tools need a mapping "
+        'that declares the capability responses (contract §3 "The Responses door").'
+    ),
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1},
+        "input": {
+            "anyOf": [_STRING, {"type": "array", "minItems": 1, "items": {"type": "object"}}]
+        },
+        "instructions": _nullable(_STRING),
+        "tools": _nullable({"type": "array", "items": {"type": "object"}}),
+        "max_output_tokens": _nullable(_TOKENS),
+        "temperature": _nullable({"type": "number"}),
+        "top_p": _nullable({"type": "number"}),
+        "stream": _nullable({"type": "boolean"}),
+        "store": _nullable({"type": "boolean"}),
+        "background": _nullable({"type": "boolean"}),
+        "previous_response_id": _nullable({"type": "string", "minLength": 1}),
+        "parallel_tool_calls": _nullable({"type": "boolean"}),
+        "text": _nullable({"type": "object"}),
+        "reasoning": _nullable({"type": "object"}),
+        "metadata": _nullable({"type": "object"}),
+    },
+}
+_SCHEMAS["Response"] = {
+    "description": "OpenAI's response object.",
+    "type": "object",
+    "required": ["id", "object", "status", "output", "model"],
+    "properties": {
+        "id": _STRING,
+        "object": {"type": "string", "enum": ["response"]},
+        "status": _STRING,
+        "output": {"type": "array", "items": {"type": "object"}},
+        "model": _nullable(_STRING),
+        "usage": _nullable({"type": "object"}),
+    },
+}
 
 
 # A count_tokens body is a Messages body whose max_tokens may be left out.
