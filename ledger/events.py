@@ -109,6 +109,9 @@ class ReasonCode(StrEnum):
     CREDENTIALS_DISABLED = "credentials_disabled"  # its key was refused: EndpointDisabled
     # The endpoint's dialect cannot carry a feature the request needs (the detail names it).
     DIALECT_UNSUPPORTED = "dialect_unsupported"
+    # The request continues a response whose state another endpoint holds (a Responses
+    # previous_response_id): no other endpoint can know it.
+    RESPONSE_AFFINITY = "response_affinity"
 
 
 class FailureClass(StrEnum):
@@ -277,6 +280,10 @@ class Requirements(_Record):
     # needs (thinking, documents, a beta field): its endpoints are excluded
     # `dialect_unsupported` (router/doors/messages.py says which feature where).
     unsupported: tuple[tuple[str, str], ...] = Field((), exclude_if=_nothing)
+    # The endpoint that holds the provider-side state the request continues (the response a
+    # Responses previous_response_id names, found in the ledger): every other candidate is
+    # excluded `response_affinity`. None: any endpoint.
+    affinity_endpoint: str | None = Field(None, exclude_if=_nothing)
 
 
 class Candidate(_Record):

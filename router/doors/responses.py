@@ -30,6 +30,7 @@ from router.doors.headers import HeaderNarrowing
 from router.doors.messages_translate import typed
 from router.doors.responses_translate import RESPONSES_FIELDS, translate
 from router.drivers import NativeBody
+from router.drivers.responses import RESPONSES_DIALECT
 from router.errors import invalid_request
 from router.request.call import Call, trace_context
 
@@ -37,8 +38,6 @@ __all__ = ["RESPONSES_CAPABILITY", "RESPONSES_DIALECT", "ResponsesCall", "read_b
 
 RESPONSES_CAPABILITY: Final = "responses"
 """The capability of a mapping whose endpoint serves the Responses API natively."""
-RESPONSES_DIALECT: Final = "openai.responses"
-"""``NativeBody.dialect`` of a Responses body: the OpenAI driver sends it to ``/responses``."""
 _TOKENS_PER_ITEM: Final = 8
 
 
@@ -53,6 +52,7 @@ class ResponsesCall:
     server_side_effects: bool
     estimated_input_tokens: int
     previous_response_id: str | None
+    affinity_endpoint: str | None = None  # the endpoint that answered previous_response_id
 
     @property
     def model_group(self) -> str:
@@ -77,6 +77,11 @@ class ResponsesCall:
                 "estimated_input_tokens": self.estimated_input_tokens,
                 "server_side_effects": found.server_side_effects or self.server_side_effects,
                 "native": RESPONSES_DIALECT if self.needs_provider else None,
+                # Only the OpenAI driver speaks the Responses API natively.
+                "unsupported": (("anthropic", self.needs_provider[0]),)
+                if self.needs_provider
+                else (),
+                "affinity_endpoint": self.affinity_endpoint,
             }
         )
 

@@ -16,10 +16,12 @@ import orjson
 
 from ledger.types import money_str
 from router.doors.responses import ResponsesCall, echoed
+from router.drivers.responses import NATIVE_EVENT, NATIVE_RESPONSE
 from router.request.call import Completion, StreamingCompletion
 
 __all__ = ["EventRenderer", "answer", "events", "response", "stream_headers", "usage"]
 
+_TERMINAL: Final = frozenset({"response.completed", "response.incomplete", "response.failed"})
 # Why an answer stopped short, as Responses says it (`incomplete_details.reason`).
 _INCOMPLETE: Final = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
@@ -32,6 +34,9 @@ def answer(call: ResponsesCall, completion: Completion) -> tuple[bytes, dict[str
     }
     if completion.cost_usd is not None:
         headers["x-waybill-cost-usd"] = money_str(completion.cost_usd)
+    native = completion.response.get(NATIVE_RESPONSE)
+    if isinstance(native, dict):  # served natively: the provider's own object, its id
+        return orjson.dumps(native), headers
     return orjson.dumps(response(call, completion.response, completion.request_id)), headers
 
 
@@ -218,6 +223,7 @@ class EventRenderer:
         self._text = ""
         self._finish: object = None
         self._usage: dict[str, Any] | None = None
+        self._native_seen = False
 
     def frames(self, frames: list[bytes]) -> bytes:
         out = b""
@@ -235,6 +241,9 @@ class EventRenderer:
     def chunk(self, chunk: Mapping[str, Any]) -> bytes:
         if "error" in chunk and "choices" not in chunk:
             return self.failed(chunk["error"])
+        native = chunk.get(NATIVE_EVENT)
+        if isinstance(native, dict):
+            return self._native(native)
         out = self._start(chunk)
         if chunk.get("usage"):
             self._usage = usage(chunk["usage"])
@@ -246,11 +255,27 @@ class EventRenderer:
                 self._finish = choice["finish_reason"]
         return out
 
+    def _native(self, event: Mapping[str, Any]) -> bytes:
+        """A native stream's event, as the provider sent it (its id, its numbering)."""
+        self._started = self._native_seen = True
+        kind = str(event.get("type"))
+        shell = event.get("response")
+        if isinstance(shell, dict) and isinstance(shell.get("id"), str):
+            self._id, self._model = shell["id"], shell.get("model")
+        number = event.get("sequence_number")
+        if isinstance(number, int):
+            self._sequence = number + 1
+        if kind in _TERMINAL:
+            self._ended = True
+        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
     def end(self) -> bytes:
         """The stream's end: the open item closed, then ``response.completed`` (or
         ``response.incomplete`` where the answer stopped short)."""
         if self._ended:
             return b""
+        if self._native_seen:  # a native stream ends with the provider's own last event
+            return self.unfinished()
         out = self._start({}) + self._close()
         self._ended = True
         shell = self._response(None)

@@ -265,7 +265,8 @@ class Driver(ABC):
             headers.update(native.headers)
         body = orjson.dumps(self._payload(request))
         proxy = proxy_of(binding.endpoint.proxy)
-        http = prepare_request("POST", self._url(binding), headers=headers, body=body, proxy=proxy)
+        url = self._url(binding, request)
+        http = prepare_request("POST", url, headers=headers, body=body, proxy=proxy)
         return PreparedCall(request, binding, http)
 
     @abstractmethod
@@ -277,7 +278,7 @@ class Driver(ABC):
         """Open a stream; a failure before the first event raises from iteration or here."""
 
     @abstractmethod
-    def _url(self, binding: AttemptBinding) -> str: ...
+    def _url(self, binding: AttemptBinding, request: ChatRequest) -> str: ...
 
     @abstractmethod
     def _payload(self, request: ChatRequest) -> dict[str, Any]:

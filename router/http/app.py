@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -61,6 +62,7 @@ from ledger.store.shared_appends import AppendClient, AppendServer
 from ledger.views import all_projections
 from ledger.views.follow import SETTLE_S, follow_in_child
 from ledger.views.projection import ProjectionRunner
+from ledger.views.spend_queries import response_endpoint
 from otel.merge import merge_expositions
 from otel.metrics import PROMETHEUS_CONTENT_TYPE
 from otel.telemetry import Telemetry
@@ -680,6 +682,8 @@ async def _serve(request: Request, door: _Door) -> Response:
             call.model_group
         ):
             raise model_not_found(call.model_group)
+        if door.resolve is not None:
+            call = await door.resolve(call, caller, state.store)
     except GatewayError:
         if unconfirmed:  # a revoked key hears only that, whatever else is wrong
             await reread()
@@ -794,6 +798,8 @@ class _Door:
         [Any, StreamingCompletion], tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]
     ]
     error: ErrorWire
+    resolve: Callable[[Any, Caller, EventStore], Awaitable[Any]] | None = None
+    """What the parsed request needs read from the ledger before it is served."""
 
 
 def _chat_stream(
@@ -814,6 +820,29 @@ def _responses_stream(
 ) -> tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]:
     # Every piece is rewritten into the Responses events.
     return responses_wire.events(call, started), responses_wire.stream_headers(started), None
+
+
+async def _responses_resolve(
+    call: responses.ResponsesCall, caller: Caller, store: EventStore
+) -> responses.ResponsesCall:
+    """A ``previous_response_id`` pinned to the endpoint that answered it, as the ledger
+    recorded it (the spend read model, brought up to date if it does not know it yet)."""
+    previous = call.previous_response_id
+    if previous is None:
+        return call
+    workspace = caller.workspace.id
+    endpoint = await response_endpoint(store.engine, workspace, previous)
+    if endpoint is None:
+        runner = ProjectionRunner(store, all_projections())
+        await runner.catch_up(runner.get("spend"))
+        endpoint = await response_endpoint(store.engine, workspace, previous)
+    if endpoint is None:
+        raise invalid_request(
+            f"previous response {previous!r} was not answered through this gateway for "
+            "this workspace",
+            param="previous_response_id",
+        )
+    return dataclasses.replace(call, affinity_endpoint=endpoint)
 
 
 def _messages_parse(raw: bytes, named: Mapping[str, str], config: Config) -> Any:
@@ -844,6 +873,7 @@ _DOORS: Final[Mapping[str, _Door]] = {
         answer=responses_wire.answer,
         stream=_responses_stream,
         error=_chat_error,
+        resolve=_responses_resolve,
     ),
 }
 

@@ -125,6 +125,13 @@ def _model_kind_mismatch(s: _Subject) -> str | None:
     return f"group kind {s.group.kind} != requested {s.requirements.kind}"
 
 
+def _response_affinity(s: _Subject) -> str | None:
+    pinned = s.requirements.affinity_endpoint
+    if pinned is None or pinned == s.endpoint.id:
+        return None
+    return f"the previous response is held by {pinned}"
+
+
 def _already_tried(s: _Subject) -> str | None:
     if s.endpoint.id in s.context.tried_endpoints:
         return f"failed over from {s.endpoint.id}"
@@ -204,6 +211,7 @@ _Check: TypeAlias = Callable[[_Subject], "str | None"]
 _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.ENDPOINT_DISABLED, _endpoint_disabled),
     (ReasonCode.MODEL_KIND_MISMATCH, _model_kind_mismatch),
+    (ReasonCode.RESPONSE_AFFINITY, _response_affinity),
     (ReasonCode.ALREADY_TRIED, _already_tried),
     (ReasonCode.SCOPE_EMPTY, _scope_empty),
     (ReasonCode.REGION_NOT_ALLOWED, _region_not_allowed),

@@ -12,6 +12,7 @@ from typing import Any
 import openai
 import pytest
 
+from ledger import apikeys
 from ledger import events as ev
 from router.fake_provider import Behavior, FakeUpstream
 from tests.gateway.harness import Gateway, Route, running_gateway
@@ -221,7 +222,7 @@ async def test_text_format_json_schema_is_validated(database_url):
     "extra",
     [
         {"tools": [{"type": "web_search"}]},
-        {"previous_response_id": "resp_unknown"},
+        {"extra_body": {"conversation": "conv_1"}},
         {"store": True},
         {"background": True},
     ],
@@ -247,3 +248,131 @@ async def test_an_unknown_field_is_a_400_naming_it(database_url):
             await client.responses.create(model="chat", input="hi", extra_body={"nope": 1})
         assert caught.value.code == "invalid_request"
         assert "nope" in str(caught.value)
+
+
+# --- natively, where a mapping declares `responses` ---
+
+NATIVE = (*Route("x").capabilities, "responses")
+
+
+def native_routes(*names: str) -> list[Route]:
+    return [Route(name, capabilities=NATIVE) for name in names]
+
+
+async def test_built_in_tools_go_natively_to_the_mapping_that_declares_responses(database_url):
+    routes = [Route("plain"), *native_routes("native")]
+    async with door(database_url, names=["plain", "native"], routes=routes) as (gw, client):
+        tools: Any = [{"type": "web_search"}]
+        raw = await client.responses.with_raw_response.create(
+            model="chat", input="news?", tools=tools, store=False
+        )
+        response = raw.parse()
+        assert raw.headers["x-waybill-endpoint"] == "native"
+        asked = gw.upstreams["native"].requests[-1]
+        assert asked.path == "/v1/responses"
+        assert asked.json["tools"] == tools and asked.json["input"] == "news?"
+        assert asked.json["model"] == "fake-model"
+        assert not gw.upstreams["plain"].requests
+        assert response.id == "resp_" + asked.request_id.removeprefix("req_"), "the provider's"
+        assert response.output_text.startswith("Hello from native")
+        request_id = raw.headers["x-request-id"]
+        await gw.wait_for_types(request_id, "RequestCompleted")
+        events = await gw.events(request_id)
+        record = events[0].event()
+        assert isinstance(record, ev.RequestReceived)
+        assert record.requirements.server_side_effects, "built-in tools are strict"
+        (plain, _) = next(e.data for e in events if e.type == "RouteEvaluated")["candidates"]
+        assert (plain["reason_code"], plain["detail"]) == ("missing_capability", "responses")
+        finished = next(e.data for e in events if e.type == "AttemptFinished")
+        assert finished["response_id"] == response.id
+        assert finished["usage"]["input_tokens"] > 0
+
+
+async def test_a_stored_response_streams_the_providers_own_events(database_url):
+    async with door(database_url, routes=native_routes("up")) as (gw, client):
+        kinds: list[str] = []
+        completed: Any = None
+        stream = await client.responses.create(model="chat", input="hi", store=True, stream=True)
+        async for event in stream:
+            kinds.append(event.type)
+            if event.type == "response.completed":
+                completed = event.response
+        assert gw.upstreams["up"].requests[-1].path == "/v1/responses"
+        assert kinds[:3] == [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+        ]
+        assert kinds[-1] == "response.completed"
+        assert completed.output_text == "Hello from up: héllo 日本 🚀"
+        assert completed.usage.output_tokens == 6
+        assert completed.id.startswith("resp_")
+
+
+async def test_previous_response_id_is_served_by_the_endpoint_that_answered_it(database_url):
+    routes = native_routes("east", "west")
+    async with door(database_url, names=["east", "west"], routes=routes) as (gw, client):
+        first = await client.responses.with_raw_response.create(
+            model="chat", input="hi", store=True
+        )
+        held_by = first.headers["x-waybill-endpoint"]
+        other = "west" if held_by == "east" else "east"
+        previous = first.parse().id
+        for _ in range(2):  # weighted round-robin would take the other one in turn
+            raw = await client.responses.with_raw_response.create(
+                model="chat", input="and then?", previous_response_id=previous
+            )
+            assert raw.headers["x-waybill-endpoint"] == held_by
+            asked = gw.upstreams[held_by].requests[-1]
+            assert asked.json["previous_response_id"] == previous
+        events = await gw.events(raw.headers["x-request-id"])
+        record = events[0].event()
+        assert isinstance(record, ev.RequestReceived)
+        assert record.requirements.affinity_endpoint == held_by
+        candidates = next(e.data for e in events if e.type == "RouteEvaluated")["candidates"]
+        excluded = next(c for c in candidates if c["endpoint"] == other)
+        assert excluded["reason_code"] == "response_affinity"
+        assert held_by in excluded["detail"]
+        # The endpoint that holds it failing is the request's end: no other can know it.
+        gw.upstreams[held_by].set_plan([Behavior.server_error(500)])
+        before = len(gw.upstreams[other].requests)
+        with pytest.raises(openai.APIStatusError):
+            await client.responses.create(
+                model="chat", input="again?", previous_response_id=previous
+            )
+        assert len(gw.upstreams[other].requests) == before, "never failed over"
+
+
+async def test_an_unknown_previous_response_id_is_a_400(database_url):
+    async with door(database_url, routes=native_routes("up")) as (gw, client):
+        with pytest.raises(openai.BadRequestError) as caught:
+            await client.responses.create(
+                model="chat", input="hi", previous_response_id="resp_never"
+            )
+        assert caught.value.code == "invalid_request"
+        assert "previous_response_id" in str(caught.value.body)
+        assert not gw.upstreams["up"].requests
+
+
+async def test_another_workspaces_response_is_not_found(database_url):
+    async with door(database_url, routes=native_routes("up")) as (gw, client):
+        first = await client.responses.create(model="chat", input="hi", store=True)
+        key = await apikeys.create_key(gw.store, "other", "client")
+        with pytest.raises(openai.BadRequestError):
+            await gw.client(key.secret).responses.create(
+                model="chat", input="hi", previous_response_id=first.id
+            )
+
+
+async def test_built_in_tools_are_not_failed_over_after_an_unknown_outcome(database_url):
+    routes = [Route("east", capabilities=NATIVE), Route("west", tier=1, capabilities=NATIVE)]
+    async with door(database_url, names=["east", "west"], routes=routes) as (gw, client):
+        gw.upstreams["east"].set_plan([Behavior.server_error(500)])
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.responses.create(
+                model="chat", input="search", tools=[{"type": "web_search"}]
+            )
+        assert not gw.upstreams["west"].requests, "a search may have run: strict"
+        request_id = caught.value.response.headers["x-request-id"]
+        decided = [e.data for e in await gw.events(request_id) if e.type == "FailoverDecided"]
+        assert decided and decided[-1]["action"] == "stop"

@@ -469,6 +469,7 @@ R = ReasonCode
 SPEC_ORDER = (
     R.ENDPOINT_DISABLED,
     R.MODEL_KIND_MISMATCH,
+    R.RESPONSE_AFFINITY,
     R.ALREADY_TRIED,
     R.SCOPE_EMPTY,
     R.REGION_NOT_ALLOWED,
@@ -552,6 +553,7 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
         capabilities=("text", "vision") if R.MISSING_CAPABILITY in failing else ("text",),
         image_inputs=1 if R.UNPRICED_INPUT in failing else 0,  # the mapping prices no image
         unsupported=(("openai", "thinking"),) if R.DIALECT_UNSUPPORTED in failing else (),
+        affinity_endpoint="elsewhere" if R.RESPONSE_AFFINITY in failing else None,
         estimated_input_tokens=901 if R.CONTEXT_TOO_SMALL in failing else 900,
     )
     tried = frozenset({"ep"}) if R.ALREADY_TRIED in failing else frozenset()
