@@ -73,6 +73,7 @@ _TOOL_CHOICES: Final = frozenset({"auto", "none", "required"})
 # Input items that are a turn's own (a message, a function call and its output) and those
 # carrying no meaning for a stateless endpoint (an earlier turn's reasoning).
 _DROPPED_ITEMS: Final = frozenset({"reasoning"})
+_MAX_ID: Final = 200
 
 
 @dataclass(slots=True)
@@ -140,9 +141,12 @@ def _state(body: Mapping[str, Any], reading: Translation) -> None:
     for name in ("previous_response_id", "conversation", "prompt", "context_management"):
         if body.get(name) is not None:
             reading.native(name)
-    if typed(body, "previous_response_id", str, None) == "":
+    previous = typed(body, "previous_response_id", str, None)
+    # An id is looked up in the ledger's read model: printable, as long as an id it holds.
+    if previous is not None and not (0 < len(previous) <= _MAX_ID and previous.isprintable()):
         raise invalid_request(
-            "'previous_response_id' must not be empty", param="previous_response_id"
+            f"'previous_response_id' must be 1 to {_MAX_ID} printable characters",
+            param="previous_response_id",
         )
     for name in ("store", "background"):
         if typed(body, name, bool, False):

@@ -1139,7 +1139,7 @@ _SCHEMAS["ResponsesRequest"] = {
         "stream": _nullable({"type": "boolean"}),
         "store": _nullable({"type": "boolean"}),
         "background": _nullable({"type": "boolean"}),
-        "previous_response_id": _nullable({"type": "string", "minLength": 1}),
+        "previous_response_id": _nullable({"type": "string", "minLength": 1, "maxLength": 200}),
         "parallel_tool_calls": _nullable({"type": "boolean"}),
         "text": _nullable({"type": "object"}),
         "reasoning": _nullable({"type": "object"}),

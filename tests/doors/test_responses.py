@@ -234,3 +234,10 @@ def _workspace() -> Workspace:
     return Workspace(
         id="acme", models=("chat",), regions=frozenset({"us-east"}), data_class="internal"
     )
+
+
+@pytest.mark.parametrize("previous", ["", "resp_\x00", "r" * 201])
+def test_a_previous_response_id_the_ledger_cannot_hold_is_a_400(previous):
+    with pytest.raises(GatewayError) as caught:
+        read(previous_response_id=previous)
+    assert caught.value.param == "previous_response_id"

@@ -16,6 +16,7 @@ from ledger import apikeys
 from ledger import events as ev
 from router.fake_provider import Behavior, FakeUpstream
 from tests.gateway.harness import Gateway, Route, running_gateway
+from tests.helpers import eventually
 
 DIALECTS = ("openai", "anthropic")
 WEATHER: Any = {
@@ -376,3 +377,37 @@ async def test_built_in_tools_are_not_failed_over_after_an_unknown_outcome(datab
         request_id = caught.value.response.headers["x-request-id"]
         decided = [e.data for e in await gw.events(request_id) if e.type == "FailoverDecided"]
         assert decided and decided[-1]["action"] == "stop"
+
+
+# --- the ledger, the books and the headers, as for chat ---
+
+
+async def test_idempotency_budgets_spend_and_explain_as_for_chat(database_url):
+    async with door(database_url) as (gw, client):
+        key = {"Idempotency-Key": "order-1"}
+        first = await client.responses.with_raw_response.create(
+            model="chat", input="hi", extra_headers=key
+        )
+        again = await client.responses.with_raw_response.create(
+            model="chat", input="hi", extra_headers=key
+        )
+        assert again.headers["idempotent-replayed"] == "true"
+        assert again.parse().id == first.parse().id
+        assert len(gw.upstreams["up"].requests) == 1, "replayed, never sent again"
+        with pytest.raises(openai.APIStatusError) as caught:
+            await client.responses.create(
+                model="chat", input="hi", extra_headers={"X-Waybill-Max-Cost-Usd": "0.000000001"}
+            )
+        assert caught.value.status_code == 402 and caught.value.code == "budget_exceeded"
+        request_id = first.headers["x-request-id"]
+        await gw.wait_for_types(request_id, "RequestCompleted")
+        async with gw.http() as http:
+            explained = await http.get(f"/v1/requests/{request_id}/explain")
+            assert explained.status_code == 200, explained.text
+
+            async def counted() -> bool:
+                response = await http.get("/v1/spend?group_by=api")
+                rows = {r["api"]: r for r in response.json()["data"]}
+                return rows.get("openai.responses", {}).get("requests") == 1
+
+            await eventually(counted)
