@@ -408,6 +408,6 @@ async def test_idempotency_budgets_spend_and_explain_as_for_chat(database_url):
             async def counted() -> bool:
                 response = await http.get("/v1/spend?group_by=api")
                 rows = {r["api"]: r for r in response.json()["data"]}
-                return rows.get("openai.responses", {}).get("requests") == 1
+                return bool(rows.get("openai.responses", {}).get("requests") == 1)
 
             await eventually(counted)
