@@ -101,9 +101,8 @@ def translate(body: Mapping[str, Any], *, stream: bool) -> tuple[dict[str, Any],
         reading.chat.append({"role": "system", "content": instructions})
     _input(body.get("input"), reading)
     if not reading.chat:
-        if not reading.needs_provider:
-            raise invalid_request("'input' holds no message for the model", param="input")
-        # Only the provider reads these items: the canonical body, never sent, holds a turn.
+        # Nothing a chat endpoint reads (earlier reasoning, or items only the provider
+        # reads): the canonical body holds one empty turn.
         reading.chat.append({"role": "user", "content": ""})
     chat: dict[str, Any] = {"model": body["model"], "messages": reading.chat}
     if stream:
@@ -142,10 +141,11 @@ def _state(body: Mapping[str, Any], reading: Translation) -> None:
         if body.get(name) is not None:
             reading.native(name)
     previous = typed(body, "previous_response_id", str, None)
-    # An id is looked up in the ledger's read model: printable, as long as an id it holds.
-    if previous is not None and not (0 < len(previous) <= _MAX_ID and previous.isprintable()):
+    # An id is looked up in the ledger's read model: no longer than an id it holds, and no
+    # NUL, which PostgreSQL text cannot hold.
+    if previous is not None and not (0 < len(previous) <= _MAX_ID and "\x00" not in previous):
         raise invalid_request(
-            f"'previous_response_id' must be 1 to {_MAX_ID} printable characters",
+            f"'previous_response_id' must be 1 to {_MAX_ID} characters, no NUL",
             param="previous_response_id",
         )
     for name in ("store", "background"):
@@ -172,23 +172,21 @@ def _input(value: object, reading: Translation) -> None:
         if not isinstance(item, dict):
             raise invalid_request(f"'{where}' must be an object", param=where)
         kind = item.get("type", "message")
+        if not isinstance(kind, str):
+            raise invalid_request(f"'{where}.type' must be a string", param=where)
         if kind == "message":
             _message(item, where, reading)
         elif kind == "function_call":
             _function_call(item, where, reading)
         elif kind == "function_call_output":
             _function_output(item, where, reading)
-        elif kind in _DROPPED_ITEMS:
-            continue
-        elif isinstance(kind, str):
+        elif kind not in _DROPPED_ITEMS:
             reading.native(f"input item {kind}")  # item_reference, built-in tools' calls
-        else:
-            raise invalid_request(f"'{where}.type' must be a string", param=where)
 
 
 def _message(item: Mapping[str, Any], where: str, reading: Translation) -> None:
     role = item.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:
         raise invalid_request(
             f"'{where}.role' must be user, assistant, system or developer", param=where
         )

@@ -95,6 +95,7 @@ from router.errors import (
     permission_denied,
     reload_incomplete,
     reload_unavailable,
+    response_not_found,
     route_not_found,
 )
 from router.http import openapi as api_doc
@@ -837,11 +838,7 @@ async def _responses_resolve(
         await runner.catch_up(runner.get("spend"))
         endpoint = await response_endpoint(store.engine, workspace, previous)
     if endpoint is None:
-        raise invalid_request(
-            f"previous response {previous!r} was not answered through this gateway for "
-            "this workspace",
-            param="previous_response_id",
-        )
+        raise response_not_found(previous)
     return dataclasses.replace(call, affinity_endpoint=endpoint)
 
 

@@ -241,3 +241,13 @@ def test_a_previous_response_id_the_ledger_cannot_hold_is_a_400(previous):
     with pytest.raises(GatewayError) as caught:
         read(previous_response_id=previous)
     assert caught.value.param == "previous_response_id"
+
+
+@pytest.mark.parametrize(
+    "item",
+    [{"role": {"a": 1}, "content": "x"}, {"type": {"a": 1}}, {"type": ["message"]}],
+)
+def test_an_item_of_the_wrong_shape_is_a_400_never_a_crash(item):
+    with pytest.raises(GatewayError) as caught:
+        read(input=[item])
+    assert caught.value.param == "input[0]"

@@ -344,13 +344,13 @@ async def test_previous_response_id_is_served_by_the_endpoint_that_answered_it(d
         assert len(gw.upstreams[other].requests) == before, "never failed over"
 
 
-async def test_an_unknown_previous_response_id_is_a_400(database_url):
+async def test_an_unknown_previous_response_id_is_a_404(database_url):
     async with door(database_url, routes=native_routes("up")) as (gw, client):
-        with pytest.raises(openai.BadRequestError) as caught:
+        with pytest.raises(openai.NotFoundError) as caught:
             await client.responses.create(
                 model="chat", input="hi", previous_response_id="resp_never"
             )
-        assert caught.value.code == "invalid_request"
+        assert caught.value.code == "response_not_found"
         assert "previous_response_id" in str(caught.value.body)
         assert not gw.upstreams["up"].requests
 
@@ -359,7 +359,7 @@ async def test_another_workspaces_response_is_not_found(database_url):
     async with door(database_url, routes=native_routes("up")) as (gw, client):
         first = await client.responses.create(model="chat", input="hi", store=True)
         key = await apikeys.create_key(gw.store, "other", "client")
-        with pytest.raises(openai.BadRequestError):
+        with pytest.raises(openai.NotFoundError):
             await gw.client(key.secret).responses.create(
                 model="chat", input="hi", previous_response_id=first.id
             )
