@@ -411,3 +411,16 @@ async def test_idempotency_budgets_spend_and_explain_as_for_chat(database_url):
                 return bool(rows.get("openai.responses", {}).get("requests") == 1)
 
             await eventually(counted)
+
+
+async def test_a_broken_native_stream_is_not_resumed_and_ends_in_response_failed(database_url):
+    routes = [Route("up", capabilities=NATIVE, resume="assistant_prefill")]
+    async with door(database_url, routes=routes) as (gw, client):
+        gw.upstreams["up"].set_plan([Behavior.mid_stream_disconnect(after_content=2)])
+        kinds: list[str] = []
+        stream = await client.responses.create(model="chat", input="hi", store=True, stream=True)
+        async for event in stream:
+            kinds.append(event.type)
+        assert "response.output_text.delta" in kinds
+        assert kinds[-1] == "response.failed"
+        assert len(gw.upstreams["up"].requests) == 1, "a stored response has no prefill"
