@@ -53,6 +53,7 @@ class ResponsesCall:
     estimated_input_tokens: int
     previous_response_id: str | None
     affinity_endpoint: str | None = None  # the endpoint that answered previous_response_id
+    web_search: bool = False  # a built-in web search tool
 
     @property
     def model_group(self) -> str:
@@ -82,6 +83,8 @@ class ResponsesCall:
                 if self.needs_provider
                 else (),
                 "affinity_endpoint": self.affinity_endpoint,
+                # Billed per search, as web_search_options is on chat (its price key).
+                "web_search": found.web_search or self.web_search,
             }
         )
 
@@ -147,6 +150,7 @@ def parse_body(body: object, limits: Limits) -> ResponsesCall:
         server_side_effects=reading.server_side_effects,
         estimated_input_tokens=estimate,
         previous_response_id=previous if isinstance(previous, str) else None,
+        web_search=reading.web_search,
     )
 
 

@@ -84,6 +84,7 @@ class Translation:
     files: int = 0
     needs_provider: list[str] = field(default_factory=list)  # what only a native endpoint serves
     server_side_effects: bool = False  # built-in tools: strict (contract §5)
+    web_search: bool = False  # a web_search tool: billed per search
     chat: list[dict[str, Any]] = field(default_factory=list)
 
     def native(self, feature: str) -> None:
@@ -291,6 +292,7 @@ def _tools(body: Mapping[str, Any], chat: dict[str, Any], reading: Translation) 
             if tool["type"] != "function":
                 reading.native(f"tool {tool['type']}")
                 reading.server_side_effects = True
+                reading.web_search |= tool["type"].startswith("web_search")
                 continue
             if not isinstance(tool.get("name"), str):
                 raise invalid_request(f"'{where}' function tools need a 'name'", param=where)

@@ -251,3 +251,11 @@ def test_an_item_of_the_wrong_shape_is_a_400_never_a_crash(item):
     with pytest.raises(GatewayError) as caught:
         read(input=[item])
     assert caught.value.param == "input[0]"
+
+
+def test_a_web_search_tool_is_priced_per_search_and_excludes_anthropic():
+    call = read(tools=[{"type": "web_search"}])
+    requirements = responses.to_core(call, HeaderNarrowing(), _workspace()).requirements
+    assert requirements.web_search and requirements.server_side_effects
+    assert requirements.unsupported == (("anthropic", "tool web_search"),)
+    assert not read(tools=[{"type": "file_search"}]).web_search

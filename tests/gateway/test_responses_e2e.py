@@ -256,12 +256,15 @@ async def test_an_unknown_field_is_a_400_naming_it(database_url):
 NATIVE = (*Route("x").capabilities, "responses")
 
 
+SEARCH_PRICED = "{input_per_mtok: 1.0, output_per_mtok: 2.0, web_search: {per_choice_usd: 0.01}}"
+
+
 def native_routes(*names: str) -> list[Route]:
-    return [Route(name, capabilities=NATIVE) for name in names]
+    return [Route(name, capabilities=NATIVE, price=SEARCH_PRICED) for name in names]
 
 
 async def test_built_in_tools_go_natively_to_the_mapping_that_declares_responses(database_url):
-    routes = [Route("plain"), *native_routes("native")]
+    routes = [Route("plain", price=SEARCH_PRICED), *native_routes("native")]
     async with door(database_url, names=["plain", "native"], routes=routes) as (gw, client):
         tools: Any = [{"type": "web_search"}]
         raw = await client.responses.with_raw_response.create(
@@ -282,6 +285,7 @@ async def test_built_in_tools_go_natively_to_the_mapping_that_declares_responses
         record = events[0].event()
         assert isinstance(record, ev.RequestReceived)
         assert record.requirements.server_side_effects, "built-in tools are strict"
+        assert record.requirements.web_search, "priced per search"
         (plain, _) = next(e.data for e in events if e.type == "RouteEvaluated")["candidates"]
         assert (plain["reason_code"], plain["detail"]) == ("missing_capability", "responses")
         finished = next(e.data for e in events if e.type == "AttemptFinished")
@@ -366,7 +370,10 @@ async def test_another_workspaces_response_is_not_found(database_url):
 
 
 async def test_built_in_tools_are_not_failed_over_after_an_unknown_outcome(database_url):
-    routes = [Route("east", capabilities=NATIVE), Route("west", tier=1, capabilities=NATIVE)]
+    routes = [
+        Route("east", capabilities=NATIVE, price=SEARCH_PRICED),
+        Route("west", tier=1, capabilities=NATIVE, price=SEARCH_PRICED),
+    ]
     async with door(database_url, names=["east", "west"], routes=routes) as (gw, client):
         gw.upstreams["east"].set_plan([Behavior.server_error(500)])
         with pytest.raises(openai.APIStatusError) as caught:
