@@ -109,6 +109,10 @@ class ReasonCode(StrEnum):
     CREDENTIALS_DISABLED = "credentials_disabled"  # its key was refused: EndpointDisabled
     # The endpoint's dialect cannot carry a feature the request needs (the detail names it).
     DIALECT_UNSUPPORTED = "dialect_unsupported"
+    # A composed group's pools (contract §4 "Pools"): the workspace may not use the pool's
+    # group; or none of the pool's own mappings is eligible (its evaluation says why).
+    POOL_NOT_PERMITTED = "pool_not_permitted"
+    POOL_UNAVAILABLE = "pool_unavailable"
     # The request continues a response whose state another endpoint holds (a Responses
     # previous_response_id): no other endpoint can know it.
     RESPONSE_AFFINITY = "response_affinity"
@@ -249,6 +253,9 @@ class Requirements(_Record):
     regions: tuple[str, ...] | None = None  # None: the workspace's regions apply unnarrowed
     data_class: DataClass = "internal"
     estimated_input_tokens: NonNegInt = 0  # text: the prompt's bytes bound its tokens
+    # Embeddings: the longest input's bound. Each input is embedded alone, so it, not the
+    # batch, must fit a mapping's context window.
+    largest_input_tokens: NonNegInt = Field(0, exclude_if=_nothing)
     max_output_tokens: NonNegInt | None = None
     # What else the request may be billed for (the worst case, router/request/worst_case.py):
     choices: Annotated[int, Field(ge=1)] = 1  # `n`: every choice's output is billed
@@ -301,6 +308,9 @@ class Candidate(_Record):
     # The mapping's moving average of time to first content / answer when it was evaluated
     # (the least_latency strategy reads it); None: not measured yet.
     latency_ms: NonNegInt | None = None
+    # A composer's candidate that is a pool (contract §4 "Pools"): the pool's model group;
+    # then endpoint and model are the binding the composer prefers inside it.
+    pool: Id | None = None
 
 
 class RouteChoice(_Record):
@@ -359,6 +369,10 @@ class RouteEvaluated(Event):
     chosen: RouteChoice | None = None  # None: nothing eligible is left
     # How the choice inside the tier was made (contract §4 "Selection").
     strategy: Literal["weighted", "least_latency", "least_cost"] = "weighted"
+    # Which level of a composed group this evaluation is (contract §4 "Pools"): the path of
+    # model groups down to the one evaluated — (composed,) for the composer's evaluation of
+    # its pools, (composed, pool) for the pool's of its mappings. Empty: a plain group's.
+    group_path: tuple[Id, ...] = ()
 
 
 class BudgetReserved(Event):
@@ -419,6 +433,15 @@ class AttemptStarted(Event):
     # What the breakers admitted it under: "closed", or "probe:endpoint" / "probe:mapping"
     # (/ both) when it carried a half-open breaker's one probe (contract §5).
     admitted_as: str | None = None
+    # The dispatch directive an attempt of a composed group ran under (contract §4 "Pools"):
+    # delegate_pool (the pool's router selected inside it; ``preferred_endpoint`` was the
+    # composer's preference) or execute_endpoint (exactly the bound endpoint); the pool, and
+    # the path of model groups from the requested one down to the endpoint's. None and
+    # empty: a plain group's attempt.
+    dispatch: Literal["delegate_pool", "execute_endpoint"] | None = None
+    pool: Id | None = None
+    group_path: tuple[Id, ...] = ()
+    preferred_endpoint: Id | None = None
 
 
 HEDGE_LOST: Final = "hedge_lost"

@@ -156,6 +156,9 @@ class LedgerMetrics:
         )
         # Attempt attributes from AttemptStarted, until the attempt's AttemptFinished.
         self._open: OrderedDict[str, Attributes] = OrderedDict()
+        # The operation of each request in flight that is not a chat (embeddings), from its
+        # RequestReceived, which is appended with its first AttemptStarted, until it ends.
+        self._operations: OrderedDict[str, str] = OrderedDict()
         # The hedges started, and the ways that lost a race (their settlement follows).
         self._hedge_ways: OrderedDict[str, None] = OrderedDict()
         self._losers: OrderedDict[str, None] = OrderedDict()
@@ -190,12 +193,20 @@ class LedgerMetrics:
 
     def record(self, recorded: RecordedEvent) -> None:
         """Move the instruments for one ledger event."""
+        if recorded.type == _RECEIVED:
+            # Read from the data, not decoded: every request has one, and only an
+            # embeddings request's is remembered.
+            operation = sc.operation_of(recorded.data.get("api", ""))
+            if operation != sc.OPERATION_CHAT:
+                _remember_as(self._operations, recorded.data["request_id"], operation)
+            return
         if recorded.type not in _MEASURED:
             return  # most of a request's events move no instrument
         event = recorded.event()
         match event:
             case ev.AttemptStarted():
-                self._open[event.attempt_id] = _attempt_attributes(event)
+                operation = self._operations.get(event.request_id, sc.OPERATION_CHAT)
+                self._open[event.attempt_id] = _attempt_attributes(event, operation)
                 while len(self._open) > _MAX_OPEN_ATTEMPTS:  # attempts a crash never finished
                     self._open.popitem(last=False)
                 if event.kind == "hedge":
@@ -214,8 +225,10 @@ class LedgerMetrics:
                 held = {sc.WAYBILL_SETTLEMENT: "held_unknown"}
                 self._loser_cost.add(float(event.held_usd), held)
             case ev.RequestCompleted():
+                self._operations.pop(event.request_id, None)
                 self._requests.add(1, {sc.WAYBILL_STATUS: "succeeded"})
             case ev.RequestFailed():
+                self._operations.pop(event.request_id, None)
                 status = "partial_failure" if event.stream_started else "failed"
                 self._requests.add(1, {sc.WAYBILL_STATUS: status, sc.ERROR_TYPE: event.error_code})
             case ev.FailoverDecided() if event.action == "failover":
@@ -280,15 +293,24 @@ _MEASURED: Final = ev.type_names(
 )
 
 
+_RECEIVED: Final = ev.RequestReceived.type
+
+
+def _remember_as(seen: OrderedDict[str, str], key: str, value: str) -> None:
+    seen[key] = value
+    while len(seen) > _MAX_OPEN_ATTEMPTS:  # a crash left the request unfinished
+        seen.popitem(last=False)
+
+
 def _remember(seen: OrderedDict[str, None], key: str, value: None) -> None:
     seen[key] = value
     while len(seen) > _MAX_OPEN_ATTEMPTS:  # a crash left its race unfinished
         seen.popitem(last=False)
 
 
-def _attempt_attributes(event: ev.AttemptStarted) -> Attributes:
+def _attempt_attributes(event: ev.AttemptStarted, operation: str) -> Attributes:
     attributes: Attributes = {
-        sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT,
+        sc.GEN_AI_OPERATION_NAME: operation,
         sc.GEN_AI_PROVIDER_NAME: sc.PROVIDER_BY_DRIVER.get(event.driver, event.driver),
         sc.GEN_AI_REQUEST_MODEL: event.model,
     }

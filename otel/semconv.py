@@ -35,6 +35,7 @@ __all__ = [
     "GEN_AI_USAGE_OUTPUT_TOKENS",
     "HTTP_RESPONSE_STATUS_CODE",
     "OPERATION_CHAT",
+    "OPERATION_EMBEDDINGS",
     "PROVIDER_BY_DRIVER",
     "SCHEMA_URL",
     "SERVER_ADDRESS",
@@ -103,6 +104,7 @@ __all__ = [
     "WAYBILL_UPSTREAM_REQUEST_ID",
     "WAYBILL_WEIGHT",
     "WAYBILL_WORKSPACE",
+    "operation_of",
     "span_name",
 ]
 
@@ -124,6 +126,10 @@ GEN_AI_USAGE_OUTPUT_TOKENS: Final = "gen_ai.usage.output_tokens"
 GEN_AI_TOKEN_TYPE: Final = "gen_ai.token.type"
 
 OPERATION_CHAT: Final = "chat"
+OPERATION_EMBEDDINGS: Final = "embeddings"
+# The client API a request came through (RequestReceived.api) to its operation; every other
+# API is a chat (contract §8).
+_OPERATION_BY_API: Final[Mapping[str, str]] = {"openai.embeddings": OPERATION_EMBEDDINGS}
 TOKEN_TYPE_INPUT: Final = "input"
 TOKEN_TYPE_OUTPUT: Final = "output"
 
@@ -259,6 +265,11 @@ WAYBILL_ENDPOINT_DISABLINGS: Final = "waybill.endpoint.disablings"
 WAYBILL_ENDPOINTS_DISABLED: Final = "waybill.endpoints.disabled"
 
 
-def span_name(model: str) -> str:
+def operation_of(api: str) -> str:
+    """``gen_ai.operation.name`` of a request that came through ``api``."""
+    return _OPERATION_BY_API.get(api, OPERATION_CHAT)
+
+
+def span_name(model: str, operation: str = OPERATION_CHAT) -> str:
     """``{gen_ai.operation.name} {model}``, the conventions' inference span name."""
-    return f"{OPERATION_CHAT} {model}"
+    return f"{operation} {model}"

@@ -158,8 +158,9 @@ def _build(
     attempts = sorted(fold.attempts.values(), key=lambda a: a.event.attempt_number)
     for attempt in attempts:
         attempt.money = fold.money.get(attempt.event.attempt_id, {})
+    operation = sc.operation_of(received.api)
     request = SpanData(
-        name=sc.span_name(received.model_group),
+        name=sc.span_name(received.model_group, operation),
         kind="server",
         trace_id=trace_id,
         span_id=span_id,
@@ -172,13 +173,19 @@ def _build(
         error=terminal.error_code if isinstance(terminal, ev.RequestFailed) else None,
     )
     children = [
-        _attempt_span(attempt, trace_id, span_id, start, terminal_at) for attempt in attempts
+        _attempt_span(attempt, trace_id, span_id, start, terminal_at, operation)
+        for attempt in attempts
     ]
     return [request, *children]
 
 
 def _attempt_span(
-    attempt: _Attempt, trace_id: str, parent: str, request_start: datetime, request_end: datetime
+    attempt: _Attempt,
+    trace_id: str,
+    parent: str,
+    request_start: datetime,
+    request_end: datetime,
+    operation: str,
 ) -> SpanData:
     started, finished = attempt.event, attempt.finished
     start = max(attempt.started.recorded_at, request_start)
@@ -192,7 +199,7 @@ def _attempt_span(
         if finished.status == "failed":
             error = finished.failure_class.value if finished.failure_class else "failed"
     return SpanData(
-        name=sc.span_name(started.model),
+        name=sc.span_name(started.model, operation),
         kind="client",
         trace_id=trace_id,
         span_id=attempt_span_id(started.attempt_id),
@@ -200,7 +207,7 @@ def _attempt_span(
         remote_parent=False,
         start=start,
         end=min(end, request_end),
-        attributes=_attempt_attributes(attempt),
+        attributes=_attempt_attributes(attempt, operation),
         error=error,
     )
 
@@ -243,7 +250,7 @@ def _request_attributes(
 ) -> dict[str, AttributeValue]:
     requirements = received.requirements
     attributes: dict[str, AttributeValue] = {
-        sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT,
+        sc.GEN_AI_OPERATION_NAME: sc.operation_of(received.api),
         sc.GEN_AI_REQUEST_MODEL: received.model_group,
         sc.GEN_AI_REQUEST_STREAM: requirements.stream,
         sc.WAYBILL_REQUEST_ID: received.request_id,
@@ -254,7 +261,7 @@ def _request_attributes(
         sc.WAYBILL_ATTEMPTS: terminal.attempts,
         sc.HTTP_RESPONSE_STATUS_CODE: terminal.http_status,
     }
-    if requirements.max_output_tokens is not None:
+    if requirements.max_output_tokens:  # 0: a request without output (embeddings)
         attributes[sc.GEN_AI_REQUEST_MAX_TOKENS] = requirements.max_output_tokens
     if requirements.choices != 1:
         attributes[sc.GEN_AI_REQUEST_CHOICE_COUNT] = requirements.choices
@@ -285,10 +292,10 @@ def _request_attributes(
     return attributes
 
 
-def _attempt_attributes(attempt: _Attempt) -> dict[str, AttributeValue]:
+def _attempt_attributes(attempt: _Attempt, operation: str) -> dict[str, AttributeValue]:
     started, finished = attempt.event, attempt.finished
     attributes: dict[str, AttributeValue] = {
-        sc.GEN_AI_OPERATION_NAME: sc.OPERATION_CHAT,
+        sc.GEN_AI_OPERATION_NAME: operation,
         sc.GEN_AI_PROVIDER_NAME: _provider(started.driver),
         sc.GEN_AI_REQUEST_MODEL: started.model,
         sc.GEN_AI_REQUEST_STREAM: started.stream,

@@ -32,6 +32,7 @@ __all__ = [
     "capacity_error",
     "client_canceled",
     "codes_by_status",
+    "composition_error",
     "deadline_exceeded",
     "endpoint_not_disabled",
     "endpoint_not_found",
@@ -42,6 +43,7 @@ __all__ = [
     "invalid_api_key",
     "invalid_request",
     "ledger_unavailable",
+    "model_kind_mismatch",
     "model_not_found",
     "no_eligible_route",
     "permission_denied",
@@ -64,6 +66,7 @@ class ErrorCode(StrEnum):
     """Every ``error.code`` of contract §3, in the order of its table."""
 
     INVALID_REQUEST = "invalid_request"
+    MODEL_KIND_MISMATCH = "model_kind_mismatch"
     INVALID_API_KEY = "invalid_api_key"
     BUDGET_EXCEEDED = "budget_exceeded"
     PERMISSION_DENIED = "permission_denied"
@@ -83,6 +86,7 @@ class ErrorCode(StrEnum):
     UPSTREAM_RATE_LIMITED = "upstream_rate_limited"
     CLIENT_CANCELED = "client_canceled"
     INTERNAL_ERROR = "internal_error"
+    COMPOSITION_ERROR = "composition_error"
     GATEWAY_LOST = GATEWAY_LOST  # crash recovery writes it (ledger.books.recovery), never sent
     UPSTREAM_QUOTA_EXHAUSTED = "upstream_quota_exhausted"
     UPSTREAM_CREDENTIALS = "upstream_credentials"
@@ -115,6 +119,7 @@ _E = ErrorCode
 # fmt: off
 ERRORS: Final[tuple[ErrorRow, ...]] = (
     ErrorRow(400, _E.INVALID_REQUEST, "a malformed body, header, query value or cursor"),
+    ErrorRow(400, _E.MODEL_KIND_MISMATCH, "the model group is not of the route's kind"),
     ErrorRow(401, _E.INVALID_API_KEY, "missing, unknown or revoked key"),
     ErrorRow(402, _E.BUDGET_EXCEEDED, "no budget covers an eligible attempt's worst case"),
     ErrorRow(403, _E.PERMISSION_DENIED, "the key's role may not do this"),
@@ -137,6 +142,7 @@ ERRORS: Final[tuple[ErrorRow, ...]] = (
     ErrorRow(431, _E.INVALID_REQUEST, "the request line and headers are too large"),
     ErrorRow(499, _E.CLIENT_CANCELED, "the client closed the connection"),
     ErrorRow(500, _E.INTERNAL_ERROR, "a bug: logged, no detail given"),
+    ErrorRow(500, _E.COMPOSITION_ERROR, "a pool cannot carry out its dispatch directive"),
     ErrorRow(500, _E.GATEWAY_LOST, "the gateway died during the request", sent=False),
     ErrorRow(502, _E.UPSTREAM_QUOTA_EXHAUSTED, "the upstream's quota is exhausted"),
     ErrorRow(502, _E.UPSTREAM_CREDENTIALS, "the upstream refused the gateway's credentials"),
@@ -269,6 +275,16 @@ def invalid_api_key(message: str = "missing, unknown or revoked API key") -> Gat
     return GatewayError(_E.INVALID_API_KEY, message)
 
 
+def model_kind_mismatch(model: str, kind: str, wanted: str) -> GatewayError:
+    """A model group of one kind asked through a route of another (contract §3): a chat
+    group on ``/v1/embeddings``, an embeddings group on a chat route."""
+    return GatewayError(
+        _E.MODEL_KIND_MISMATCH,
+        f"model {model!r} is a {kind} model group; this route serves {wanted} requests",
+        param="model",
+    )
+
+
 def model_not_found(model: str) -> GatewayError:
     return GatewayError(
         _E.MODEL_NOT_FOUND, f"model {model!r} does not exist or is not allowed for this key"
@@ -367,6 +383,13 @@ def client_canceled(message: str = "the client closed the connection") -> Gatewa
 def internal_error() -> GatewayError:
     # A bug: logged where it is caught, never described to the client.
     return GatewayError(_E.INTERNAL_ERROR, "internal error")
+
+
+def composition_error(rule: str, detail: str) -> GatewayError:
+    """A pool of a composed group cannot carry out what the composer asked (contract §4
+    "Pools"): found before any upstream I/O, never failed over, never counted against an
+    upstream. The message names the rule broken; retrying the same request meets it again."""
+    return GatewayError(_E.COMPOSITION_ERROR, f"composition error ({rule}): {detail}")
 
 
 def stream_broken(failure_class: FailureClass) -> GatewayError:

@@ -20,6 +20,7 @@ import pytest
 from ledger.events import DATA_CLASSES, Evidence, FailureClass, ReasonCode
 from router.errors import ERRORS, ErrorCode, error_for_failure
 from router.request.classify import RULES
+from router.request.composer import POOL_REASONS
 from router.request.decision import DECISION_REASONS, REFUSALS, WALK_REASONS
 from router.request.selection import CHECK_ORDER
 
@@ -192,7 +193,9 @@ def test_the_readme_names_only_failure_classes_that_exist() -> None:
 def test_the_contract_reason_code_table_is_the_eligibility_checks_in_order() -> None:
     rows = table(section(CONTRACT, 4), "reason code", "excluded when")
     assert [quoted(code)[0] for code, _ in rows] == [code.value for code in CHECK_ORDER]
-    assert set(CHECK_ORDER) == set(ReasonCode)
+    assert set(CHECK_ORDER) | POOL_REASONS == set(ReasonCode)
+    pools = re.search(r"excluded with two more codes.*?\n\n", section(CONTRACT, 4), re.DOTALL)
+    assert pools and set(quoted(pools.group(0))) == {code.value for code in POOL_REASONS}
 
 
 def test_the_contract_names_every_decision_reason() -> None:

@@ -12,7 +12,9 @@ never changed; this module proves they never contradict each other:
 - ``decision_after_unknown_attempt``: a decision follows an attempt of its own request;
 - ``attempt_not_finished``: when a request's end is recorded, each of its attempts has
   finished (by the gateway, or by crash recovery, which records the same events);
-- ``completed_without_success``: a request completes only after an attempt that succeeded.
+- ``completed_without_success``: a request completes only after an attempt that succeeded;
+- ``left_pool``: in a composed group (contract §4 "Pools"), a retry, a hedge or a resume
+  runs in the pool of the attempt it follows (``AttemptStarted.pool``).
 
 Pure: :class:`Stories` folds events given in ledger order (any other streams' events are
 skipped by the caller or here) and holds only the requests still being told. A request
@@ -31,6 +33,7 @@ RULES: Final = (
     "decision_after_unknown_attempt",
     "attempt_not_finished",
     "completed_without_success",
+    "left_pool",
 )
 
 # Ends a plan cannot be held to: the client left, or the gateway could not go on (its own
@@ -67,6 +70,7 @@ class _Plan:
 class _Story:
     request_id: str
     endpoints: dict[str, str] = field(default_factory=dict)  # attempt id → endpoint
+    pools: dict[str, str | None] = field(default_factory=dict)  # attempt id → its pool
     finished: set[str] = field(default_factory=set)
     succeeded: bool = False
     plan: _Plan | None = None
@@ -116,7 +120,11 @@ def _broken(story: _Story, position: int, rule: str, detail: str) -> list[StoryB
 def _started(story: _Story, position: int, data: dict[str, Any]) -> list[StoryBroken]:
     attempt_id, endpoint = str(data.get("attempt_id")), str(data.get("endpoint"))
     story.endpoints[attempt_id] = endpoint
+    story.pools[attempt_id] = data.get("pool")
     plan = story.plan
+    left = _left_pool(story, position, data, plan)
+    if left:
+        return left
     if plan is None or data.get("cause") == "hedge":
         return []  # a hedge is the walk's own second way, not a step of a plan
     story.plan = None
@@ -135,6 +143,27 @@ def _started(story: _Story, position: int, data: dict[str, Any]) -> list[StoryBr
         "decision_not_followed",
         f"{plan.action} ({plan.reason}) after attempt {plan.after} on {plan.endpoint}, "
         f"then attempt {attempt_id} ({kind}) started on {endpoint}",
+    )
+
+
+def _left_pool(
+    story: _Story, position: int, data: dict[str, Any], plan: _Plan | None
+) -> list[StoryBroken]:
+    """A child's retries, hedges and resumes stay inside its pool's scope."""
+    follows = data.get("hedge_of") or data.get("resumed_from")
+    if follows is None and data.get("cause") == "retry" and plan is not None:
+        follows = plan.after
+    if follows is None or str(follows) not in story.pools:
+        return []
+    theirs, mine = story.pools[str(follows)], data.get("pool")
+    if theirs == mine:
+        return []
+    return _broken(
+        story,
+        position,
+        "left_pool",
+        f"attempt {data.get('attempt_id')} ({data.get('cause')}, {data.get('kind', 'call')}) "
+        f"runs in pool {mine} after attempt {follows} in pool {theirs}",
     )
 
 

@@ -13,7 +13,8 @@ The explanation holds:
   status, failure class, evidence and the failover decision's reason, each mapping that was
   never chosen and why (its reason code), the money and the config generation;
 - ``candidates``: every mapping of every route evaluation, eligible or its reason code,
-  with the chosen one's round-robin position;
+  with the chosen one's round-robin position; in a composed group each evaluation's level
+  (``group_path``: the composer's candidates are its pools, a pool's its mappings);
 - ``attempts``: each attempt with its failure class, evidence, timings, reservation and its
   outcome, and the failover decision that followed it;
 - ``decision_path``: every event of the request as one ordered, readable step;
@@ -296,6 +297,9 @@ def _candidates(trail: _Trail) -> list[dict[str, Any]]:
             rows.append(
                 {
                     "evaluation": evaluation.sequence,
+                    # A composed group's level (contract §4 "Pools"); [] for a plain group.
+                    "group_path": list(evaluation.group_path),
+                    "pool": c.pool,
                     "mapping_index": c.mapping_index,
                     "endpoint": c.endpoint,
                     "model": c.model,
@@ -328,6 +332,10 @@ def _attempt_json(trail: _Trail, attempt: _Attempt) -> dict[str, Any]:
         "delivered_chars": s.delivered_chars,
         "hedge_of": s.hedge_of,
         "admitted_as": s.admitted_as,
+        "dispatch": s.dispatch,
+        "pool": s.pool,
+        "group_path": list(s.group_path),
+        "preferred_endpoint": s.preferred_endpoint,
         "endpoint": s.endpoint,
         "model": s.model,
         "tier": s.tier,
@@ -469,18 +477,20 @@ def _not_chosen(trail: _Trail) -> list[str]:
         if attempts and isinstance(end, ev.RequestFailed) and end.stream_started
         else None
     )
-    chosen_indexes = {e.chosen.mapping_index for e in trail.evaluations if e.chosen}
-    seen: dict[int, list[tuple[ev.RouteEvaluated, ev.Candidate]]] = {}
+    # A candidate is one per level: a composed group's evaluations index the composer's
+    # members and each pool's mappings apart (contract §4 "Pools").
+    chosen_indexes = {(e.group_path, e.chosen.mapping_index) for e in trail.evaluations if e.chosen}
+    seen: dict[tuple[tuple[str, ...], int], list[tuple[ev.RouteEvaluated, ev.Candidate]]] = {}
     for evaluation in trail.evaluations:
         for c in evaluation.candidates:
-            seen.setdefault(c.mapping_index, []).append((evaluation, c))
+            seen.setdefault((evaluation.group_path, c.mapping_index), []).append((evaluation, c))
     clauses = []
     for index in sorted(seen):
         if index in chosen_indexes:
             continue
         views = seen[index]
         c0 = views[0][1]
-        name = f"{c0.endpoint}/{c0.model}"
+        name = _name(c0)
         if not any(c.eligible for _, c in views):
             reasons = list(dict.fromkeys(_reason(c.reason_code, c.detail) for _, c in views))
             clauses.append(f"{name} was never eligible: {', then '.join(reasons)}")
@@ -512,6 +522,40 @@ def _not_chosen(trail: _Trail) -> list[str]:
                     f"{_reason(c.reason_code, c.detail)}"
                 )
     return clauses
+
+
+def _name(c: ev.Candidate) -> str:
+    """A candidate as the explanation names it: a composer's pool, or a mapping."""
+    if c.pool is not None:
+        return f"pool {c.pool}"
+    return f"{c.endpoint}/{c.model}"
+
+
+def _level(event: ev.RouteEvaluated) -> str:
+    """Which level of a composed group an evaluation is ("" for a plain group's)."""
+    path = event.group_path
+    if not path:
+        return ""
+    if len(path) == 1:
+        return f" of the members of composed group {path[0]}"
+    return f" inside pool {path[-1]} ({' > '.join(path)})"
+
+
+def _dispatch(event: ev.AttemptStarted) -> str:
+    """How a composed group's attempt was dispatched to its pool ("" for a plain group's)."""
+    if event.dispatch is None:
+        return ""
+    where = " > ".join(event.group_path)
+    if event.dispatch == "delegate_pool":
+        preferred = (
+            f"; the composer preferred {event.preferred_endpoint}"
+            if event.preferred_endpoint
+            else ""
+        )
+        return f", delegated to pool {event.pool} ({where}), whose router chose it{preferred}"
+    if event.pool is None:
+        return f", executed exactly as a mapping of {where}"
+    return f", executed exactly in pool {event.pool} ({where}) as the planned fallback"
 
 
 def _money_clause(trail: _Trail) -> list[str]:
@@ -654,11 +698,11 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
         case ev.RouteEvaluated():
             eligible = sum(c.eligible for c in event.candidates)
             text = (
-                f"evaluation {event.sequence}: {eligible} of {len(event.candidates)} "
-                "candidates eligible"
+                f"evaluation {event.sequence}{_level(event)}: {eligible} of "
+                f"{len(event.candidates)} candidates eligible"
             )
             excluded = [
-                f"{c.endpoint}/{c.model}: {_reason(c.reason_code, c.detail)}"
+                f"{_name(c)}: {_reason(c.reason_code, c.detail)}"
                 for c in event.candidates
                 if not c.eligible
             ]
@@ -689,6 +733,7 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
                 f"attempt {event.attempt_number} ({event.cause}) started on "
                 f"{event.endpoint}/{event.model}, tier {event.tier}"
             )
+            started += _dispatch(event)
             if event.admitted_as is not None and event.admitted_as.startswith("probe"):
                 scope = event.admitted_as.removeprefix("probe:").replace("+", " and ")
                 started += f", as the half-open {scope} breaker's one probe"

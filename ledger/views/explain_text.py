@@ -79,10 +79,18 @@ def _candidate_lines(candidates: Sequence[Mapping[str, Any]]) -> list[str]:
             reason += f" ({c['detail']})"
         chosen = f"yes, position {c['selection_position']}" if c["chosen"] else ""
         worst = c.get("worst_case_usd")
+        # A composed group's levels (contract §4 "Pools"): the composer's pools, then each
+        # pool's mappings, indented under the pool.
+        path = c.get("group_path") or []
+        name = f"{c['endpoint']}/{c['model']}"
+        if c.get("pool"):
+            name = f"pool {c['pool']} (prefers {name})"
+        elif len(path) > 1:
+            name = f"  {path[-1]}: {name}"
         rows.append(
             (
                 str(c["evaluation"]),
-                f"{c['endpoint']}/{c['model']}",
+                name,
                 str(c["tier"]),
                 str(c["weight"]),
                 "-" if worst is None else f"${worst}",
@@ -112,6 +120,8 @@ def _attempt_lines(attempts: Sequence[Mapping[str, Any]]) -> list[str]:
             f"  #{a['attempt_number']} {a['attempt_id']} ({cause}) "
             f"{a['endpoint']}/{a['model']} tier {a['tier']} weight {a['weight']}: {a['status']}"
         )
+        if a.get("dispatch"):
+            head += f", {a['dispatch']} via {' > '.join(a['group_path'])}"
         if a["failure_class"]:
             status = f"{a['http_status']} " if a["http_status"] else ""
             head += f", {status}{a['failure_class']}"

@@ -110,28 +110,35 @@ def _window(since: datetime, until: datetime) -> tuple[datetime, datetime]:
     return since.astimezone(UTC), until.astimezone(UTC)
 
 
+# OpenAI's usage is reported by endpoint: chat completions and embeddings each page their
+# own buckets of the same spans, and the usage report is both.
+_OPENAI_USAGE_PATHS: Final = ("/organization/usage/completions", "/organization/usage/embeddings")
+
+
 def _params(
     endpoint: Endpoint, kind: ReportKind, start: datetime, end: datetime
-) -> tuple[str, list[tuple[str, str]], ReportFormat]:
-    """The report's path, query and format for this endpoint's provider."""
+) -> tuple[tuple[str, ...], list[tuple[str, str]], ReportFormat]:
+    """The report's paths (each paged on its own), query and format for this endpoint's
+    provider."""
     if endpoint.driver == "openai":
         query = [
             ("start_time", str(int(start.timestamp()))),
             ("end_time", str(int(end.timestamp()))),
         ]
+        paths: tuple[str, ...]
         if kind == "usage":
-            path, groups, width, limit = "/organization/usage/completions", ["model"], "1h", 168
+            paths, groups, width, limit = _OPENAI_USAGE_PATHS, ["model"], "1h", 168
             if endpoint.provider_api_key_id:
                 groups.append("api_key_id")
                 query.append(("api_key_ids", endpoint.provider_api_key_id))
         else:
-            path, groups, width, limit = "/organization/costs", ["line_item"], "1d", 31
+            paths, groups, width, limit = ("/organization/costs",), ["line_item"], "1d", 31
         if endpoint.provider_project_id:
             groups.append("project_id")
             query.append(("project_ids", endpoint.provider_project_id))
         query += [("bucket_width", width), ("limit", str(limit))]
         query += [("group_by", g) for g in groups]
-        return path, query, "openai-usage" if kind == "usage" else "openai-costs"
+        return paths, query, "openai-usage" if kind == "usage" else "openai-costs"
     # The analytics API pages by row (its default page size), each row one group's figures
     # in one time bucket: hourly tokens, daily costs, grouped by model as the legacy
     # reports were (costs by model rather than by description: the analytics rows name it).
@@ -156,7 +163,7 @@ def _params(
         groups.append("workspace_id")
     query.append(("bucket_width", width))
     query += [("group_by[]", g) for g in groups]
-    return path, query, "anthropic-analytics"
+    return (path,), query, "anthropic-analytics"
 
 
 def _headers(endpoint: Endpoint) -> dict[str, str]:
@@ -201,28 +208,30 @@ async def fetch_report(
             "to it in the config"
         )
     start, end = _window(since, until)
-    path, query, report_format = _params(endpoint, kind, start, end)
-    url = endpoint.admin_url + path
+    paths, query, report_format = _params(endpoint, kind, start, end)
     pages: list[bytes] = []
-    seen: set[str] = set()
     async with httpx.AsyncClient(
         timeout=_TIMEOUT, trust_env=False, proxy=_proxy_url(endpoint), follow_redirects=False
     ) as client:
-        page_token: str | None = None
-        while True:
-            params = query + ([("page", page_token)] if page_token else [])
-            body = await _get(client, url, params, _headers(endpoint), endpoint.id, sleep)
-            pages.append(body)
-            if on_page is not None:
-                on_page(len(pages))
-            page_token = _next_page(body, len(pages))
-            if page_token is None:
-                return FetchedReport(report_format, pages)
-            if page_token in seen or len(pages) >= MAX_PAGES:
-                raise FetchError(
-                    f"{endpoint.id}: the provider's pages do not end (page {len(pages)})"
-                )
-            seen.add(page_token)
+        for path in paths:
+            url = endpoint.admin_url + path
+            seen: set[str] = set()
+            page_token: str | None = None
+            while True:
+                params = query + ([("page", page_token)] if page_token else [])
+                body = await _get(client, url, params, _headers(endpoint), endpoint.id, sleep)
+                pages.append(body)
+                if on_page is not None:
+                    on_page(len(pages))
+                page_token = _next_page(body, len(pages))
+                if page_token is None:
+                    break
+                if page_token in seen or len(pages) >= MAX_PAGES:
+                    raise FetchError(
+                        f"{endpoint.id}: the provider's pages do not end (page {len(pages)})"
+                    )
+                seen.add(page_token)
+    return FetchedReport(report_format, pages)
 
 
 def _next_page(body: bytes, number: int) -> str | None:

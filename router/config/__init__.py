@@ -19,7 +19,7 @@ import re
 from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal, TypeAlias, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
@@ -49,6 +49,7 @@ from router.config import egress
 __all__ = [
     "FAILURE_CLASSES",
     "KNOWN_CAPABILITIES",
+    "MAX_POOL_DEPTH",
     "MAX_WINDOW_CALLS",
     "Breaker",
     "Budget",
@@ -65,12 +66,14 @@ __all__ = [
     "ModelGroup",
     "OutputPrice",
     "PartPrice",
+    "Pool",
     "Price",
     "Proxy",
     "ResumeMode",
     "RetryRule",
     "RetrySameEndpoint",
     "SearchPrice",
+    "Strategy",
     "Workspace",
     "load_config",
     "parse_config",
@@ -695,16 +698,46 @@ class Mapping(_Frozen):
         return self if price == self.price else self.model_copy(update={"price": price})
 
 
+MAX_POOL_DEPTH: Final = 1
+"""How deep pools nest (contract §2 "Pools"): a composed group's pools are groups of
+mappings; a pool that lists pools of its own is refused. Two levels of routing — one
+router admits across pools, each pool's router selects inside its group — is what the
+dispatch directives are defined for (contract §4)."""
+
+
+Strategy: TypeAlias = Literal["weighted", "least_latency", "least_cost"]
+
+
+class Pool(_Frozen):
+    """One pool of a composed model group: another model group of the same kind, which
+    keeps its own strategy, breakers, hedging and latency figures; the composer plans
+    attempts across its pools by ``tier`` and ``weight`` as a group does across mappings."""
+
+    group: _Name
+    tier: _NonNegativeInt = 0
+    weight: _PositiveInt = 1
+
+
 class ModelGroup(_Frozen):
     name: _Name
-    kind: Literal["chat"] = "chat"
-    mappings: Annotated[tuple[Mapping, ...], _NonEmpty]
+    # What its requests are: chat (chat completions, Anthropic Messages) or embeddings
+    # (POST /v1/embeddings). A request of the other kind is refused model_kind_mismatch.
+    kind: Literal["chat", "embeddings"] = "chat"
+    # A group lists mappings, pools, or both (contract §2 "Pools"); at least one of them.
+    mappings: tuple[Mapping, ...] = ()
+    pools: tuple[Pool, ...] = ()
     # How the mapping inside the best tier is chosen (contract §4 "Selection").
-    strategy: Literal["weighted", "least_latency", "least_cost"] = "weighted"
+    strategy: Strategy = "weighted"
     # The group's whole policy, when it has a `policy:` block: `Config` lays the block's keys
     # over `defaults` before this is validated (see Config._policies_over_defaults). None:
     # `defaults` as they are. Read it through Config.policy_for.
     policy: Defaults | None = None
+
+    @model_validator(mode="after")
+    def _mappings_or_pools(self) -> ModelGroup:
+        if not self.mappings and not self.pools:
+            raise _error("a model group lists mappings, pools, or both: it has neither")
+        return self
 
     def priced_at(self, at: datetime) -> ModelGroup:
         """The group with each mapping priced as at ``at`` (:meth:`Mapping.priced_at`)."""
@@ -971,6 +1004,8 @@ def _group_summary(g: ModelGroup) -> dict[str, Any]:
         "kind": g.kind,
         "mappings": [_mapping_summary(m) for m in g.mappings],
     }
+    if g.pools:  # absent, it leaves earlier summaries as they were
+        summary["pools"] = [p.model_dump(mode="json") for p in g.pools]
     if g.policy is not None:  # absent, it leaves earlier summaries as they were
         # The whole policy the group's requests walk by; breakers are the endpoints'.
         summary["policy"] = _policy_summary(g.policy, breaker=False)
@@ -1275,6 +1310,28 @@ def _cache_write_price_errors(
     ]
 
 
+def _embeddings_mapping_errors(
+    mapping: dict[str, Any], driver: object, path: str
+) -> list[tuple[str, str]]:
+    """A mapping of an embeddings group declares it embeds (contract §2), and its endpoint
+    can: only the OpenAI dialect has an embeddings API (Anthropic's has none)."""
+    errors: list[tuple[str, str]] = []
+    capabilities = mapping.get("capabilities")
+    if not isinstance(capabilities, list) or "embeddings" not in capabilities:
+        errors.append(
+            (f"{path}.capabilities", "a mapping of an embeddings group must declare embeddings")
+        )
+    if driver == "anthropic":
+        errors.append(
+            (
+                f"{path}.endpoint",
+                f"endpoint '{mapping.get('endpoint')}' (driver anthropic) cannot embed: "
+                "the Anthropic API has no embeddings",
+            )
+        )
+    return errors
+
+
 def _reference_errors(data: dict[str, Any]) -> list[tuple[str, str]]:
     """Duplicate ids and dangling references, read from the raw document so they are
     reported together with any type errors pydantic found."""
@@ -1304,6 +1361,10 @@ def _reference_errors(data: dict[str, Any]) -> list[tuple[str, str]]:
             if isinstance(ref, str) and ref in drivers:
                 path = f"models[{i}].mappings[{j}]"
                 errors += _cache_write_price_errors(mapping, drivers[ref], path)
+            if group.get("kind") == "embeddings":
+                path = f"models[{i}].mappings[{j}]"
+                driver = drivers.get(ref) if isinstance(ref, str) else None
+                errors += _embeddings_mapping_errors(mapping, driver, path)
             resume = mapping.get("resume")
             wire_only = isinstance(resume, str) and resume in _OPENAI_WIRE_RESUME
             if wire_only and isinstance(ref, str) and drivers.get(ref) == "anthropic":
@@ -1315,6 +1376,7 @@ def _reference_errors(data: dict[str, Any]) -> list[tuple[str, str]]:
                         "itself: use assistant_prefill",
                     )
                 )
+    errors.extend(_pool_errors(data))
     for i, workspace in _items(data, "workspaces"):
         names = workspace.get("models")
         if group_names is None or not isinstance(names, list):
@@ -1322,4 +1384,63 @@ def _reference_errors(data: dict[str, Any]) -> list[tuple[str, str]]:
         for j, name in enumerate(names):
             if isinstance(name, str) and name not in group_names:
                 errors.append((f"workspaces[{i}].models[{j}]", f"unknown model group '{name}'"))
+    return errors
+
+
+def _pool_errors(data: dict[str, Any]) -> list[tuple[str, str]]:
+    """Pools that cannot be composed (contract §2 "Pools"): an unknown group, one of another
+    kind, the group itself or a cycle, the same group twice, nesting deeper than
+    :data:`MAX_POOL_DEPTH`."""
+    errors: list[tuple[str, str]] = []
+    groups = {g["name"]: g for _, g in _items(data, "models") if isinstance(g.get("name"), str)}
+
+    def pools_of(group: dict[str, Any]) -> list[str]:
+        return [p["group"] for _, p in _items(group, "pools") if isinstance(p.get("group"), str)]
+
+    def cycle_from(start: str) -> list[str] | None:
+        path, frontier = [start], pools_of(groups[start])
+        seen: set[str] = set()
+        while frontier:
+            name = frontier.pop(0)
+            if name == start:
+                return [*path, start]
+            if name in seen or name not in groups:
+                continue
+            seen.add(name)
+            path.append(name)
+            frontier.extend(pools_of(groups[name]))
+        return None
+
+    for i, group in _items(data, "models"):
+        name, kind = group.get("name"), group.get("kind", "chat")
+        named: set[str] = set()
+        for j, pool in _items(group, "pools"):
+            where, ref = f"models[{i}].pools[{j}].group", pool.get("group")
+            if not isinstance(ref, str):
+                continue
+            target = groups.get(ref)
+            if ref in named:
+                errors.append((where, f"model group '{ref}' is already a pool of this group"))
+            named.add(ref)
+            if target is None:
+                errors.append((where, f"unknown model group '{ref}'"))
+            elif ref == name:
+                errors.append((where, f"a model group cannot be a pool of itself ('{ref}')"))
+            elif target.get("kind", "chat") != kind:
+                errors.append(
+                    (where, f"model group '{ref}' is of kind {target.get('kind')}, not {kind}")
+                )
+            elif pools_of(target):
+                cycle = cycle_from(ref) if isinstance(name, str) else None
+                if cycle is not None and name in cycle:
+                    shown = " -> ".join([name, *cycle[: cycle.index(name) + 1]])
+                    errors.append((where, f"pools form a cycle: {shown}"))
+                else:
+                    errors.append(
+                        (
+                            where,
+                            f"model group '{ref}' lists pools itself: pools nest at most "
+                            f"{MAX_POOL_DEPTH} level deep",
+                        )
+                    )
     return errors

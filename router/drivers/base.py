@@ -17,7 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, ClassVar, Final, Self
+from typing import Any, ClassVar, Final, Literal, Self
 
 import orjson
 
@@ -85,14 +85,20 @@ class NativeBody:
 
 @dataclass(frozen=True)
 class ChatRequest:
-    """The client's OpenAI-style chat body, and what the core resolved for this attempt;
-    ``native`` the same request in the dialect it arrived in, if a door kept it."""
+    """The client's OpenAI-style body, and what the core resolved for this attempt;
+    ``native`` the same request in the dialect it arrived in, if a door kept it.
+
+    ``kind`` is the request's (contract §2, a model group's ``kind``): a ``chat`` body is a
+    chat completion's, an ``embeddings`` body OpenAI's embeddings request (``input``,
+    ``dimensions``, ``encoding_format``, ``user``), sent to the dialect's embeddings API and
+    answered in OpenAI's embeddings shape, buffered."""
 
     body: Mapping[str, Any]
     upstream_model: str
     max_tokens: int | None = None
     stream: bool = False
     native: NativeBody | None = None
+    kind: Literal["chat", "embeddings"] = "chat"
 
 
 @dataclass(frozen=True)
@@ -248,6 +254,9 @@ class Driver(ABC):
     # The provider's API takes no request without an output bound (Anthropic's max_tokens):
     # the core then sends the one it reserved for (router/request/worst_case.py).
     requires_max_tokens: ClassVar[bool] = False
+    # The provider has an embeddings API (OpenAI's `/v1/embeddings`); config validation
+    # keeps endpoints of a dialect without one out of embeddings groups.
+    embeds: ClassVar[bool] = False
 
     def __init__(self, client: HTTPClient | None = None) -> None:
         self._client = client or HTTPClient(max_idle_per_origin=_MAX_IDLE, idle_expiry_s=30.0)
@@ -263,15 +272,28 @@ class Driver(ABC):
         native = request.native
         if native is not None and native.dialect == self.dialect:
             headers.update(native.headers)
-        body = orjson.dumps(self._payload(request))
+        if request.kind == "embeddings":
+            if not self.embeds:
+                raise ValueError(f"the {self.dialect} dialect has no embeddings API")
+            url, payload = self._embeddings_url(binding), self._embeddings_payload(request)
+        else:
+            url, payload = self._url(binding, request), self._payload(request)
         proxy = proxy_of(binding.endpoint.proxy)
-        url = self._url(binding, request)
-        http = prepare_request("POST", url, headers=headers, body=body, proxy=proxy)
+        http = prepare_request(
+            "POST", url, headers=headers, body=orjson.dumps(payload), proxy=proxy
+        )
         return PreparedCall(request, binding, http)
+
+    def _embeddings_url(self, binding: AttemptBinding) -> str:
+        raise NotImplementedError  # only a dialect that `embeds` is asked
+
+    def _embeddings_payload(self, request: ChatRequest) -> dict[str, Any]:
+        raise NotImplementedError
 
     @abstractmethod
     async def complete(self, call: PreparedCall) -> DriverResult:
-        """A buffered completion, or :class:`UpstreamFailure`."""
+        """A buffered completion (or, for an ``embeddings`` request, the embeddings), or
+        :class:`UpstreamFailure`."""
 
     @abstractmethod
     async def stream(self, call: PreparedCall) -> DriverStream:

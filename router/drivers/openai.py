@@ -1,5 +1,6 @@
-"""The OpenAI driver: any OpenAI-compatible chat completions API, passed through as is; and
-OpenAI's Responses API for a Responses body sent natively (:mod:`router.drivers.responses`)."""
+"""The OpenAI driver: any OpenAI-compatible chat completions API, passed through as is, and
+its embeddings API (``/embeddings``) likewise; OpenAI's Responses API for a Responses body
+sent natively (:mod:`router.drivers.responses`)."""
 
 from __future__ import annotations
 
@@ -24,12 +25,13 @@ from router.drivers.base import (
 )
 from router.request.classify import UpstreamOutcome
 
-__all__ = ["OpenAIDriver", "openai_usage"]
+__all__ = ["OpenAIDriver", "embeddings_usage", "openai_usage"]
 
 
 class OpenAIDriver(Driver):
     _request_id_header = "x-request-id"
     dialect = "openai"
+    embeds = True
 
     def _auth_headers(self, endpoint: Endpoint) -> dict[str, str]:
         if endpoint.api_key is None:
@@ -59,11 +61,19 @@ class OpenAIDriver(Driver):
             payload.pop("stream_options", None)
         return payload
 
+    def _embeddings_url(self, binding: AttemptBinding) -> str:
+        return binding.endpoint.base_url.rstrip("/") + "/embeddings"
+
+    def _embeddings_payload(self, request: ChatRequest) -> dict[str, Any]:
+        return {**request.body, "model": request.upstream_model}
+
     async def complete(self, call: PreparedCall) -> DriverResult:
         binding = call.binding
         response = await self._open(call, stream=False)
         body, size = await self._read_body(response, binding)
         request_id = response.headers.get(self._request_id_header)
+        if call.request.kind == "embeddings":
+            return self._embeddings(call, body, response.status_code, request_id, size)
         if _responses(call.request) and isinstance(body, dict) and body.get("object") == "response":
             body = responses.completion(body)
         choices = body.get("choices") if isinstance(body, dict) else None
@@ -84,6 +94,32 @@ class OpenAIDriver(Driver):
             upstream_request_id=request_id,
             response_id=optional_str(body.get("id")),
             status=response.status_code,
+            response_bytes=size,
+        )
+
+    def _embeddings(
+        self, call: PreparedCall, body: Any, status: int, request_id: str | None, size: int
+    ) -> DriverResult:
+        """An embeddings answer: one embedding per input, in OpenAI's shape, else the
+        attempt failed as an ``invalid_response``."""
+        data = body.get("data") if isinstance(body, dict) else None
+        wanted = _input_count(call.request.body)
+        if not isinstance(data, list) or len(data) != wanted:
+            raise self._transport_failure(
+                call.binding,
+                "invalid_response",
+                status=status,
+                request_id=request_id,
+                message=f"response has no list of {wanted} embeddings",
+                response_bytes=size,
+            )
+        return DriverResult(
+            response=body,
+            usage=embeddings_usage(body.get("usage")),
+            finish_reason=None,
+            upstream_request_id=request_id,
+            response_id=None,
+            status=status,
             response_bytes=size,
         )
 
@@ -163,6 +199,27 @@ def openai_usage(raw: object) -> Usage | None:
         audio_input_tokens=audio_input,
         audio_output_tokens=audio_output,
     )
+
+
+def embeddings_usage(raw: object) -> Usage | None:
+    """An embeddings answer's ``usage`` (``prompt_tokens``, ``total_tokens``): input only.
+    A ``total_tokens`` above ``prompt_tokens`` is taken as billed input: never understated.
+    None when absent or unreadable."""
+    if not isinstance(raw, dict):
+        return None
+    prompt, total = _count(raw.get("prompt_tokens")), _count(raw.get("total_tokens"))
+    if prompt is None and total is None:
+        return None
+    return Usage(input_tokens=max(prompt or 0, total or 0), output_tokens=0)
+
+
+def _input_count(body: Any) -> int:
+    """How many embeddings an embeddings body asks for: one per string or token array, one
+    for a string or a single token array (the door checked the shape)."""
+    items = body.get("input")
+    if isinstance(items, list) and items and isinstance(items[0], str | list):
+        return len(items)
+    return 1
 
 
 def _count(value: object) -> int | None:

@@ -1,8 +1,10 @@
 """The fault-injecting fake LLM provider that tests and `waybill demo` run over real HTTP.
 
 `FakeUpstream` serves OpenAI `POST /v1/chat/completions`, `GET /v1/models` and Anthropic
-`POST /v1/messages` (and its free `POST /v1/messages/count_tokens`) on 127.0.0.1,
-answering each inference request with the next `Behavior` of its plan. It bills as the
+`POST /v1/messages` (and its free `POST /v1/messages/count_tokens`) and OpenAI
+`POST /v1/embeddings` on 127.0.0.1, answering each inference request with the next
+`Behavior` of its plan. Its embeddings are deterministic: `embedding(input, dimensions)` is
+the vector an input gets from every fake, `embedding_tokens(input)` what it bills. It bills as the
 providers do: every choice of `n`, reasoning inside the output,
 cached input reported, each image, audio clip or file at its `PART_TOKENS`, audio input and
 an answer asked for as audio reported as audio tokens (OpenAI's usage details). On the
@@ -20,6 +22,8 @@ and refusing any other form with 400 `invalid_prefill`.
 """
 
 from router.fake_provider._continuation import CONTINUATIONS, MISMATCHED_SEAM, Continuation
+from router.fake_provider._embeddings import embedding
+from router.fake_provider._embeddings import input_tokens as embedding_tokens
 from router.fake_provider._reply import PART_TOKENS, THINKING_PIECES, reply_pieces
 from router.fake_provider.admin_api import AdminRequest, FakeAdminApi
 from router.fake_provider.behavior import Behavior, Kind, LineEnding
@@ -42,5 +46,7 @@ __all__ = [
     "ProxyMode",
     "RecordedConnect",
     "RecordedRequest",
+    "embedding",
+    "embedding_tokens",
     "reply_pieces",
 ]

@@ -1,6 +1,7 @@
 """FakeAdminApi: the providers' usage and cost report endpoints, over real HTTP on 127.0.0.1.
 
-It serves OpenAI ``GET /v1/organization/usage/completions`` and ``/v1/organization/costs``
+It serves OpenAI ``GET /v1/organization/usage/completions``, ``/usage/embeddings`` (its
+buckets under ``openai-embeddings-usage``) and ``/v1/organization/costs``
 and Anthropic ``GET /v1/organizations/usage_report/messages`` and
 ``/v1/organizations/cost_report`` (legacy) from buckets a test gives (each as the provider
 writes it), ``page_size`` buckets a page with ``has_more`` / ``next_page``, within the
@@ -32,6 +33,7 @@ __all__ = ["AdminRequest", "FakeAdminApi"]
 
 _OPENAI = {
     "/v1/organization/usage/completions": "openai-usage",
+    "/v1/organization/usage/embeddings": "openai-embeddings-usage",
     "/v1/organization/costs": "openai-costs",
 }
 _ANTHROPIC = {

@@ -17,10 +17,11 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, Final, Self
 
 from router.fake_provider._anthropic import ANTHROPIC
 from router.fake_provider._continuation import Continuation, Partial, parse_continuation, refusal
+from router.fake_provider._embeddings import EmbeddingsDialect
 from router.fake_provider._http import BadRequest, Connection, Headers, HttpRequest
 from router.fake_provider._openai import OPENAI
 from router.fake_provider._reply import Dialect, prompt_tokens
@@ -36,6 +37,7 @@ _INFERENCE: dict[str, Dialect] = {
     "/v1/messages": ANTHROPIC,
     "/v1/responses": RESPONSES,
 }
+_EMBEDDINGS: Final = "/v1/embeddings"  # its dialect holds the request's inputs: one each
 
 
 @dataclass(frozen=True)
@@ -302,7 +304,8 @@ class FakeUpstream(Served):
             self._sequence += 1
             request_id = f"req_{self.name}_{self._sequence:06d}"
             self._hits_by_path[request.path] += 1
-            if request.method == "POST" and request.path in _INFERENCE:
+            inference = request.path in _INFERENCE or request.path == _EMBEDDINGS
+            if request.method == "POST" and inference:
                 self._hits += 1
             self._requests.append(
                 RecordedRequest(
@@ -399,6 +402,9 @@ class FakeUpstream(Served):
             await self._control(conn, request)
             return
         dialect = _INFERENCE.get(request.path)
+        if request.path == _EMBEDDINGS and request.method == "POST":
+            body = _parse_json(request.body)
+            dialect = EmbeddingsDialect(body if isinstance(body, dict) else {})
         if dialect is not None and request.method == "POST":
             await self._inference(conn, request, dialect, connection_id)
             return

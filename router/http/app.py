@@ -79,7 +79,7 @@ from router.config import (
     parse_config_file,
     read_config_file,
 )
-from router.doors import chat, messages, messages_wire, responses, responses_wire
+from router.doors import chat, embeddings, messages, messages_wire, responses, responses_wire
 from router.doors.chat import MAX_BODY_BYTES
 from router.doors.headers import HeaderNarrowing, read_headers
 from router.errors import (
@@ -91,6 +91,7 @@ from router.errors import (
     invalid_api_key,
     invalid_request,
     ledger_unavailable,
+    model_kind_mismatch,
     model_not_found,
     permission_denied,
     reload_incomplete,
@@ -135,6 +136,7 @@ _SSE: Final = "text/event-stream"
 _CHAT_PATH: Final = "/v1/chat/completions"
 _MESSAGES_PATH: Final = "/v1/messages"
 _COUNT_TOKENS_PATH: Final = "/v1/messages/count_tokens"
+_EMBEDDINGS_PATH: Final = "/v1/embeddings"
 _RESPONSES_PATH: Final = "/v1/responses"
 _MAX_RECORDED_STREAM: Final = 8 * 1024 * 1024
 
@@ -623,6 +625,7 @@ def create_app(settings: AppSettings) -> FastAPI:
 
     app.post("/v1/chat/completions", openapi_extra=api_doc.CHAT_COMPLETIONS)(_chat_completions)
     app.post("/v1/messages", openapi_extra=api_doc.MESSAGES)(_messages)
+    app.post(_EMBEDDINGS_PATH, openapi_extra=api_doc.EMBEDDINGS)(_embeddings)
     app.post(_RESPONSES_PATH, openapi_extra=api_doc.RESPONSES)(_responses)
     app.include_router(
         count_tokens_router(
@@ -656,6 +659,11 @@ async def _messages(request: Request) -> Response:
     return await _serve(request, _DOORS[_MESSAGES_PATH])
 
 
+async def _embeddings(request: Request) -> Response:
+    """``POST /v1/embeddings`` (the embeddings door), served as the chat route is."""
+    return await _serve(request, _DOORS[_EMBEDDINGS_PATH])
+
+
 async def _responses(request: Request) -> Response:
     """``POST /v1/responses`` (the Responses door), served as the chat route is."""
     return await _serve(request, _DOORS[_RESPONSES_PATH])
@@ -679,10 +687,11 @@ async def _serve(request: Request, door: _Door) -> Response:
     try:
         call = door.parse(await _read_body(request, named), named, config)
         headers = read_headers(named)
-        if call.model_group not in caller.workspace.models or not config.model_group(
-            call.model_group
-        ):
+        group = config.model_group(call.model_group)
+        if call.model_group not in caller.workspace.models or not group:
             raise model_not_found(call.model_group)
+        if group.kind != door.kind:
+            raise model_kind_mismatch(call.model_group, group.kind, door.kind)
         if door.resolve is not None:
             call = await door.resolve(call, caller, state.store)
     except GatewayError:
@@ -799,6 +808,7 @@ class _Door:
         [Any, StreamingCompletion], tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]
     ]
     error: ErrorWire
+    kind: str = "chat"  # the model group kind it serves; another is model_kind_mismatch
     resolve: Callable[[Any, Caller, EventStore], Awaitable[Any]] | None = None
     """What the parsed request needs read from the ledger before it is served."""
 
@@ -814,6 +824,12 @@ def _messages_stream(
 ) -> tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]:
     # Every piece is rewritten into Anthropic's events: none goes out as the upstream's.
     return messages_wire.events(started), messages_wire.stream_headers(started), None
+
+
+def _never_streams(
+    call: Any, started: StreamingCompletion
+) -> tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]:
+    raise AssertionError("an embeddings request never streams (embeddings.parse_body)")
 
 
 def _responses_stream(
@@ -862,6 +878,15 @@ _DOORS: Final[Mapping[str, _Door]] = {
         answer=lambda call, completion: messages_wire.answer(completion),
         stream=_messages_stream,
         error=_messages_error,
+    ),
+    _EMBEDDINGS_PATH: _Door(
+        secret=_secret,
+        parse=lambda raw, named, config: embeddings.parse_body(raw),
+        to_core=lambda call, headers, caller: embeddings.to_core(call, headers, caller.workspace),
+        answer=lambda call, completion: embeddings.answer(completion),
+        stream=_never_streams,
+        error=_chat_error,
+        kind=embeddings.KIND,
     ),
     _RESPONSES_PATH: _Door(
         secret=_secret,

@@ -21,7 +21,7 @@ from fastapi.responses import Response
 from router.doors import messages
 from router.doors.headers import read_headers
 from router.drivers import AnthropicDriver
-from router.errors import model_not_found
+from router.errors import model_kind_mismatch, model_not_found
 from router.http import openapi as api_doc
 from router.request.gateway import Caller, Gateway
 from router.request.selection import RouteContext, evaluate
@@ -58,6 +58,8 @@ async def _count(request: Request, identify: Identify) -> Response:
     group = config.model_group(call.model_group)
     if call.model_group not in caller.workspace.models or group is None:
         raise model_not_found(call.model_group)
+    if group.kind != "chat":  # an embeddings group counts no Messages request
+        raise model_kind_mismatch(call.model_group, group.kind, "chat")
     requirements = call.requirements(caller.workspace, read_headers(named))
     candidates = evaluate(
         config, caller.workspace, group, requirements, RouteContext(), breaker_open=_never_open

@@ -29,6 +29,7 @@ __all__ = [
     "ADMIN_RELOAD",
     "BUDGETS",
     "CHAT_COMPLETIONS",
+    "EMBEDDINGS",
     "ENABLE_ENDPOINT",
     "ERROR_CODES",
     "EXPLAIN_REQUEST",
@@ -817,6 +818,19 @@ CHAT_COMPLETIONS: Final[Schema] = {
     },
 }
 
+EMBEDDINGS: Final[Schema] = {
+    "summary": "OpenAI-compatible embeddings of a string, a batch or token arrays (buffered)",
+    "parameters": _CHAT_HEADERS,
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": _ref("EmbeddingsRequest")}},
+    },
+    "responses": {
+        "200": _ok(_ref("Embeddings")),
+        **_error_responses(400, 402, 404, 409, 413, 422, 429, 502, 504),
+    },
+}
+
 
 RESPONSES: Final[Schema] = {
     "summary": "An OpenAI Responses API request, buffered or streamed (SSE)",
@@ -1238,6 +1252,77 @@ _SCHEMAS["MessagesCountRequest"] = {
     **_SCHEMAS["MessagesRequest"],
     "description": "A Messages API request to count (max_tokens may be left out).",
     "required": ["model", "messages"],
+}
+
+
+# The embeddings door (router/doors/embeddings.py).
+_TOKEN_ARRAY: Final[Schema] = {
+    "type": "array",
+    "minItems": 1,
+    "items": {"type": "integer", "minimum": 0, "maximum": MAX_JSON_INTEGER},
+}
+_SCHEMAS["EmbeddingsRequest"] = {
+    "description": (
+        "An OpenAI embeddings request, for a model group of kind embeddings (another kind: "
+        "400 model_kind_mismatch). Fields the gateway does not read pass through to the "
+        "upstream unchanged. Before each attempt the gateway reserves the input at the "
+        "mapping's input_per_mtok: exact for token arrays, a token per byte for text; "
+        "there is no output."
+    ),
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        "model": {
+            "type": "string",
+            "minLength": 1,
+            "description": "A model group of kind embeddings the key may call.",
+        },
+        "input": {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 2048,
+                    "items": {"type": "string", "minLength": 1},
+                },
+                _TOKEN_ARRAY,
+                {"type": "array", "minItems": 1, "maxItems": 2048, "items": _TOKEN_ARRAY},
+            ]
+        },
+        "dimensions": _nullable(_TOKENS),
+        "encoding_format": _nullable({"enum": ["float", "base64"]}),
+        "user": _nullable(_STRING),
+    },
+    "additionalProperties": True,
+}
+_SCHEMAS["Embeddings"] = {
+    "description": "OpenAI's embeddings list: one embedding per input, in order.",
+    "type": "object",
+    "required": ["object", "data", "model", "usage"],
+    "properties": {
+        "object": {"const": "list"},
+        "data": {
+            "type": "array",
+            "items": _object(
+                ["object", "index", "embedding"],
+                object={"const": "embedding"},
+                index={"type": "integer", "minimum": 0},
+                embedding={
+                    "anyOf": [
+                        {"type": "array", "items": {"type": "number"}},
+                        {"type": "string", "description": "base64 of float32s, little-endian"},
+                    ]
+                },
+            ),
+        },
+        "model": _STRING,
+        "usage": _object(
+            ["prompt_tokens", "total_tokens"],
+            prompt_tokens={"type": "integer", "minimum": 0},
+            total_tokens={"type": "integer", "minimum": 0},
+        ),
+    },
 }
 
 

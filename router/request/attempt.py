@@ -18,6 +18,7 @@ from router.config import Driver as DriverName
 from router.config import Mapping as ModelMapping
 from router.drivers import DriverResult, DriverStream, PreparedCall, UpstreamFailure
 from router.request.classify import Classification
+from router.request.composer import Dispatch
 from router.request.ports import UpstreamDriver
 from router.request.resume import Seam
 from router.request.walk import Kind
@@ -35,6 +36,8 @@ class AttemptRoute:
     driver_name: DriverName  # the endpoint's `driver`: what it sends on, so may be billed
     cause: Literal["first", "retry", "failover", "hedge"]
     worst_case_usd: Decimal
+    # A composed group's attempt: the directive its pool was given (contract §4 "Pools").
+    dispatch: Dispatch | None = None
 
 
 @dataclass(slots=True)

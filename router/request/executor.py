@@ -34,11 +34,14 @@ from router.drivers import UpstreamFailure
 from router.errors import (
     AttemptSummary,
     GatewayError,
+    composition_error,
     ledger_unavailable,
 )
-from router.request.attempt import Attempt
+from router.request.attempt import Attempt, AttemptRoute
 from router.request.call import Call, Caller, Completion, StreamingCompletion
 from router.request.classify import BreakerScope, Classification
+from router.request.composed import routing_for
+from router.request.composer import CompositionError
 from router.request.endings import Endings
 from router.request.final_error import final_error
 from router.request.journal import KeyMoved
@@ -54,7 +57,7 @@ from router.request.records import (
 )
 from router.request.relay import SEAM_BROKEN, StreamRelay
 from router.request.resume import Seam, can_continue
-from router.request.routing import GroupPlan, Routing
+from router.request.routing import GroupPlan
 from router.request.runner import AttemptRunner
 from router.request.upstream_call import server_address
 from router.request.walk import (
@@ -118,10 +121,11 @@ class Executor:
         started = ports.clock.monotonic()
         self.deadline = started + deadline_ms / 1000
         p95 = ports.first_answers.p95(group.name, call.stream) if hedge_p95(defaults) else None
-        self.walk = Walk(policy=walk_policy(defaults, requirements, plan.targets, p95))
+        policy = walk_policy(defaults, requirements, plan.targets, p95, plan.pool_policies)
+        self.walk = Walk(policy=policy)
         self.open: dict[str, Attempt] = {}  # started, their end not yet recorded
         self.failures: dict[str, Attempt] = {}  # failed attempts, for their decisions
-        self.routing = Routing(
+        self.routing = routing_for(
             ports, plan, caller.workspace, requirements, request_id, budget, journal
         )
         self.relay = relay = StreamRelay(
@@ -259,7 +263,7 @@ class Executor:
                 if attempt.kind != "resume":
                     waited = self.endings.took(attempt)
                     self.ports.first_answers.add(self.group.name, self.call.stream, waited)
-                    if self.group.strategy == "least_latency":
+                    if self.plan.observes_latency:
                         mapping = attempt.route.mapping
                         await self.ports.latency.observe((mapping.endpoint, mapping.model), waited)
                 answered = not self.call.stream
@@ -267,9 +271,24 @@ class Executor:
             return await self._attempt_failed(attempt)
 
     async def _route(self, action: Route) -> Routed | Unroutable:
-        """Find the mapping for the walk's next attempt: a retry or a resume asks only the
-        breakers of the targets it names; any other purpose evaluates every mapping and
-        chooses one (contract §4)."""
+        """Find the mapping for the walk's next attempt, or end the request with a
+        composition error (contract §4 "Pools"): found before any upstream I/O, it is never
+        failed over and never counted against an upstream."""
+        try:
+            return await self._find_route(action)
+        except CompositionError as broken:
+            error = composition_error(broken.rule, broken.detail)
+            if self.open:  # a hedge's route: the way running ends with the request
+                self._record_abandoned(canceled=False, error=error)
+                raise error from None
+            self._stop_hedge_timer()
+            raise await self.endings.fail(
+                error, self.walk.attempts, **self._failed_stream()
+            ) from None
+
+    async def _find_route(self, action: Route) -> Routed | Unroutable:
+        """A retry or a resume asks only the breakers of the targets it names; any other
+        purpose evaluates every mapping and chooses one (contract §4)."""
         if action.only is None:
             return await self.routing.choose(action)
         target = await self.routing.admit_one_of(action.only)
@@ -314,6 +333,8 @@ class Executor:
             action.delivered_chars,
             action.hedge_of,
             routing.admitted_as,
+            route.dispatch,
+            self._group_path(route),
         )
         seam = Seam(self.relay.delivered()) if action.kind == "resume" else None
         call = None
@@ -344,6 +365,12 @@ class Executor:
         attempt.probes, routing.probes = routing.probes, ()
         self.open[attempt_id] = attempt
         return Started(attempt_id, action.target, action.kind)
+
+    def _group_path(self, route: AttemptRoute) -> tuple[str, ...]:
+        composition = self.plan.composition
+        if composition is None or route.dispatch is None:
+            return ()
+        return composition.path(route.dispatch.pool)
 
     def _stop_hedge_timer(self) -> None:
         if self._hedge_timer is not None:

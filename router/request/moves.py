@@ -59,6 +59,9 @@ class Target:
     model: str  # the upstream model
     context_window: int
     resume: ResumeMode = "none"
+    # The pool of a composed group it lies in (contract §4 "Pools"): a retry, a hedge or a
+    # resume of an attempt there stays inside it. None: the requested group's own mapping.
+    pool: str | None = None
 
 
 # --- what happened ------------------------------------------------------------------------

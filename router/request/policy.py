@@ -37,29 +37,40 @@ def walk_policy(
     requirements: Requirements,
     siblings: tuple[Target, ...],
     p95_ms: int | None = None,
+    pools: tuple[tuple[str, Defaults], ...] = (),
 ) -> WalkPolicy:
     """The walk's policy for one request: ``defaults`` (the group's, ``Config.policy_for``),
     narrowed by ``requirements`` (the caller's headers, the body's server-side effects);
     ``siblings``, every mapping of the group (:func:`group_targets`); ``p95_ms``, the group's
     observed time to a first answer (:meth:`FirstAnswerTimes.p95`), which replaces
-    ``hedge.after_ms`` under ``hedge.after_p95``."""
-    hedge = defaults.hedge
-    # A request that asks the provider for server-side effects is never sent twice.
-    hedged = hedge.enabled and not requirements.server_side_effects
-    after_ms = None
-    if hedged:
-        after_ms = hedge.after_ms
-        if hedge.after_p95:
-            after_ms = p95_ms or after_ms
+    ``hedge.after_ms`` under ``hedge.after_p95``; ``pools``, a composed group's pools and
+    their policies, whose hedging holds for the attempts in them (``after_p95`` falls back
+    to ``after_ms`` there: first answers are counted per requested group)."""
+    after_ms, max_ways = _hedging(defaults, requirements, p95_ms)
     return WalkPolicy(
         defaults=defaults,
         allow_failover=requirements.allow_failover,
         allow_unknown_execution=requirements.allow_unknown_execution,
         server_side_effects=requirements.server_side_effects,
         hedge_after_ms=after_ms,
-        max_ways=hedge.max_ways if hedged else 1,
+        max_ways=max_ways,
         siblings=siblings,
+        pool_hedging=tuple((name, *_hedging(policy, requirements, None)) for name, policy in pools),
     )
+
+
+def _hedging(
+    defaults: Defaults, requirements: Requirements, p95_ms: int | None
+) -> tuple[int | None, int]:
+    """The hedge delay (None: never hedged) and the ways of a policy, for this request."""
+    hedge = defaults.hedge
+    # A request that asks the provider for server-side effects is never sent twice.
+    if not hedge.enabled or requirements.server_side_effects:
+        return None, 1
+    after_ms = hedge.after_ms
+    if hedge.after_p95:
+        after_ms = p95_ms or after_ms
+    return after_ms, hedge.max_ways
 
 
 def hedge_p95(defaults: Defaults) -> bool:

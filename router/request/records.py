@@ -21,6 +21,7 @@ from router.drivers import DriverResult, DriverStream, UpstreamFailure
 from router.errors import GatewayError
 from router.request.call import Call, Caller
 from router.request.classify import Classification
+from router.request.composer import Dispatch
 from router.request.decision import Decision
 from router.request.selection import RouteContext
 
@@ -215,6 +216,7 @@ def route_evaluated(
     context: RouteContext,
     chosen: ev.RouteChoice | None,
     strategy: Literal["weighted", "least_latency", "least_cost"],
+    group_path: tuple[str, ...] = (),
 ) -> ev.RouteEvaluated:
     return ev.RouteEvaluated(
         request_id=request_id,
@@ -223,6 +225,7 @@ def route_evaluated(
         tried_endpoints=tuple(sorted(context.tried_endpoints)),
         chosen=chosen,
         strategy=strategy,
+        group_path=group_path,  # a composed group's level (contract §4 "Pools")
     )
 
 
@@ -242,6 +245,8 @@ def attempt_started(
     delivered_chars: int | None,
     hedge_of: str | None,
     admitted_as: str,
+    dispatch: Dispatch | None = None,
+    group_path: tuple[str, ...] = (),
 ) -> ev.AttemptStarted:
     return ev.AttemptStarted(
         request_id=request_id,
@@ -262,6 +267,11 @@ def attempt_started(
         delivered_chars=delivered_chars,
         hedge_of=hedge_of,
         admitted_as=admitted_as,
+        # A composed group's attempt (contract §4 "Pools"): its directive, pool and path.
+        dispatch=dispatch.directive if dispatch else None,
+        pool=dispatch.pool if dispatch else None,
+        group_path=group_path,
+        preferred_endpoint=dispatch.preferred if dispatch else None,
     )
 
 

@@ -11,6 +11,7 @@ refused.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from router.adapters.disabling import detail as disabled_detail
 from router.config import Config, Defaults, ModelGroup, Workspace
 from router.config import Mapping as ModelMapping
 from router.request.attempt import AttemptRoute
+from router.request.composer import Composition, compose
 from router.request.policy import group_targets
 from router.request.ports import Budget, Journal, Ports
 from router.request.records import route_evaluated
@@ -47,11 +49,26 @@ class GroupPlan:
     mapping_keys: tuple[BreakerKey, ...]  # each mapping's own breaker
     breaker_keys: tuple[BreakerKey, ...]  # all of them: the endpoints', then the mappings'
     can_resume: bool  # some mapping can continue a broken stream
+    # A composed group (contract §4 "Pools"): ``group`` is then its flat group — its own
+    # mappings, then each pool's — and this maps a flat index back to its pool.
+    composition: Composition | None = None
+    observes_latency: bool = False  # a strategy of it (or of a pool) reads latency figures
+    pool_policies: tuple[tuple[str, Defaults], ...] = ()  # each pool's, for its hedging
 
 
 def plan_for(config: Config, group: ModelGroup) -> GroupPlan:
+    composition = None
+    strategies = {group.strategy}
+    if group.pools:
+        composition, group = compose(config, group)
+        strategies |= {member.group.strategy for member in composition.pools}
     mappings = group.mappings
     targets = group_targets(group)
+    if composition is not None:
+        targets = tuple(
+            dataclasses.replace(t, pool=p.name if (p := composition.pool_of(i)) else None)
+            for i, t in enumerate(targets)
+        )
     endpoint_keys = tuple(BreakerKey.endpoint(m.endpoint) for m in mappings)
     mapping_keys = tuple(BreakerKey.mapping(m.endpoint, m.model) for m in mappings)
     return GroupPlan(
@@ -69,6 +86,12 @@ def plan_for(config: Config, group: ModelGroup) -> GroupPlan:
         mapping_keys=mapping_keys,
         breaker_keys=endpoint_keys + mapping_keys,
         can_resume=any(target.resume != "none" for target in targets),
+        composition=composition,
+        observes_latency="least_latency" in strategies,
+        pool_policies=tuple(
+            (member.name, config.policy_for(member.name))
+            for member in (composition.pools if composition else ())
+        ),
     )
 
 
@@ -126,31 +149,7 @@ class Routing:
         admission is evaluated again, counted as such."""
         ports, plan, journal = self._ports, self._plan, self._journal
         while True:
-            if journal.has_effects:
-                # A failed attempt's hold was just released or kept: the balances this
-                # evaluation reads must include that.
-                await journal.flush()
-            breaker_open = self._breaker_lookup(await ports.breakers.blocked(plan.breaker_keys))
-            saturated = await self._saturation_lookup()
-            latencies = None
-            if plan.group.strategy == "least_latency":
-                latencies = await ports.latency.read(plan.places)
-            disabled = await ports.disabled.current()
-            # Priced as at this attempt's start: its reservation and its settlement use the
-            # price in force now (contract §2, price history), whenever it ends.
-            group = plan.group.priced_at(ports.clock.now())
-            candidates = evaluate(
-                ports.config,
-                self._workspace,
-                group,
-                self._requirements,
-                action.context,
-                breaker_open=breaker_open,
-                over_budget=await self._budget.over_budget_check(),
-                latencies=latencies,
-                saturated=saturated,
-                credentials_disabled=functools.partial(disabled_detail, disabled),
-            )
+            group, candidates = await self._evaluate(action)
             choice = select(candidates, ports.rr, self._workspace.id, group)
             self.sequence += 1
             journal.queue(
@@ -177,6 +176,37 @@ class Routing:
                 driver = ports.drivers[choice.endpoint]
                 self.routed = AttemptRoute(choice, mapping, driver, endpoint.driver, "first", worst)
                 return Routed(plan.targets[choice.mapping_index])
+
+    async def _evaluate(self, action: Route) -> tuple[ModelGroup, tuple[ev.Candidate, ...]]:
+        """Every mapping of the plan's group evaluated (contract §4), with the group as
+        priced now."""
+        ports, plan, journal = self._ports, self._plan, self._journal
+        if journal.has_effects:
+            # A failed attempt's hold was just released or kept: the balances this
+            # evaluation reads must include that.
+            await journal.flush()
+        breaker_open = self._breaker_lookup(await ports.breakers.blocked(plan.breaker_keys))
+        saturated = await self._saturation_lookup()
+        latencies = None
+        if plan.observes_latency:
+            latencies = await ports.latency.read(plan.places)
+        disabled = await ports.disabled.current()
+        # Priced as at this attempt's start: its reservation and its settlement use the
+        # price in force now (contract §2, price history), whenever it ends.
+        group = plan.group.priced_at(ports.clock.now())
+        candidates = evaluate(
+            ports.config,
+            self._workspace,
+            group,
+            self._requirements,
+            action.context,
+            breaker_open=breaker_open,
+            over_budget=await self._budget.over_budget_check(),
+            latencies=latencies,
+            saturated=saturated,
+            credentials_disabled=functools.partial(disabled_detail, disabled),
+        )
+        return group, candidates
 
     async def admit_one_of(self, targets: tuple[Target, ...]) -> Target | None:
         """The first of ``targets`` (a retry's or a resume's) not disabled whose slot and

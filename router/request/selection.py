@@ -170,9 +170,12 @@ def _context_too_small(s: _Subject) -> str | None:
     floor = context.larger_context_than
     if floor is not None and mapping.context_window <= floor:
         return f"context_window {mapping.context_window} <= failed {floor}"
-    needed = input_tokens(mapping, s.requirements, s.endpoint.driver) + output_tokens(
-        mapping, s.requirements
-    )
+    if s.requirements.kind == "embeddings":
+        needed = s.requirements.largest_input_tokens  # each input is embedded on its own
+    else:
+        needed = input_tokens(mapping, s.requirements, s.endpoint.driver) + output_tokens(
+            mapping, s.requirements
+        )
     if needed > mapping.context_window:
         return f"context_window {mapping.context_window} < needed {needed}"
     return None

@@ -38,6 +38,7 @@ def chat_request(call: Call, route: AttemptRoute, seam: Seam | None = None) -> C
         max_tokens=max_tokens,
         stream=call.stream,
         native=native,
+        kind="embeddings" if call.requirements.kind == "embeddings" else "chat",
     )
 
 

@@ -103,6 +103,16 @@ class WalkPolicy:
     hedge_after_ms: int | None = None  # None: this request is never hedged
     max_ways: int = 1
     siblings: tuple[Target, ...] = ()  # every mapping of the group (for resume targets)
+    # A composed group's pools keep their own hedging (contract §4 "Pools"): each pool's
+    # (name, hedge_after_ms, max_ways), for the attempts that run in it.
+    pool_hedging: tuple[tuple[str, int | None, int], ...] = ()
+
+    def hedging(self, pool: str | None) -> tuple[int | None, int]:
+        """The hedge delay and ways of an attempt in ``pool`` (None: the group's own)."""
+        for name, after_ms, ways in self.pool_hedging:
+            if name == pool:
+                return after_ms, ways
+        return self.hedge_after_ms, self.max_ways
 
 
 @dataclass(frozen=True, slots=True)
@@ -275,12 +285,12 @@ def _started(walk: Walk, started: Started) -> Step:
         running=(*walk.running, way),
     )
     actions: list[Action] = [Run(started.attempt_id)]
-    after = walk.policy.hedge_after_ms
+    after, ways = walk.policy.hedging(started.target.pool)
     if (
         after is not None
         and started.kind != "resume"
         and not walk.committed
-        and len(walk.running) < walk.policy.max_ways
+        and len(walk.running) < ways
     ):
         actions.append(ArmHedge(after))
     return Step(walk, tuple(actions))
@@ -294,7 +304,7 @@ def _hedge_due(walk: Walk) -> Step:
         or not walk.running
         or walk.routing is not None
         or walk.starting is not None
-        or len(walk.running) >= policy.max_ways
+        or len(walk.running) >= policy.hedging(walk.running[0].target.pool)[1]
         or walk.attempts >= policy.defaults.max_attempts
     ):
         return Step(walk, ())
@@ -421,6 +431,7 @@ def _resume_targets(walk: Walk) -> tuple[Target, ...]:
         t
         for t in policy.siblings
         if t.model == broken.model
+        and t.pool == broken.pool  # a pool's resumes stay in its scope (contract §4 "Pools")
         and t.resume != "none"
         and t.endpoint != broken.endpoint
         and policy.allow_failover

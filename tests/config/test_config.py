@@ -307,7 +307,7 @@ ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     (
         "empty_mappings",
         lambda d: d["models"][0].update(mappings=[]),
-        "models[0].mappings: must not be empty",
+        "models[0]: a model group lists mappings, pools, or both: it has neither",
     ),
     (
         "unknown_failure_class",
@@ -364,7 +364,7 @@ ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     (
         "bad_kind",
         lambda d: d["models"][0].update(kind="embedding"),
-        "models[0].kind: must be 'chat'",
+        "models[0].kind: must be 'chat' or 'embeddings'",
     ),
     (
         "bad_generation",
@@ -1293,3 +1293,47 @@ def test_a_group_policy_walks_by_the_rolling_breaker_of_defaults() -> None:
         )
     )
     assert config.policy_for("chat-default").breaker == config.defaults.breaker
+
+
+# --- embeddings groups -----------------------------------------------------------------------
+
+
+def _embeddings_group(data: dict[str, Any], endpoint: str, capabilities: list[str]) -> None:
+    data["models"].append(
+        {
+            "name": "embed",
+            "kind": "embeddings",
+            "mappings": [
+                {
+                    "endpoint": endpoint,
+                    "model": "text-embedding-3-small",
+                    "capabilities": capabilities,
+                    "context_window": 8191,
+                    "max_output_tokens": 1,
+                    "price": {"input_per_mtok": 0.02, "output_per_mtok": 0},
+                }
+            ],
+        }
+    )
+
+
+def test_an_embeddings_group_of_openai_mappings_that_embed_validates():
+    config = _parse(_mutated(lambda d: _embeddings_group(d, "openai-east", ["embeddings"])))
+    group = config.model_group("embed")
+    assert group is not None and group.kind == "embeddings"
+    chat = config.model_group("chat-default")
+    assert chat is not None and chat.kind == "chat"
+
+
+def test_an_embeddings_mapping_must_declare_it_embeds():
+    errors = _errors(_mutated(lambda d: _embeddings_group(d, "openai-east", ["text"])))
+    assert any(
+        "models[1].mappings[0].capabilities" in e and "must declare embeddings" in e for e in errors
+    )
+
+
+def test_an_anthropic_endpoint_is_never_in_an_embeddings_group():
+    errors = _errors(_mutated(lambda d: _embeddings_group(d, "anthropic-eu", ["embeddings"])))
+    assert any("models[1].mappings[0].endpoint" in e and "cannot embed" in e for e in errors), (
+        errors
+    )

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from router.fake_provider import PART_TOKENS, Behavior, FakeUpstream, Kind, reply_pieces
+from router.fake_provider import PART_TOKENS, Behavior, FakeUpstream, Kind, embedding, reply_pieces
 
 REPLY = "Hello from east: héllo 日本 🚀"
 MESSAGES = [{"role": "user", "content": "x" * 40}]  # 40 chars -> 40 // 4 + 1 = 11 tokens
@@ -975,3 +975,18 @@ def test_standalone_process_prints_its_port_then_serves():
     finally:
         process.terminate()
         assert process.wait(timeout=5) == 0
+
+
+def test_embeddings_are_the_same_for_the_same_input_on_every_fake(client):
+    with (
+        FakeUpstream("west") as west,
+        openai.OpenAI(base_url=west.base_url, api_key="x", max_retries=0) as other,
+    ):
+        here = client.embeddings.create(model="m", input=["a", "b"], encoding_format="float")
+        there = other.embeddings.create(model="m", input=["a", "b"])  # base64, decoded
+    assert [d.embedding for d in here.data] == [d.embedding for d in there.data]
+    assert here.data[0].embedding == embedding("a") != embedding("b")
+    assert client.embeddings.create(model="m", input="a", dimensions=3).data[0].embedding == (
+        embedding("a", 3)
+    )
+    assert here.usage.prompt_tokens == here.usage.total_tokens == 2

@@ -108,10 +108,16 @@ def config_text(
     checkpoints: str = "",
     policies: dict[str, str] | None = None,
     strategies: dict[str, str] | None = None,
+    groups: dict[str, str] | None = None,
+    workspace_models: dict[str, Sequence[str]] | None = None,
+    embedding_routes: Sequence[Route] = (),
 ) -> str:
     """``policies``, ``strategies``: model group name → its ``policy:`` block (a YAML flow
     mapping), its ``strategy``. ``chat`` always exists; any other name is one more group
-    with the same mappings."""
+    with the same mappings. ``groups``: more model groups, name → the YAML of the rest of
+    the group (:func:`mappings_yaml` writes mappings); ``workspace_models``: a workspace's
+    model groups, when not every group's. ``embedding_routes``: the mappings of one more
+    group, ``embed``, of kind ``embeddings``."""
     drivers = drivers or {}
     policies = policies or {}
     endpoint_extra = endpoint_extra or {}
@@ -135,6 +141,50 @@ def config_text(
 {endpoint_extra.get(name, "")}
 """
         )
+    mappings = [mappings_yaml(routes)]
+    settings = {**BASE_DEFAULTS, **(defaults or {})}
+    defaults_yaml = "".join(f"  {key}: {value}\n" for key, value in settings.items())
+    limits_yaml = f"limits: {limits}\n" if limits else ""
+    if checkpoints:
+        limits_yaml += f"checkpoints: {checkpoints}\n"
+    strategies = strategies or {}
+    names = list(dict.fromkeys(["chat", *policies, *strategies]))
+    more = groups or {}
+    group_yaml = "".join(
+        f"  - name: {name}\n"
+        + (f"    policy: {policies[name]}\n" if name in policies else "")
+        + (f"    strategy: {strategies[name]}\n" if name in strategies else "")
+        + (more[name] if name in more else f"    mappings:\n{''.join(mappings)}")
+        for name in names
+    ) + "".join(f"  - name: {name}\n{rest}" for name, rest in more.items() if name not in names)
+    names = list(dict.fromkeys([*names, *more]))
+    if embedding_routes:
+        embed = mappings_yaml(embedding_routes)
+        group_yaml += f"  - name: embed\n    kind: embeddings\n    mappings:\n{embed}"
+        names.append("embed")
+    allowed = {"acme": names, "other": names, **(workspace_models or {})}
+    return f"""generation: {generation}
+{limits_yaml}defaults:
+{defaults_yaml}
+endpoints:
+{"".join(endpoints)}
+models:
+{group_yaml}
+workspaces:
+  - id: acme
+    models: [{", ".join(allowed["acme"])}]
+    regions: [us-east]
+    data_class: internal
+{workspace_extra}
+  - id: other
+    models: [{", ".join(allowed["other"])}]
+    regions: [us-east]
+    data_class: internal
+"""
+
+
+def mappings_yaml(routes: Sequence[Route]) -> str:
+    """The ``mappings:`` items of a model group, one per route."""
     mappings = []
     for route in routes:
         mappings.append(
@@ -149,38 +199,7 @@ def config_text(
         price: {route.price}
 """
         )
-    settings = {**BASE_DEFAULTS, **(defaults or {})}
-    defaults_yaml = "".join(f"  {key}: {value}\n" for key, value in settings.items())
-    limits_yaml = f"limits: {limits}\n" if limits else ""
-    if checkpoints:
-        limits_yaml += f"checkpoints: {checkpoints}\n"
-    strategies = strategies or {}
-    names = list(dict.fromkeys(["chat", *policies, *strategies]))
-    groups = "".join(
-        f"  - name: {name}\n"
-        + (f"    policy: {policies[name]}\n" if name in policies else "")
-        + (f"    strategy: {strategies[name]}\n" if name in strategies else "")
-        + f"    mappings:\n{''.join(mappings)}"
-        for name in names
-    )
-    return f"""generation: {generation}
-{limits_yaml}defaults:
-{defaults_yaml}
-endpoints:
-{"".join(endpoints)}
-models:
-{groups}
-workspaces:
-  - id: acme
-    models: [{", ".join(names)}]
-    regions: [us-east]
-    data_class: internal
-{workspace_extra}
-  - id: other
-    models: [{", ".join(names)}]
-    regions: [us-east]
-    data_class: internal
-"""
+    return "".join(mappings)
 
 
 def closed_port() -> int:

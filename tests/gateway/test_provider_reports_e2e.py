@@ -304,9 +304,13 @@ def test_reconcile_fetch_pages_through_the_admin_api_then_reconciles(
     assert report["provider"] == "east" and report["format"] == "openai-usage"
     assert len(report["unattributed_provider_usage"]) == 1
     assert [c["status"] for c in report["buckets"]].count("settled_unknown") == 1
-    # One page a bucket, the first answered 429 once and asked again; the key sent as
-    # OpenAI wants it, the report grouped and filtered by east's identity.
-    assert [r.status for r in requests] == [429] + [200] * len(buckets)
+    # One page a bucket, the first answered 429 once and asked again, then the embeddings
+    # usage (one empty page); the key sent as OpenAI wants it, the report grouped and
+    # filtered by east's identity.
+    assert [r.status for r in requests] == [429] + [200] * (len(buckets) + 1)
+    assert {r.path for r in requests[:-1]} == {"/v1/organization/usage/completions"}
+    assert requests[-1].path == "/v1/organization/usage/embeddings"
+    assert requests[-1].params == requests[1].params
     assert all(r.headers["authorization"] == "Bearer sk-admin-secret-never-shown" for r in requests)
     first = dict(requests[1].params)
     assert first["bucket_width"] == "1h" and first["project_ids"] == "proj_east"
@@ -318,7 +322,7 @@ def test_reconcile_fetch_pages_through_the_admin_api_then_reconciles(
     assert [dict(r.params).get("page") for r in requests[1:3]] == [None, "page_1"]
     assert "sk-admin-secret" not in fetched.stdout + fetched.stderr
     saved = sorted((tmp_path / "pages").iterdir())
-    assert len(saved) == len(buckets)
+    assert len(saved) == len(buckets) + 1
 
     # The saved pages are the same report: importing them gives the recorded one back.
     again = waybill(

@@ -135,7 +135,7 @@ def test_a_worker_that_dies_is_started_again_and_serves(postgres_url: str, tmp_p
             time.sleep(0.1)
         wait_ready(port, process)
         answers = asyncio.run(_send(port, secret, 20))
-        assert [a.status_code for a in answers] == [200] * 20
+        assert [a.status_code for a in answers] == [200] * 20, [a.text for a in answers]
 
 
 def test_workers_need_postgresql(sqlite_url: str) -> None:

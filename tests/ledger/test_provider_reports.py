@@ -293,3 +293,65 @@ def test_a_bad_analytics_row_is_refused_naming_its_field() -> None:
     cost["data"][0]["cost"]["currency"] = "EUR"
     with pytest.raises(ExportError, match="must be USD"):
         parse_report([(None, json.dumps(cost).encode())])
+
+
+def _embeddings_page(*buckets: dict[str, Any]) -> bytes:
+    return json.dumps({"object": "page", "data": list(buckets), "has_more": False}).encode()
+
+
+def _embeddings_bucket(start: int, *tokens: int) -> dict[str, Any]:
+    results = [
+        {
+            "object": "organization.usage.embeddings.result",
+            "input_tokens": n,
+            "num_model_requests": 1,
+            "project_id": "proj_waybill_east",
+            "api_key_id": "key_east_prod",
+            "model": "text-embedding-3-small",
+        }
+        for n in tokens
+    ]
+    return {"object": "bucket", "start_time": start, "end_time": start + 3600, "results": results}
+
+
+def test_embeddings_usage_pages_are_openai_usage_read_as_input_only() -> None:
+    start = int(datetime(2026, 11, 30, 14, tzinfo=UTC).timestamp())
+    data = _embeddings_page(_embeddings_bucket(start, 700))
+    assert detect_format(data) == "openai-usage"
+    (row,) = parse_report([("e.json", data)]).rows
+    assert row.usage == Usage(input_tokens=700, output_tokens=0)
+    assert row.model == "text-embedding-3-small" and row.requests == 1
+
+
+def test_the_completions_and_embeddings_buckets_of_one_hour_are_one_bucket() -> None:
+    # The saved completions page: results at 14:00, an empty 15:00.
+    completions = page("openai-usage")
+    first = int(datetime(2026, 11, 30, 14, tzinfo=UTC).timestamp())
+    embeddings = _embeddings_page(
+        _embeddings_bucket(first, 700), _embeddings_bucket(first + 3600, 50)
+    )
+    whole = parse_report([("c.json", completions), ("e.json", embeddings)])
+    assert [(b.start.hour, len(b.rows)) for b in whole.buckets] == [(14, 3), (15, 1)]
+    models = [r.model for r in whole.buckets[0].rows]
+    assert "text-embedding-3-small" in models and "gpt-4o-mini-2024-07-18" in models
+    # In either order, and with an empty embeddings hour beside a full completions one.
+    reversed_ = parse_report([("e.json", embeddings), ("c.json", completions)])
+    assert [len(b.rows) for b in reversed_.buckets] == [3, 1]
+    empty = _embeddings_page(_embeddings_bucket(first))
+    assert len(parse_report([("c.json", completions), ("e.json", empty)]).rows) == 2
+
+
+def test_one_endpoints_bucket_saved_twice_with_other_results_is_still_refused() -> None:
+    start = int(datetime(2026, 11, 30, 14, tzinfo=UTC).timestamp())
+    one = _embeddings_page(_embeddings_bucket(start, 700))
+    other = _embeddings_page(_embeddings_bucket(start, 701))
+    with pytest.raises(ExportError, match="with other results"):
+        parse_report([("a.json", one), ("b.json", other)])
+
+
+def test_a_bucket_mixing_both_endpoints_results_is_refused() -> None:
+    mixed = body("openai-usage")
+    start = mixed["data"][0]["start_time"]
+    mixed["data"][0]["results"] += _embeddings_bucket(start, 5)["results"]
+    with pytest.raises(ExportError, match="one usage endpoint"):
+        parse_report([("m.json", json.dumps(mixed).encode())])

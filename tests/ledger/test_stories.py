@@ -148,3 +148,22 @@ def test_a_request_whose_beginning_was_not_seen_is_not_judged():
     assert stories.feed(7, "request-old", body) == []
     assert stories.feed(8, "breaker", {"type": "BreakerTransitioned", "data": {}}) == []
     assert stories.checked == 0
+
+
+def test_a_pooled_retry_hedge_or_resume_stays_in_its_pool():
+    # contract §4 "Pools": a child's retries, hedges and resumes stay inside the pool.
+    inside = _Story().started("a1", "east", pool="local", dispatch="delegate_pool")
+    inside.started("a2", "north", "hedge", kind="hedge", hedge_of="a1", pool="local")
+    inside.finished("a2").finished("a1").decided("a1", "retry")
+    inside.started("a3", "east", "retry", pool="local")
+    assert inside.rules() == []
+    hedged = _Story().started("a1", "east", pool="local")
+    hedged.started("a2", "west", "hedge", kind="hedge", hedge_of="a1", pool="cloud")
+    assert hedged.rules() == ["left_pool"]
+    resumed = _Story().started("a1", "east", pool="local").finished("a1")
+    resumed.decided("a1", "resume").started(
+        "a2", "west", "failover", kind="resume", resumed_from="a1", pool="cloud"
+    )
+    assert resumed.rules() == ["left_pool"]
+    failover = _failed_once().decided("a1", "failover").started("a2", "west", pool="cloud")
+    assert failover.rules() == []  # a failover may cross to another pool

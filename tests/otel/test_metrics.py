@@ -184,3 +184,30 @@ def test_the_events_the_metrics_skip_unread_are_those_no_case_reads() -> None:
         if isinstance(node, ast.MatchClass) and isinstance(node.cls, ast.Attribute)
     }
     assert {getattr(ev, name).type for name in named} == metrics._MEASURED
+
+
+def test_an_embeddings_requests_attempts_are_the_embeddings_operation():
+    import dataclasses
+
+    pipeline, reader = _pipeline()
+    embedded = failover_trail("r1")
+    embedded[0] = dataclasses.replace(
+        embedded[0], data={**embedded[0].data, "api": "openai.embeddings"}
+    )
+    for event in [*embedded, *quota_trail("r2")]:
+        pipeline.metrics.record(event)
+    operations = {
+        (p.attributes[sc.GEN_AI_REQUEST_MODEL], p.attributes.get(sc.ERROR_TYPE)): p.attributes[
+            sc.GEN_AI_OPERATION_NAME
+        ]
+        for p in _points(reader)[sc.GEN_AI_CLIENT_OPERATION_DURATION]
+    }
+    # r1's attempts embed; r2's, a chat on the same model, stay chat.
+    assert operations == {
+        ("gpt-4o-mini", "upstream_unavailable"): "embeddings",
+        ("claude-3-5", None): "embeddings",
+        ("gpt-4o-mini", "quota_exhausted"): "chat",
+    }
+    tokens = _points(reader)[sc.GEN_AI_CLIENT_TOKEN_USAGE]
+    assert {p.attributes[sc.GEN_AI_OPERATION_NAME] for p in tokens} == {"embeddings"}
+    pipeline.shutdown()

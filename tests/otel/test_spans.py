@@ -263,3 +263,20 @@ def test_readable_spans_keep_ids_timestamps_parents_and_status():
     assert request.events[0].timestamp == int(T0.timestamp()) * 10**9
     assert request.instrumentation_scope is not None
     assert request.instrumentation_scope.schema_url == sc.SCHEMA_URL
+
+
+def test_an_embeddings_request_is_the_embeddings_operation_on_every_span():
+    trail = failover_trail("r1")
+    data = {
+        **trail[0].data,
+        "api": "openai.embeddings",
+        "requirements": {**trail[0].data["requirements"], "kind": "embeddings"},
+    }
+    trail[0] = dataclasses.replace(trail[0], data=data)
+    spans = request_spans(trail)
+    assert [s.name for s in spans] == [
+        "embeddings chat-default",
+        "embeddings gpt-4o-mini",
+        "embeddings claude-3-5",
+    ]
+    assert {s.attributes[sc.GEN_AI_OPERATION_NAME] for s in spans} == {"embeddings"}

@@ -37,7 +37,7 @@ from router.request.classify import Classification, UpstreamOutcome, classify
 from router.request.executor import Executor
 from router.request.policy import FirstAnswerTimes
 from router.request.ports import Ports, Timer
-from router.request.routing import plan_for
+from router.request.routing import GroupPlan, plan_for
 from router.request.selection import WeightedRoundRobin
 
 ENV = {"KEY": "sk-test"}
@@ -466,8 +466,11 @@ class World:
             instance_id="gw-test",
         )
 
-    def executor(self, *, stream: bool = False, **body: Any) -> Executor:
-        """A request to group ``chat``, its body's other fields ``body``."""
+    def executor(
+        self, *, stream: bool = False, plan: GroupPlan | None = None, **body: Any
+    ) -> Executor:
+        """A request to group ``chat`` (served by ``plan``, else the config's), its body's
+        other fields ``body``."""
         group = self.config.model_group("chat")
         workspace = self.config.workspace("acme")
         assert group is not None and workspace is not None
@@ -485,7 +488,7 @@ class World:
             request_limit=None,
             owner="gw-test",
         )
-        plan = plan_for(self.config, group)
+        plan = plan or plan_for(self.config, group)
         return Executor(
             self.ports, plan, caller, call, "req-1", budget=budget, journal=self.journal
         )

@@ -64,3 +64,14 @@ def test_after_p95_takes_the_observed_p95_once_there_is_one() -> None:
     assert times.p95("chat", False) == 19
     assert times.p95("chat", True) is None, "streams and buffered answers apart"
     assert walk_policy(defaults, Requirements(), (), times.p95("chat", False)).hedge_after_ms == 19
+
+
+def test_each_pool_keeps_its_own_hedging_unless_the_request_has_server_side_effects() -> None:
+    hedged = Defaults(hedge=Hedge(enabled=True, after_ms=250, max_ways=2, after_p95=True))
+    pools = (("local", hedged), ("cloud", Defaults()))
+    policy = walk_policy(Defaults(), Requirements(), (), None, pools)
+    # after_p95 falls back to after_ms in a pool: first answers are counted per group asked.
+    assert policy.pool_hedging == (("local", 250, 2), ("cloud", None, 1))
+    assert policy.hedging("local") == (250, 2) and policy.hedging(None) == (None, 1)
+    strict = walk_policy(Defaults(), Requirements(server_side_effects=True), (), None, pools)
+    assert strict.pool_hedging == (("local", None, 1), ("cloud", None, 1))

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from ledger.events import Candidate, Evidence, FailureClass, ReasonCode, Requirements
 from router.config import Config, Defaults, Mapping, ModelGroup, Workspace, parse_config
 from router.request.classify import Classification, MayFailOver, UpstreamOutcome, classify
+from router.request.composer import POOL_REASONS
 from router.request.decision import (
     DECISION_REASONS,
     AttemptOutcome,
@@ -487,7 +488,7 @@ SPEC_ORDER = (
 
 def test_check_order_is_the_contracts_and_covers_every_reason_code():
     assert CHECK_ORDER == SPEC_ORDER
-    assert set(CHECK_ORDER) == set(ReasonCode)
+    assert set(CHECK_ORDER) == set(ReasonCode) - POOL_REASONS  # the others: a pool's
 
 
 @functools.cache
@@ -574,7 +575,7 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
 
 def test_each_check_alone_excludes_with_its_own_reason():
     assert _evaluate_failing(frozenset())[0].eligible
-    for code in ReasonCode:
+    for code in CHECK_ORDER:
         candidate, _ = _evaluate_failing(frozenset({code}))
         assert (candidate.eligible, candidate.reason_code) == (False, code)
         assert candidate.detail
@@ -1318,3 +1319,26 @@ def test_a_backoff_must_end_strictly_before_the_deadline():
     )
     assert _decide(FIVE_XX, defaults, remaining_ms=200).action == "failover"
     assert _decide(FIVE_XX, defaults, remaining_ms=201).backoff_ms == 200
+
+
+def _evaluate_embeddings(requirements: Requirements) -> tuple[Candidate, ...]:
+    embeddings = _group().model_copy(update={"kind": "embeddings"})
+    return evaluate(
+        _config(), _workspace(), embeddings, requirements, RouteContext(), breaker_open=_admit
+    )
+
+
+def test_an_embeddings_batch_fits_when_its_longest_input_fits_the_window():
+    # small: window 8192. Each input is embedded on its own: the batch's total (20000)
+    # and the output bound (none) do not count, the longest input does.
+    batch = Requirements(
+        kind="embeddings",
+        estimated_input_tokens=20000,
+        largest_input_tokens=8192,
+        max_output_tokens=0,
+    )
+    assert _evaluate_embeddings(batch)[0].eligible
+    longer = batch.model_copy(update={"largest_input_tokens": 8193})
+    too_big = _evaluate_embeddings(longer)[0]
+    assert too_big.reason_code is ReasonCode.CONTEXT_TOO_SMALL
+    assert too_big.detail == "context_window 8192 < needed 8193"

@@ -3,6 +3,7 @@ table, retries, failovers, budget races, stream resume and hedging."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -515,3 +516,39 @@ def test_hedges_count_against_max_attempts():
     walk(Begin())
     walk.started("a1")
     assert walk(HedgeDue()) == ()
+
+
+def test_a_pooled_stream_resumes_only_inside_its_pool():
+    # contract §4 "Pools": a child's resumes stay inside the pool's scope.
+    pooled = dataclasses.replace(PRIMARY, pool="local")
+    elsewhere = dataclasses.replace(TWIN, pool="cloud")  # the same model, another pool
+    inside = dataclasses.replace(TWIN, pool="local", mapping_index=3, endpoint="south")
+    siblings = (pooled, elsewhere, inside)
+    walk = Driver(WalkPolicy(defaults=Defaults(), siblings=siblings))
+    walk(Begin())
+    walk.started("a1", pooled)
+    assert walk(Content("a1")) == (Commit("a1"),)
+    actions = walk(_broken("a1"))
+    assert actions[1] == Route("resume", RouteContext(), (pooled, inside))
+
+
+def test_a_pooled_attempt_hedges_by_its_pools_policy():
+    # contract §4 "Pools": a pool keeps its own hedging; the group's holds for its own.
+    local = dataclasses.replace(PRIMARY, pool="local")
+    cloud = dataclasses.replace(FALLBACK, pool="cloud")
+    policy = WalkPolicy(
+        defaults=Defaults(),
+        hedge_after_ms=500,
+        max_ways=2,
+        siblings=(local, cloud),
+        pool_hedging=(("local", 100, 2), ("cloud", None, 1)),
+    )
+    hedged = Driver(policy)
+    hedged(Begin())
+    assert hedged.started("a1", local) == (Run("a1"), ArmHedge(100))
+    never = Driver(policy)
+    never(Begin())
+    assert never.started("a1", cloud) == (Run("a1"),)
+    own = Driver(dataclasses.replace(policy, siblings=(PRIMARY,)))
+    own(Begin())
+    assert own.started("a1", PRIMARY) == (Run("a1"), ArmHedge(500))

@@ -53,6 +53,13 @@ TARGETS = (
     Target("west", 1, "small", 16000),
     Target("north", 2, "big", 8000, "prefix_flag"),
 )
+# A composed group's flat targets (contract §4 "Pools"): two pools, one model in both.
+POOLED = (
+    Target("east", 0, "big", 8000, "assistant_prefill", "local"),
+    Target("west", 1, "small", 16000, pool="cloud"),
+    Target("north", 2, "big", 8000, "prefix_flag", "local"),
+    Target("south", 3, "big", 8000, "assistant_prefill", "cloud"),
+)
 _CLASSES = (
     Classification(FailureClass.UPSTREAM_UNAVAILABLE, Evidence.UNKNOWN, "endpoint", False, "yes"),
     Classification(FailureClass.NETWORK_ERROR, Evidence.NOT_STARTED, "endpoint", False, "yes"),
@@ -71,9 +78,11 @@ class _Gateway:
         self.draw = draw
         self.stream = stream
         self.walk = Walk(policy=policy)
+        self.targets = policy.siblings
         self.stories = Stories()
         self.position = 0
         self.endpoints: dict[str, str] = {}
+        self.pools: dict[str, str | None] = {}
         self.running: list[str] = []
         self.committed: str | None = None
         self.hedge_armed = False
@@ -110,27 +119,34 @@ class _Gateway:
                     return [Unroutable(draw(st.sampled_from(_REFUSALS)))]
                 left = [
                     t
-                    for t in TARGETS
+                    for t in self.targets
                     if t.endpoint not in context.tried_endpoints
                     and t.model not in context.excluded_models
                 ]
                 if purpose == "hedge":
                     left = [t for t in left if t.endpoint not in self.running_endpoints()]
+                    # A hedge is delegated to the running attempt's pool (routing.py).
+                    pools = {self.pools[a] for a in self.running}
+                    left = [t for t in left if t.pool in pools]
                 if not left or draw(st.integers(0, 4)) == 0:  # none left, or none fits
                     return [Unroutable()]
                 return [Routed(draw(st.sampled_from(left)))]
-            case Start(target=target, cause=cause, kind=kind):
+            case Start(target=target, cause=cause, kind=kind, hedge_of=hedge_of):
                 if draw(st.integers(0, 5)) == 0:
                     return [BudgetRaced()]
                 self.attempt_ids += 1
                 attempt_id = f"a{self.attempt_ids}"
                 self.endpoints[attempt_id] = target.endpoint
+                self.pools[attempt_id] = target.pool
                 self.record(
                     "AttemptStarted",
                     attempt_id=attempt_id,
                     endpoint=target.endpoint,
                     cause=cause,
                     kind=kind,
+                    pool=target.pool,
+                    hedge_of=hedge_of,
+                    resumed_from=action.resumed_from,
                 )
                 return [Started(attempt_id, target, kind)]
             case Run(attempt_id=attempt_id):
@@ -212,15 +228,22 @@ class _Gateway:
     st.booleans(),
     st.sampled_from([None, 200]),
     st.sampled_from(["failover", "stop"]),
+    st.sampled_from([TARGETS, POOLED]),
 )
 def test_every_walk_tells_a_story_the_ledgers_rules_accept(
-    data: st.DataObject, stream: bool, allow_failover: bool, hedge: int | None, unknown: str
+    data: st.DataObject,
+    stream: bool,
+    allow_failover: bool,
+    hedge: int | None,
+    unknown: str,
+    targets: tuple[Target, ...],
 ) -> None:
+    """Pooled too: a composed group's retries, hedges and resumes stay in their pool."""
     policy = WalkPolicy(
         defaults=Defaults(max_attempts=4, on_unknown_execution=unknown),
         allow_failover=allow_failover,
         hedge_after_ms=hedge,
         max_ways=2 if hedge else 1,
-        siblings=TARGETS,
+        siblings=targets,
     )
     _Gateway(data.draw, stream, policy).run()

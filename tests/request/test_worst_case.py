@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from ledger.books.accounting import usage_cost
 from ledger.events import Requirements, Usage
 from router.config import Limits, Mapping, Workspace
+from router.doors import embeddings
 from router.doors.chat import DEFAULT_LIMITS, HeaderNarrowing, parse_body
 from router.drivers import ChatRequest, OpenAIDriver
 from router.drivers.anthropic import to_messages_request
@@ -594,3 +595,31 @@ def test_an_anthropic_reservation_covers_any_cache_reads_and_writes_within_the_p
         + usage.output_tokens * f(output_price)
     )
     assert Fraction(settled) == _priced(micro / MTOK)
+
+
+# --- embeddings -----------------------------------------------------------------------------
+
+
+@given(
+    texts=st.lists(st.text(min_size=1, max_size=40), min_size=1, max_size=8),
+    billed_per_token=st.integers(min_value=1, max_value=4),
+)
+def test_an_embeddings_reservation_is_its_input_alone_and_bounds_what_is_billed(
+    texts: list[str], billed_per_token: int
+) -> None:
+    call = embeddings.parse_body(orjson.dumps({"model": "embed", "input": texts}))
+    requirements = call.requirements(WORKSPACE, HeaderNarrowing())
+    mapping = _mapping(max_output=4096)
+    assert output_tokens(mapping, requirements) == 0
+    reserved = worst_case_cost(mapping, requirements)
+    assert reserved == D(sum(len(t.encode()) for t in texts)) / MTOK  # at input_per_mtok: 1
+    # A tokenizer never makes more tokens of a text than it has bytes.
+    billed = sum(max(1, len(t.encode()) // billed_per_token) for t in texts)
+    used = Usage(input_tokens=billed, output_tokens=0)
+    assert usage_cost(used, settlement_rates(mapping)) <= reserved
+
+
+def test_an_embeddings_token_array_is_reserved_exactly():
+    call = embeddings.parse_body(orjson.dumps({"model": "embed", "input": [[1, 2, 3], [4]]}))
+    requirements = call.requirements(WORKSPACE, HeaderNarrowing())
+    assert worst_case_cost(_mapping(input_per_mtok=3), requirements) == D(4 * 3) / MTOK

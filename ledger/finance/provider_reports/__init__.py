@@ -3,7 +3,9 @@
 OpenAI and Anthropic export no per-request lines, only aggregates over time buckets:
 
 - ``openai-usage``: ``GET /v1/organization/usage/completions`` pages (``object: page``,
-  buckets of ``organization.usage.completions.result``);
+  buckets of ``organization.usage.completions.result``), and those of
+  ``/v1/organization/usage/embeddings`` (``organization.usage.embeddings.result``) beside
+  them: both endpoints' buckets of one span are that span's usage;
 - ``openai-costs``: ``GET /v1/organization/costs`` pages (``organization.costs.result``,
   ``amount.value`` in dollars);
 - ``anthropic-usage``: ``GET /v1/organizations/usage_report/messages`` pages (buckets with
@@ -131,7 +133,7 @@ def _format_of_page(body: dict[str, Any]) -> ReportFormat | None:
             if not isinstance(result, dict):
                 continue
             kind = result.get("object")
-            if kind == _openai.USAGE_OBJECT:
+            if kind in (_openai.USAGE_OBJECT, _openai.EMBEDDINGS_USAGE_OBJECT):
                 return "openai-usage"
             if kind == _openai.COSTS_OBJECT:
                 return "openai-costs"
@@ -204,18 +206,29 @@ def _page_buckets(report_format: ReportFormat, body: dict[str, Any], where: Wher
 
 
 def _merge(buckets: list[Bucket]) -> tuple[Bucket, ...]:
-    """One copy of each bucket, in time order; overlapping pages must agree."""
-    by_start: dict[tuple[datetime, datetime], Bucket] = {}
+    """One copy of each bucket, in time order; overlapping pages must agree. Buckets of one
+    span from several sources (OpenAI's completions and embeddings usage) are one bucket
+    with the results of each; an empty bucket, whose source cannot be told, adds none."""
+    by_source: dict[tuple[datetime, datetime, str], Bucket] = {}
     for bucket in buckets:
-        key = (bucket.start, bucket.end)
-        seen = by_start.get(key)
+        key = (bucket.start, bucket.end, bucket.source or "")
+        seen = by_source.get(key)
         if seen is None:
-            by_start[key] = bucket
+            by_source[key] = bucket
         elif _content(seen) != _content(bucket):
             raise bucket.where.error(
                 f"bucket {bucket.label} is also on {seen.where_text} with other results: "
                 "import the pages of one fetch"
             )
+    by_start: dict[tuple[datetime, datetime], Bucket] = {}
+    for (start, end, _), bucket in sorted(by_source.items(), key=lambda item: item[0]):
+        seen = by_start.get((start, end))
+        if seen is None:
+            by_start[(start, end)] = bucket
+        elif seen.source and bucket.source and seen.source != bucket.source:
+            by_start[(start, end)] = replace(seen, rows=seen.rows + bucket.rows)
+        elif bucket.rows:  # an empty bucket of the span was seen first
+            by_start[(start, end)] = bucket
     ordered = sorted(by_start.values(), key=lambda b: (b.start, b.end))
     for before, after in itertools.pairwise(ordered):
         if after.start < before.end:

@@ -1,11 +1,14 @@
-"""OpenAI's organization reports: usage (completions) and costs pages.
+"""OpenAI's organization reports: usage (completions and embeddings) and costs pages.
 
 A bucket is ``{"object": "bucket", "start_time", "end_time", "results": [...]}`` with Unix
 seconds. A usage result (``organization.usage.completions.result``) counts
 ``input_tokens`` (cached and audio included), ``input_cached_tokens``, ``output_tokens``
 (audio included), ``input_audio_tokens``, ``output_audio_tokens`` and
 ``num_model_requests``, grouped by what the request asked (``project_id``, ``api_key_id``,
-``model``, ``user_id``, ``batch``; null when not grouped). A cost result
+``model``, ``user_id``, ``batch``; null when not grouped). The embeddings usage endpoint's
+results (``organization.usage.embeddings.result``) count ``input_tokens`` and
+``num_model_requests`` alone, by the same groups: one usage report reads both, each bucket
+naming its source, since both endpoints page the same spans. A cost result
 (``organization.costs.result``) has ``amount: {value, currency}`` in dollars, by
 ``line_item`` and ``project_id``; costs name no model.
 """
@@ -18,9 +21,17 @@ from ledger.events import Usage
 from ledger.finance.provider_reports._fields import Where, amount, count, instant, items, obj, text
 from ledger.finance.provider_reports._rows import Bucket, ReportRow
 
-__all__ = ["COSTS_OBJECT", "USAGE_OBJECT", "costs_bucket", "usage_bucket"]
+__all__ = [
+    "COSTS_OBJECT",
+    "EMBEDDINGS_USAGE_OBJECT",
+    "USAGE_OBJECT",
+    "costs_bucket",
+    "usage_bucket",
+]
 
 USAGE_OBJECT: Final = "organization.usage.completions.result"
+EMBEDDINGS_USAGE_OBJECT: Final = "organization.usage.embeddings.result"
+_SOURCES: Final = {USAGE_OBJECT: "completions", EMBEDDINGS_USAGE_OBJECT: "embeddings"}
 COSTS_OBJECT: Final = "organization.costs.result"
 
 
@@ -40,12 +51,18 @@ def _identity(result: dict[str, Any], where: Where) -> tuple[str | None, str | N
 def usage_bucket(raw: Any, where: Where) -> Bucket:
     bucket, start, end = _bucket(raw, where)
     rows = []
+    sources: set[str] = set()
     for item, at in items(bucket.get("results"), where.at("results")):
         result = obj(item, at)
-        if result.get("object") not in (None, USAGE_OBJECT):
-            raise at.at("object").error(f"must be {USAGE_OBJECT}")
+        kind = result.get("object")
+        if kind is not None and kind not in _SOURCES:
+            raise at.at("object").error(f"must be {USAGE_OBJECT} or {EMBEDDINGS_USAGE_OBJECT}")
+        sources.add(_SOURCES[kind or USAGE_OBJECT])
+        if len(sources) > 1:
+            raise at.at("object").error("a bucket holds the results of one usage endpoint")
         input_tokens = count(result, "input_tokens", at, required=True)
-        output_tokens = count(result, "output_tokens", at, required=True)
+        # Embeddings have no output: their results leave it out.
+        output_tokens = count(result, "output_tokens", at, required=kind != EMBEDDINGS_USAGE_OBJECT)
         cached = count(result, "input_cached_tokens", at)
         if cached > input_tokens:
             raise at.at("input_cached_tokens").error("must not exceed input_tokens")
@@ -69,7 +86,8 @@ def usage_bucket(raw: Any, where: Where) -> Bucket:
                 api_key_id=api_key_id,
             )
         )
-    return Bucket(start, end, tuple(rows), where)
+    source = next(iter(sources)) if sources else None
+    return Bucket(start, end, tuple(rows), where, source)
 
 
 def costs_bucket(raw: Any, where: Where) -> Bucket:

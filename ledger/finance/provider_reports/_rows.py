@@ -41,6 +41,10 @@ class Bucket:
     end: datetime
     rows: tuple[ReportRow, ...]
     where: Where
+    # Which of a report's endpoints its results came from, where a report has several for
+    # one span (OpenAI's usage: "completions", "embeddings"); None: the report's one, or an
+    # empty bucket, which could be any.
+    source: str | None = None
 
     @property
     def label(self) -> str:

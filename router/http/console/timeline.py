@@ -63,7 +63,7 @@ def timeline(explanation: Mapping[str, Any], trail: Sequence[RecordedEvent]) -> 
                 Entry(
                     "evaluation",
                     at,
-                    f"route evaluation {event.sequence}",
+                    f"route evaluation {event.sequence}{_level(event.group_path)}",
                     "nothing eligible was left"
                     if chosen is None
                     else f"chose {chosen.endpoint}/{chosen.model} on tier {chosen.tier}",
@@ -110,11 +110,23 @@ def timeline(explanation: Mapping[str, Any], trail: Sequence[RecordedEvent]) -> 
     return Timeline(entries, bars, total)
 
 
+def _level(path: Sequence[str]) -> str:
+    """A composed group's level (contract §4 "Pools"): the composer's, or a pool's."""
+    if not path:
+        return ""
+    if len(path) == 1:
+        return f": pools of {path[0]}"
+    return f": inside pool {' > '.join(path)}"
+
+
 def _attempt_title(attempt: Mapping[str, Any]) -> str:
     kind = "" if attempt["kind"] == "call" else f" ({attempt['kind']})"
+    via = ""
+    if attempt.get("dispatch"):
+        via = f", {attempt['dispatch']} via {' > '.join(attempt['group_path'])}"
     return (
         f"attempt {attempt['attempt_number']}{kind}: {attempt['endpoint']}/{attempt['model']}, "
-        f"{attempt['cause']}, tier {attempt['tier']}"
+        f"{attempt['cause']}, tier {attempt['tier']}{via}"
     )
 
 
