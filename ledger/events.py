@@ -116,6 +116,9 @@ class ReasonCode(StrEnum):
     # Its provider account answered insufficient_quota (contract §4 "Quota failover").
     QUOTA_EXHAUSTED = "quota_exhausted"
     OUT_OF_SCOPE = "out_of_scope"  # outside the caller's endpoint scope (key, header, pin)
+    # The request continues a response whose state another endpoint holds (a Responses
+    # previous_response_id): no other endpoint can know it.
+    RESPONSE_AFFINITY = "response_affinity"
 
 
 class FailureClass(StrEnum):
@@ -308,6 +311,10 @@ class Requirements(_Record):
     # X-Waybill-Require-Endpoint: the request is pinned there (`require_target`), no other
     # endpoint is ever tried.
     require_endpoint: str | None = Field(None, exclude_if=_absent)
+    # The endpoint that holds the provider-side state the request continues (the response a
+    # Responses previous_response_id names, found in the ledger): every other candidate is
+    # excluded `response_affinity`. None: any endpoint.
+    affinity_endpoint: str | None = Field(None, exclude_if=_nothing)
 
 
 class Candidate(_Record):

@@ -53,6 +53,7 @@ __all__ = [
     "reload_incomplete",
     "reload_unavailable",
     "request_not_found",
+    "response_not_found",
     "route_not_found",
     "sent_codes",
     "settlement_conflict",
@@ -72,6 +73,7 @@ class ErrorCode(StrEnum):
     PERMISSION_DENIED = "permission_denied"
     MODEL_NOT_FOUND = "model_not_found"
     REQUEST_NOT_FOUND = "request_not_found"
+    RESPONSE_NOT_FOUND = "response_not_found"
     SETTLEMENT_NOT_FOUND = "settlement_not_found"
     RECONCILIATION_NOT_FOUND = "reconciliation_not_found"
     ENDPOINT_NOT_FOUND = "endpoint_not_found"
@@ -124,6 +126,7 @@ ERRORS: Final[tuple[ErrorRow, ...]] = (
     ErrorRow(403, _E.PERMISSION_DENIED, "the key's role may not do this"),
     ErrorRow(404, _E.MODEL_NOT_FOUND, "the model group is unknown or not allowed for the key"),
     ErrorRow(404, _E.REQUEST_NOT_FOUND, "no such request in the caller's scope (never 403)"),
+    ErrorRow(404, _E.RESPONSE_NOT_FOUND, "no such response answered in the caller's workspace"),
     ErrorRow(404, _E.SETTLEMENT_NOT_FOUND, "no such settlement in the caller's scope"),
     ErrorRow(404, _E.RECONCILIATION_NOT_FOUND, "no such reconciliation in the caller's scope"),
     ErrorRow(404, _E.ENDPOINT_NOT_FOUND, "no such endpoint in the serving config"),
@@ -297,6 +300,15 @@ def model_not_found(model: str) -> GatewayError:
 def request_not_found(request_id: str, why: str | None = None) -> GatewayError:
     said = f"no request {request_id!r}"
     return GatewayError(_E.REQUEST_NOT_FOUND, f"{said}: {why}" if why else said)
+
+
+def response_not_found(response_id: str) -> GatewayError:
+    """A Responses ``previous_response_id`` no attempt of the caller's workspace answered."""
+    return GatewayError(
+        _E.RESPONSE_NOT_FOUND,
+        f"no response {response_id!r} was answered through this gateway for this workspace",
+        param="previous_response_id",
+    )
 
 
 def settlement_not_found(settlement_id: str) -> GatewayError:

@@ -194,6 +194,9 @@ spend_attempts = Table(
 )
 Index("ix_spend_attempts_workspace_day", spend_attempts.c.workspace, spend_attempts.c.day)
 Index("ix_spend_attempts_upstream_request", spend_attempts.c.upstream_request_id)
+# A Responses previous_response_id is served by the endpoint that answered it (contract §4
+# response_affinity): found by the provider's response id.
+Index("ix_spend_attempts_response", spend_attempts.c.response_id)
 Index("ix_spend_attempts_day", spend_attempts.c.day)
 # The attempts a closed period's adjustments moved, which the spend report reads apart.
 Index(

@@ -29,6 +29,7 @@ __all__ = [
     "SpendScope",
     "attempt_owner",
     "budget_balances",
+    "response_endpoint",
     "routing_by_day",
     "spend_csv",
     "spend_report",
@@ -287,6 +288,16 @@ def spend_csv(rows: Sequence[dict[str, Any]], group_by: Sequence[str]) -> str:
     for row in rows:
         writer.writerow([row[c] for c in columns])
     return out.getvalue()
+
+
+async def response_endpoint(engine: AsyncEngine, workspace: str, response_id: str) -> str | None:
+    """The endpoint whose attempt answered with ``response_id`` (the provider's id recorded on
+    its ``AttemptFinished``), among ``workspace``'s attempts; None if none did."""
+    t = spend_attempts.c
+    query = select(t.endpoint).where(t.response_id == response_id, t.workspace == workspace)
+    async with engine.connect() as conn:
+        row = (await conn.execute(query.limit(1))).first()
+    return None if row is None else str(row[0])
 
 
 async def attempt_owner(engine: AsyncEngine, attempt_id: str) -> tuple[str, str, str] | None:

@@ -97,7 +97,9 @@ FAILURE_CLASSES: tuple[str, ...] = tuple(c.value for c in FailureClass)
 
 # Capabilities inferred from a request body. Other lowercase tokens are accepted too, because
 # clients may require extra ones through `X-Waybill-Capabilities` (contract §3).
-KNOWN_CAPABILITIES: frozenset[str] = frozenset({"text", "stream", "tools", "json_schema", "vision"})
+KNOWN_CAPABILITIES: frozenset[str] = frozenset(
+    {"text", "stream", "tools", "json_schema", "vision", "responses"}
+)
 
 _Sized = TypeVar("_Sized", bound=cabc.Sized)
 

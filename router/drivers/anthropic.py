@@ -96,7 +96,7 @@ class AnthropicDriver(Driver):
             headers["x-api-key"] = endpoint.api_key.get_secret_value()
         return headers
 
-    def _url(self, binding: AttemptBinding) -> str:
+    def _url(self, binding: AttemptBinding, request: ChatRequest) -> str:
         return self._url_of(binding.endpoint)
 
     @staticmethod

@@ -277,7 +277,7 @@ class Driver(ABC):
                 raise ValueError(f"the {self.dialect} dialect has no embeddings API")
             url, payload = self._embeddings_url(binding), self._embeddings_payload(request)
         else:
-            url, payload = self._url(binding), self._payload(request)
+            url, payload = self._url(binding, request), self._payload(request)
         proxy = proxy_of(binding.endpoint.proxy)
         http = prepare_request(
             "POST", url, headers=headers, body=orjson.dumps(payload), proxy=proxy
@@ -300,7 +300,7 @@ class Driver(ABC):
         """Open a stream; a failure before the first event raises from iteration or here."""
 
     @abstractmethod
-    def _url(self, binding: AttemptBinding) -> str: ...
+    def _url(self, binding: AttemptBinding, request: ChatRequest) -> str: ...
 
     @abstractmethod
     def _payload(self, request: ChatRequest) -> dict[str, Any]:

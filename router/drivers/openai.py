@@ -1,5 +1,6 @@
 """The OpenAI driver: any OpenAI-compatible chat completions API, passed through as is, and
-its embeddings API (``/embeddings``) likewise."""
+its embeddings API (``/embeddings``) likewise; OpenAI's Responses API for a Responses body
+sent natively (:mod:`router.drivers.responses`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 from ledger.events import Usage
 from router.config import Endpoint
+from router.drivers import responses
 from router.drivers.base import (
     AttemptBinding,
     ChatRequest,
@@ -36,11 +38,14 @@ class OpenAIDriver(Driver):
             return {}
         return {"Authorization": f"Bearer {endpoint.api_key.get_secret_value()}"}
 
-    def _url(self, binding: AttemptBinding) -> str:
-        return binding.endpoint.base_url.rstrip("/") + "/chat/completions"
+    def _url(self, binding: AttemptBinding, request: ChatRequest) -> str:
+        path = "/responses" if _responses(request) else "/chat/completions"
+        return binding.endpoint.base_url.rstrip("/") + path
 
     def _payload(self, request: ChatRequest) -> dict[str, Any]:
         stream = request.stream
+        if request.native is not None and _responses(request):
+            return responses.payload(request.native.body, request.upstream_model, stream)
         payload = {**request.body, "model": request.upstream_model, "stream": stream}
         if request.max_tokens is not None:
             key = "max_completion_tokens" if "max_completion_tokens" in payload else "max_tokens"
@@ -69,6 +74,8 @@ class OpenAIDriver(Driver):
         request_id = response.headers.get(self._request_id_header)
         if call.request.kind == "embeddings":
             return self._embeddings(call, body, response.status_code, request_id, size)
+        if _responses(call.request) and isinstance(body, dict) and body.get("object") == "response":
+            body = responses.completion(body)
         choices = body.get("choices") if isinstance(body, dict) else None
         if not isinstance(body, dict) or not isinstance(choices, list) or not choices:
             raise self._transport_failure(
@@ -119,7 +126,15 @@ class OpenAIDriver(Driver):
     async def stream(self, call: PreparedCall) -> DriverStream:
         started_at = time.monotonic()
         response = await self._open(call, stream=True)
-        return SSEDriverStream(self, response, call.binding, _OpenAIChunks(), started_at)
+        translator: StreamTranslator = (
+            responses.ResponsesEvents(openai_usage) if _responses(call.request) else _OpenAIChunks()
+        )
+        return SSEDriverStream(self, response, call.binding, translator, started_at)
+
+
+def _responses(request: ChatRequest) -> bool:
+    """The request is a Responses body, sent natively (router/drivers/responses.py)."""
+    return request.native is not None and request.native.dialect == responses.RESPONSES_DIALECT
 
 
 class _OpenAIChunks(StreamTranslator):

@@ -28,12 +28,17 @@ from router.fake_provider._http import BadRequest, Connection, Headers, HttpRequ
 from router.fake_provider._openai import OPENAI
 from router.fake_provider._reply import Dialect, Reply, prompt_tokens
 from router.fake_provider._respond import Exchange, respond, send_json
+from router.fake_provider._responses import RESPONSES
 from router.fake_provider._serving import Served
 from router.fake_provider.behavior import Behavior
 
 __all__ = ["FakeUpstream", "RecordedRequest"]
 
-_INFERENCE: dict[str, Dialect] = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC}
+_INFERENCE: dict[str, Dialect] = {
+    "/v1/chat/completions": OPENAI,
+    "/v1/messages": ANTHROPIC,
+    "/v1/responses": RESPONSES,
+}
 _EMBEDDINGS: Final = "/v1/embeddings"  # its dialect holds the request's inputs: one each
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -61,6 +62,7 @@ from ledger.store.shared_appends import AppendClient, AppendServer
 from ledger.views import all_projections
 from ledger.views.follow import SETTLE_S, follow_in_child
 from ledger.views.projection import ProjectionRunner
+from ledger.views.spend_queries import response_endpoint
 from otel.merge import merge_expositions
 from otel.metrics import PROMETHEUS_CONTENT_TYPE
 from otel.telemetry import Telemetry
@@ -77,7 +79,7 @@ from router.config import (
     parse_config_file,
     read_config_file,
 )
-from router.doors import chat, embeddings, messages, messages_wire
+from router.doors import chat, embeddings, messages, messages_wire, responses, responses_wire
 from router.doors.chat import MAX_BODY_BYTES
 from router.doors.headers import HeaderNarrowing, read_headers
 from router.errors import (
@@ -94,6 +96,7 @@ from router.errors import (
     permission_denied,
     reload_incomplete,
     reload_unavailable,
+    response_not_found,
     route_not_found,
 )
 from router.http import openapi as api_doc
@@ -135,6 +138,7 @@ _CHAT_PATH: Final = "/v1/chat/completions"
 _MESSAGES_PATH: Final = "/v1/messages"
 _COUNT_TOKENS_PATH: Final = "/v1/messages/count_tokens"
 _EMBEDDINGS_PATH: Final = "/v1/embeddings"
+_RESPONSES_PATH: Final = "/v1/responses"
 _MAX_RECORDED_STREAM: Final = 8 * 1024 * 1024
 
 Scope = MutableMapping[str, Any]
@@ -627,6 +631,7 @@ def create_app(settings: AppSettings) -> FastAPI:
     app.post("/v1/chat/completions", openapi_extra=api_doc.CHAT_COMPLETIONS)(_chat_completions)
     app.post("/v1/messages", openapi_extra=api_doc.MESSAGES)(_messages)
     app.post(_EMBEDDINGS_PATH, openapi_extra=api_doc.EMBEDDINGS)(_embeddings)
+    app.post(_RESPONSES_PATH, openapi_extra=api_doc.RESPONSES)(_responses)
     app.include_router(
         count_tokens_router(
             _identify_anthropic,
@@ -664,6 +669,11 @@ async def _embeddings(request: Request) -> Response:
     return await _serve(request, _DOORS[_EMBEDDINGS_PATH])
 
 
+async def _responses(request: Request) -> Response:
+    """``POST /v1/responses`` (the Responses door), served as the chat route is."""
+    return await _serve(request, _DOORS[_RESPONSES_PATH])
+
+
 async def _serve(request: Request, door: _Door) -> Response:
     """An inference request through ``door``: the key, the body and headers read once, the
     Idempotency-Key claimed, the core asked, the answer on the door's wire."""
@@ -687,6 +697,8 @@ async def _serve(request: Request, door: _Door) -> Response:
             raise model_not_found(call.model_group)
         if group.kind != door.kind:
             raise model_kind_mismatch(call.model_group, group.kind, door.kind)
+        if door.resolve is not None:
+            call = await door.resolve(call, caller, state.store)
     except GatewayError:
         if unconfirmed:  # a revoked key hears only that, whatever else is wrong
             await reread()
@@ -735,7 +747,7 @@ async def _serve(request: Request, door: _Door) -> Response:
                     reread,
                 ),
             )
-            body, response_headers, write_directly = door.stream(started)
+            body, response_headers, write_directly = door.stream(call, started)
             if claim is not None:  # every piece of it is recorded: all go through the body
                 body = _recorded(body, state.idempotency, claim, response_headers, gateway)
                 write_directly = None
@@ -749,7 +761,7 @@ async def _serve(request: Request, door: _Door) -> Response:
                 reread,
             ),
         )
-        payload, response_headers = door.answer(completion)
+        payload, response_headers = door.answer(call, completion)
         if claim is not None:
             await state.idempotency.finish(
                 claim, RecordedAnswer(request_id, 200, _JSON, response_headers, payload)
@@ -800,31 +812,59 @@ class _Door:
     secret: Callable[[Mapping[str, str]], str]
     parse: Callable[[bytes, Mapping[str, str], Config], Any]
     to_core: Callable[[Any, HeaderNarrowing, Caller], Call]
-    answer: Callable[[Completion], tuple[bytes, dict[str, str]]]
+    answer: Callable[[Any, Completion], tuple[bytes, dict[str, str]]]
     stream: Callable[
-        [StreamingCompletion], tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]
+        [Any, StreamingCompletion], tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]
     ]
     error: ErrorWire
     kind: str = "chat"  # the model group kind it serves; another is model_kind_mismatch
+    resolve: Callable[[Any, Caller, EventStore], Awaitable[Any]] | None = None
+    """What the parsed request needs read from the ledger before it is served."""
 
 
 def _chat_stream(
-    started: StreamingCompletion,
+    call: Any, started: StreamingCompletion
 ) -> tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]:
     return started.body, chat.stream_headers(started), started.write_directly
 
 
 def _messages_stream(
-    started: StreamingCompletion,
+    call: Any, started: StreamingCompletion
 ) -> tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]:
     # Every piece is rewritten into Anthropic's events: none goes out as the upstream's.
     return messages_wire.events(started), messages_wire.stream_headers(started), None
 
 
 def _never_streams(
-    started: StreamingCompletion,
+    call: Any, started: StreamingCompletion
 ) -> tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]:
     raise AssertionError("an embeddings request never streams (embeddings.parse_body)")
+
+
+def _responses_stream(
+    call: Any, started: StreamingCompletion
+) -> tuple[AsyncGenerator[bytes, None], dict[str, str], Directly]:
+    # Every piece is rewritten into the Responses events.
+    return responses_wire.events(call, started), responses_wire.stream_headers(started), None
+
+
+async def _responses_resolve(
+    call: responses.ResponsesCall, caller: Caller, store: EventStore
+) -> responses.ResponsesCall:
+    """A ``previous_response_id`` pinned to the endpoint that answered it, as the ledger
+    recorded it (the spend read model, brought up to date if it does not know it yet)."""
+    previous = call.previous_response_id
+    if previous is None:
+        return call
+    workspace = caller.workspace.id
+    endpoint = await response_endpoint(store.engine, workspace, previous)
+    if endpoint is None:
+        runner = ProjectionRunner(store, all_projections())
+        await runner.catch_up(runner.get("spend"))
+        endpoint = await response_endpoint(store.engine, workspace, previous)
+    if endpoint is None:
+        raise response_not_found(previous)
+    return dataclasses.replace(call, affinity_endpoint=endpoint)
 
 
 def _messages_parse(raw: bytes, named: Mapping[str, str], config: Config) -> Any:
@@ -836,7 +876,7 @@ _DOORS: Final[Mapping[str, _Door]] = {
         secret=_secret,
         parse=lambda raw, named, config: chat.parse_body(raw, config.limits),
         to_core=lambda call, headers, caller: chat.to_core(call, headers, caller.workspace),
-        answer=chat.answer,
+        answer=lambda call, completion: chat.answer(completion),
         stream=_chat_stream,
         error=_chat_error,
     ),
@@ -844,7 +884,7 @@ _DOORS: Final[Mapping[str, _Door]] = {
         secret=_anthropic_secret,
         parse=_messages_parse,
         to_core=lambda call, headers, caller: messages.to_core(call, headers, caller.workspace),
-        answer=messages_wire.answer,
+        answer=lambda call, completion: messages_wire.answer(completion),
         stream=_messages_stream,
         error=_messages_error,
     ),
@@ -852,10 +892,19 @@ _DOORS: Final[Mapping[str, _Door]] = {
         secret=_secret,
         parse=lambda raw, named, config: embeddings.parse_body(raw),
         to_core=lambda call, headers, caller: embeddings.to_core(call, headers, caller.workspace),
-        answer=embeddings.answer,
+        answer=lambda call, completion: embeddings.answer(completion),
         stream=_never_streams,
         error=_chat_error,
         kind=embeddings.KIND,
+    ),
+    _RESPONSES_PATH: _Door(
+        secret=_secret,
+        parse=lambda raw, named, config: responses.read_body(raw, config.limits),
+        to_core=lambda call, headers, caller: responses.to_core(call, headers, caller.workspace),
+        answer=responses_wire.answer,
+        stream=_responses_stream,
+        error=_chat_error,
+        resolve=_responses_resolve,
     ),
 }
 

@@ -858,6 +858,23 @@ EMBEDDINGS: Final[Schema] = {
 }
 
 
+RESPONSES: Final[Schema] = {
+    "summary": "An OpenAI Responses API request, buffered or streamed (SSE)",
+    "parameters": _CHAT_HEADERS,
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": _ref("ResponsesRequest")}},
+    },
+    "responses": {
+        "200": {
+            **_ok(_ref("Response"), also="text/event-stream"),
+            "description": "The response (JSON), or the Responses events (SSE) with stream: true.",
+        },
+        **_error_responses(400, 402, 404, 409, 413, 422, 429, 502, 504),
+    },
+}
+
+
 def _anthropic_errors(*statuses: int) -> dict[str, Schema]:
     """The Anthropic door's errors: its statuses (a 503 of the gateway's is a 529)."""
     return {
@@ -1137,6 +1154,123 @@ def _n(max_n: int) -> Schema:
             "the config's limits.max_n: more is refused (400 invalid_request, param n).",
         }
     )
+
+
+_ANY: Final[Schema] = {}
+_TEXT_PARTS: Final = ("input_text", "output_text", "text")
+_SCHEMAS["ResponsesRequest"] = {
+    "description": (
+        "An OpenAI Responses API request; model names a Waybill model group. A field outside "
+        "the documented set is refused (400). A stateless request is served by any eligible "
+        "mapping, translated to chat completions; previous_response_id, conversation, "
+        "store: true, background: true, a stored prompt and built-in tools need a mapping "
+        'that declares the capability responses (contract §3 "The Responses door"). Also '
+        'accepted, beyond what this schema can say: tool_choice {"type": "function", '
+        '"name"} naming a declared function tool, or naming a built-in tool.'
+    ),
+    "type": "object",
+    "required": ["model", "input"],
+    "properties": {
+        "model": {"type": "string", "minLength": 1},
+        "input": {
+            "anyOf": [
+                _STRING,
+                {"type": "array", "minItems": 1, "items": _ref("ResponsesItem")},
+            ]
+        },
+        "instructions": _nullable(_STRING),
+        "tools": _nullable({"type": "array", "items": _ref("ResponsesTool")}),
+        "tool_choice": _nullable({"enum": ["auto", "none", "required"]}),
+        "parallel_tool_calls": _nullable({"type": "boolean"}),
+        "max_output_tokens": _nullable(_TOKENS),
+        "max_tool_calls": _nullable(_TOKENS),
+        "temperature": _nullable({"type": "number"}),
+        "top_p": _nullable({"type": "number"}),
+        "text": _nullable(
+            {
+                "type": "object",
+                "properties": {
+                    "format": _nullable(_ref("ResponsesFormat")),
+                    "verbosity": _nullable(_STRING),
+                },
+            }
+        ),
+        "reasoning": _nullable({"type": "object", "properties": {"effort": _nullable(_STRING)}}),
+        "metadata": _nullable({"type": "object"}),
+        "stream": _nullable({"type": "boolean"}),
+        "store": _nullable({"type": "boolean"}),
+        "background": _nullable({"type": "boolean"}),
+        "previous_response_id": _nullable({"type": "string", "minLength": 1, "maxLength": 200}),
+        "user": _nullable(_STRING),
+        "safety_identifier": _nullable(_STRING),
+        "prompt_cache_key": _nullable(_STRING),
+        "service_tier": _nullable(_STRING),
+        # Passed to a native endpoint as they are, or dropped on the translation.
+        "conversation": _ANY,
+        "prompt": _ANY,
+        "context_management": _ANY,
+        "include": _ANY,
+        "truncation": _ANY,
+        "top_logprobs": _ANY,
+        "stream_options": _ANY,
+        "prompt_cache_retention": _ANY,
+    },
+    "additionalProperties": False,
+}
+_SCHEMAS["ResponsesItem"] = {
+    "description": (
+        "An input item: a message (the default type), function_call, function_call_output, "
+        "reasoning; other types are sent natively to a mapping that declares responses."
+    ),
+    "type": "object",
+    "properties": {"type": _STRING},
+    "allOf": [
+        _when(
+            "message",
+            role={"enum": ["user", "assistant", "system", "developer"]},
+            content={"anyOf": [_STRING, {"type": "array", "items": _ref("ResponsesPart")}]},
+        ),
+        _when("function_call", call_id=_STRING, name=_STRING, arguments=_STRING),
+        _when(
+            "function_call_output",
+            call_id=_STRING,
+            output={"anyOf": [_STRING, {"type": "array", "items": _ref("ResponsesPart")}]},
+        ),
+    ],
+}
+_SCHEMAS["ResponsesPart"] = {
+    "description": "A content part: input_text, input_image, input_file, output_text, ...",
+    "type": "object",
+    "required": ["type"],
+    "properties": {"type": _STRING},
+    "allOf": [_when(kind, text=_STRING) for kind in _TEXT_PARTS],
+}
+_SCHEMAS["ResponsesTool"] = {
+    "description": "A function tool (name required), or a built-in tool of another type.",
+    "type": "object",
+    "required": ["type"],
+    "properties": {"type": _STRING},
+    "allOf": [_when("function", name=_STRING)],
+}
+_SCHEMAS["ResponsesFormat"] = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {"type": {"enum": ["text", "json_object", "json_schema"]}},
+    "allOf": [_when("json_schema", name=_STRING, schema={"type": "object"})],
+}
+_SCHEMAS["Response"] = {
+    "description": "OpenAI's response object.",
+    "type": "object",
+    "required": ["id", "object", "status", "output", "model"],
+    "properties": {
+        "id": _STRING,
+        "object": {"type": "string", "enum": ["response"]},
+        "status": _STRING,
+        "output": {"type": "array", "items": {"type": "object"}},
+        "model": _nullable(_STRING),
+        "usage": _nullable({"type": "object"}),
+    },
+}
 
 
 # A count_tokens body is a Messages body whose max_tokens may be left out.

@@ -58,7 +58,7 @@ from router.request.records import (
     streamed_end,
 )
 from router.request.relay import SEAM_BROKEN, StreamRelay
-from router.request.resume import Seam
+from router.request.resume import Seam, can_continue
 from router.request.routing import GroupPlan
 from router.request.runner import AttemptRunner
 from router.request.scope import endpoint_scope
@@ -489,7 +489,9 @@ class Executor:
             classification,
             self.endings.remaining_ms(),
             delivered_chars=len(relay.delivered()),
-            resumable=relay.resumable and classification is not SEAM_BROKEN,
+            resumable=relay.resumable
+            and classification is not SEAM_BROKEN
+            and can_continue(self.call.native),
             breaker_opened=opened,
         )
 

@@ -56,6 +56,16 @@ def continuation_body(body: Mapping[str, Any], mode: ResumeMode, delivered: str)
     return resumed
 
 
+_CONTINUED_NATIVELY: Final = frozenset({"anthropic"})
+
+
+def can_continue(native: NativeBody | None) -> bool:
+    """Whether a request can ask for a continuation: the canonical body always can; a native
+    body only in a dialect that takes a prefill (Anthropic's). A native Responses body
+    (stateful, maybe stored by the provider) has none: its broken stream is not resumed."""
+    return native is None or native.dialect in _CONTINUED_NATIVELY
+
+
 def native_continuation(native: NativeBody, delivered: str) -> NativeBody:
     """A native Messages body asking to continue ``delivered``: Anthropic takes a final
     assistant turn as the start of its answer (the dialect's own prefill)."""

@@ -155,6 +155,13 @@ def _quota_exhausted(s: _Subject) -> str | None:
     return f"same provider account as {exhausted}, which answered insufficient_quota"
 
 
+def _response_affinity(s: _Subject) -> str | None:
+    pinned = s.requirements.affinity_endpoint
+    if pinned is None or pinned == s.endpoint.id:
+        return None
+    return f"the previous response is held by {pinned}"
+
+
 def _already_tried(s: _Subject) -> str | None:
     if s.endpoint.id in s.context.tried_endpoints:
         return f"failed over from {s.endpoint.id}"
@@ -242,6 +249,7 @@ _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.ENDPOINT_DISABLED, _endpoint_disabled),
     (ReasonCode.MODEL_KIND_MISMATCH, _model_kind_mismatch),
     (ReasonCode.QUOTA_EXHAUSTED, _quota_exhausted),
+    (ReasonCode.RESPONSE_AFFINITY, _response_affinity),
     (ReasonCode.ALREADY_TRIED, _already_tried),
     (ReasonCode.SCOPE_EMPTY, _scope_empty),
     (ReasonCode.OUT_OF_SCOPE, _out_of_scope),

@@ -471,6 +471,7 @@ SPEC_ORDER = (
     R.ENDPOINT_DISABLED,
     R.MODEL_KIND_MISMATCH,
     R.QUOTA_EXHAUSTED,
+    R.RESPONSE_AFFINITY,
     R.ALREADY_TRIED,
     R.SCOPE_EMPTY,
     R.OUT_OF_SCOPE,
@@ -572,6 +573,7 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
         capabilities=("text", "vision") if R.MISSING_CAPABILITY in failing else ("text",),
         image_inputs=1 if R.UNPRICED_INPUT in failing else 0,  # the mapping prices no image
         unsupported=(("openai", "thinking"),) if R.DIALECT_UNSUPPORTED in failing else (),
+        affinity_endpoint="elsewhere" if R.RESPONSE_AFFINITY in failing else None,
         estimated_input_tokens=901 if R.CONTEXT_TOO_SMALL in failing else 900,
         endpoints=("spare",) if R.OUT_OF_SCOPE in failing else None,
     )
