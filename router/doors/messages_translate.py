@@ -371,7 +371,7 @@ def _cache_marker(marked: Mapping[str, Any], where: str, reading: Translation) -
     if marker is None:
         return
     ttl = marker.get("ttl", "5m") if isinstance(marker, dict) else None
-    if ttl not in _CACHE_LIFETIMES:
+    if not isinstance(ttl, str) or ttl not in _CACHE_LIFETIMES:  # a JSON object is no ttl
         raise invalid_request(
             f"'{where}' cache_control must be an object whose ttl is 5m or 1h", param=where
         )

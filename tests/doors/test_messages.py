@@ -42,6 +42,12 @@ def test_a_field_outside_the_api_is_refused_naming_it():
     assert error.status == 400
 
 
+@pytest.mark.parametrize("ttl", [{"minutes": 5}, ["1h"], 5, None, "2h"])
+def test_a_cache_marker_whose_ttl_is_not_a_lifetime_is_refused_naming_where(ttl: Any):
+    marked = {"type": "text", "text": "a", "cache_control": {"type": "ephemeral", "ttl": ttl}}
+    assert refused(body(system=[marked])).param == "system"
+
+
 def test_a_beta_named_in_the_header_admits_its_fields():
     call = parse_body(
         body(context_management={"edits": []}),
