@@ -104,9 +104,6 @@ class ChatCall:
         """Requirements for routing: the body's needs plus the headers' narrowing."""
         return Requirements(
             kind="chat",
-            capabilities=tuple(sorted({*self.capabilities, *headers.capabilities})),
-            regions=headers.regions,
-            data_class=headers.data_class_for(workspace),
             estimated_input_tokens=self.estimated_input_tokens,
             max_output_tokens=self.max_tokens,
             choices=self.billed.choices,
@@ -118,14 +115,7 @@ class ChatCall:
             web_search=self.billed.web_search,
             unknown_inputs=self.billed.unknown_inputs,
             stream=self.stream,
-            allow_failover=headers.allow_failover,
-            max_cost_usd=headers.max_cost_usd,
-            deadline_ms=headers.deadline_ms,
-            allow_unknown_execution=headers.allow_unknown_execution,
-            failover_granted=headers.failover_granted,
-            endpoints=headers.endpoints,
-            prefer_endpoint=headers.prefer_endpoint,
-            require_endpoint=headers.require_endpoint,
+            **headers.narrowing(workspace, self.capabilities),
             server_side_effects=self.server_side_effects,
         )
 

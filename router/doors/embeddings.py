@@ -62,20 +62,10 @@ class EmbeddingsCall:
         narrowing; no output (``max_output_tokens`` 0) and no stream."""
         return Requirements(
             kind=KIND,
-            capabilities=tuple(sorted({KIND, *headers.capabilities})),
-            regions=headers.regions,
-            data_class=headers.data_class_for(workspace),
             estimated_input_tokens=self.input_tokens,
             largest_input_tokens=self.largest_input_tokens,
             max_output_tokens=0,
-            allow_failover=headers.allow_failover,
-            max_cost_usd=headers.max_cost_usd,
-            deadline_ms=headers.deadline_ms,
-            allow_unknown_execution=headers.allow_unknown_execution,
-            failover_granted=headers.failover_granted,
-            endpoints=headers.endpoints,
-            prefer_endpoint=headers.prefer_endpoint,
-            require_endpoint=headers.require_endpoint,
+            **headers.narrowing(workspace, (KIND,)),
         )
 
 

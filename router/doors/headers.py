@@ -5,10 +5,10 @@ a frozen :class:`HeaderNarrowing` or a 400 ``invalid_request`` naming the header
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Final
+from typing import Any, Final
 
 from ledger.events import DATA_CLASSES, DataClass, data_class_rank
 from ledger.types import MONEY_LIMIT, parse_money
@@ -62,6 +62,24 @@ class HeaderNarrowing:
     require_endpoint: str | None = None  # pinned there: no other endpoint is ever tried
     traceparent: str | None = None
     tracestate: str | None = None  # W3C, opaque; forwarded only with a valid traceparent
+
+    def narrowing(self, workspace: Workspace, capabilities: Iterable[str]) -> dict[str, Any]:
+        """The fields of a request's ``Requirements`` that the caller's headers set, for
+        ``workspace``'s key, beside the ``capabilities`` the door inferred from the body:
+        every door's requirements are its body's needs and these."""
+        return {
+            "capabilities": tuple(sorted({*capabilities, *self.capabilities})),
+            "regions": self.regions,
+            "data_class": self.data_class_for(workspace),
+            "allow_failover": self.allow_failover,
+            "max_cost_usd": self.max_cost_usd,
+            "deadline_ms": self.deadline_ms,
+            "allow_unknown_execution": self.allow_unknown_execution,
+            "failover_granted": self.failover_granted,
+            "endpoints": self.endpoints,
+            "prefer_endpoint": self.prefer_endpoint,
+            "require_endpoint": self.require_endpoint,
+        }
 
     def data_class_for(self, workspace: Workspace) -> DataClass:
         """The request's data class: the workspace's, raised (never lowered) by the header."""
