@@ -14,6 +14,7 @@ from typing import Any, Final
 import orjson
 
 from ledger.types import money_str
+from router.drivers.sse import decode_relayed
 from router.errors import ERRORS, GatewayError
 from router.request.call import Completion, StreamingCompletion
 
@@ -211,15 +212,8 @@ class EventRenderer:
 
     def frames(self, frames: list[bytes]) -> bytes:
         out = b""
-        for frame in frames:
-            for line in frame.split(b"\n"):
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    out += self.end()
-                elif payload:
-                    out += self.chunk(orjson.loads(payload))
+        for payload in decode_relayed(frames):
+            out += self.end() if payload is None else self.chunk(payload)
         return out
 
     def chunk(self, chunk: Mapping[str, Any]) -> bytes:

@@ -17,6 +17,7 @@ import orjson
 from ledger.types import money_str
 from router.doors.responses import ResponsesCall, echoed
 from router.drivers.responses import NATIVE_EVENT, NATIVE_RESPONSE
+from router.drivers.sse import decode_relayed
 from router.request.call import Completion, StreamingCompletion
 
 __all__ = ["EventRenderer", "answer", "events", "response", "stream_headers", "usage"]
@@ -227,15 +228,8 @@ class EventRenderer:
 
     def frames(self, frames: list[bytes]) -> bytes:
         out = b""
-        for frame in frames:
-            for line in frame.split(b"\n"):
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    out += self.end()
-                elif payload:
-                    out += self.chunk(orjson.loads(payload))
+        for payload in decode_relayed(frames):
+            out += self.end() if payload is None else self.chunk(payload)
         return out
 
     def chunk(self, chunk: Mapping[str, Any]) -> bytes:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
 from types import TracebackType
@@ -52,6 +52,7 @@ __all__ = [
     "SSEIdleTimeout",
     "SSEParser",
     "SSEStream",
+    "decode_relayed",
     "encode_data",
     "encode_json",
 ]
@@ -587,6 +588,20 @@ def encode_json(payloads: Iterable[JSONObject]) -> bytes:
     """Encode events for the gateway's client, one ``data`` line each: JSON as ``orjson``
     writes it has no raw line end (they are escaped in strings), so no splitting is due."""
     return b"".join([b"data: " + orjson.dumps(payload) + b"\n\n" for payload in payloads])
+
+
+def decode_relayed(frames: Iterable[bytes]) -> Iterator[JSONObject | None]:
+    """The payloads of frames the relay wrote (:func:`encode_json`, :data:`DONE_FRAME`), in
+    order; None for ``[DONE]``. A door that speaks another stream format re-renders them."""
+    for frame in frames:
+        for line in frame.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                yield None
+            elif payload:
+                yield orjson.loads(payload)
 
 
 def encode_data(payload: bytes | str) -> bytes:
