@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Final
 
 __all__ = [
+    "COST_BUCKETS",
     "DURATION_BUCKETS",
     "ERROR_TYPE",
     "EVENT_BUDGET_DENIED",
@@ -60,11 +61,14 @@ __all__ = [
     "WAYBILL_ATTEMPT_TIME_TO_FIRST_CHUNK_MS",
     "WAYBILL_AVAILABLE_USD",
     "WAYBILL_BACKOFF_MS",
+    "WAYBILL_BREAKER_OPEN_TIME",
     "WAYBILL_BREAKER_SCOPE",
     "WAYBILL_BREAKER_STATE",
     "WAYBILL_BREAKER_TRANSITIONS",
     "WAYBILL_BUDGET_REJECTIONS",
     "WAYBILL_CACHED_INPUT_TOKENS",
+    "WAYBILL_CANCELED_COST",
+    "WAYBILL_CANCELED_TOKENS",
     "WAYBILL_CANDIDATES",
     "WAYBILL_CONFIG_GENERATION",
     "WAYBILL_COST_USD",
@@ -75,11 +79,13 @@ __all__ = [
     "WAYBILL_ENDPOINT_DISABLINGS",
     "WAYBILL_ERROR_CODE",
     "WAYBILL_EVIDENCE",
+    "WAYBILL_EXCLUDED_CANDIDATES",
     "WAYBILL_FAILOVERS",
     "WAYBILL_FAILURE_CLASS",
     "WAYBILL_FOLLOWER",
     "WAYBILL_HEDGES",
     "WAYBILL_HEDGE_LOSER_COST",
+    "WAYBILL_HEDGE_LOSER_TOKENS",
     "WAYBILL_HEDGE_OUTCOME",
     "WAYBILL_HELD_UNKNOWN_USD",
     "WAYBILL_KEY_ID",
@@ -89,6 +95,7 @@ __all__ = [
     "WAYBILL_REASON",
     "WAYBILL_REASON_CODE",
     "WAYBILL_REQUESTS",
+    "WAYBILL_REQUEST_COST",
     "WAYBILL_REQUEST_ID",
     "WAYBILL_RESERVED_USD",
     "WAYBILL_SELECTION_POSITION",
@@ -183,6 +190,20 @@ DURATION_BUCKETS: Final = (
     81.92,
 )
 """Explicit bucket boundaries the conventions advise for the GenAI durations (seconds)."""
+COST_BUCKETS: Final = (
+    0.00001,
+    0.0001,
+    0.0005,
+    0.001,
+    0.005,
+    0.01,
+    0.05,
+    0.1,
+    0.5,
+    1,
+    5,
+)
+"""Bucket boundaries of ``waybill.request.cost`` (USD): a cheap call is a fraction of a cent."""
 
 
 # --- waybill.* attributes ---
@@ -263,6 +284,15 @@ WAYBILL_FOLLOWER: Final = "waybill.follower"
 # Disabled endpoints (contract §5): each disabling, and 1 per endpoint while it is disabled.
 WAYBILL_ENDPOINT_DISABLINGS: Final = "waybill.endpoint.disablings"
 WAYBILL_ENDPOINTS_DISABLED: Final = "waybill.endpoints.disabled"
+# The numbers an operator watches beside those (issue 43): seconds breakers spent open, what a
+# successful request cost, candidates excluded by reason code, what attempts a client
+# cancelled still used, and the tokens of the ways that lost a hedged race.
+WAYBILL_BREAKER_OPEN_TIME: Final = "waybill.breaker.open_time"
+WAYBILL_REQUEST_COST: Final = "waybill.request.cost"
+WAYBILL_EXCLUDED_CANDIDATES: Final = "waybill.route.excluded_candidates"
+WAYBILL_CANCELED_TOKENS: Final = "waybill.canceled.tokens"
+WAYBILL_CANCELED_COST: Final = "waybill.canceled.cost"
+WAYBILL_HEDGE_LOSER_TOKENS: Final = "waybill.hedge.loser_tokens"
 
 
 def operation_of(api: str) -> str:
