@@ -104,6 +104,7 @@ __all__ = [
     "WAYBILL_SETTLEMENT",
     "WAYBILL_STATUS",
     "WAYBILL_STREAM_COMMITTED",
+    "WAYBILL_TENANT",
     "WAYBILL_TIER",
     "WAYBILL_TRIED_ENDPOINTS",
     "WAYBILL_UNATTRIBUTED_TOKENS",
@@ -219,6 +220,7 @@ WAYBILL_ATTEMPT_RESPONSE_BYTES: Final = "waybill.attempt.response_bytes"
 WAYBILL_ATTEMPT_INVALID_OUTPUT: Final = "waybill.attempt.invalid_output"  # where, never what
 WAYBILL_ATTEMPTS: Final = "waybill.attempts"
 WAYBILL_WORKSPACE: Final = "waybill.workspace"
+WAYBILL_TENANT: Final = "waybill.tenant"  # instead of the workspace, when pseudonymous
 WAYBILL_KEY_ID: Final = "waybill.key_id"
 WAYBILL_MODEL_GROUP: Final = "waybill.model_group"
 WAYBILL_ENDPOINT: Final = "waybill.endpoint"

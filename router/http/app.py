@@ -447,7 +447,9 @@ def create_app(settings: AppSettings) -> FastAPI:
         store = EventStore(engine)
         sharing = await _share_appends(store, settings)
         # Traces and metrics (contract §8), in the background, never on the request path.
-        telemetry = Telemetry.from_env(store, export_traces=settings.background)
+        telemetry = Telemetry.from_env(
+            store, export_traces=settings.background, tenant_key=config.otel.tenant_key
+        )
         app.state.telemetry = telemetry
         breakers = _breakers(config, settings)
         owner = incarnation_owner(settings.instance_id or new_id("gw"), new_id("inc"))
