@@ -70,6 +70,7 @@ __all__ = [
     "Pool",
     "Price",
     "Proxy",
+    "RateLimits",
     "ResumeMode",
     "RetryRule",
     "RetrySameEndpoint",
@@ -750,6 +751,20 @@ class Budget(_Frozen):
     window: BudgetWindow
 
 
+class RateLimits(_Frozen):
+    """Requests and tokens per minute (aligned one-minute windows), checked at admission
+    (router.adapters.rate_limits); at least one is set."""
+
+    requests_per_minute: _PositiveInt | None = None
+    tokens_per_minute: _PositiveInt | None = None  # worst case at admission, then settled
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> RateLimits:
+        if self.requests_per_minute is None and self.tokens_per_minute is None:
+            raise _error("set requests_per_minute, tokens_per_minute or both")
+        return self
+
+
 class Workspace(_Frozen):
     id: _Name
     models: Annotated[tuple[_Name, ...], _NonEmpty]
@@ -757,6 +772,8 @@ class Workspace(_Frozen):
     data_class: DataClass
     budget: Budget | None = None
     key_budget: Budget | None = None  # the default for each of its keys
+    limits: RateLimits | None = None  # the workspace's, all its keys together
+    key_limits: RateLimits | None = None  # each of its keys', apart
 
 
 class Limits(_Frozen):
@@ -1012,6 +1029,7 @@ class Config(_Frozen):
                     "budget": _budget_summary(w.budget),
                     "key_budget": _budget_summary(w.key_budget),
                 }
+                | _limits_summary(w)
                 for w in self.workspaces
             ],
         }
@@ -1020,6 +1038,16 @@ class Config(_Frozen):
         if self.otel.pseudonymous_tenants:  # the fact, never the secret
             summary["otel"] = {"pseudonymous_tenants": True}
         return summary
+
+
+def _limits_summary(w: Workspace) -> dict[str, Any]:
+    # Absent when unset, so that earlier summaries stay as they were.
+    summary: dict[str, Any] = {}
+    if w.limits is not None:
+        summary["limits"] = w.limits.model_dump(mode="json", exclude_none=True)
+    if w.key_limits is not None:
+        summary["key_limits"] = w.key_limits.model_dump(mode="json", exclude_none=True)
+    return summary
 
 
 def _endpoint_summary(e: Endpoint) -> dict[str, Any]:

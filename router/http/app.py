@@ -68,6 +68,7 @@ from router.adapters.breakers import BreakerBoard, breaker_board
 from router.adapters.disabling import Disabling
 from router.adapters.idempotency import Claim, IdempotencyStore, RecordedAnswer
 from router.adapters.latency import latency_board
+from router.adapters.rate_counters import rate_counters
 from router.adapters.slots import endpoint_slots
 from router.config import (
     Checkpoints,
@@ -456,6 +457,8 @@ def create_app(settings: AppSettings) -> FastAPI:
         latency = latency_board(config.generation, settings.redis_url)
         slots = endpoint_slots(settings.redis_url)  # one for the app: every generation's
         app.state.slots = slots
+        rates = rate_counters(settings.redis_url)  # the app's: a window outlives a generation
+        app.state.rate_counters = rates
         disabling = Disabling(
             store,
             redis_url=settings.redis_url,
@@ -469,6 +472,7 @@ def create_app(settings: AppSettings) -> FastAPI:
             latency=latency,
             slots=slots,
             disabling=disabling,
+            rate_counters=rates,
         )
         await register_instance(engine, owner)
         if settings.instance_id is not None:
@@ -523,6 +527,7 @@ def create_app(settings: AppSettings) -> FastAPI:
             await asyncio.gather(*app.state.retiring, return_exceptions=True)
             await app.state.gateway.aclose()
             await slots.aclose()
+            await rates.aclose()
             await disabling.aclose()
             await stop_instance(engine, owner)
             await store.close()
@@ -1227,6 +1232,7 @@ async def _swap_config(app: FastAPI, config: Config) -> tuple[str, str]:
         latency=latency,
         slots=app.state.slots,
         disabling=old.disabling,
+        rate_counters=app.state.rate_counters,
     )
     retiring = asyncio.create_task(old.retire())
     app.state.retiring.add(retiring)
