@@ -13,7 +13,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from tests.gateway.harness import Route, running_gateway
-from tests.helpers import REDIS_URL, redis_up
+from tests.helpers import REDIS_URL, eventually, redis_up
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
 
@@ -57,6 +57,16 @@ async def test_a_workspace_over_its_requests_per_minute_gets_a_recorded_429(data
             "rate_limited",
             0,
         )
+        async with gw.http() as http:  # the refused request reads like any other
+
+            async def projected() -> bool:
+                return (await http.get(f"/v1/requests/{request_id}")).status_code == 200
+
+            await eventually(projected)
+            shown = (await http.get(f"/v1/requests/{request_id}")).json()
+            explained = await http.get(f"/v1/requests/{request_id}/explain")
+        assert shown["status"] == "failed", shown
+        assert explained.status_code == 200, explained.text
 
 
 async def _tokens_per_minute(gw) -> None:
