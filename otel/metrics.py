@@ -182,6 +182,13 @@ class LedgerMetrics:
             description="Tokens of the ways that lost a hedged race, by token type (from "
             "their settlement).",
         )
+        self._rate_limited = tallies.counter(
+            meter,
+            sc.WAYBILL_RATE_LIMIT_REJECTIONS,
+            unit="{rejection}",
+            description="Requests refused at admission by a rate limit, by the limit and "
+            "whether it was a workspace's or a key's.",
+        )
         self._disabled: dict[str, bool] = {}
         meter.create_observable_gauge(
             sc.WAYBILL_ENDPOINTS_DISABLED,
@@ -310,6 +317,10 @@ class LedgerMetrics:
                 self._breaker_open_time(event, recorded.recorded_at)
             case ev.BudgetReservationDenied():
                 self._budget_rejections.add(1, {sc.WAYBILL_ACCOUNT_KIND: event.account_kind})
+            case ev.RateLimitExceeded():
+                subject = event.subject.split(":", 1)[0]  # never the id: a bounded label
+                limited = {sc.WAYBILL_RATE_LIMIT: event.limit_name}
+                self._rate_limited.add(1, {**limited, sc.WAYBILL_RATE_LIMIT_SUBJECT: subject})
             case ev.UnknownUsageOpened():
                 self._unknown_usage.add(1, {sc.WAYBILL_ENDPOINT: event.endpoint})
             case ev.ReconciliationImported():
@@ -371,6 +382,7 @@ _MEASURED: Final = ev.type_names(
     ev.FailoverDecided,
     ev.BreakerTransitioned,
     ev.BudgetReservationDenied,
+    ev.RateLimitExceeded,
     ev.ReconciliationImported,
     ev.EndpointDisabled,
 )

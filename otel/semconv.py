@@ -92,6 +92,9 @@ __all__ = [
     "WAYBILL_LEDGER_LAG",
     "WAYBILL_MODEL",
     "WAYBILL_MODEL_GROUP",
+    "WAYBILL_RATE_LIMIT",
+    "WAYBILL_RATE_LIMIT_REJECTIONS",
+    "WAYBILL_RATE_LIMIT_SUBJECT",
     "WAYBILL_REASON",
     "WAYBILL_REASON_CODE",
     "WAYBILL_REQUESTS",
@@ -295,6 +298,10 @@ WAYBILL_EXCLUDED_CANDIDATES: Final = "waybill.route.excluded_candidates"
 WAYBILL_CANCELED_TOKENS: Final = "waybill.canceled.tokens"
 WAYBILL_CANCELED_COST: Final = "waybill.canceled.cost"
 WAYBILL_HEDGE_LOSER_TOKENS: Final = "waybill.hedge.loser_tokens"
+# Requests refused at admission by a rate limit (config `limits`, `key_limits`).
+WAYBILL_RATE_LIMIT_REJECTIONS: Final = "waybill.rate_limit.rejections"
+WAYBILL_RATE_LIMIT: Final = "waybill.rate_limit.name"  # requests_per_minute, tokens_per_minute
+WAYBILL_RATE_LIMIT_SUBJECT: Final = "waybill.rate_limit.subject"  # workspace or key
 
 
 def operation_of(api: str) -> str:

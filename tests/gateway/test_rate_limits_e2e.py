@@ -6,6 +6,7 @@ the worst case at admission, corrected at settlement."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import openai
@@ -67,6 +68,12 @@ async def test_a_workspace_over_its_requests_per_minute_gets_a_recorded_429(data
             explained = await http.get(f"/v1/requests/{request_id}/explain")
         assert shown["status"] == "failed", shown
         assert explained.status_code == 200, explained.text
+        async with gw.http() as http:
+            metrics = (await http.get("/metrics", headers={"authorization": ""})).text
+        refusals = re.search(r"waybill_rate_limit_rejections_total{([^}]*)} (\S+)", metrics)
+        assert refusals is not None and refusals.group(2) == "1.0", metrics
+        assert 'waybill_rate_limit_subject="workspace"' in refusals.group(1)
+        assert 'waybill_rate_limit_name="requests_per_minute"' in refusals.group(1)
 
 
 async def _tokens_per_minute(gw) -> None:
