@@ -66,6 +66,7 @@ __all__ = [
     "PeriodClosed",
     "PeriodTotal",
     "Rate",
+    "RateLimitExceeded",
     "ReasonCode",
     "ReconciliationImported",
     "RequestCompleted",
@@ -419,6 +420,22 @@ class BudgetReserved(Event):
     # The door its request came through (RequestReceived.api), for the spend views; holds
     # taken before it was recorded here were all of chat completions.
     api: Api = "openai.chat_completions"
+
+
+class RateLimitExceeded(Event):
+    """A request refused at admission by a rate limit (config ``limits``): no upstream was
+    called, nothing reserved. Followed by its ``RequestFailed`` (429 ``rate_limited``)."""
+
+    type: ClassVar[str] = "RateLimitExceeded"
+
+    request_id: Id
+    subject: Id  # "workspace:acme" or "key:k_123"
+    limit_name: Literal["requests_per_minute", "tokens_per_minute"]
+    limit: NonNegInt
+    window_start: str  # the one-minute window's start, ISO 8601 UTC
+    window_s: NonNegInt = 60
+    tokens: NonNegInt  # the request's worst-case tokens, as counted
+    retry_after_s: NonNegInt
 
 
 class BudgetReservationDenied(Event):
@@ -917,6 +934,7 @@ CATALOGUE: Mapping[str, type[Event]] = {
         RouteEvaluated,
         BudgetReserved,
         BudgetReservationDenied,
+        RateLimitExceeded,
         AttemptStarted,
         StreamCommitted,
         AttemptFinished,

@@ -235,13 +235,15 @@ async def read_request_streams(
     return streams
 
 
-def _spans_of(streams: dict[str, list[RecordedEvent]]) -> tuple[list[SpanData], int]:
+def _spans_of(
+    streams: dict[str, list[RecordedEvent]], tenant_key: bytes | None
+) -> tuple[list[SpanData], int]:
     """Every finished request's spans, and how many requests that was."""
     spans: list[SpanData] = []
     requests = 0
     for request_id, stream in streams.items():
         try:
-            folded = request_spans(stream)
+            folded = request_spans(stream, tenant_key=tenant_key)
         except Exception:
             # One request this code cannot fold (an event it cannot read, a bug) must not
             # stall every later trace: skip it, loudly.
@@ -272,8 +274,10 @@ class TraceFollower:
         resource: Resource | None = None,
         *,
         page_size: int = 500,
+        tenant_key: bytes | None = None,
     ) -> None:
         self.store = store
+        self.tenant_key = tenant_key  # spans name tenants by pseudonym (config otel)
         self.exporter = exporter
         self.resource = resource or resource_from_env()
         self.page_size = page_size
@@ -326,7 +330,7 @@ class TraceFollower:
         finished = [str(e.data["request_id"]) for e in page if e.type in TERMINAL_TYPES]
         if finished:
             streams = await read_request_streams(self.store, finished)
-            spans, _ = _spans_of(streams)
+            spans, _ = _spans_of(streams, self.tenant_key)
             await _send(self.exporter, to_readable_spans(spans, self.resource))
             self.exported_spans += len(spans)
         return page[-1].position, len(page)
@@ -378,6 +382,7 @@ async def export_window(
     resource: Resource | None = None,
     progress: Callable[[int, int], None] | None = None,
     batch_requests: int = 200,
+    tenant_key: bytes | None = None,
 ) -> WindowResult:
     """Re-export the spans of the requests received in ``[since, until)`` (by the
     ``recorded_at`` of ``RequestReceived``), with their original timestamps and ids."""
@@ -390,7 +395,7 @@ async def export_window(
     for offset in range(0, total, batch_requests):
         chunk = request_ids[offset : offset + batch_requests]
         streams = await read_request_streams(store, chunk)
-        spans, finished = _spans_of(streams)
+        spans, finished = _spans_of(streams, tenant_key)
         await _send(exporter, to_readable_spans(spans, resource))
         exported += finished
         spans_sent += len(spans)

@@ -12,11 +12,13 @@ span; an all-zero id is invalid there, so a derivation never returns one.
 from __future__ import annotations
 
 import hashlib
+import hmac
 
 __all__ = [
     "attempt_span_id",
     "is_valid_span_id",
     "is_valid_trace_id",
+    "pseudonymous_tenant",
     "request_span_id",
     "request_trace_id",
     "upstream_traceparent",
@@ -68,3 +70,10 @@ def upstream_traceparent(trace_id: str, attempt_span_id: str) -> str:
     """The W3C ``traceparent`` sent upstream: the request's trace, the attempt's span as
     parent, sampled (every request is traced from the ledger)."""
     return f"00-{trace_id}-{attempt_span_id}-01"
+
+
+def pseudonymous_tenant(workspace: str, key: bytes) -> str:
+    """``waybill.tenant``: the HMAC-SHA256 of a workspace id under the configured secret, in
+    hex. Stable (a tenant's spans group together across exports and replicas) and, without
+    the secret, neither reversible nor guessable from a list of likely workspace ids."""
+    return hmac.new(key, workspace.encode(), hashlib.sha256).hexdigest()

@@ -23,7 +23,9 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
-from typing import Final
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final, TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.sdk.metrics import MeterProvider
@@ -37,7 +39,7 @@ from ledger import events as ev
 from ledger.store import RecordedEvent
 from otel import semconv as sc
 from otel.export import otlp_protocol, resource_from_env
-from otel.tallies import Tallies
+from otel.tallies import TalliedCounter, Tallies
 
 __all__ = [
     "PROMETHEUS_CONTENT_TYPE",
@@ -139,6 +141,54 @@ class LedgerMetrics:
             unit="{disabling}",
             description="Endpoints disabled because their upstream refused the credentials.",
         )
+        self._open_time = tallies.counter(
+            meter,
+            sc.WAYBILL_BREAKER_OPEN_TIME,
+            unit="s",
+            description="Seconds circuit breakers spent open, by scope, endpoint and (for a "
+            "mapping's breaker) model, counted when the breaker leaves the open state.",
+        )
+        self._request_cost = tallies.histogram(
+            meter,
+            sc.WAYBILL_REQUEST_COST,
+            unit="USD",
+            description="What each successful request cost (every attempt it settled).",
+            bounds=sc.COST_BUCKETS,
+        )
+        self._excluded = tallies.counter(
+            meter,
+            sc.WAYBILL_EXCLUDED_CANDIDATES,
+            unit="{candidate}",
+            description="Candidates a route evaluation excluded, by reason code.",
+        )
+        self._canceled_tokens = tallies.counter(
+            meter,
+            sc.WAYBILL_CANCELED_TOKENS,
+            unit="{token}",
+            description="Tokens upstreams billed for attempts the client cancelled, by "
+            "token type (from their settlement).",
+        )
+        self._canceled_cost = tallies.counter(
+            meter,
+            sc.WAYBILL_CANCELED_COST,
+            unit="USD",
+            description="What attempts the client cancelled cost (settled, or held as "
+            "unknown usage until reconciled).",
+        )
+        self._loser_tokens = tallies.counter(
+            meter,
+            sc.WAYBILL_HEDGE_LOSER_TOKENS,
+            unit="{token}",
+            description="Tokens of the ways that lost a hedged race, by token type (from "
+            "their settlement).",
+        )
+        self._rate_limited = tallies.counter(
+            meter,
+            sc.WAYBILL_RATE_LIMIT_REJECTIONS,
+            unit="{rejection}",
+            description="Requests refused at admission by a rate limit, by the limit and "
+            "whether it was a workspace's or a key's.",
+        )
         self._disabled: dict[str, bool] = {}
         meter.create_observable_gauge(
             sc.WAYBILL_ENDPOINTS_DISABLED,
@@ -159,9 +209,12 @@ class LedgerMetrics:
         # The operation of each request in flight that is not a chat (embeddings), from its
         # RequestReceived, which is appended with its first AttemptStarted, until it ends.
         self._operations: OrderedDict[str, str] = OrderedDict()
-        # The hedges started, and the ways that lost a race (their settlement follows).
+        # The hedges started; the attempts whose settlement (which follows) is watched apart:
+        # the ways that lost a race and those the client cancelled, with their counters.
         self._hedge_ways: OrderedDict[str, None] = OrderedDict()
-        self._losers: OrderedDict[str, None] = OrderedDict()
+        self._watched: OrderedDict[str, _Costs] = OrderedDict()
+        # When each breaker (scope, target) this process saw open opened.
+        self._opened_at: dict[tuple[str, str], datetime] = {}
 
     def _reconciled(self, event: ev.ReconciliationImported) -> None:
         # Counted once: a re-import returns the recorded report and appends nothing.
@@ -217,16 +270,29 @@ class LedgerMetrics:
                 if event.error_code == ev.HEDGE_LOST:
                     hedge = event.attempt_id in self._hedge_ways
                     self._hedges.add(1, {sc.WAYBILL_HEDGE_OUTCOME: "lost" if hedge else "won"})
-                    _remember(self._losers, event.attempt_id, None)
-            case ev.BudgetSettled() if self._losers.pop(event.attempt_id, 0) is None:
-                self._loser_cost.add(float(event.settled_usd), {sc.WAYBILL_SETTLEMENT: "settled"})
-            case ev.UnknownUsageOpened() if self._losers.pop(event.attempt_id, 0) is None:
+                    losers = _Costs(self._loser_cost, self._loser_tokens)
+                    _remember(self._watched, event.attempt_id, losers)
+                elif event.failure_class is ev.FailureClass.CLIENT_CANCELED:
+                    canceled = _Costs(self._canceled_cost, self._canceled_tokens)
+                    _remember(self._watched, event.attempt_id, canceled)
+            case ev.BudgetSettled() if costs := self._watched.pop(event.attempt_id, None):
+                costs.usd.add(float(event.settled_usd), {sc.WAYBILL_SETTLEMENT: "settled"})
+                _count_tokens(costs.tokens, event.usage)
+            case ev.UnknownUsageOpened() if costs := self._watched.pop(event.attempt_id, None):
                 self._unknown_usage.add(1, {sc.WAYBILL_ENDPOINT: event.endpoint})
-                held = {sc.WAYBILL_SETTLEMENT: "held_unknown"}
-                self._loser_cost.add(float(event.held_usd), held)
+                costs.usd.add(float(event.held_usd), {sc.WAYBILL_SETTLEMENT: "held_unknown"})
+            case ev.BudgetReleased():
+                self._watched.pop(event.attempt_id, None)  # nothing was used
+            case ev.RouteEvaluated():
+                for candidate in event.candidates:
+                    if not candidate.eligible and candidate.reason_code is not None:
+                        reason = {sc.WAYBILL_REASON_CODE: candidate.reason_code.value}
+                        self._excluded.add(1, reason)
             case ev.RequestCompleted():
                 self._operations.pop(event.request_id, None)
                 self._requests.add(1, {sc.WAYBILL_STATUS: "succeeded"})
+                if event.cost_usd is not None:
+                    self._request_cost.record(float(event.cost_usd), {})
             case ev.RequestFailed():
                 self._operations.pop(event.request_id, None)
                 status = "partial_failure" if event.stream_started else "failed"
@@ -248,14 +314,40 @@ class LedgerMetrics:
                         sc.WAYBILL_BREAKER_STATE: event.to_state,
                     },
                 )
+                self._breaker_open_time(event, recorded.recorded_at)
             case ev.BudgetReservationDenied():
                 self._budget_rejections.add(1, {sc.WAYBILL_ACCOUNT_KIND: event.account_kind})
+            case ev.RateLimitExceeded():
+                subject = event.subject.split(":", 1)[0]  # never the id: a bounded label
+                limited = {sc.WAYBILL_RATE_LIMIT: event.limit_name}
+                self._rate_limited.add(1, {**limited, sc.WAYBILL_RATE_LIMIT_SUBJECT: subject})
             case ev.UnknownUsageOpened():
                 self._unknown_usage.add(1, {sc.WAYBILL_ENDPOINT: event.endpoint})
             case ev.ReconciliationImported():
                 self._reconciled(event)
             case ev.EndpointDisabled():
                 self._disablings.add(1, {sc.WAYBILL_ENDPOINT: event.endpoint})
+
+    def _breaker_open_time(self, event: ev.BreakerTransitioned, at: datetime) -> None:
+        """Count the seconds a breaker spent open when it leaves the open state. An opening
+        this process did not see (before it started, or recorded by another replica) counts
+        nothing: a replica counts the open time it saw begin and end."""
+        breaker = (event.scope, event.target)
+        opened_at = self._opened_at.pop(breaker, None)
+        if event.to_state == "open":
+            self._opened_at[breaker] = at
+            if len(self._opened_at) > _MAX_OPEN_ATTEMPTS:  # a config's worth of breakers
+                self._opened_at.pop(next(iter(self._opened_at)))
+        if opened_at is None or event.from_state != "open":
+            return
+        endpoint, _, model = event.target.partition("/")
+        attributes: Attributes = {
+            sc.WAYBILL_BREAKER_SCOPE: event.scope,
+            sc.WAYBILL_ENDPOINT: endpoint,
+        }
+        if model:
+            attributes[sc.WAYBILL_MODEL] = model
+        self._open_time.add(max(0.0, (at - opened_at).total_seconds()), attributes)
 
     def _attempt_finished(self, event: ev.AttemptFinished) -> None:
         attributes = self._open.pop(event.attempt_id, None) or {
@@ -283,11 +375,14 @@ _MEASURED: Final = ev.type_names(
     ev.AttemptFinished,
     ev.BudgetSettled,
     ev.UnknownUsageOpened,
+    ev.BudgetReleased,
+    ev.RouteEvaluated,
     ev.RequestCompleted,
     ev.RequestFailed,
     ev.FailoverDecided,
     ev.BreakerTransitioned,
     ev.BudgetReservationDenied,
+    ev.RateLimitExceeded,
     ev.ReconciliationImported,
     ev.EndpointDisabled,
 )
@@ -302,10 +397,30 @@ def _remember_as(seen: OrderedDict[str, str], key: str, value: str) -> None:
         seen.popitem(last=False)
 
 
-def _remember(seen: OrderedDict[str, None], key: str, value: None) -> None:
+_V = TypeVar("_V")
+
+
+@dataclass(frozen=True, slots=True)
+class _Costs:
+    """Where a watched attempt's settlement is counted: its USD and its tokens."""
+
+    usd: TalliedCounter
+    tokens: TalliedCounter
+
+
+def _remember(seen: OrderedDict[str, _V], key: str, value: _V) -> None:
     seen[key] = value
-    while len(seen) > _MAX_OPEN_ATTEMPTS:  # a crash left its race unfinished
+    while len(seen) > _MAX_OPEN_ATTEMPTS:  # a crash left its race or settlement unfinished
         seen.popitem(last=False)
+
+
+def _count_tokens(counter: TalliedCounter, usage: ev.Usage) -> None:
+    for token_type, count in (
+        (sc.TOKEN_TYPE_INPUT, usage.input_tokens),
+        (sc.TOKEN_TYPE_OUTPUT, usage.output_tokens),
+    ):
+        if count:
+            counter.add(count, {sc.GEN_AI_TOKEN_TYPE: token_type})
 
 
 def _attempt_attributes(event: ev.AttemptStarted, operation: str) -> Attributes:

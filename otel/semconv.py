@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Final
 
 __all__ = [
+    "COST_BUCKETS",
     "DURATION_BUCKETS",
     "ERROR_TYPE",
     "EVENT_BUDGET_DENIED",
@@ -60,11 +61,14 @@ __all__ = [
     "WAYBILL_ATTEMPT_TIME_TO_FIRST_CHUNK_MS",
     "WAYBILL_AVAILABLE_USD",
     "WAYBILL_BACKOFF_MS",
+    "WAYBILL_BREAKER_OPEN_TIME",
     "WAYBILL_BREAKER_SCOPE",
     "WAYBILL_BREAKER_STATE",
     "WAYBILL_BREAKER_TRANSITIONS",
     "WAYBILL_BUDGET_REJECTIONS",
     "WAYBILL_CACHED_INPUT_TOKENS",
+    "WAYBILL_CANCELED_COST",
+    "WAYBILL_CANCELED_TOKENS",
     "WAYBILL_CANDIDATES",
     "WAYBILL_CONFIG_GENERATION",
     "WAYBILL_COST_USD",
@@ -75,20 +79,26 @@ __all__ = [
     "WAYBILL_ENDPOINT_DISABLINGS",
     "WAYBILL_ERROR_CODE",
     "WAYBILL_EVIDENCE",
+    "WAYBILL_EXCLUDED_CANDIDATES",
     "WAYBILL_FAILOVERS",
     "WAYBILL_FAILURE_CLASS",
     "WAYBILL_FOLLOWER",
     "WAYBILL_HEDGES",
     "WAYBILL_HEDGE_LOSER_COST",
+    "WAYBILL_HEDGE_LOSER_TOKENS",
     "WAYBILL_HEDGE_OUTCOME",
     "WAYBILL_HELD_UNKNOWN_USD",
     "WAYBILL_KEY_ID",
     "WAYBILL_LEDGER_LAG",
     "WAYBILL_MODEL",
     "WAYBILL_MODEL_GROUP",
+    "WAYBILL_RATE_LIMIT",
+    "WAYBILL_RATE_LIMIT_REJECTIONS",
+    "WAYBILL_RATE_LIMIT_SUBJECT",
     "WAYBILL_REASON",
     "WAYBILL_REASON_CODE",
     "WAYBILL_REQUESTS",
+    "WAYBILL_REQUEST_COST",
     "WAYBILL_REQUEST_ID",
     "WAYBILL_RESERVED_USD",
     "WAYBILL_SELECTION_POSITION",
@@ -97,6 +107,7 @@ __all__ = [
     "WAYBILL_SETTLEMENT",
     "WAYBILL_STATUS",
     "WAYBILL_STREAM_COMMITTED",
+    "WAYBILL_TENANT",
     "WAYBILL_TIER",
     "WAYBILL_TRIED_ENDPOINTS",
     "WAYBILL_UNATTRIBUTED_TOKENS",
@@ -183,6 +194,20 @@ DURATION_BUCKETS: Final = (
     81.92,
 )
 """Explicit bucket boundaries the conventions advise for the GenAI durations (seconds)."""
+COST_BUCKETS: Final = (
+    0.00001,
+    0.0001,
+    0.0005,
+    0.001,
+    0.005,
+    0.01,
+    0.05,
+    0.1,
+    0.5,
+    1,
+    5,
+)
+"""Bucket boundaries of ``waybill.request.cost`` (USD): a cheap call is a fraction of a cent."""
 
 
 # --- waybill.* attributes ---
@@ -198,6 +223,7 @@ WAYBILL_ATTEMPT_RESPONSE_BYTES: Final = "waybill.attempt.response_bytes"
 WAYBILL_ATTEMPT_INVALID_OUTPUT: Final = "waybill.attempt.invalid_output"  # where, never what
 WAYBILL_ATTEMPTS: Final = "waybill.attempts"
 WAYBILL_WORKSPACE: Final = "waybill.workspace"
+WAYBILL_TENANT: Final = "waybill.tenant"  # instead of the workspace, when pseudonymous
 WAYBILL_KEY_ID: Final = "waybill.key_id"
 WAYBILL_MODEL_GROUP: Final = "waybill.model_group"
 WAYBILL_ENDPOINT: Final = "waybill.endpoint"
@@ -263,6 +289,19 @@ WAYBILL_FOLLOWER: Final = "waybill.follower"
 # Disabled endpoints (contract §5): each disabling, and 1 per endpoint while it is disabled.
 WAYBILL_ENDPOINT_DISABLINGS: Final = "waybill.endpoint.disablings"
 WAYBILL_ENDPOINTS_DISABLED: Final = "waybill.endpoints.disabled"
+# The numbers an operator watches beside those (issue 43): seconds breakers spent open, what a
+# successful request cost, candidates excluded by reason code, what attempts a client
+# cancelled still used, and the tokens of the ways that lost a hedged race.
+WAYBILL_BREAKER_OPEN_TIME: Final = "waybill.breaker.open_time"
+WAYBILL_REQUEST_COST: Final = "waybill.request.cost"
+WAYBILL_EXCLUDED_CANDIDATES: Final = "waybill.route.excluded_candidates"
+WAYBILL_CANCELED_TOKENS: Final = "waybill.canceled.tokens"
+WAYBILL_CANCELED_COST: Final = "waybill.canceled.cost"
+WAYBILL_HEDGE_LOSER_TOKENS: Final = "waybill.hedge.loser_tokens"
+# Requests refused at admission by a rate limit (config `limits`, `key_limits`).
+WAYBILL_RATE_LIMIT_REJECTIONS: Final = "waybill.rate_limit.rejections"
+WAYBILL_RATE_LIMIT: Final = "waybill.rate_limit.name"  # requests_per_minute, tokens_per_minute
+WAYBILL_RATE_LIMIT_SUBJECT: Final = "waybill.rate_limit.subject"  # workspace or key
 
 
 def operation_of(api: str) -> str:

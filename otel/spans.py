@@ -34,6 +34,7 @@ from otel import semconv as sc
 from otel.ids import (
     attempt_span_id,
     is_valid_span_id,
+    pseudonymous_tenant,
     request_span_id,
     request_trace_id,
 )
@@ -99,9 +100,13 @@ class _Fold:
         amounts[name] = amounts.get(name, Decimal(0)) + amount
 
 
-def request_spans(recorded: Sequence[RecordedEvent]) -> list[SpanData]:
+def request_spans(
+    recorded: Sequence[RecordedEvent], *, tenant_key: bytes | None = None
+) -> list[SpanData]:
     """The spans of one request, from its stream's events in order; ``[]`` while the request
-    has no terminal event yet. The request span comes first, then one span per attempt."""
+    has no terminal event yet. The request span comes first, then one span per attempt.
+    With a ``tenant_key`` the request span names its tenant by ``waybill.tenant`` (a
+    pseudonym) instead of ``waybill.workspace``."""
     terminal_at = next((e.recorded_at for e in recorded if e.type in TERMINAL_TYPES), None)
     if terminal_at is None:
         return []
@@ -120,7 +125,7 @@ def request_spans(recorded: Sequence[RecordedEvent]) -> list[SpanData]:
                 _fold_step(fold, item, event)
     if fold is None or terminal is None:
         return []
-    return _build(fold, terminal, terminal_at)
+    return _build(fold, terminal, terminal_at, tenant_key)
 
 
 def _fold_step(fold: _Fold, item: RecordedEvent, event: ev.Event) -> None:
@@ -147,7 +152,10 @@ def _fold_step(fold: _Fold, item: RecordedEvent, event: ev.Event) -> None:
 
 
 def _build(
-    fold: _Fold, terminal: ev.RequestCompleted | ev.RequestFailed, terminal_at: datetime
+    fold: _Fold,
+    terminal: ev.RequestCompleted | ev.RequestFailed,
+    terminal_at: datetime,
+    tenant_key: bytes | None,
 ) -> list[SpanData]:
     received = fold.received
     trace_id = request_trace_id(received.request_id, received.trace_id)
@@ -168,7 +176,7 @@ def _build(
         remote_parent=has_caller,
         start=start,
         end=terminal_at,
-        attributes=_request_attributes(received, terminal, attempts),
+        attributes=_request_attributes(received, terminal, attempts, tenant_key),
         events=tuple(fold.events),
         error=terminal.error_code if isinstance(terminal, ev.RequestFailed) else None,
     )
@@ -247,14 +255,20 @@ def _request_attributes(
     received: ev.RequestReceived,
     terminal: ev.RequestCompleted | ev.RequestFailed,
     attempts: Sequence[_Attempt],
+    tenant_key: bytes | None,
 ) -> dict[str, AttributeValue]:
     requirements = received.requirements
+    tenant = (
+        (sc.WAYBILL_WORKSPACE, received.workspace)
+        if tenant_key is None
+        else (sc.WAYBILL_TENANT, pseudonymous_tenant(received.workspace, tenant_key))
+    )
     attributes: dict[str, AttributeValue] = {
         sc.GEN_AI_OPERATION_NAME: sc.operation_of(received.api),
         sc.GEN_AI_REQUEST_MODEL: received.model_group,
         sc.GEN_AI_REQUEST_STREAM: requirements.stream,
         sc.WAYBILL_REQUEST_ID: received.request_id,
-        sc.WAYBILL_WORKSPACE: received.workspace,
+        tenant[0]: tenant[1],
         sc.WAYBILL_KEY_ID: received.key_id,
         sc.WAYBILL_MODEL_GROUP: received.model_group,
         sc.WAYBILL_CONFIG_GENERATION: received.config_generation,

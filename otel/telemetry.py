@@ -71,11 +71,13 @@ class Telemetry:
         self._unsubscribe = store.on_commit(self._record)
 
     @classmethod
-    def from_env(cls, store: EventStore, *, export_traces: bool = True) -> Telemetry:
+    def from_env(
+        cls, store: EventStore, *, export_traces: bool = True, tenant_key: bytes | None = None
+    ) -> Telemetry:
         """Metrics always (``GET /metrics``); OTLP traces and metrics as ``OTEL_*`` say
         (traces only if ``export_traces``: one process of several exports them). A setting Waybill
         cannot honour is logged and that export stays off: telemetry never keeps the gateway
-        from serving."""
+        from serving. A ``tenant_key`` (config ``otel``) names tenants in spans by pseudonym."""
         resource = resource_from_env()
         try:
             metrics = MetricsPipeline(resource)
@@ -89,7 +91,7 @@ class Telemetry:
             _log.error("trace export is off: %s", error)
             exporter = None
         if exporter is not None:
-            traces = TraceFollower(store, exporter, resource)
+            traces = TraceFollower(store, exporter, resource, tenant_key=tenant_key)
             _log.info("exporting traces from the ledger to %s", traces_endpoint())
         return cls(store, metrics, traces)
 

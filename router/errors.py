@@ -49,6 +49,7 @@ __all__ = [
     "no_eligible_route",
     "permission_denied",
     "proof_unavailable",
+    "rate_limited",
     "reconciliation_not_found",
     "reload_incomplete",
     "reload_unavailable",
@@ -84,6 +85,7 @@ class ErrorCode(StrEnum):
     PROOF_UNAVAILABLE = "proof_unavailable"
     ENDPOINT_NOT_DISABLED = "endpoint_not_disabled"
     NO_ELIGIBLE_ROUTE = "no_eligible_route"
+    RATE_LIMITED = "rate_limited"
     UPSTREAM_RATE_LIMITED = "upstream_rate_limited"
     CLIENT_CANCELED = "client_canceled"
     INTERNAL_ERROR = "internal_error"
@@ -139,6 +141,7 @@ ERRORS: Final[tuple[ErrorRow, ...]] = (
     ErrorRow(409, _E.ENDPOINT_NOT_DISABLED, "the endpoint is not disabled"),
     ErrorRow(413, _E.INVALID_REQUEST, "the body is too large"),
     ErrorRow(422, _E.NO_ELIGIBLE_ROUTE, "no candidate meets the requirements; nothing reserved"),
+    ErrorRow(429, _E.RATE_LIMITED, "a rate limit of the key or its workspace is reached"),
     ErrorRow(429, _E.UPSTREAM_RATE_LIMITED, "every candidate tried was rate-limited"),
     ErrorRow(431, _E.INVALID_REQUEST, "the request line and headers are too large"),
     ErrorRow(499, _E.CLIENT_CANCELED, "the client closed the connection"),
@@ -397,6 +400,11 @@ def stream_broken(failure_class: FailureClass) -> GatewayError:
     """A committed stream that broke: whatever the class, the code of its final SSE event
     (contract §3 "Streams") is ``upstream_error``."""
     return GatewayError(_E.UPSTREAM_ERROR, f"the upstream stream broke: {failure_class}")
+
+
+def rate_limited(message: str, retry_after_s: int) -> GatewayError:
+    # The caller's own limit (config `limits`): a retry once its window ends may pass.
+    return GatewayError(_E.RATE_LIMITED, message, retry_after_s=retry_after_s, should_retry=True)
 
 
 def capacity_error(message: str) -> GatewayError:

@@ -89,6 +89,7 @@ TYPE_CHARS: Final[Mapping[str, str]] = {
     "CheckpointTaken": "W",
     "EndpointDisabled": "X",
     "EndpointEnabled": "Y",
+    "RateLimitExceeded": "Z",
 }
 TYPE_CHARACTERS: Final = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 _TYPE_OF: Final = {char: name for name, char in TYPE_CHARS.items()}

@@ -12,11 +12,13 @@ import typer
 from ledger.store import EventStore
 from router.cli._shared import (
     CliError,
+    ConfigFile,
     DatabaseUrl,
     friendly_errors,
     out,
     progress_bar,
     progress_callback,
+    read_config,
     with_store,
 )
 
@@ -48,8 +50,10 @@ def otel_export_command(
         str | None, typer.Option("--until", help="Requests received before this ISO time (UTC).")
     ] = None,
     database_url: DatabaseUrl = None,
+    config_file: ConfigFile = None,
 ) -> None:
-    """(Re-)export the traces of a window from the ledger, same ids and timestamps."""
+    """(Re-)export the traces of a window from the ledger, same ids and timestamps. With a
+    config whose otel.pseudonymous_tenants is true, tenants are named by pseudonym."""
     from otel import export
 
     # The exporter's own retry chatter would drown the one-line error below.
@@ -64,6 +68,7 @@ def otel_export_command(
             raise CliError(str(error)) from None
         if exporter is None:
             raise CliError("trace export is off (OTEL_TRACES_EXPORTER=none or OTEL_SDK_DISABLED)")
+        tenant_key = read_config(config_file).otel.tenant_key if config_file else None
     endpoint = export.traces_endpoint()
 
     async def work(store: EventStore) -> Any:
@@ -71,7 +76,12 @@ def otel_export_command(
             with progress_bar() as progress:
                 task = progress.add_task("exporting traces", total=None)
                 return await export.export_window(
-                    store, start, end, exporter, progress=progress_callback(progress, task)
+                    store,
+                    start,
+                    end,
+                    exporter,
+                    progress=progress_callback(progress, task),
+                    tenant_key=tenant_key,
                 )
         except export.ExportFailed as error:
             raise CliError(f"{error} ({endpoint}); nothing after that was sent") from None

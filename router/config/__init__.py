@@ -64,11 +64,13 @@ __all__ = [
     "Limits",
     "Mapping",
     "ModelGroup",
+    "Otel",
     "OutputPrice",
     "PartPrice",
     "Pool",
     "Price",
     "Proxy",
+    "RateLimits",
     "ResumeMode",
     "RetryRule",
     "RetrySameEndpoint",
@@ -766,6 +768,20 @@ class Budget(_Frozen):
     window: BudgetWindow
 
 
+class RateLimits(_Frozen):
+    """Requests and tokens per minute (aligned one-minute windows), checked at admission
+    (router.adapters.rate_limits); at least one is set."""
+
+    requests_per_minute: _PositiveInt | None = None
+    tokens_per_minute: _PositiveInt | None = None  # worst case at admission, then settled
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> RateLimits:
+        if self.requests_per_minute is None and self.tokens_per_minute is None:
+            raise _error("set requests_per_minute, tokens_per_minute or both")
+        return self
+
+
 class Workspace(_Frozen):
     id: _Name
     models: Annotated[tuple[_Name, ...], _NonEmpty]
@@ -773,6 +789,8 @@ class Workspace(_Frozen):
     data_class: DataClass
     budget: Budget | None = None
     key_budget: Budget | None = None  # the default for each of its keys
+    limits: RateLimits | None = None  # the workspace's, all its keys together
+    key_limits: RateLimits | None = None  # each of its keys', apart
 
 
 class Limits(_Frozen):
@@ -853,6 +871,57 @@ class Checkpoints(_Frozen):
         }
 
 
+_MIN_TENANT_SECRET: Final = 16
+
+
+class Otel(_Frozen):
+    """How traces name tenants (contract §8): with ``pseudonymous_tenants``, spans carry
+    ``waybill.tenant``, an HMAC-SHA256 of the workspace id under ``tenant_secret``, instead
+    of the workspace id itself, so a trace backend can group a tenant's requests without
+    learning who the tenant is."""
+
+    pseudonymous_tenants: StrictBool = False
+    # Read at load from a file or a ${env:NAME} reference: never printed, recorded or sent.
+    tenant_secret: SecretStr | None = None
+
+    @field_validator("tenant_secret", mode="before")
+    @classmethod
+    def _read_tenant_secret(cls, value: object, info: ValidationInfo) -> object:
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value.strip():
+            raise _error("must be a file's path or a ${env:NAME} reference")
+        reference = _ENV_REF.fullmatch(value.strip())
+        if reference is not None:
+            secret = _resolve_env(reference.group(1), _environ(info))
+        else:
+            path = _base_dir(info) / value
+            try:
+                secret = path.read_text(encoding="utf-8").strip()
+            except (OSError, UnicodeDecodeError) as error:
+                reason = getattr(error, "strerror", None) or "not a text file"
+                raise _error(f"cannot read the secret file {path}: {reason}") from None
+        if len(secret.encode()) < _MIN_TENANT_SECRET:
+            # The message never echoes the value.
+            raise _error(f"must be at least {_MIN_TENANT_SECRET} bytes")
+        return SecretStr(secret)
+
+    @model_validator(mode="after")
+    def _secret_with_pseudonyms(self) -> Otel:
+        if self.pseudonymous_tenants and self.tenant_secret is None:
+            raise _error("pseudonymous_tenants needs a tenant_secret (a file or ${env:NAME})")
+        if self.tenant_secret is not None and not self.pseudonymous_tenants:
+            raise _error("tenant_secret is used only with pseudonymous_tenants: true")
+        return self
+
+    @property
+    def tenant_key(self) -> bytes | None:
+        """The HMAC key spans name tenants under, or None: spans carry the workspace id."""
+        if not self.pseudonymous_tenants or self.tenant_secret is None:
+            return None
+        return self.tenant_secret.get_secret_value().encode()
+
+
 class Config(_Frozen):
     """The whole config. Build it with `load_config` or `parse_config`: they also check
     cross-references and duplicate ids, which need the raw document and its paths."""
@@ -864,6 +933,7 @@ class Config(_Frozen):
     models: Annotated[tuple[ModelGroup, ...], _NonEmpty]
     workspaces: Annotated[tuple[Workspace, ...], _NonEmpty]
     checkpoints: Checkpoints | None = None
+    otel: Otel = Otel()
 
     @field_validator("generation", mode="before")
     @classmethod
@@ -976,12 +1046,25 @@ class Config(_Frozen):
                     "budget": _budget_summary(w.budget),
                     "key_budget": _budget_summary(w.key_budget),
                 }
+                | _limits_summary(w)
                 for w in self.workspaces
             ],
         }
         if self.checkpoints is not None:  # absent, it leaves earlier summaries as they were
             summary["checkpoints"] = self.checkpoints.summary()
+        if self.otel.pseudonymous_tenants:  # the fact, never the secret
+            summary["otel"] = {"pseudonymous_tenants": True}
         return summary
+
+
+def _limits_summary(w: Workspace) -> dict[str, Any]:
+    # Absent when unset, so that earlier summaries stay as they were.
+    summary: dict[str, Any] = {}
+    if w.limits is not None:
+        summary["limits"] = w.limits.model_dump(mode="json", exclude_none=True)
+    if w.key_limits is not None:
+        summary["key_limits"] = w.key_limits.model_dump(mode="json", exclude_none=True)
+    return summary
 
 
 def _endpoint_summary(e: Endpoint) -> dict[str, Any]:

@@ -70,6 +70,7 @@ from router.adapters.breakers import BreakerBoard, breaker_board
 from router.adapters.disabling import Disabling
 from router.adapters.idempotency import Claim, IdempotencyStore, RecordedAnswer
 from router.adapters.latency import latency_board
+from router.adapters.rate_counters import rate_counters
 from router.adapters.slots import endpoint_slots
 from router.config import (
     Checkpoints,
@@ -452,13 +453,17 @@ def create_app(settings: AppSettings) -> FastAPI:
         store = EventStore(engine)
         sharing = await _share_appends(store, settings)
         # Traces and metrics (contract §8), in the background, never on the request path.
-        telemetry = Telemetry.from_env(store, export_traces=settings.background)
+        telemetry = Telemetry.from_env(
+            store, export_traces=settings.background, tenant_key=config.otel.tenant_key
+        )
         app.state.telemetry = telemetry
         breakers = _breakers(config, settings)
         owner = incarnation_owner(settings.instance_id or new_id("gw"), new_id("inc"))
         latency = latency_board(config.generation, settings.redis_url)
         slots = endpoint_slots(settings.redis_url)  # one for the app: every generation's
         app.state.slots = slots
+        rates = rate_counters(settings.redis_url)  # the app's: a window outlives a generation
+        app.state.rate_counters = rates
         disabling = Disabling(
             store,
             redis_url=settings.redis_url,
@@ -472,6 +477,7 @@ def create_app(settings: AppSettings) -> FastAPI:
             latency=latency,
             slots=slots,
             disabling=disabling,
+            rate_counters=rates,
         )
         await register_instance(engine, owner)
         if settings.instance_id is not None:
@@ -526,6 +532,7 @@ def create_app(settings: AppSettings) -> FastAPI:
             await asyncio.gather(*app.state.retiring, return_exceptions=True)
             await app.state.gateway.aclose()
             await slots.aclose()
+            await rates.aclose()
             await disabling.aclose()
             await stop_instance(engine, owner)
             await store.close()
@@ -1283,6 +1290,7 @@ async def _swap_config(app: FastAPI, config: Config) -> tuple[str, str]:
         latency=latency,
         slots=app.state.slots,
         disabling=old.disabling,
+        rate_counters=app.state.rate_counters,
     )
     retiring = asyncio.create_task(old.retire())
     app.state.retiring.add(retiring)

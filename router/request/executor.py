@@ -39,6 +39,13 @@ from router.errors import (
     composition_error,
     ledger_unavailable,
 )
+from router.request.admission import (
+    RateAdmission,
+    limits_of,
+    rate_limit_exceeded,
+    refused,
+    worst_case_tokens,
+)
 from router.request.attempt import Attempt, AttemptRoute
 from router.request.call import Call, Caller, Completion, StreamingCompletion
 from router.request.classify import BreakerScope, Classification
@@ -153,6 +160,7 @@ class Executor:
         )
         self._hedge_timer: Timer | None = None
         self._budget_refusal = ""  # the books' last refusal of a reservation
+        self._rate: RateAdmission | None = None  # counted against rate limits
         journal.queue(request_received(request_id, caller, call, ports.config.generation))
 
     # --- the two shapes of a request ---
@@ -164,7 +172,16 @@ class Executor:
         return await self._ending_recorded(self._stream())
 
     async def _ending_recorded(self, work: Coroutine[Any, Any, _T]) -> _T:
-        """Run ``work``; however it ends, the request's end is on the ledger."""
+        """Run ``work``; however it ends, the request's end is on the ledger (and a request
+        that started no attempt gives back the tokens it counted against rate limits)."""
+        try:
+            return await self._recorded(work)
+        except BaseException:
+            if self.walk.attempts == 0 and self._rate is not None:  # nothing used
+                self.ports.keep(self._rate_settled(0))
+            raise
+
+    async def _recorded(self, work: Coroutine[Any, Any, _T]) -> _T:
         try:
             return await work
         except asyncio.CancelledError:
@@ -182,7 +199,29 @@ class Executor:
             self._record_abandoned(canceled=False)
             raise
 
+    async def _admit(self) -> None:
+        """Count the request against its key's and workspace's rate limits, or end it (429
+        ``rate_limited``, recorded) before anything is routed, reserved or called."""
+        counters, limits = self.ports.rate_counters, limits_of(self.caller)
+        if counters is None or not limits:
+            return
+        tokens = worst_case_tokens(self.ports.config, self.group, self.call.requirements)
+        now = self.ports.clock.now().timestamp()
+        window, refusal = await counters.take(limits, tokens, now)
+        if refusal is not None:
+            self.journal.queue(rate_limit_exceeded(self.request_id, refusal, tokens))
+            raise await self.endings.fail(refused(refusal), self.walk.attempts)
+        self._rate = RateAdmission(counters, [x.subject for x in limits], window, tokens)
+
+    async def _rate_settled(self, used_tokens: int | None) -> None:
+        """Correct the tokens counted at admission to what the request used (None: keep the
+        worst case — a failed attempt may have used tokens nobody reported)."""
+        rate, self._rate = self._rate, None
+        if rate is not None and used_tokens is not None:
+            await rate.settled(used_tokens)
+
     async def _complete(self) -> Completion:
+        await self._admit()
         attempt = await self._drive(Begin())
         route, result = attempt.route, attempt.result
         assert result is not None, "an answered attempt of a buffered request has its result"
@@ -194,6 +233,7 @@ class Executor:
         )
 
     async def _stream(self) -> StreamingCompletion:
+        await self._admit()
         attempt = await self._drive(Begin())  # returns once the stream is committed
         relay = self.relay
         return StreamingCompletion(
@@ -533,6 +573,9 @@ class Executor:
     async def _succeeded(self, attempt: Attempt, end: AttemptEnd, cost: Decimal | None) -> None:
         self._close(attempt.attempt_id)
         completed = self.endings.succeeded(attempt, end, cost, self.walk.attempts)
+        usage = end.usage
+        # Before the answer goes out, so that the caller's next request sees the correction.
+        await self._rate_settled(usage.input_tokens + usage.output_tokens if usage else None)
         journal = self.journal
         try:
             submitted = await journal.submit(completed)

@@ -26,6 +26,7 @@ from ledger.store.outage import Outage
 from router.adapters.breakers import Admission, BreakerBoard, BreakerKey, Transition
 from router.adapters.disabling import Disabling
 from router.adapters.latency import InProcessLatency, LatencyBoard
+from router.adapters.rate_counters import InProcessRateCounters, RateCounters
 from router.adapters.slots import EndpointSlots, InProcessSlots
 from router.config import Config, ModelGroup, Workspace
 from router.drivers import Driver, driver_for
@@ -61,6 +62,7 @@ class Gateway:
         latency: LatencyBoard | None = None,
         slots: EndpointSlots | None = None,
         disabling: Disabling | None = None,
+        rate_counters: RateCounters | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -69,6 +71,8 @@ class Gateway:
         # Endpoints' max_in_flight: owned by the app, shared by every config generation (a
         # retiring one's attempts still load the upstreams).
         self.slots = slots or InProcessSlots()
+        # Rate limits' counters: the app's too (a window outlives a generation).
+        self.rate_counters = rate_counters or InProcessRateCounters()
         # Disabled endpoints outlive a generation (one Disabling per process, the app's);
         # this generation sees those disabled for the keys it gives them.
         self.disabling = disabling or Disabling(store)
@@ -99,6 +103,7 @@ class Gateway:
             rr=WeightedRoundRobin(),
             rng=rng or random.Random(),
             instance_id=self.instance_id,
+            rate_counters=self.rate_counters,
         )
 
     # A reload retires this gateway: it finishes the requests it began (an attempt is never

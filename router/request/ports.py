@@ -27,6 +27,7 @@ from ledger.endpoints import DisabledEndpoint
 from ledger.store import RecordedEvent
 from ledger.store.outage import Outage
 from router.adapters.breakers import Admission, BreakerKey
+from router.adapters.rate_limits import RateLimit, Refusal, Window
 from router.config import Config
 from router.drivers import AttemptBinding, ChatRequest, DriverResult, DriverStream, PreparedCall
 from router.request.budget import StepRecord
@@ -118,6 +119,16 @@ class Slots(Protocol):
     async def take(self, endpoint: str, slot: str, limit: int) -> bool: ...
 
     async def give_back(self, endpoint: str, slot: str) -> None: ...
+
+
+class RateCounting(Protocol):
+    """Rate limits' counters (:class:`router.adapters.rate_counters.RateCounters`)."""
+
+    async def take(
+        self, limits: Sequence[RateLimit], tokens: int, now: float
+    ) -> tuple[Window, Refusal | None]: ...
+
+    async def correct(self, subjects: Sequence[str], window: Window, tokens: int) -> None: ...
 
 
 class DisabledEndpoints(Protocol):
@@ -283,3 +294,4 @@ class Ports:
     rr: WeightedRoundRobin
     rng: random.Random
     instance_id: str  # the owner of the holds this gateway takes
+    rate_counters: RateCounting | None = None  # None: no rate limit is counted

@@ -106,6 +106,7 @@ def config_text(
     dead_endpoints: Sequence[str] = (),
     limits: str = "",
     checkpoints: str = "",
+    otel: str = "",
     policies: dict[str, str] | None = None,
     strategies: dict[str, str] | None = None,
     groups: dict[str, str] | None = None,
@@ -147,6 +148,8 @@ def config_text(
     limits_yaml = f"limits: {limits}\n" if limits else ""
     if checkpoints:
         limits_yaml += f"checkpoints: {checkpoints}\n"
+    if otel:
+        limits_yaml += f"otel: {otel}\n"
     strategies = strategies or {}
     names = list(dict.fromkeys(["chat", *policies, *strategies]))
     more = groups or {}

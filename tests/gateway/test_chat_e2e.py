@@ -3,6 +3,7 @@ ledger on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
+import re
 from decimal import Decimal
 from importlib.metadata import version
 from typing import Any
@@ -207,6 +208,11 @@ async def test_a_client_that_hangs_up_mid_stream_cancels_the_upstream_and_is_rec
         assert "BudgetSettled" in types or "UnknownUsageOpened" in types, types
         # the upstream call was dropped, not left running to completion
         await gw.upstreams["east"].wait_for_async(lambda up: up.client_gone >= 1)
+        # what the cancelled attempt cost is counted apart for operators (contract §8)
+        async with gw.http() as http:
+            metrics = (await http.get("/metrics", headers={"authorization": ""})).text
+        cost = re.search(r"waybill_canceled_cost_USD_total{[^}]*} (\S+)", metrics)
+        assert cost is not None and float(cost.group(1)) > 0, metrics
 
 
 async def test_stream_without_include_usage_gets_no_usage_chunk_but_usage_is_recorded(

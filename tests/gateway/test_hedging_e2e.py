@@ -55,6 +55,10 @@ async def test_a_slow_buffered_answer_is_hedged_to_the_next_candidate(database_u
             assert re.search(counted, metrics), outcome
         cost = re.search(r'waybill_hedge_loser_cost_USD_total{[^}]*"held_unknown"} (\S+)', metrics)
         assert cost is not None and float(cost.group(1)) > 0
+        # the winner's cost, and east left out of the hedge's evaluation as already tried
+        assert re.search(r"waybill_request_cost_USD_count{[^}]*} 1\.0", metrics)
+        excluded = r'waybill_route_excluded_candidates_total{[^}]*"already_tried"} 1\.0'
+        assert re.search(excluded, metrics)
 
 
 async def test_a_slow_stream_is_hedged_and_the_first_content_wins(database_url):

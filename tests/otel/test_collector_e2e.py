@@ -19,7 +19,7 @@ from opentelemetry.sdk.resources import Resource
 from ledger.store import NO_STREAM, EventStore
 from ledger.store.db import create_engine
 from otel.export import to_readable_spans
-from otel.ids import request_span_id
+from otel.ids import pseudonymous_tenant, request_span_id
 from otel.spans import request_spans
 from router.fake_provider import Behavior
 from tests.gateway.harness import Gateway, Route, running_gateway
@@ -168,6 +168,44 @@ async def test_a_request_without_traceparent_gets_a_trace_of_its_own(
     assert request["parent_span_id"] == ""  # a root span
     assert request["trace_id"] == attempt["trace_id"] != CALLER_TRACE
     assert sent == f"00-{request['trace_id']}-{attempt['span_id']}-01"
+
+
+async def test_pseudonymous_tenants_name_the_workspace_by_an_hmac_only(
+    sqlite_url: str, collector: Collector, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _otel_env(monkeypatch, collector.endpoint)
+    secret = "tenant-secret-of-this-test-0123456789"
+    otel = "{pseudonymous_tenants: true, tenant_secret: '${env:TENANT_SECRET}'}"
+    environ = {"TENANT_SECRET": secret}
+    config_file = tmp_path / "waybill.yaml"
+    async with running_gateway(
+        sqlite_url, ["east"], [Route("east")], otel=otel, environ=environ, config_file=config_file
+    ) as gw:
+        request_id = await _chat(gw)
+        spans = await collector.wait_for_request(request_id, 2)
+        ledger = [e.data for e in await gw.events(request_id)]
+    top = _one(spans, "chat chat")["attributes"]
+    assert top["waybill.tenant"] == pseudonymous_tenant("acme", secret.encode())
+    assert "waybill.workspace" not in top
+    assert "acme" not in json.dumps(spans) and secret not in json.dumps(spans)
+    assert secret not in json.dumps(ledger)
+
+    # A re-export with the config names the tenant the same way.
+    monkeypatch.setenv("TENANT_SECRET", secret)
+    monkeypatch.setenv("FAKE_KEY", "sk-fake")
+    async with Collector(tmp_path / "replay") as replay:
+        again = await _waybill(
+            "otel",
+            "export",
+            "--config",
+            str(config_file),
+            database_url=sqlite_url,
+            endpoint=replay.endpoint,
+        )
+        assert again.returncode == 0, again.stderr
+        replayed = await replay.wait_for_request(request_id, 2)
+    assert _one(replayed, "chat chat")["attributes"]["waybill.tenant"] == top["waybill.tenant"]
+    assert "acme" not in json.dumps(replayed)
 
 
 async def test_traces_and_metrics_reach_the_collector_over_grpc(

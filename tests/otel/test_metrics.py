@@ -10,7 +10,7 @@ from opentelemetry.sdk.resources import Resource
 from ledger import events as ev
 from otel import semconv as sc
 from otel.metrics import MetricsPipeline
-from tests.otel.trails import failover_trail, quota_trail, recorded
+from tests.otel.trails import failover_trail, no_route_trail, quota_trail, recorded
 
 
 def _pipeline() -> tuple[MetricsPipeline, InMemoryMetricReader]:
@@ -210,4 +210,133 @@ def test_an_embeddings_requests_attempts_are_the_embeddings_operation():
     }
     tokens = _points(reader)[sc.GEN_AI_CLIENT_TOKEN_USAGE]
     assert {p.attributes[sc.GEN_AI_OPERATION_NAME] for p in tokens} == {"embeddings"}
+    pipeline.shutdown()
+
+
+def _transition(target: str, from_state: str, to_state: str) -> ev.BreakerTransitioned:
+    scope = "mapping" if "/" in target else "endpoint"
+    return ev.BreakerTransitioned(
+        scope=scope,
+        target=target,
+        from_state=from_state,
+        to_state=to_state,
+        config_generation="g1",
+    )
+
+
+def test_seconds_a_breaker_spent_open_are_counted_when_it_leaves_open():
+    pipeline, reader = _pipeline()
+    stream = recorded(
+        [
+            (0, [_transition("east", "closed", "open")]),
+            (0, [_transition("east/gpt-4o-mini", "closed", "open")]),
+            (5_000, [_transition("east", "open", "half_open")]),  # 5 s open
+            (5_200, [_transition("east", "half_open", "open")]),  # a failed probe reopens
+            (8_200, [_transition("east", "open", "half_open")]),  # 3 s more
+            (8_300, [_transition("east", "half_open", "closed")]),  # half-open is not open
+            (9_500, [_transition("east/gpt-4o-mini", "open", "half_open")]),
+            (9_600, [_transition("west", "open", "half_open")]),  # opened before we followed
+        ]
+    )
+    for event in stream:
+        pipeline.metrics.record(event)
+    seconds = {
+        (p.attributes[sc.WAYBILL_ENDPOINT], p.attributes.get(sc.WAYBILL_MODEL)): p.value
+        for p in _points(reader)[sc.WAYBILL_BREAKER_OPEN_TIME]
+    }
+    assert seconds == {("east", None): 8.0, ("east", "gpt-4o-mini"): 9.5}
+    text = pipeline.prometheus_text().decode()
+    assert "waybill_breaker_open_time_seconds_total{" in text
+    pipeline.shutdown()
+
+
+def test_cost_per_successful_request_and_candidates_excluded_by_reason_code():
+    pipeline, reader = _pipeline()
+    for event in [*failover_trail("r1"), *quota_trail("r2"), *no_route_trail("r3")]:
+        pipeline.metrics.record(event)
+    points = _points(reader)
+    (cost,) = points[sc.WAYBILL_REQUEST_COST]
+    assert (cost.count, cost.sum) == (1, 0.000072)  # the failed requests cost nothing here
+    assert list(cost.explicit_bounds) == list(sc.COST_BUCKETS)
+    excluded = {
+        p.attributes[sc.WAYBILL_REASON_CODE]: p.value
+        for p in points[sc.WAYBILL_EXCLUDED_CANDIDATES]
+    }
+    assert excluded == {"already_tried": 1, "missing_capability": 1, "region_not_allowed": 1}
+    text = pipeline.prometheus_text().decode()
+    assert "waybill_request_cost_USD_bucket{" in text
+    assert "waybill_route_excluded_candidates_total{" in text and '"already_tried"} 1.0' in text
+    pipeline.shutdown()
+
+
+def _finished(attempt_id: str, **fields: Any) -> ev.AttemptFinished:
+    return ev.AttemptFinished(
+        request_id="r1",
+        attempt_id=attempt_id,
+        status="failed",
+        evidence=ev.Evidence.STARTED,
+        duration_ms=100,
+        **fields,
+    )
+
+
+def _settled(attempt_id: str, usd: str, usage: ev.Usage) -> ev.BudgetSettled:
+    return ev.BudgetSettled(
+        request_id="r1",
+        attempt_id=attempt_id,
+        reservation_id=f"{attempt_id}-r",
+        reserved_usd="0.01",
+        settled_usd=usd,
+        released_usd="0",
+        usage=usage,
+    )
+
+
+def test_usage_after_a_cancel_and_hedge_losers_tokens_are_counted_from_their_settlement():
+    pipeline, reader = _pipeline()
+    canceled = ev.FailureClass.CLIENT_CANCELED
+    stream = recorded(
+        [
+            (
+                0,
+                [
+                    _finished("lost", error_code=ev.HEDGE_LOST),
+                    _settled("lost", "0.002", ev.Usage(input_tokens=10, output_tokens=40)),
+                    _finished("gone", failure_class=canceled),
+                    _settled("gone", "0.001", ev.Usage(input_tokens=7, output_tokens=3)),
+                    _finished("gone-early", failure_class=canceled),
+                    ev.UnknownUsageOpened(
+                        settlement_id="s1",
+                        request_id="r1",
+                        attempt_id="gone-early",
+                        reservation_id="gone-early-r",
+                        workspace="acme",
+                        key_id="k_1",
+                        endpoint="east",
+                        model="gpt-4o-mini",
+                        held_usd="0.004",
+                        cause="client_canceled",
+                    ),
+                    _finished("failed", failure_class=ev.FailureClass.UPSTREAM_UNAVAILABLE),
+                    _settled("failed", "0.5", ev.Usage(input_tokens=99, output_tokens=99)),
+                ],
+            )
+        ]
+    )
+    for event in stream:
+        pipeline.metrics.record(event)
+    points = _points(reader)
+
+    def by(name: str, attribute: str) -> dict[str, float]:
+        return {p.attributes[attribute]: p.value for p in points[name]}
+
+    assert by(sc.WAYBILL_HEDGE_LOSER_TOKENS, sc.GEN_AI_TOKEN_TYPE) == {"input": 10, "output": 40}
+    assert by(sc.WAYBILL_HEDGE_LOSER_COST, sc.WAYBILL_SETTLEMENT) == {"settled": 0.002}
+    assert by(sc.WAYBILL_CANCELED_TOKENS, sc.GEN_AI_TOKEN_TYPE) == {"input": 7, "output": 3}
+    assert by(sc.WAYBILL_CANCELED_COST, sc.WAYBILL_SETTLEMENT) == {
+        "settled": 0.001,
+        "held_unknown": 0.004,
+    }
+    text = pipeline.prometheus_text().decode()
+    assert "waybill_canceled_tokens_total{" in text and "waybill_hedge_loser_tokens_total{" in text
     pipeline.shutdown()

@@ -280,3 +280,20 @@ def test_an_embeddings_request_is_the_embeddings_operation_on_every_span():
         "embeddings claude-3-5",
     ]
     assert {s.attributes[sc.GEN_AI_OPERATION_NAME] for s in spans} == {"embeddings"}
+
+
+def test_with_a_tenant_key_the_request_span_names_a_pseudonym_not_the_workspace():
+    from otel.ids import pseudonymous_tenant
+
+    plain = request_spans(failover_trail("r1"))[0].attributes
+    assert plain[sc.WAYBILL_WORKSPACE] == "acme" and sc.WAYBILL_TENANT not in plain
+    key = b"a-secret-of-sixteen-bytes-or-more"
+    named = request_spans(failover_trail("r1"), tenant_key=key)[0].attributes
+    assert sc.WAYBILL_WORKSPACE not in named
+    tenant = named[sc.WAYBILL_TENANT]
+    assert tenant == pseudonymous_tenant("acme", key)
+    # stable, hex SHA-256 wide, and another secret (or another workspace) names another
+    assert pseudonymous_tenant("acme", key) == tenant
+    assert isinstance(tenant, str) and len(tenant) == 64 and "acme" not in tenant
+    assert pseudonymous_tenant("acme", b"another-secret-of-16-bytes") != tenant
+    assert pseudonymous_tenant("other", key) != tenant
