@@ -35,6 +35,7 @@ __all__ = [
     "APIS",
     "CATALOGUE",
     "DATA_CLASSES",
+    "RETENTION_PATTERN",
     "UPCASTERS",
     "AccountRef",
     "Api",
@@ -83,6 +84,7 @@ __all__ = [
     "data_class_rank",
     "decode_event",
     "encode_event",
+    "retention_rank",
     "type_names",
 ]
 
@@ -113,6 +115,9 @@ class ReasonCode(StrEnum):
     # group; or none of the pool's own mappings is eligible (its evaluation says why).
     POOL_NOT_PERMITTED = "pool_not_permitted"
     POOL_UNAVAILABLE = "pool_unavailable"
+    # The endpoint keeps requests longer than the request's retention bound allows, or does
+    # not say what it keeps (contract §4; the detail names both).
+    RETENTION_EXCEEDED = "retention_exceeded"
 
 
 class FailureClass(StrEnum):
@@ -161,6 +166,23 @@ APIS: Final[tuple[Api, ...]] = get_args(Api)
 def data_class_rank(data_class: DataClass) -> int:
     """Position in public < internal < restricted."""
     return DATA_CLASSES.index(data_class)
+
+
+RETENTION_PATTERN: Final = r"none|zero|[1-9][0-9]{0,4}d"
+"""What a provider keeps of a request (contract §2 ``retention``), least first: ``none``
+(nothing, not even for abuse monitoring), ``zero`` (zero data retention: nothing once the
+answer is delivered), ``<days>d`` (kept that many days, 1 to 99999)."""
+
+
+def retention_rank(retention: str) -> int:
+    """Position in none < zero < 1d < 2d < ...: a retention satisfies a bound it does not
+    exceed. ``retention`` matches :data:`RETENTION_PATTERN` (the config and the header
+    parsers see to it)."""
+    if retention == "none":
+        return -1
+    if retention == "zero":
+        return 0
+    return int(retention.removesuffix("d"))
 
 
 # --- field types ---
@@ -249,6 +271,11 @@ class Requirements(_Record):
     capabilities: tuple[str, ...] = ()
     regions: tuple[str, ...] | None = None  # None: the workspace's regions apply unnarrowed
     data_class: DataClass = "internal"
+    # The most an endpoint may keep of the request (RETENTION_PATTERN): the workspace's
+    # bound, narrowed by X-Waybill-Retention. None: no bound.
+    retention: Annotated[str, Field(pattern=f"^(?:{RETENTION_PATTERN})$")] | None = Field(
+        None, exclude_if=_nothing
+    )
     estimated_input_tokens: NonNegInt = 0  # text: the prompt's bytes bound its tokens
     # Embeddings: the longest input's bound. Each input is embedded alone, so it, not the
     # batch, must fit a mapping's context window.

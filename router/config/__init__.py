@@ -42,7 +42,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from ledger.audit.checkpoints import KeyFileError, SigningKey, load_signing_key
-from ledger.events import DataClass, FailureClass, data_class_rank
+from ledger.events import RETENTION_PATTERN, DataClass, FailureClass, data_class_rank
 from router.adapters.breaker_policy import RATE_SCALE, TIME_BUCKETS, BreakerSettings
 from router.config import egress
 
@@ -163,6 +163,19 @@ _Name = Annotated[StrictStr, AfterValidator(_check_name)]
 _Capability = Annotated[StrictStr, AfterValidator(_check_capability)]
 _Money = Annotated[Decimal, BeforeValidator(_to_money)]
 _PositiveInt = Annotated[StrictInt, Field(gt=0)]
+
+
+_RETENTION = re.compile(RETENTION_PATTERN)
+
+
+def _check_retention(value: str) -> str:
+    if _RETENTION.fullmatch(value) is None:
+        raise _error("must be none, zero or a number of days such as 30d (1d to 99999d)")
+    return value
+
+
+# What a provider keeps of a request, or a bound on it (contract §2 `retention`).
+_Retention = Annotated[StrictStr, AfterValidator(_check_retention)]
 _NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
 _NonEmpty = AfterValidator(_non_empty)
 
@@ -431,6 +444,9 @@ class Endpoint(_Frozen):
     # replicas through Redis when configured); a saturated endpoint is excluded. None: no limit.
     max_in_flight: _PositiveInt | None = None
     max_response_bytes: _PositiveInt = 8 * 1024 * 1024
+    # What its provider keeps of a request (none, zero, <days>d). None: not declared, which
+    # satisfies no workspace's or request's retention bound.
+    retention: _Retention | None = None
     anthropic_version: StrictStr | None = None  # the driver's default when omitted
     # Resolved at load: `environment` (the default) follows HTTPS_PROXY / HTTP_PROXY and
     # NO_PROXY for base_url; a URL names the proxy; `none` is always direct. None: direct.
@@ -754,6 +770,8 @@ class Workspace(_Frozen):
     models: Annotated[tuple[_Name, ...], _NonEmpty]
     regions: Annotated[frozenset[_Name], _NonEmpty]
     data_class: DataClass
+    # The most an endpoint may keep of its requests (none, zero, <days>d); None: no bound.
+    retention: _Retention | None = None
     budget: Budget | None = None
     key_budget: Budget | None = None  # the default for each of its keys
 
@@ -956,6 +974,7 @@ class Config(_Frozen):
                     "models": list(w.models),
                     "regions": sorted(w.regions),
                     "data_class": w.data_class,
+                    **({"retention": w.retention} if w.retention is not None else {}),
                     "budget": _budget_summary(w.budget),
                     "key_budget": _budget_summary(w.key_budget),
                 }
@@ -977,6 +996,7 @@ def _endpoint_summary(e: Endpoint) -> dict[str, Any]:
         "trust_not_started": e.trust_not_started,
         "enabled": e.enabled,
         "max_response_bytes": e.max_response_bytes,
+        **({"retention": e.retention} if e.retention is not None else {}),
         "has_api_key": e.api_key is not None,
         "proxy": _proxy_summary(e.proxy),
         "provider_identity": {

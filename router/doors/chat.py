@@ -107,6 +107,7 @@ class ChatCall:
             capabilities=tuple(sorted({*self.capabilities, *headers.capabilities})),
             regions=headers.regions,
             data_class=headers.data_class_for(workspace),
+            retention=headers.retention_for(workspace),
             estimated_input_tokens=self.estimated_input_tokens,
             max_output_tokens=self.max_tokens,
             choices=self.billed.choices,

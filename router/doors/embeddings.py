@@ -65,6 +65,7 @@ class EmbeddingsCall:
             capabilities=tuple(sorted({KIND, *headers.capabilities})),
             regions=headers.regions,
             data_class=headers.data_class_for(workspace),
+            retention=headers.retention_for(workspace),
             estimated_input_tokens=self.input_tokens,
             largest_input_tokens=self.largest_input_tokens,
             max_output_tokens=0,

@@ -110,6 +110,7 @@ class MessagesCall:
             capabilities=tuple(sorted({*self.capabilities, *headers.capabilities})),
             regions=headers.regions,
             data_class=headers.data_class_for(workspace),
+            retention=headers.retention_for(workspace),
             estimated_input_tokens=self.estimated_input_tokens,
             max_output_tokens=self.max_tokens,  # thinking's budget is inside max_tokens
             image_inputs=self.image_inputs,

@@ -23,6 +23,7 @@ from ledger.events import (
     Requirements,
     RouteChoice,
     data_class_rank,
+    retention_rank,
 )
 from router.config import Config, Endpoint, Mapping, ModelGroup, Workspace
 from router.request.worst_case import input_tokens, output_tokens, unpriced, worst_case_cost
@@ -143,6 +144,18 @@ def _data_class_not_allowed(s: _Subject) -> str | None:
     return None if s.scope.data_class in s.endpoint.data_classes else s.scope.data_class
 
 
+def _retention_exceeded(s: _Subject) -> str | None:
+    bound = s.requirements.retention
+    if bound is None:
+        return None
+    kept = s.endpoint.retention
+    if kept is None:
+        return f"endpoint {s.endpoint.id} does not declare its retention; required {bound}"
+    if retention_rank(kept) > retention_rank(bound):
+        return f"endpoint {s.endpoint.id} keeps {kept}; required {bound}"
+    return None
+
+
 def _missing_capability(s: _Subject) -> str | None:
     missing = set(s.requirements.capabilities) - s.mapping.capabilities
     return ",".join(sorted(missing)) if missing else None
@@ -211,6 +224,7 @@ _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.SCOPE_EMPTY, _scope_empty),
     (ReasonCode.REGION_NOT_ALLOWED, _region_not_allowed),
     (ReasonCode.DATA_CLASS_NOT_ALLOWED, _data_class_not_allowed),
+    (ReasonCode.RETENTION_EXCEEDED, _retention_exceeded),
     (ReasonCode.MISSING_CAPABILITY, _missing_capability),
     (ReasonCode.DIALECT_UNSUPPORTED, _dialect_unsupported),
     (ReasonCode.UNPRICED_INPUT, _unpriced_input),

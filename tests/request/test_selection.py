@@ -314,6 +314,76 @@ def test_data_class_not_allowed_names_the_data_class():
     assert candidates[0].detail == "restricted"
 
 
+def _retention_config(retentions: list[str | None]) -> Config:
+    data = {
+        "endpoints": [
+            {
+                "id": f"ep{i}",
+                "driver": "openai",
+                "base_url": f"https://ep{i}.invalid/v1",
+                "region": "us-east",
+                "data_classes": ["internal"],
+                **({"retention": r} if r is not None else {}),
+            }
+            for i, r in enumerate(retentions)
+        ],
+        "models": [
+            {
+                "name": "g",
+                "mappings": [
+                    {
+                        "endpoint": f"ep{i}",
+                        "model": "m",
+                        "context_window": 1000,
+                        "max_output_tokens": 100,
+                        "price": {"input_per_mtok": 1, "output_per_mtok": 2},
+                    }
+                    for i in range(len(retentions))
+                ],
+            }
+        ],
+        "workspaces": [
+            {"id": "w", "models": ["g"], "regions": ["us-east"], "data_class": "internal"}
+        ],
+    }
+    return parse_config(yaml.safe_dump(data), environ={})
+
+
+def _retention_reasons(bound: str | None) -> list[tuple[str | None, str | None]]:
+    config = _retention_config(["none", "zero", "1d", "30d", "31d", None])
+    candidates = evaluate(
+        config,
+        config.workspaces[0],
+        config.models[0],
+        Requirements(retention=bound),
+        RouteContext(),
+        breaker_open=_admit,
+    )
+    return [(c.reason_code.value if c.reason_code else None, c.detail) for c in candidates]
+
+
+def test_without_a_retention_bound_every_endpoint_is_eligible_declared_or_not():
+    assert [reason for reason, _ in _retention_reasons(None)] == [None] * 6
+
+
+def test_retention_over_the_bound_or_undeclared_is_excluded_naming_both():
+    assert _retention_reasons("30d") == [
+        (None, None),
+        (None, None),
+        (None, None),
+        (None, None),
+        ("retention_exceeded", "endpoint ep4 keeps 31d; required 30d"),
+        ("retention_exceeded", "endpoint ep5 does not declare its retention; required 30d"),
+    ]
+
+
+def test_a_zero_bound_admits_only_endpoints_keeping_nothing_after_the_answer():
+    reasons = [reason for reason, _ in _retention_reasons("zero")]
+    assert reasons == [None, None] + ["retention_exceeded"] * 4
+    reasons = [reason for reason, _ in _retention_reasons("none")]
+    assert reasons == [None] + ["retention_exceeded"] * 5
+
+
 def test_missing_capability_lists_the_missing_names_comma_joined():
     candidates = _evaluate(Requirements(capabilities=("text", "vision", "json_schema")))
     assert _reasons(candidates)[:3] == ["missing_capability", "missing_capability", None]
@@ -474,6 +544,7 @@ SPEC_ORDER = (
     R.SCOPE_EMPTY,
     R.REGION_NOT_ALLOWED,
     R.DATA_CLASS_NOT_ALLOWED,
+    R.RETENTION_EXCEEDED,
     R.MISSING_CAPABILITY,
     R.DIALECT_UNSUPPORTED,
     R.UNPRICED_INPUT,
@@ -501,6 +572,7 @@ def _single_mapping_config(disabled: bool, far_region: bool) -> Config:
                 "region": "ap-south" if far_region else "us-east",
                 "data_classes": ["public", "internal"],
                 "enabled": not disabled,
+                "retention": "30d",
             }
         ],
         "models": [
@@ -550,6 +622,7 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
         kind="embedding" if R.MODEL_KIND_MISMATCH in failing else "chat",
         regions=("nowhere",) if R.SCOPE_EMPTY in failing else None,
         data_class="restricted" if R.DATA_CLASS_NOT_ALLOWED in failing else "internal",
+        retention="7d" if R.RETENTION_EXCEEDED in failing else "30d",
         capabilities=("text", "vision") if R.MISSING_CAPABILITY in failing else ("text",),
         image_inputs=1 if R.UNPRICED_INPUT in failing else 0,  # the mapping prices no image
         unsupported=(("openai", "thinking"),) if R.DIALECT_UNSUPPORTED in failing else (),

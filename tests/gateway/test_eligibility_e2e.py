@@ -1,0 +1,71 @@
+"""Hard eligibility end to end (contract §4): an endpoint that keeps requests longer than the
+request's retention bound allows is never called, and the explanation says why."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from openai.types.chat import ChatCompletionMessageParam
+
+from tests.gateway.harness import Route, running_gateway
+
+MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
+RETENTIONS = {"keeps": "    retention: 30d", "zdr": "    retention: zero"}
+
+
+async def test_an_endpoint_over_the_retention_bound_is_excluded_and_explained(database_url):
+    routes = [Route("keeps", tier=0), Route("zdr", tier=1), Route("silent", tier=1, weight=9)]
+    async with running_gateway(
+        database_url,
+        ["keeps", "zdr", "silent"],
+        routes,
+        endpoint_extra=RETENTIONS,
+        workspace_extra="    retention: 90d",
+    ) as gw:
+        client = gw.client()
+        # The workspace's 90-day bound admits the tier-0 endpoint that keeps 30 days.
+        served = await client.chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES
+        )
+        assert served.headers["x-waybill-endpoint"] == "keeps"
+        # The caller narrows it to zero: only the endpoint declaring zero may take it; the one
+        # that does not say what it keeps satisfies no bound.
+        narrowed = await client.chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES, extra_headers={"X-Waybill-Retention": "zero"}
+        )
+        assert narrowed.headers["x-waybill-endpoint"] == "zdr"
+        assert (gw.upstreams["keeps"].hits, gw.upstreams["silent"].hits) == (1, 0)
+
+        request_id = narrowed.headers["x-request-id"]
+        await gw.wait_for_types(request_id, "RequestCompleted")
+        async with gw.http() as http:
+            explained = (await http.get(f"/v1/requests/{request_id}/explain")).json()
+            text = (await http.get(f"/v1/requests/{request_id}/explain?format=text")).text
+        assert explained["requirements"]["retention"] == "zero"
+        reasons = [
+            (c["endpoint"], c["reason_code"], c["detail"])
+            for c in explained["candidates"]
+            if c["evaluation"] == explained["candidates"][0]["evaluation"]
+        ]
+        assert reasons == [
+            ("keeps", "retention_exceeded", "endpoint keeps keeps 30d; required zero"),
+            ("zdr", None, None),
+            (
+                "silent",
+                "retention_exceeded",
+                "endpoint silent does not declare its retention; required zero",
+            ),
+        ]
+        assert "retention_exceeded (endpoint keeps keeps 30d; required zero)" in text
+
+        # A wider header never widens the workspace's bound, and a bad one is a 400.
+        wider = await client.chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES, extra_headers={"X-Waybill-Retention": "365d"}
+        )
+        received = (await gw.events(wider.headers["x-request-id"]))[0]
+        assert received.data["requirements"]["retention"] == "90d"
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                model="chat", messages=MESSAGES, extra_headers={"X-Waybill-Retention": "forever"}
+            )
+        assert refused.value.body["param"] == "X-Waybill-Retention"  # type: ignore[index]
