@@ -118,6 +118,9 @@ class ReasonCode(StrEnum):
     # The endpoint keeps requests longer than the request's retention bound allows, or does
     # not say what it keeps (contract §4; the detail names both).
     RETENTION_EXCEEDED = "retention_exceeded"
+    # Its measured p95 time to first content is longer than the request's deadline has
+    # left: a failover must not start what cannot finish (contract §4; both figures).
+    DEADLINE_INSUFFICIENT = "deadline_insufficient"
 
 
 class FailureClass(StrEnum):

@@ -126,7 +126,14 @@ class Executor:
         self.open: dict[str, Attempt] = {}  # started, their end not yet recorded
         self.failures: dict[str, Attempt] = {}  # failed attempts, for their decisions
         self.routing = routing_for(
-            ports, plan, caller.workspace, requirements, request_id, budget, journal
+            ports,
+            plan,
+            caller.workspace,
+            requirements,
+            request_id,
+            budget,
+            journal,
+            deadline=self.deadline,
         )
         self.relay = relay = StreamRelay(
             self, include_usage=call.include_usage, can_resume=plan.can_resume
@@ -262,10 +269,11 @@ class Executor:
             if attempt.classification is None:
                 if attempt.kind != "resume":
                     waited = self.endings.took(attempt)
-                    self.ports.first_answers.add(self.group.name, self.call.stream, waited)
+                    mapping = attempt.route.mapping
+                    place = (mapping.endpoint, mapping.model)
+                    self.ports.first_answers.add(self.group.name, self.call.stream, waited, place)
                     if self.plan.observes_latency:
-                        mapping = attempt.route.mapping
-                        await self.ports.latency.observe((mapping.endpoint, mapping.model), waited)
+                        await self.ports.latency.observe(place, waited)
                 answered = not self.call.stream
                 return Answered(attempt.attempt_id) if answered else Content(attempt.attempt_id)
             return await self._attempt_failed(attempt)

@@ -93,6 +93,7 @@ class RouteContext:
     tried_endpoints: frozenset[str] = frozenset()  # left by a failover: never entered again
     larger_context_than: int | None = None  # after context_too_small: only larger windows
     excluded_models: frozenset[str] = frozenset()  # upstream models never tried again
+    remaining_ms: int | None = None  # of the request's deadline, when this evaluation runs
 
 
 # --- eligibility ---------------------------------------------------------------------------
@@ -110,6 +111,7 @@ class _Subject:
     context: RouteContext
     unpriced: str | None  # the dimensions the mapping has no price for
     worst_case_usd: Decimal | None  # None while something is unpriced
+    first_content_p95_ms: int | None  # the mapping's measured p95; None: unmeasured
     breaker_open: BreakerOpen
     saturated: Saturated | None
     over_budget: OverBudget | None
@@ -191,6 +193,13 @@ def _unpriced_input(s: _Subject) -> str | None:
     return s.unpriced
 
 
+def _deadline_insufficient(s: _Subject) -> str | None:
+    remaining, p95 = s.context.remaining_ms, s.first_content_p95_ms
+    if remaining is None or p95 is None or p95 <= remaining:
+        return None  # an unmeasured mapping may always try
+    return f"p95 time to first content {p95} ms > {remaining} ms left of the deadline"
+
+
 def _credentials_disabled(s: _Subject) -> str | None:
     return None if s.credentials_disabled is None else s.credentials_disabled(s.endpoint.id)
 
@@ -229,6 +238,7 @@ _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.DIALECT_UNSUPPORTED, _dialect_unsupported),
     (ReasonCode.UNPRICED_INPUT, _unpriced_input),
     (ReasonCode.CONTEXT_TOO_SMALL, _context_too_small),
+    (ReasonCode.DEADLINE_INSUFFICIENT, _deadline_insufficient),
     (ReasonCode.CREDENTIALS_DISABLED, _credentials_disabled),
     (ReasonCode.BREAKER_OPEN, _breaker_open),
     (ReasonCode.ENDPOINT_SATURATED, _endpoint_saturated),
@@ -251,11 +261,14 @@ def evaluate(
     latencies: AbcMapping[tuple[str, str], float] | None = None,
     saturated: Saturated | None = None,
     credentials_disabled: CredentialsDisabled | None = None,
+    first_content_p95: AbcMapping[tuple[str, str], int] | None = None,
 ) -> tuple[Candidate, ...]:
     """One candidate per mapping of ``group``, in mapping order: eligible, or excluded with
     the reason code of the first failing check in :data:`CHECK_ORDER`. ``latencies``: each
     (endpoint, upstream model)'s moving average of time to first content, where measured,
-    recorded on its candidate for the ``least_latency`` strategy.
+    recorded on its candidate for the ``least_latency`` strategy. ``first_content_p95``: each
+    (endpoint, upstream model)'s p95 time to first content over its recent answers, where
+    measured, held against ``context.remaining_ms`` (``deadline_insufficient``).
 
     ``credentials_disabled``, ``breaker_open``, ``saturated`` and ``over_budget`` are called at
     most once per mapping, in mapping order, and only for a mapping that passed every check
@@ -283,6 +296,9 @@ def evaluate(
             worst_case_usd=None
             if missing is not None
             else worst_case_cost(mapping, requirements, endpoint.driver),
+            first_content_p95_ms=None
+            if first_content_p95 is None
+            else first_content_p95.get((mapping.endpoint, mapping.model)),
             breaker_open=breaker_open,
             saturated=saturated,
             over_budget=over_budget,

@@ -1,12 +1,17 @@
 """Hard eligibility end to end (contract §4): an endpoint that keeps requests longer than the
-request's retention bound allows is never called, and the explanation says why."""
+request's retention bound allows, or one whose measured time to first content is longer than
+the request's deadline has left, is never called, and the explanation says why."""
 
 from __future__ import annotations
+
+import asyncio
+import re
 
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from router.fake_provider import Behavior
 from tests.gateway.harness import Route, running_gateway
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
@@ -69,3 +74,34 @@ async def test_an_endpoint_over_the_retention_bound_is_excluded_and_explained(da
                 model="chat", messages=MESSAGES, extra_headers={"X-Waybill-Retention": "forever"}
             )
         assert refused.value.body["param"] == "X-Waybill-Retention"  # type: ignore[index]
+
+
+async def test_a_mapping_slower_than_the_deadline_left_is_excluded_with_both_figures(
+    database_url,
+):
+    routes = [Route("slow", tier=0), Route("fast", tier=1)]
+    async with running_gateway(database_url, ["slow", "fast"], routes) as gw:
+        client = gw.client()
+        gw.upstreams["slow"].set_default(Behavior.ok(latency_ms=1000))
+        # Twenty answers make a p95 (contract §4): every one took at least a second.
+        await asyncio.gather(
+            *(client.chat.completions.create(model="chat", messages=MESSAGES) for _ in range(20))
+        )
+        assert gw.upstreams["slow"].hits == 20
+        hurried = await client.chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES, extra_headers={"X-Waybill-Deadline-Ms": "900"}
+        )
+        assert gw.upstreams["slow"].hits == 20, "what cannot finish is not started"
+        request_id = hurried.headers["x-request-id"]
+        await gw.wait_for_types(request_id, "RequestCompleted")
+        async with gw.http() as http:
+            explained = (await http.get(f"/v1/requests/{request_id}/explain")).json()
+            text = (await http.get(f"/v1/requests/{request_id}/explain?format=text")).text
+        slow = explained["candidates"][0]
+        assert (slow["endpoint"], slow["reason_code"]) == ("slow", "deadline_insufficient")
+        p95, left = re.fullmatch(
+            r"p95 time to first content (\d+) ms > (\d+) ms left of the deadline", slow["detail"]
+        ).groups()  # type: ignore[union-attr]
+        assert int(p95) >= 1000 and int(left) <= 900
+        assert f"deadline_insufficient ({slow['detail']})" in text
+        assert [a["endpoint"] for a in explained["attempts"]] == ["fast"]

@@ -384,6 +384,40 @@ def test_a_zero_bound_admits_only_endpoints_keeping_nothing_after_the_answer():
     assert reasons == [None] + ["retention_exceeded"] * 5
 
 
+def _deadline_reasons(
+    remaining_ms: int | None, p95s: dict[tuple[str, str], int] | None
+) -> list[tuple[str | None, str | None]]:
+    config = _retention_config([None, None, None])
+    candidates = evaluate(
+        config,
+        config.workspaces[0],
+        config.models[0],
+        Requirements(),
+        RouteContext(remaining_ms=remaining_ms),
+        breaker_open=_admit,
+        first_content_p95=p95s,
+    )
+    return [(c.reason_code.value if c.reason_code else None, c.detail) for c in candidates]
+
+
+def test_a_mapping_slower_than_the_deadline_left_is_excluded_naming_both_figures():
+    # ep0 is slower than what is left, ep1 just as fast as it, ep2 unmeasured: it may try.
+    assert _deadline_reasons(800, {("ep0", "m"): 801, ("ep1", "m"): 800}) == [
+        (
+            "deadline_insufficient",
+            "p95 time to first content 801 ms > 800 ms left of the deadline",
+        ),
+        (None, None),
+        (None, None),
+    ]
+
+
+def test_without_a_deadline_or_figures_no_mapping_is_excluded_for_time():
+    assert _deadline_reasons(None, {("ep0", "m"): 10_000}) == [(None, None)] * 3
+    assert _deadline_reasons(0, None) == [(None, None)] * 3
+    assert _deadline_reasons(0, {}) == [(None, None)] * 3
+
+
 def test_missing_capability_lists_the_missing_names_comma_joined():
     candidates = _evaluate(Requirements(capabilities=("text", "vision", "json_schema")))
     assert _reasons(candidates)[:3] == ["missing_capability", "missing_capability", None]
@@ -549,6 +583,7 @@ SPEC_ORDER = (
     R.DIALECT_UNSUPPORTED,
     R.UNPRICED_INPUT,
     R.CONTEXT_TOO_SMALL,
+    R.DEADLINE_INSUFFICIENT,
     R.CREDENTIALS_DISABLED,
     R.BREAKER_OPEN,
     R.ENDPOINT_SATURATED,
@@ -629,17 +664,19 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
         estimated_input_tokens=901 if R.CONTEXT_TOO_SMALL in failing else 900,
     )
     tried = frozenset({"ep"}) if R.ALREADY_TRIED in failing else frozenset()
+    remaining = 499 if R.DEADLINE_INSUFFICIENT in failing else 500
     workspace, group = config.workspaces[0], config.models[0]
     (candidate,) = evaluate(
         config,
         workspace,
         group,
         requirements,
-        RouteContext(tried_endpoints=tried),
+        RouteContext(tried_endpoints=tried, remaining_ms=remaining),
         breaker_open=breaker,
         saturated=saturated,
         over_budget=budget,
         credentials_disabled=disabled,
+        first_content_p95={("ep", "m"): 500},
     )
     return candidate, called
 
