@@ -76,6 +76,7 @@ __all__ = [
     "RouteChoice",
     "RouteEvaluated",
     "StreamCommitted",
+    "Timeouts",
     "UnattributedUsage",
     "UnknownEventType",
     "UnknownUsageOpened",
@@ -430,6 +431,15 @@ class BudgetReservationDenied(Event):
     available_usd: Money
 
 
+class Timeouts(_Record):
+    """An attempt's timeouts as in force (contract §2 `defaults` and an endpoint's
+    `timeouts:`), in milliseconds."""
+
+    attempt_timeout_ms: Annotated[int, Field(gt=0)]
+    first_token_timeout_ms: Annotated[int, Field(gt=0)]
+    stream_idle_timeout_ms: Annotated[int, Field(gt=0)]
+
+
 class AttemptStarted(Event):
     type: ClassVar[str] = "AttemptStarted"
 
@@ -465,6 +475,9 @@ class AttemptStarted(Event):
     pool: Id | None = None
     group_path: tuple[Id, ...] = ()
     preferred_endpoint: Id | None = None
+    # The timeouts it ran under, when its endpoint has a `timeouts:` block laid over its
+    # model group's policy; None: the policy's own, as ConfigActivated records them.
+    timeouts: Timeouts | None = Field(None, exclude_if=_nothing)
 
 
 HEDGE_LOST: Final = "hedge_lost"

@@ -410,6 +410,19 @@ class Defaults(_Frozen):
 # --- endpoints, model groups, workspaces ---------------------------------------------------
 
 
+class EndpointTimeouts(_Frozen):
+    """An endpoint's own timeouts (contract §2 `endpoints[].timeouts`): the timeout keys of
+    `defaults`, each given laid over the model group's policy for attempts on the endpoint."""
+
+    attempt_timeout_ms: _PositiveInt | None = None
+    first_token_timeout_ms: _PositiveInt | None = None
+    stream_idle_timeout_ms: _PositiveInt | None = None
+
+    def over(self, policy: Defaults) -> Defaults:
+        """``policy`` with each key this block gives replaced, the others kept."""
+        return policy.model_copy(update=self.model_dump(exclude_none=True))
+
+
 class Proxy(_Frozen):
     """The HTTP proxy an endpoint's connections are tunnelled through (CONNECT)."""
 
@@ -460,6 +473,8 @@ class Endpoint(_Frozen):
     admin_api_key: SecretStr | None = None
     # Where the admin API is, in base_url's form for the driver (default: base_url).
     admin_base_url: StrictStr | None = None
+    # Laid over the model group's policy for its attempts, key by key. None: the policy's.
+    timeouts: EndpointTimeouts | None = None
     # Its breakers' settings (its own and its mappings'), when it has a `breaker:` block:
     # `Config` lays the block's keys over `defaults.breaker` before this is validated (see
     # Config._breakers_over_defaults). None: `defaults.breaker` as it is.
@@ -997,6 +1012,9 @@ def _endpoint_summary(e: Endpoint) -> dict[str, Any]:
         "enabled": e.enabled,
         "max_response_bytes": e.max_response_bytes,
         **({"retention": e.retention} if e.retention is not None else {}),
+        **(
+            {"timeouts": e.timeouts.model_dump(exclude_none=True)} if e.timeouts is not None else {}
+        ),
         "has_api_key": e.api_key is not None,
         "proxy": _proxy_summary(e.proxy),
         "provider_identity": {

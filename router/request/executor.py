@@ -51,6 +51,7 @@ from router.request.records import (
     AttemptEnd,
     answered_end,
     attempt_started,
+    endpoint_timeouts,
     request_received,
     stream_committed,
     streamed_end,
@@ -343,6 +344,7 @@ class Executor:
             routing.admitted_as,
             route.dispatch,
             self._group_path(route),
+            endpoint_timeouts(endpoint, self.defaults),
         )
         seam = Seam(self.relay.delivered()) if action.kind == "resume" else None
         call = None

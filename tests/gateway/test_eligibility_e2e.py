@@ -105,3 +105,38 @@ async def test_a_mapping_slower_than_the_deadline_left_is_excluded_with_both_fig
         assert int(p95) >= 1000 and int(left) <= 900
         assert f"deadline_insufficient ({slow['detail']})" in text
         assert [a["endpoint"] for a in explained["attempts"]] == ["fast"]
+
+
+async def test_an_endpoints_own_timeouts_apply_to_its_attempts_and_are_recorded(database_url):
+    # The group's policy waits 5 s for response headers (the harness's defaults); "hasty"
+    # waits 300 ms, so its upstream's 2 s silence is a timeout and the request fails over.
+    routes = [Route("hasty", tier=0), Route("patient", tier=1)]
+    async with running_gateway(
+        database_url,
+        ["hasty", "patient"],
+        routes,
+        endpoint_extra={"hasty": "    timeouts: {attempt_timeout_ms: 300}"},
+    ) as gw:
+        gw.upstreams["hasty"].set_default(Behavior.ok(latency_ms=2000))
+        served = await gw.client().chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES
+        )
+        assert served.headers["x-waybill-endpoint"] == "patient"
+        request_id = served.headers["x-request-id"]
+        await gw.wait_for_types(request_id, "RequestCompleted")
+        events = await gw.events(request_id)
+        started = [e.data for e in events if e.type == "AttemptStarted"]
+        finished = [e.data for e in events if e.type == "AttemptFinished"]
+        assert started[0]["timeouts"] == {
+            "attempt_timeout_ms": 300,
+            "first_token_timeout_ms": 3000,
+            "stream_idle_timeout_ms": 3000,
+        }
+        assert "timeouts" not in started[1], "an endpoint without a block: the policy's"
+        assert finished[0]["failure_class"] == "timeout"
+        async with gw.http() as http:
+            explained = (await http.get(f"/v1/requests/{request_id}/explain")).json()
+            text = (await http.get(f"/v1/requests/{request_id}/explain?format=text")).text
+        assert explained["attempts"][0]["timeouts"]["attempt_timeout_ms"] == 300
+        assert explained["attempts"][1]["timeouts"] is None
+        assert "under its endpoint's timeouts (attempt 300 ms, first token 3000 ms" in text
