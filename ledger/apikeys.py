@@ -6,8 +6,11 @@ from __future__ import annotations
 import hashlib
 import secrets
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Literal, TypeGuard
+
+import orjson
 
 from ledger.events import KeyCreated, KeyRevoked
 from ledger.store import NO_STREAM, EventStore
@@ -24,6 +27,7 @@ __all__ = [
     "find_key",
     "find_key_by_id",
     "key_stream",
+    "list_keys",
     "revoke_key",
     "secret_digest",
 ]
@@ -49,6 +53,7 @@ class ApiKey:
     revoked: bool
     budget: tuple[Decimal, Window] | None = None  # overrides the workspace's key_budget
     version: int = 0  # its ledger stream's version when read (see key_stream)
+    endpoints: tuple[str, ...] | None = None  # its standing endpoint scope; None: unrestricted
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +62,7 @@ class NewKey:
     secret: str
     workspace: str
     role: Role
+    endpoints: tuple[str, ...] | None = None
 
 
 def secret_digest(secret: str) -> str:
@@ -84,7 +90,10 @@ async def create_key(
     *,
     created_by: str | None = None,
     budget: tuple[Decimal, Window] | None = None,
+    endpoints: tuple[str, ...] | None = None,
 ) -> NewKey:
+    """A new key of ``workspace``; ``endpoints``, its standing endpoint scope (endpoint ids
+    and ``provider:NAME`` labels, contract §4 "Endpoint scope"), None for none."""
     key_id = f"key_{secrets.token_hex(8)}"
     secret = f"wb_{secrets.token_urlsafe(32)}"
     event = KeyCreated(
@@ -95,10 +104,11 @@ async def create_key(
         created_by=created_by,
         budget_limit_usd=budget[0] if budget else None,
         budget_window=budget[1] if budget else None,
+        endpoints=endpoints,
     )
     await store.append(key_stream(key_id), NO_STREAM, [event])
     await _project(store)
-    return NewKey(key_id, secret, workspace, role)
+    return NewKey(key_id, secret, workspace, role, endpoints)
 
 
 async def revoke_key(
@@ -119,7 +129,7 @@ async def revoke_key(
 # (which the read model may not show yet if the revoking command died before projecting).
 _SELECT_KEY = (
     "SELECT k.key_id, k.workspace, k.role, k.revoked_at, k.budget_limit_usd, "
-    "k.budget_window, "
+    "k.budget_window, k.endpoints, "
     "coalesce((SELECT max(e.version + length(e.types) - 1) FROM appends e "
     "WHERE e.stream_id = 'key-' || k.key_id), (SELECT a.version FROM archived_streams a "
     "WHERE a.stream_id = 'key-' || k.key_id)) AS version, "
@@ -146,6 +156,49 @@ async def _find_key(store: EventStore, digest: str) -> ApiKey | None:
     return _key_of(await store.hot.first(_FIND_KEY, {"digest": digest}))
 
 
+@dataclass(frozen=True, slots=True)
+class KeyListing:
+    """A key as ``waybill keys list`` shows it: never its secret, nor its hash."""
+
+    key_id: str
+    workspace: str
+    role: str
+    created_at: datetime
+    revoked: bool
+    budget: tuple[Decimal, str] | None
+    endpoints: tuple[str, ...] | None  # its standing endpoint scope; None: unrestricted
+
+
+async def list_keys(store: EventStore, workspace: str | None = None) -> list[KeyListing]:
+    """Every key (of ``workspace``), oldest first, from the keys read model."""
+    where = "" if workspace is None else "WHERE workspace = :workspace "
+    rows = await store.hot.rows(
+        "SELECT key_id, workspace, role, created_at, revoked_at, budget_limit_usd, "
+        f"budget_window, endpoints FROM api_keys {where}ORDER BY created_at, key_id",
+        {} if workspace is None else {"workspace": workspace},
+    )
+    return [
+        KeyListing(
+            row.key_id,
+            row.workspace,
+            row.role,
+            _utc(row.created_at),
+            row.revoked_at is not None,
+            None
+            if row.budget_limit_usd is None
+            else (money_of(row.budget_limit_usd), str(row.budget_window)),
+            None if row.endpoints is None else tuple(orjson.loads(row.endpoints)),
+        )
+        for row in rows
+    ]
+
+
+def _utc(value: Any) -> datetime:
+    # A raw read: PostgreSQL gives a datetime, SQLite the text it stored (UTC).
+    moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
 def _key_of(row: Any) -> ApiKey | None:
     if row is None:
         return None
@@ -153,7 +206,10 @@ def _key_of(row: Any) -> ApiKey | None:
     if row.budget_limit_usd is not None and row.budget_window in ("day", "month", "total"):
         budget = (money_of(row.budget_limit_usd), row.budget_window)
     revoked = row.revoked_at is not None or bool(row.revoked_in_ledger)
-    return ApiKey(row.key_id, row.workspace, row.role, revoked, budget, int(row.version or 0))
+    endpoints = None if row.endpoints is None else tuple(orjson.loads(row.endpoints))
+    return ApiKey(
+        row.key_id, row.workspace, row.role, revoked, budget, int(row.version or 0), endpoints
+    )
 
 
 class KeyCache:

@@ -122,6 +122,9 @@ class ReasonCode(StrEnum):
     # Its measured p95 time to first content is longer than the request's deadline has
     # left: a failover must not start what cannot finish (contract §4; both figures).
     DEADLINE_INSUFFICIENT = "deadline_insufficient"
+    # Its provider account answered insufficient_quota (contract §4 "Quota failover").
+    QUOTA_EXHAUSTED = "quota_exhausted"
+    OUT_OF_SCOPE = "out_of_scope"  # outside the caller's endpoint scope (key, header, pin)
 
 
 class FailureClass(StrEnum):
@@ -239,6 +242,12 @@ _MAX_FIELDS_GIVEN: Final = 4096
 # --- value objects shared by several events ---
 
 
+def _absent(value: object) -> bool:
+    """A field added with the default None, left out of the recorded form while None (where
+    an empty value means something else than an absent one)."""
+    return value is None
+
+
 def _nothing(value: object) -> bool:
     """A field added with a default that is left out of the recorded form while it holds
     that default (0, empty), so events that do not use it keep their bytes."""
@@ -304,6 +313,9 @@ class Requirements(_Record):
     # X-Waybill-Allow-Failover: unknown: an attempt of unknown execution may be followed by
     # another even where the request is strict (contract §5 "Per on_unknown_execution").
     allow_unknown_execution: bool = False
+    # X-Waybill-Allow-Failover was sent allowing failover: the grant a model group's
+    # `failover: on_grant` waits for (contract §4 "Failover on grant").
+    failover_granted: bool = Field(False, exclude_if=_nothing)
     # The body asks the provider for effects of its own (server-side tools, web search):
     # the request is strict whatever its model group's policy.
     server_side_effects: bool = False
@@ -315,6 +327,18 @@ class Requirements(_Record):
     # needs (thinking, documents, a beta field): its endpoints are excluded
     # `dialect_unsupported` (router/doors/messages.py says which feature where).
     unsupported: tuple[tuple[str, str], ...] = Field((), exclude_if=_nothing)
+    # The caller's endpoint scope (contract §4 "Endpoint scope"): endpoint ids and
+    # `provider:NAME` labels as X-Waybill-Endpoints named them, and as the key's standing
+    # scope names them; each None: not narrowed that way (an empty one narrows to nothing,
+    # so only None is left out of the recorded form). Labels are expanded within the model
+    # group when the request is routed, so the record keeps what was asked.
+    endpoints: tuple[str, ...] | None = Field(None, exclude_if=_absent)
+    key_endpoints: tuple[str, ...] | None = Field(None, exclude_if=_absent)
+    # X-Waybill-Prefer-Endpoint: a preference the router may overrule.
+    prefer_endpoint: str | None = Field(None, exclude_if=_absent)
+    # X-Waybill-Require-Endpoint: the request is pinned there (`require_target`), no other
+    # endpoint is ever tried.
+    require_endpoint: str | None = Field(None, exclude_if=_absent)
 
 
 class Candidate(_Record):
@@ -344,6 +368,9 @@ class RouteChoice(_Record):
     tier: NonNegInt
     weight: Annotated[int, Field(gt=0)]
     selection_position: NonNegInt  # position in the tier's smooth weighted round-robin
+    # Chosen as the caller's X-Waybill-Prefer-Endpoint, ahead of tier and strategy (the
+    # round-robin was not consulted: selection_position is 0). Left out while False.
+    preferred: bool = Field(False, exclude_if=_nothing)
 
 
 class AccountRef(_Record):
@@ -829,6 +856,9 @@ class KeyCreated(Event):
     # This key's own budget, overriding its workspace's key_budget (contract §6).
     budget_limit_usd: Money | None = None
     budget_window: Literal["day", "month", "total"] | None = None
+    # The key's standing endpoint scope (contract §4 "Endpoint scope"): endpoint ids and
+    # `provider:NAME` labels every request of the key is narrowed to. None: unrestricted.
+    endpoints: tuple[str, ...] | None = Field(None, exclude_if=_absent)
 
 
 class KeyRevoked(Event):

@@ -30,7 +30,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from opentelemetry.metrics import Instrument, Meter
-from opentelemetry.sdk.metrics._internal.instrument import _Counter, _Histogram
+from opentelemetry.sdk.metrics import Counter as SdkCounter
+from opentelemetry.sdk.metrics import Histogram as SdkHistogram
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Histogram,
@@ -242,28 +243,30 @@ class Tallies:
 
     def counter(self, meter: Meter, name: str, *, unit: str, description: str) -> TalliedCounter:
         counter = TalliedCounter(meter, name, unit, description, self._lock)
-        self._add(counter, _Counter)
+        self._add(counter, SdkCounter)
         return counter
 
     def histogram(
         self, meter: Meter, name: str, *, unit: str, description: str, bounds: Sequence[float]
     ) -> TalliedHistogram:
         histogram = TalliedHistogram(meter, name, unit, description, self._lock, bounds)
-        self._add(histogram, _Histogram)
+        self._add(histogram, SdkHistogram)
         return histogram
 
     def _add(self, instrument: TalliedCounter | TalliedHistogram, kind: type[Instrument]) -> None:
         """A sink per reader, in the temporality it prefers for the SDK's instruments of
         ``kind``; or the SDK's own instrument, if a reader wants them aggregated its way."""
         if any(
-            not isinstance(reader._instrument_class_aggregation.get(kind), DefaultAggregation)
+            not isinstance(
+                _preferred(reader._instrument_class_aggregation, kind), DefaultAggregation
+            )
             for reader in self._readers
         ):
             instrument.use_sdk()
         else:
             now = time.time_ns()
             for reader in self._readers:
-                delta = reader._instrument_class_temporality.get(kind)
+                delta = _preferred(reader._instrument_class_temporality, kind)
                 instrument.sinks[id(reader)] = _Sink(delta is AggregationTemporality.DELTA, now)
         self._instruments.append(instrument)
 
@@ -293,3 +296,9 @@ class Tallies:
             scopes.append(mine)
         resources[0] = dataclasses.replace(resources[0], scope_metrics=scopes)
         return MetricsData(resource_metrics=resources)
+
+
+def _preferred(by_class: Mapping[type[Instrument], Any], kind: type[Instrument]) -> Any:
+    """A reader's preference for the SDK's instruments of ``kind`` (its public class): the
+    reader keys them by the SDK's private subclasses, which are not imported here."""
+    return next((value for cls, value in by_class.items() if issubclass(cls, kind)), None)

@@ -28,6 +28,7 @@ __all__ = [
     "ErrorCode",
     "ErrorRow",
     "GatewayError",
+    "admission_refused",
     "budget_exceeded",
     "capacity_error",
     "client_canceled",
@@ -408,6 +409,16 @@ def deadline_exceeded(message: str = "the whole-request deadline ran out") -> Ga
 
 def upstream_unavailable(message: str, *, retry_after_s: int | None = None) -> GatewayError:
     return GatewayError(_E.UPSTREAM_UNAVAILABLE, message, retry_after_s=retry_after_s)
+
+
+def admission_refused(message: str, *, retry_after_s: int) -> GatewayError:
+    """Every attempt was refused at admission (open breakers, full ``max_in_flight`` slots)
+    before any upstream I/O (contract §3): nothing was sent, so a retry is no duplicate, and
+    ``Retry-After`` says when one is worth it
+    (:func:`router.request.final_error.admission_retry_after_s`)."""
+    return GatewayError(
+        _E.UPSTREAM_UNAVAILABLE, message, retry_after_s=retry_after_s, should_retry=True
+    )
 
 
 # Contract §5: a request that ends on a failure is answered with a code named for its cause,

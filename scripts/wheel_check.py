@@ -4,8 +4,10 @@
 the built wheel and its dependencies, from an empty folder: nothing of the checkout is on
 ``sys.path``. For each backend: ``waybill migrate``, ``waybill keys create --json``,
 ``waybill serve`` (``/readyz`` at the newest migration, then a buffered and a streamed chat
-completion through the bundled fake provider), ``waybill verify`` and ``waybill demo --check``.
-The PostgreSQL database is created for the run and dropped after it.
+completion through the bundled fake provider, ``waybill fake-provider``), ``waybill verify``
+and ``waybill demo --check``. First, once: ``waybill --version``, and ``waybill demo --check``
+without a database, which must leave the folder as it found it. The PostgreSQL database is
+created for the run and dropped after it.
 
 Usage: python wheel_check.py --postgres-admin-url URL --source-migrations DIR
 """
@@ -70,6 +72,7 @@ def main() -> int:
     folder = Path.cwd()
     try:
         _check_installed(args.source_migrations)
+        _check_newcomer(folder)
         _check_backend("sqlite", f"sqlite:///{folder / 'waybill.db'}", folder)
         with _throwaway_database(args.postgres_admin_url) as url:
             _check_backend("postgresql", url, folder)
@@ -98,6 +101,22 @@ def _check_installed(source_migrations: Path) -> None:
             f", extra {sorted(shipped - wanted)}"
         )
     print(f"installed: {len(shipped)} migration files in {ALEMBIC_DIR}")
+
+
+def _check_newcomer(folder: Path) -> None:
+    """A first run in an empty folder: `--version`, and `demo --check` leaving nothing behind
+    (its ledger is temporary when no database is named)."""
+    version = _waybill("--version")
+    if not version.stdout.startswith("waybill ") or "(schema " not in version.stdout:
+        raise CheckFailed(f"--version printed {version.stdout!r}")
+    before = set(folder.iterdir())
+    demo = _waybill("demo", "--check", "--port", str(_free_port()))
+    if "buffered: 200" not in demo.stdout or "streamed: 200" not in demo.stdout:
+        raise CheckFailed(f"demo --check printed {demo.stdout!r}")
+    left = sorted(str(p.name) for p in set(folder.iterdir()) - before)
+    if left:
+        raise CheckFailed(f"demo --check without a database left {left} in {folder}")
+    print(f"newcomer: {version.stdout.strip()}; demo --check on a temporary ledger")
 
 
 def _migration_files(folder: Path) -> set[str]:
@@ -155,9 +174,10 @@ def _env() -> dict[str, str]:
 
 @contextlib.contextmanager
 def _fake_provider() -> Iterator[str]:
-    """The bundled fake provider as its own process; yields its OpenAI-style base URL."""
+    """The bundled fake provider as its own process (`waybill fake-provider`); yields its
+    OpenAI-style base URL."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "router.fake_provider", "--port", "0", "--name", "fake-primary"],
+        [str(_BIN / "waybill"), "fake-provider", "--port", "0", "--name", "fake-primary"],
         stdout=subprocess.PIPE,
         text=True,
         env=_env(),

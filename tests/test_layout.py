@@ -201,7 +201,7 @@ RULES: Final = {
         PACKAGES,
         ("router.fake_provider",),
         "the fake provider is the tests' and the demo's, never the product's",
-        exempt=("router.fake_provider", "router.cli.demo"),
+        exempt=("router.fake_provider", "router.cli.demo", "router.cli.fake_provider"),
     ),
     "support": Rule(
         ("ledger.support", "router.support"),

@@ -183,10 +183,11 @@ class SinkWriter:
 
     @classmethod
     def open(cls, directory: Path) -> SinkWriter:
-        """Lock the sink (creating the directory, not its parents) and read where it
-        stands; SinkBusy if another process holds it, SinkError if it is not usable."""
+        """Lock the sink (creating the directory and its parents, as `checkpoint keygen
+        --out` does) and read where it stands; SinkBusy if another process holds it,
+        SinkError if it is not usable."""
         try:
-            directory.mkdir(exist_ok=True)
+            directory.mkdir(parents=True, exist_ok=True)
             fd = os.open(directory / _LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as error:
             raise SinkError(f"cannot use {directory}: {error.strerror or error}") from None

@@ -73,11 +73,16 @@ def compare(recorded: CostsByDay, provider: CostsByDay) -> list[RepriceRow]:
     ]
 
 
-async def recorded_costs(engine: AsyncEngine, since: date, until: date) -> CostsByDay:
-    """Settled USD by reservation day and upstream model, ``since``..``until`` inclusive."""
+async def recorded_costs(
+    engine: AsyncEngine, since: date, until: date, endpoint: str | None = None
+) -> CostsByDay:
+    """Settled USD by reservation day and upstream model, ``since``..``until`` inclusive;
+    only ``endpoint``'s attempts when given (a cost report of that endpoint's key alone)."""
     query = select(
         spend_attempts.c.day, spend_attempts.c.model, spend_attempts.c.settled_usd
     ).where(spend_attempts.c.day >= since.isoformat(), spend_attempts.c.day <= until.isoformat())
+    if endpoint is not None:
+        query = query.where(spend_attempts.c.endpoint == endpoint)
     totals: CostsByDay = defaultdict(Decimal)
     async with engine.connect() as conn:
         for day, model, settled in (await conn.execute(query)).all():

@@ -28,6 +28,7 @@ __all__ = [
     "READ_ONLY",
     "UNAVAILABLE",
     "LedgerUnavailable",
+    "absolute_url",
     "async_url",
     "asyncpg_dsn",
     "create_engine",
@@ -153,6 +154,15 @@ def sqlite_path(url: str) -> Path | None:
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None
     return Path(parsed.database)
+
+
+def absolute_url(url: str) -> str:
+    """The URL with a SQLite file's path made absolute, so it names the same ledger from any
+    folder; any other URL as it is."""
+    path = sqlite_path(url)
+    if path is None or path.is_absolute():
+        return url
+    return _parse(url).set(database=str(path.resolve())).render_as_string(hide_password=False)
 
 
 def redacted_url(url: str) -> str:

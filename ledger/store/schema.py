@@ -124,6 +124,7 @@ api_keys = Table(
     Column("revoked_at", DateTime(timezone=True)),
     Column("budget_limit_usd", MoneyColumn),  # this key's budget, over the workspace default
     Column("budget_window", String(10)),
+    Column("endpoints", Text),  # its standing endpoint scope, a JSON array; NULL: unrestricted
 )
 
 request_views = Table(

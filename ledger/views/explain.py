@@ -64,6 +64,10 @@ _RULE_WORDS: Final[Mapping[str, str]] = {
         "the caller's X-Waybill-Allow-Failover: unknown allowed running it again although "
         "the attempt may have run"
     ),
+    "failover_not_granted": (
+        "the model group fails over only on grant (failover: on_grant), and the request "
+        "carried no X-Waybill-Allow-Failover: true"
+    ),
 }
 
 _BUDGET_TYPES: Final = frozenset(
@@ -315,6 +319,7 @@ def _candidates(trail: _Trail) -> list[dict[str, Any]]:
                     "selection_position": chosen.selection_position
                     if chosen is not None and is_chosen
                     else None,
+                    "preferred": chosen is not None and is_chosen and chosen.preferred,
                 }
             )
     return rows
@@ -497,8 +502,14 @@ def _not_chosen(trail: _Trail) -> list[str]:
             reasons = list(dict.fromkeys(_reason(c.reason_code, c.detail) for _, c in views))
             clauses.append(f"{name} was never eligible: {', then '.join(reasons)}")
             continue
+        preferred = [e.chosen for e, c in views if c.eligible and e.chosen and e.chosen.preferred]
         rivals = [e.chosen for e, c in views if c.eligible and e.chosen and e.chosen.tier == c.tier]
-        if rivals:
+        if preferred:
+            clauses.append(
+                f"{name} on tier {c0.tier} was eligible but the caller preferred "
+                f"{preferred[0].endpoint}/{preferred[0].model} (X-Waybill-Prefer-Endpoint)"
+            )
+        elif rivals:
             winner = rivals[0]
             how = {
                 "weighted": "the weighted round-robin",
@@ -673,6 +684,20 @@ def _step(trail: _Trail, recorded: RecordedEvent, event: ev.Event) -> dict[str, 
     }
 
 
+def _endpoint_scope_text(r: ev.Requirements) -> str:
+    """The caller's endpoint scope and target, as RequestReceived recorded them."""
+    text = ""
+    if r.key_endpoints is not None:
+        text += f"; the key's endpoint scope {', '.join(r.key_endpoints)}"
+    if r.endpoints is not None:
+        text += f"; endpoints narrowed to {', '.join(r.endpoints)}"
+    if r.require_endpoint is not None:
+        text += f"; pinned to endpoint {r.require_endpoint}: no other is ever tried"
+    if r.prefer_endpoint is not None:
+        text += f"; prefers endpoint {r.prefer_endpoint}"
+    return text
+
+
 def _step_text(trail: _Trail, event: ev.Event) -> str:
     match event:
         case ev.RequestReceived():
@@ -683,7 +708,9 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
                 f"{event.key_id} of workspace {event.workspace}: needs {needs}; "
                 f"data class {r.data_class}"
                 + (f"; regions {', '.join(r.regions)}" if r.regions is not None else "")
+                + _endpoint_scope_text(r)
                 + ("" if r.allow_failover else "; failover forbidden by the caller")
+                + ("; failover granted by the caller" if r.failover_granted else "")
                 + (
                     "; asks the provider for server-side effects, so it is strict"
                     if r.server_side_effects
@@ -713,6 +740,11 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
             if event.chosen is None:
                 return text + "; nothing eligible left"
             ch = event.chosen
+            if ch.preferred:
+                return (
+                    f"{text}; chose {ch.endpoint}/{ch.model} on tier {ch.tier}, the caller's "
+                    "preferred endpoint (X-Waybill-Prefer-Endpoint)"
+                )
             return (
                 f"{text}; chose {ch.endpoint}/{ch.model} on tier {ch.tier} "
                 f"({_by_strategy(event)}weight {ch.weight}, round-robin position "

@@ -78,6 +78,8 @@ def _candidate_lines(candidates: Sequence[Mapping[str, Any]]) -> list[str]:
         if c["detail"]:
             reason += f" ({c['detail']})"
         chosen = f"yes, position {c['selection_position']}" if c["chosen"] else ""
+        if c.get("preferred"):
+            chosen = "yes, preferred"
         worst = c.get("worst_case_usd")
         # A composed group's levels (contract §4 "Pools"): the composer's pools, then each
         # pool's mappings, indented under the pool.

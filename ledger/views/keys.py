@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from ledger.events import KeyCreated, KeyRevoked
 from ledger.store import RecordedEvent
 from ledger.store.schema import api_keys
@@ -41,7 +43,12 @@ def fold_key(row: dict[str, Any] | None, recorded: RecordedEvent) -> dict[str, A
             "revoked_at": None,
             "budget_limit_usd": event.budget_limit_usd,
             "budget_window": event.budget_window,
+            "endpoints": _json(event.endpoints),
         }
     if isinstance(event, KeyRevoked) and row is not None and row["revoked_at"] is None:
         return {**row, "revoked_at": recorded.recorded_at}
     return row
+
+
+def _json(endpoints: tuple[str, ...] | None) -> str | None:
+    return None if endpoints is None else orjson.dumps(endpoints).decode()

@@ -48,6 +48,7 @@ __all__ = [
     "CliError",
     "ConfigFile",
     "DatabaseUrl",
+    "counted",
     "err",
     "friendly_errors",
     "listening_socket",
@@ -80,6 +81,11 @@ DatabaseUrl = Annotated[
 
 class CliError(Exception):
     """A failure the user can act on: printed as one line, exit code 1."""
+
+
+def counted(count: int, noun: str) -> str:
+    """`1 model group`, `2 model groups`: a count with its noun agreeing."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 @contextmanager

@@ -9,11 +9,13 @@ The fake providers and the gateway are imported when the command runs, not with 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
 import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 from typing import TYPE_CHECKING, Annotated, Any
@@ -22,7 +24,13 @@ import typer
 
 from ledger import apikeys
 from ledger.store import EventStore
-from ledger.store.db import create_engine, migrate, resolve_database_url
+from ledger.store.db import (
+    absolute_url,
+    create_engine,
+    migrate,
+    redacted_url,
+    resolve_database_url,
+)
 from router.cli._shared import DatabaseUrl, friendly_errors, listening_socket, out, serve_app
 
 if TYPE_CHECKING:
@@ -42,12 +50,20 @@ def demo_command(
         typer.Option("--check", help="Send one request through the demo, print it and exit."),
     ] = False,
 ) -> None:
-    """Serve a demo config in front of a bundled local demo provider (works offline)."""
-    url = resolve_database_url(database_url)
-    with friendly_errors():
+    """Serve a demo config in front of a bundled local demo provider (works offline).
+
+    `--check` without a database URL keeps its ledger in a temporary folder, removed when it
+    exits: a check leaves no `waybill.db` behind in the current folder.
+    """
+    with contextlib.ExitStack() as cleanup, friendly_errors():
+        if database_url is None and check:
+            folder = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="waybill-demo-"))
+            url, kept = f"sqlite:///{folder}/waybill.db", False
+        else:
+            url, kept = absolute_url(resolve_database_url(database_url)), True
         migrate(url)
         listening = listening_socket("127.0.0.1", port)
-        _run_demo(url, listening, check=check)
+        _run_demo(url, listening, check=check, kept=kept)
 
 
 def demo_config(primary_url: str, fallback_url: str) -> Config:
@@ -115,7 +131,7 @@ def _create_key(database_url: str) -> apikeys.NewKey:
     return asyncio.run(create())
 
 
-def _examples(base: str, secret: str) -> str:
+def _examples(base: str, secret: str, database_url: str | None) -> str:
     # Flush left, so that each block pastes into a shell as printed; the Python example runs
     # with an interpreter that has the openai package, this one's if it does.
     python = sys.executable if importlib.util.find_spec("openai") else "python3"
@@ -123,6 +139,13 @@ def _examples(base: str, secret: str) -> str:
     # `waybill` as this shell can run it: by name when it is on PATH, else by its path.
     beside = os.path.join(os.path.dirname(sys.executable), "waybill")
     waybill = "waybill" if shutil.which("waybill") == beside else beside
+    # The ledger by its absolute URL, so the line works from any folder (password masked).
+    then = (
+        f"Then: `{waybill} verify --database-url {redacted_url(database_url)}` walks the hash "
+        "chain of everything recorded."
+        if database_url is not None
+        else "The ledger is temporary: give --database-url to keep it."
+    )
     return f"""
 Try it (in another terminal):
 
@@ -141,11 +164,11 @@ for chunk in client.chat.completions.create(model="{_MODEL_GROUP}", stream=True,
     print(chunk.choices[0].delta.content or "", end="") if chunk.choices else None
 PY
 
-Then: `{waybill} verify` walks the hash chain of everything recorded.
+{then}
 """
 
 
-def _run_demo(database_url: str, listening: socket.socket, *, check: bool) -> None:
+def _run_demo(database_url: str, listening: socket.socket, *, check: bool, kept: bool) -> None:
     from router.fake_provider import FakeUpstream
     from router.http.app import AppSettings
 
@@ -157,11 +180,14 @@ def _run_demo(database_url: str, listening: socket.socket, *, check: bool) -> No
         port = listening.getsockname()[1]
         base = f"http://127.0.0.1:{port}"
         out.print(f"demo providers on {primary.base_url} (tier 0) and {fallback.base_url} (tier 1)")
+        where = redacted_url(database_url) if kept else "a temporary file, removed on exit"
         out.print(
-            f"ledger at {database_url}; demo client key {key.key_id} (workspace demo)",
+            f"ledger at {where}; demo client key {key.key_id} (workspace demo)",
             soft_wrap=True,
+            markup=False,
         )
-        out.print(_examples(base, key.secret), highlight=False, markup=False, soft_wrap=True)
+        examples = _examples(base, key.secret, database_url if kept else None)
+        out.print(examples, highlight=False, markup=False, soft_wrap=True)
         if check:
             _check(settings, listening, key.secret)
             return

@@ -5,12 +5,14 @@ by hand) and ``period close`` (a month's books). Reconciliation is ``router.cli.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from datetime import date
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 import typer
+from rich import box
 from rich.table import Table
 
 from ledger.store import EventStore
@@ -18,7 +20,7 @@ from ledger.views import all_projections
 from ledger.views.projection import ProjectionRunner
 from router.cli._shared import CliError, DatabaseUrl, err, friendly_errors, out, with_store
 
-__all__ = ["period_app", "reprice_command", "settle_command", "spend_command"]
+__all__ = ["period_app", "reprice_command", "settle_command", "spend_command", "spend_table"]
 
 period_app = typer.Typer(help="Close a month's books (contract §6).", no_args_is_help=True)
 
@@ -78,14 +80,48 @@ def spend_command(
     elif output == "csv":
         print(spend_csv(rows, keys), end="")
     else:
-        columns = [*keys, "settled_usd", "held_unknown_usd", "overrun_usd", "requests", "attempts"]
-        # A closed period's adjustments stand beside its totals, when there are any.
-        if any(row[c] != "0" for row in rows for c in ADJUSTMENT_COLUMNS):
-            columns += ADJUSTMENT_COLUMNS
-        table = Table(*columns)
-        for row in rows:
-            table.add_row(*(str(row[c]) for c in columns))
-        out.print(table)
+        out.print(spend_table(rows, keys, [*_AMOUNT_COLUMNS, *ADJUSTMENT_COLUMNS]))
+
+
+_AMOUNT_COLUMNS: Final = ("settled_usd", "held_unknown_usd", "overrun_usd")
+
+
+def spend_table(
+    rows: Sequence[Mapping[str, Any]], keys: Sequence[str], amounts: Sequence[str]
+) -> Table:
+    """The spend rows as a table that keeps every amount whole in an 80-column terminal.
+
+    An amount column that is zero in every row is left out (settled_usd always stays),
+    headers drop the `_usd` every amount has (the caption says it), amounts their trailing
+    zeros; the group keys wrap before an amount is ever cut.
+    """
+    shown = [
+        column
+        for column in amounts
+        if column == "settled_usd" or any(Decimal(row[column]) != 0 for row in rows)
+    ]
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, caption="amounts in USD")
+    for key in keys:
+        table.add_column(key, overflow="fold")
+    for column in shown:
+        header = column.removesuffix("_usd").replace("adjustment_", "adj_")
+        width = max((len(_plain(row[column])) for row in rows), default=1)
+        table.add_column(header, justify="right", no_wrap=True, min_width=width, overflow="fold")
+    for column in ("requests", "attempts"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(
+            *(str(row[k]) for k in keys),
+            *(_plain(row[c]) for c in shown),
+            str(row["requests"]),
+            str(row["attempts"]),
+        )
+    return table
+
+
+def _plain(amount: str) -> str:
+    """An exact decimal string without trailing zeros: `0.0000078`, `0`, `12.5`."""
+    return format(Decimal(amount).normalize(), "f")
 
 
 def reprice_command(
@@ -98,6 +134,13 @@ def reprice_command(
     since: Annotated[str, typer.Option("--since", help="First day (YYYY-MM-DD).")],
     until: Annotated[str, typer.Option("--until", help="Last day, inclusive (YYYY-MM-DD).")],
     database_url: DatabaseUrl = None,
+    endpoint: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoint",
+            help="Hold only this endpoint's recorded costs against the report (its own bill).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Compare the costs the ledger recorded with a provider's cost report, by model and
@@ -124,7 +167,7 @@ def reprice_command(
     async def work(store: EventStore) -> Any:
         runner = ProjectionRunner(store, all_projections())
         await runner.catch_up(runner.get("spend"))
-        return compare(await recorded_costs(store.engine, first, last), provider)
+        return compare(await recorded_costs(store.engine, first, last, endpoint), provider)
 
     rows = with_store(database_url, work)
     parted = sorted({row.day for row in rows if row.parted})

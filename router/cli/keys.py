@@ -1,4 +1,4 @@
-"""``waybill keys create|revoke``: API keys (contract §1, §3 "Authentication and roles")."""
+"""``waybill keys create|list|revoke``: API keys (contract §1, §3 "Authentication and roles")."""
 
 from __future__ import annotations
 
@@ -21,10 +21,11 @@ from router.cli._shared import (
     read_config,
     with_store,
 )
+from router.request.scope import PROVIDER_PREFIX, bad_scope_name
 
 __all__ = ["keys_app"]
 
-keys_app = typer.Typer(help="Create and revoke API keys.", no_args_is_help=True)
+keys_app = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
 
 
 @keys_app.command("create")
@@ -43,16 +44,37 @@ def keys_create(
         str, typer.Option("--budget-window", help="day | month | total")
     ] = "day",
     config_file: ConfigFile = None,
+    endpoints_csv: Annotated[
+        str | None,
+        typer.Option(
+            "--endpoints",
+            help="The key's standing endpoint scope: endpoint ids and provider:NAME labels, "
+            "comma-separated; every request of the key is narrowed to them.",
+        ),
+    ] = None,
 ) -> None:
     """Create an API key; prints its secret once. With a config (--config or
-    WAYBILL_CONFIG), a workspace the config does not know is refused."""
+    WAYBILL_CONFIG), a workspace the config does not know is refused, and so is an
+    endpoint of --endpoints it does not have."""
+    endpoints = _endpoints(endpoints_csv)
     if config_file:
         with friendly_errors():
-            known = [w.id for w in read_config(config_file).workspaces]
+            config = read_config(config_file)
+            known = [w.id for w in config.workspaces]
             if workspace not in known:
                 raise CliError(
                     f"workspace {workspace!r} is not in {config_file} (it has: "
                     f"{', '.join(known) or 'none'}); its keys would be refused"
+                )
+            unknown = [
+                name
+                for name in endpoints or ()
+                if not name.startswith(PROVIDER_PREFIX) and config.endpoint(name) is None
+            ]
+            if unknown:
+                raise CliError(
+                    f"--endpoints names {', '.join(map(repr, unknown))}, which {config_file} "
+                    "does not have"
                 )
     else:
         err.print(
@@ -79,7 +101,9 @@ def keys_create(
         budget = (limit, budget_window)
 
     async def work(store: EventStore) -> apikeys.NewKey:
-        return await apikeys.create_key(store, workspace, role, created_by="cli", budget=budget)
+        return await apikeys.create_key(
+            store, workspace, role, created_by="cli", budget=budget, endpoints=endpoints
+        )
 
     key = with_store(database_url, work)
     if as_json:
@@ -90,13 +114,76 @@ def keys_create(
                     "secret": key.secret,
                     "workspace": key.workspace,
                     "role": key.role,
+                    "endpoints": list(key.endpoints) if key.endpoints is not None else None,
                 }
             )
         )
         return
     out.print(f"key id:    {key.key_id}\nworkspace: {key.workspace}\nrole:      {key.role}")
+    if key.endpoints is not None:
+        out.print(f"endpoints: {escape(', '.join(key.endpoints))}", highlight=False)
     out.print(f"secret:    {key.secret}")
     err.print("Store the secret now: Waybill keeps only its hash and cannot show it again.")
+
+
+def _endpoints(value: str | None) -> tuple[str, ...] | None:
+    """``--endpoints`` as the key's scope: sorted, each name once; exit 2 if it names no
+    endpoint or an unknown provider."""
+    if value is None:
+        return None
+    names = tuple(sorted({part.strip() for part in value.split(",") if part.strip()}))
+    whys = [why for name in names if (why := bad_scope_name(name)) is not None]
+    if not names or whys:
+        err.print(
+            "[red]error:[/red] --endpoints must name endpoint ids or provider:NAME labels"
+            + (f": {escape(whys[0])}" if whys else "")
+        )
+        raise typer.Exit(2)
+    return names
+
+
+@keys_app.command("list")
+def keys_list(
+    workspace: Annotated[
+        str | None, typer.Option("--workspace", help="Only this workspace's keys.")
+    ] = None,
+    database_url: DatabaseUrl = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List API keys, oldest first: id, workspace, role, whether revoked, budget, endpoint
+    scope. Never a secret."""
+
+    async def work(store: EventStore) -> list[apikeys.KeyListing]:
+        return await apikeys.list_keys(store, workspace)
+
+    keys = with_store(database_url, work)
+    if as_json:
+        print(json.dumps([_listed(key) for key in keys]))
+        return
+    for key in keys:
+        scope = ", ".join(key.endpoints) if key.endpoints is not None else "all"
+        budget = f"{key.budget[0]} per {key.budget[1]}" if key.budget else "-"
+        state = "revoked" if key.revoked else "active"
+        out.print(
+            escape(
+                f"{key.key_id}  {key.workspace}  {key.role}  {state}  budget {budget}  "
+                f"endpoints {scope}"
+            ),
+            highlight=False,
+        )
+
+
+def _listed(key: apikeys.KeyListing) -> dict[str, Any]:
+    return {
+        "key_id": key.key_id,
+        "workspace": key.workspace,
+        "role": key.role,
+        "created_at": key.created_at.isoformat(),
+        "revoked": key.revoked,
+        "budget_usd": str(key.budget[0]) if key.budget else None,
+        "budget_window": key.budget[1] if key.budget else None,
+        "endpoints": list(key.endpoints) if key.endpoints is not None else None,
+    }
 
 
 @keys_app.command("revoke")

@@ -14,7 +14,7 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
 import typer
 from rich.markup import escape
@@ -34,6 +34,9 @@ from router.cli._shared import (
     read_config,
     with_store,
 )
+
+if TYPE_CHECKING:
+    from ledger.finance.reconcile import ReconcileScope
 
 __all__ = ["reconcile_app"]
 
@@ -153,6 +156,14 @@ def import_command(
     provider: Annotated[
         str | None, typer.Option("--provider", help="Reconcile only this endpoint's attempts.")
     ] = None,
+    workspace: Annotated[
+        str | None,
+        typer.Option(
+            "--workspace",
+            help="A usage export of one workspace: match only its attempts, as its finance "
+            "key would, and let that key read the report (console and API).",
+        ),
+    ] = None,
     config_file: ConfigFile = None,
     database_url: DatabaseUrl = None,
     output: OutputOption = None,
@@ -161,6 +172,7 @@ def import_command(
 ) -> None:
     """Import a usage export or a provider report's pages: match, settle unknown usage, report."""
     from ledger.finance.provider_reports import detect_format
+    from ledger.finance.reconcile import ReconcileScope
 
     with friendly_errors():
         chosen_output = _output(output, as_json)
@@ -176,7 +188,13 @@ def import_command(
                 "one usage export at a time (several files are a provider report's pages)"
             )
     if chosen == "lines":
-        report = _import_lines(files[0], contents[0][1], provider, database_url, force)
+        scope = ReconcileScope(workspace=workspace, provider=provider)
+        report = _import_lines(files[0], contents[0][1], scope, database_url, force)
+    elif workspace is not None:
+        # As for a finance key (contract §3): a provider's bucket counts every workspace's
+        # traffic on its identity, so it cannot be reconciled for one workspace.
+        with friendly_errors():
+            raise CliError("--workspace is for a usage export: a provider report spans every one")
     else:
         report = _import_report(
             contents, chosen, provider, config_file, database_url, force, label=", ".join(files)
@@ -192,14 +210,9 @@ def _read(name: str) -> bytes:
 
 
 def _import_lines(
-    name: str, data: bytes, provider: str | None, database_url: str | None, force: bool
+    name: str, data: bytes, scope: ReconcileScope, database_url: str | None, force: bool
 ) -> dict[str, Any]:
-    from ledger.finance.reconcile import (
-        ExportError,
-        ReconcileScope,
-        import_reconciliation,
-        report_json,
-    )
+    from ledger.finance.reconcile import ExportError, import_reconciliation, report_json
     from ledger.finance.usage_export import ExportFormat
 
     suffix = Path(name).suffix.lower()
@@ -216,7 +229,7 @@ def _import_lines(
                     store,
                     data,
                     actor="cli",
-                    scope=ReconcileScope(provider=provider),
+                    scope=scope,
                     export_format=export_format,
                     progress=progress_callback(progress, task),
                     force=force,
@@ -387,6 +400,9 @@ def print_report(report: dict[str, Any], output: Output) -> None:
         print(json.dumps(report))
     elif output == "csv":
         sys.stdout.write(report_csv(report))
+        # The rows carry no id, and stdout is often a file: say which report it was, for
+        # `reconcile show`, where the terminal still shows it.
+        err.print(f"reconciliation {report['id']} (`waybill reconcile show {report['id']}`)")
     elif report.get("format", "lines") == "lines":
         _lines_table(report)
     else:

@@ -26,6 +26,7 @@ from router.cli._shared import (
     CliError,
     ConfigFile,
     DatabaseUrl,
+    counted,
     err,
     friendly_errors,
     listening_socket,
@@ -53,8 +54,9 @@ def check_config_command(
             err.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     out.print(
-        f"config OK: generation {config.generation}, {len(config.endpoints)} endpoints, "
-        f"{len(config.models)} model groups, {len(config.workspaces)} workspaces",
+        f"config OK: generation {config.generation}, {counted(len(config.endpoints), 'endpoint')}, "
+        f"{counted(len(config.models), 'model group')}, "
+        f"{counted(len(config.workspaces), 'workspace')}",
         highlight=False,
     )
 

@@ -405,6 +405,12 @@ class Defaults(_Frozen):
     # validation"): another mapping answers, or the client gets it as it is.
     on_invalid_output: Literal["failover", "return"] = "failover"
     hedge: Hedge = Hedge()
+    # Failover as an approved policy (contract §4 "Failover on grant"): `on_grant` moves to
+    # another endpoint only when the request carries X-Waybill-Allow-Failover: true.
+    failover: Literal["allowed", "on_grant"] = "allowed"
+    # Quota failover as an approved policy (contract §4 "Quota failover"): a provider's
+    # insufficient_quota stops (the default), or fails over to another provider account.
+    on_quota_exhausted: Literal["stop", "failover"] = "stop"
 
 
 # --- endpoints, model groups, workspaces ---------------------------------------------------
@@ -550,6 +556,15 @@ class Endpoint(_Frozen):
         parts = urlsplit(self.base_url)
         host = parts.hostname or ""
         return f"{host}:{parts.port}" if parts.port else host
+
+    @functools.cached_property
+    def account(self) -> str:
+        """The provider account whose balance the endpoint draws on (contract §4 "Quota
+        failover"): its driver, host and port, and API key, as a digest (the key is never
+        kept in the clear). Endpoints that share all three run out of quota together."""
+        key = "" if self.api_key is None else self.api_key.get_secret_value()
+        identity = "\0".join((self.driver, self.base_url_host, key))
+        return hashlib.sha256(identity.encode()).hexdigest()[:16]
 
 
 def _configured_proxy(url: str, environ: cabc.Mapping[str, str]) -> Proxy:
@@ -1054,7 +1069,14 @@ def _policy_summary(policy: Defaults, *, breaker: bool = True) -> dict[str, Any]
         summary["breaker"] = policy.breaker.summary()
     if not policy.hedge.after_p95:  # the default leaves earlier summaries as they were
         del summary["hedge"]["after_p95"]
+    for key in _LATER_POLICY_KEYS:  # their defaults leave earlier summaries as they were
+        if summary[key] == Defaults.model_fields[key].default:
+            del summary[key]
     return summary
+
+
+# Policy keys added after configs were first activated: summarised only when set otherwise.
+_LATER_POLICY_KEYS: Final = ("failover", "on_quota_exhausted")
 
 
 def _mapping_summary(m: Mapping) -> dict[str, Any]:

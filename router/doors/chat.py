@@ -123,6 +123,10 @@ class ChatCall:
             max_cost_usd=headers.max_cost_usd,
             deadline_ms=headers.deadline_ms,
             allow_unknown_execution=headers.allow_unknown_execution,
+            failover_granted=headers.failover_granted,
+            endpoints=headers.endpoints,
+            prefer_endpoint=headers.prefer_endpoint,
+            require_endpoint=headers.require_endpoint,
             server_side_effects=self.server_side_effects,
         )
 

@@ -59,10 +59,16 @@ class HeaderNarrowing:
     deadline_ms: int | None = None
     allow_failover: bool = True
     allow_unknown_execution: bool = False  # X-Waybill-Allow-Failover: unknown
+    # The header was sent and allows failover (true or unknown): the grant a group's
+    # `failover: on_grant` waits for; absent, failover is allowed but not granted.
+    failover_granted: bool = False
     capabilities: tuple[str, ...] = ()
     regions: tuple[str, ...] | None = None
     data_class: DataClass | None = None
     retention: str | None = None  # X-Waybill-Retention: zero or <days>d
+    endpoints: tuple[str, ...] | None = None  # endpoint ids and provider: labels
+    prefer_endpoint: str | None = None
+    require_endpoint: str | None = None  # pinned there: no other endpoint is ever tried
     traceparent: str | None = None
     tracestate: str | None = None  # W3C, opaque; forwarded only with a valid traceparent
 
@@ -91,8 +97,16 @@ def read_headers(headers: Mapping[str, str]) -> HeaderNarrowing:
         deadline_ms=_positive_int(headers.get("x-waybill-deadline-ms"), "X-Waybill-Deadline-Ms"),
         allow_failover=allow_failover,
         allow_unknown_execution=allow_unknown_execution,
+        failover_granted=allow_failover and "x-waybill-allow-failover" in headers,
         capabilities=_csv(headers.get("x-waybill-capabilities"), "X-Waybill-Capabilities") or (),
         regions=_csv(headers.get("x-waybill-regions"), "X-Waybill-Regions"),
+        endpoints=_csv(headers.get("x-waybill-endpoints"), "X-Waybill-Endpoints"),
+        prefer_endpoint=_endpoint_id(
+            headers.get("x-waybill-prefer-endpoint"), "X-Waybill-Prefer-Endpoint"
+        ),
+        require_endpoint=_endpoint_id(
+            headers.get("x-waybill-require-endpoint"), "X-Waybill-Require-Endpoint"
+        ),
         data_class=_data_class(headers.get("x-waybill-data-class")),
         retention=_retention(headers.get("x-waybill-retention")),
         traceparent=headers.get("traceparent"),
@@ -153,6 +167,17 @@ def _csv(value: str | None, name: str) -> tuple[str, ...] | None:
     if not items:
         raise _bad_header(name, "must name at least one value")
     return items
+
+
+def _endpoint_id(value: str | None, name: str) -> str | None:
+    """One endpoint id, as X-Waybill-Prefer-Endpoint and X-Waybill-Require-Endpoint name it.
+    An id the model group lacks is no error: it matches nothing, as a scope's names do."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text:
+        raise _bad_header(name, "must name an endpoint id")
+    return text
 
 
 def _data_class(value: str | None) -> DataClass | None:

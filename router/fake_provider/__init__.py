@@ -12,7 +12,8 @@ Anthropic wire a request asking for `thinking` gets a signed thinking block firs
 (`THINKING_PIECES`, billed as output). Standalone:
 `python -m router.fake_provider --port 8900`. `FakeProxy` is an HTTP CONNECT proxy beside
 it, with faults of its own (a refused, dropped or silent tunnel). `FakeAdminApi` serves both
-providers' usage and cost report endpoints (paging, auth, 429 / 401 / 5xx faults).
+providers' usage and cost report endpoints (paging, auth, 429 / 401 / 5xx faults), from
+pages a test gives or, for usage, from what a `FakeUpstream` billed.
 `reply_pieces` is the answer's text, piece by piece, for tests that count what was sent.
 
 It continues a partial assistant message as its `continuation` rule says (the form it takes
@@ -25,10 +26,10 @@ from router.fake_provider._continuation import CONTINUATIONS, MISMATCHED_SEAM, C
 from router.fake_provider._embeddings import embedding
 from router.fake_provider._embeddings import input_tokens as embedding_tokens
 from router.fake_provider._reply import PART_TOKENS, THINKING_PIECES, reply_pieces
-from router.fake_provider.admin_api import AdminRequest, FakeAdminApi
+from router.fake_provider.admin_api import AdminRequest, FakeAdminApi, Identity
 from router.fake_provider.behavior import Behavior, Kind, LineEnding
 from router.fake_provider.proxy import FakeProxy, ProxyMode, RecordedConnect
-from router.fake_provider.server import FakeUpstream, RecordedRequest
+from router.fake_provider.server import Billed, FakeUpstream, RecordedRequest
 
 __all__ = [
     "CONTINUATIONS",
@@ -37,10 +38,12 @@ __all__ = [
     "THINKING_PIECES",
     "AdminRequest",
     "Behavior",
+    "Billed",
     "Continuation",
     "FakeAdminApi",
     "FakeProxy",
     "FakeUpstream",
+    "Identity",
     "Kind",
     "LineEnding",
     "ProxyMode",

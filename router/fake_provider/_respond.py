@@ -45,6 +45,8 @@ class Exchange:
     on_client_gone: Callable[[], None]
     # The partial assistant text the request continues (a continuation the fake accepted).
     partial: str | None = None
+    # Told of each answer begun, which the fake bills (its admin API's usage).
+    on_reply: Callable[[Reply], None] | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -96,6 +98,8 @@ async def respond(ex: Exchange) -> None:
     else:
         message_id = f"{ex.dialect.message_id_prefix}{ex.request_id.removeprefix('req_')}"
         reply = make_reply(ex.upstream, ex.request_id, message_id, ex.prompt, behavior, ex.partial)
+        if ex.on_reply is not None:
+            ex.on_reply(reply)
         if ex.prompt.stream:
             await _stream(ex, reply)
         else:

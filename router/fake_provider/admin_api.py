@@ -21,15 +21,24 @@ import asyncio
 import threading
 from collections import deque
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any, Self
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import parse_qsl
 
 from router.fake_provider._http import BadRequest, Connection, HttpRequest
 from router.fake_provider._respond import send_json
 from router.fake_provider._serving import Served
 
-__all__ = ["AdminRequest", "FakeAdminApi"]
+if TYPE_CHECKING:
+    from router.fake_provider.server import Billed, FakeUpstream
+
+__all__ = [
+    "AdminRequest",
+    "FakeAdminApi",
+    "Identity",
+    "analytics_usage_rows",
+    "openai_usage_buckets",
+]
 
 _OPENAI = {
     "/v1/organization/usage/completions": "openai-usage",
@@ -77,9 +86,19 @@ class FakeAdminApi(Served):
         *,
         admin_key: str = "sk-admin-fake",
         page_size: int = 2,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        billed_by: FakeUpstream | None = None,
+        identity: Identity | None = None,
     ) -> None:
+        """``billed_by``: a usage report (OpenAI's, Anthropic's analytics) that ``reports``
+        does not give is what that fake provider billed, hour by hour, under ``identity``."""
+        self.billed_by = billed_by
+        self.identity = identity or Identity()
         self.admin_key = admin_key
         self.page_size = page_size
+        self.host = host
+        self._requested_port = port  # 0: a free one
         self._reports = {k: list(v) for k, v in (reports or {}).items()}
         self._lock = threading.Lock()
         self._faults: deque[_Fault] = deque()
@@ -99,7 +118,7 @@ class FakeAdminApi(Served):
         """Anthropic's form (the host alone)."""
         if not self._port:
             raise RuntimeError("FakeAdminApi is not running")
-        return f"http://127.0.0.1:{self._port}"
+        return f"http://{self.host}:{self._port}"
 
     def set_report(self, report_format: str, buckets: list[dict[str, Any]]) -> None:
         with self._lock:
@@ -171,7 +190,8 @@ class FakeAdminApi(Served):
         if analytics and _ANALYTICS_BETA not in betas:
             return 400, {"message": f"this endpoint needs anthropic-beta: {_ANALYTICS_BETA}"}, {}
         with self._lock:
-            buckets = list(self._reports.get(report_format, []))
+            given = self._reports.get(report_format)
+        buckets = list(given) if given is not None else self._billed_report(report_format)
         if analytics:
             return 200, self._rows_page(buckets, params), {}
         return 200, self._page(path in _OPENAI, buckets, params), {}
@@ -237,10 +257,20 @@ class FakeAdminApi(Served):
             "next_page": f"page_{offset + self.page_size}" if more else None,
         }
 
+    def _billed_report(self, report_format: str) -> list[dict[str, Any]]:
+        if self.billed_by is None:
+            return []
+        billed = self.billed_by.billed
+        if report_format == "openai-usage":
+            return openai_usage_buckets(billed, self.identity)
+        if report_format == "anthropic-analytics-usage":
+            return analytics_usage_rows(billed, self.identity)
+        return []
+
     # --- lifecycle: on the caller's loop, or on a loop of its own in a thread ---
 
     async def astart(self) -> Self:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(self._serve, self.host, self._requested_port)
         self._port = self._server.sockets[0].getsockname()[1]
         return self
 
@@ -249,6 +279,94 @@ class FakeAdminApi(Served):
         if server is not None:
             server.close()
             await server.wait_closed()
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who the fake's callers are to the provider: the ids its usage reports name (an
+    endpoint's `provider_project_id`, `provider_api_key_id`, `provider_workspace_id`)."""
+
+    project_id: str = "proj_fake"
+    api_key_id: str = "key_fake"
+    workspace_id: str = "wrkspc_fake"
+
+
+def _hours(billed: list[Billed], dialect: str) -> dict[tuple[datetime, str], list[Billed]]:
+    """The dialect's answers by the hour they began in (UTC) and their model."""
+    hours: dict[tuple[datetime, str], list[Billed]] = {}
+    for answer in billed:
+        if answer.dialect == dialect:
+            hour = answer.at.replace(minute=0, second=0, microsecond=0)
+            hours.setdefault((hour, answer.model), []).append(answer)
+    return dict(sorted(hours.items()))
+
+
+def openai_usage_buckets(billed: list[Billed], identity: Identity) -> list[dict[str, Any]]:
+    """What the fake billed on its OpenAI wire, as OpenAI's hourly completions usage."""
+    buckets: dict[datetime, list[dict[str, Any]]] = {}
+    for (hour, model), answers in _hours(billed, "openai").items():
+        buckets.setdefault(hour, []).append(
+            {
+                "object": "organization.usage.completions.result",
+                "input_tokens": sum(a.input_tokens for a in answers),
+                "output_tokens": sum(a.output_tokens for a in answers),
+                "input_cached_tokens": sum(a.cached_tokens for a in answers),
+                "input_audio_tokens": 0,
+                "output_audio_tokens": 0,
+                "num_model_requests": len(answers),
+                "project_id": identity.project_id,
+                "user_id": None,
+                "api_key_id": identity.api_key_id,
+                "model": model,
+                "batch": False,
+                "service_tier": None,
+            }
+        )
+    return [
+        {
+            "object": "bucket",
+            "start_time": int(hour.timestamp()),
+            "end_time": int((hour + timedelta(hours=1)).timestamp()),
+            "results": results,
+        }
+        for hour, results in buckets.items()
+    ]
+
+
+def analytics_usage_rows(billed: list[Billed], identity: Identity) -> list[dict[str, Any]]:
+    """What the fake billed on its Anthropic wire, as the analytics API's hourly usage rows."""
+    rows = []
+    for (hour, model), answers in _hours(billed, "anthropic").items():
+        cached = sum(a.cached_tokens for a in answers)
+        uncached = sum(a.input_tokens for a in answers) - cached
+        output = sum(a.output_tokens for a in answers)
+        rows.append(
+            {
+                "starting_at": hour.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "ending_at": (hour + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "group": {
+                    "actor": None,
+                    "actor_type": None,
+                    "api_key_id": identity.api_key_id,
+                    "model": model,
+                    "service_tier": None,
+                    "workspace_id": identity.workspace_id,
+                },
+                "usage": {
+                    "uncached_input_tokens": uncached,
+                    "cache_creation": {
+                        "ephemeral_5m_input_tokens": 0,
+                        "ephemeral_1h_input_tokens": 0,
+                    },
+                    "cache_read_input_tokens": cached,
+                    "output_tokens": output,
+                    "requests": len(answers),
+                    "server_tool_use": {"web_search_requests": 0},
+                    "total_tokens": uncached + cached + output,
+                },
+            }
+        )
+    return rows
 
 
 def _instant(value: Any) -> datetime | None:

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import ssl
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Final, Self
 
 from router.fake_provider._anthropic import ANTHROPIC
@@ -24,7 +26,7 @@ from router.fake_provider._continuation import Continuation, Partial, parse_cont
 from router.fake_provider._embeddings import EmbeddingsDialect
 from router.fake_provider._http import BadRequest, Connection, Headers, HttpRequest
 from router.fake_provider._openai import OPENAI
-from router.fake_provider._reply import Dialect, prompt_tokens
+from router.fake_provider._reply import Dialect, Reply, prompt_tokens
 from router.fake_provider._respond import Exchange, respond, send_json
 from router.fake_provider._serving import Served
 from router.fake_provider.behavior import Behavior
@@ -33,6 +35,19 @@ __all__ = ["FakeUpstream", "RecordedRequest"]
 
 _INFERENCE: dict[str, Dialect] = {"/v1/chat/completions": OPENAI, "/v1/messages": ANTHROPIC}
 _EMBEDDINGS: Final = "/v1/embeddings"  # its dialect holds the request's inputs: one each
+
+
+@dataclass(frozen=True)
+class Billed:
+    """One answer the fake billed (every answer it began: a cut stream is billed whole, as a
+    provider may): what its admin API reports as usage (``FakeAdminApi(billed_by=...)``)."""
+
+    at: datetime
+    dialect: str  # openai | anthropic
+    model: str
+    input_tokens: int  # cached included
+    cached_tokens: int
+    output_tokens: int
 
 
 @dataclass(frozen=True)
@@ -125,6 +140,7 @@ class FakeUpstream(Served):
         self._hits = 0
         self._hits_by_path: Counter[str] = Counter()
         self._requests: list[RecordedRequest] = []
+        self._billed: list[Billed] = []
         self._body_sent: dict[str, int] = {}
         self._connections = 0
         self._client_gone = 0
@@ -201,6 +217,23 @@ class FakeUpstream(Served):
     def continuation(self) -> Continuation:
         with self._lock:
             return self._continuation
+
+    @property
+    def billed(self) -> list[Billed]:
+        with self._lock:
+            return list(self._billed)
+
+    def _bill(self, dialect: str, reply: Reply) -> None:
+        billed = Billed(
+            datetime.now(UTC),
+            dialect,
+            reply.model,
+            reply.prompt_tokens,
+            reply.cached_tokens,
+            reply.completion_tokens,
+        )
+        with self._lock:
+            self._billed.append(billed)
 
     @property
     def hits(self) -> int:
@@ -493,6 +526,7 @@ class FakeUpstream(Served):
             request_id=request_id,
             on_client_gone=self._count_client_gone,
             partial=partial.text if partial else None,
+            on_reply=functools.partial(self._bill, dialect.name),
         )
         try:
             await respond(exchange)

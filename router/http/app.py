@@ -115,6 +115,7 @@ from router.serving.reload import (
 )
 from router.serving.server import BODY_EXTENSION, HANGUP_EXTENSION, BodyWriter, Hangup
 from router.support.ids import new_id
+from router.support.version import package_version
 
 __all__ = [
     "DEFAULT_MAX_IN_FLIGHT",
@@ -350,7 +351,7 @@ def _caller(key: ApiKey | None, config: Config) -> Caller:
     workspace = config.workspace(key.workspace)
     if workspace is None:
         raise invalid_api_key(f"the key's workspace {key.workspace!r} is not configured")
-    return Caller(key.key_id, workspace, key.role, key.budget, key.version)
+    return Caller(key.key_id, workspace, key.role, key.budget, key.version, key.endpoints)
 
 
 async def _refuse_nul(request: Request) -> None:
@@ -565,9 +566,13 @@ def create_app(settings: AppSettings) -> FastAPI:
     async def _failed(request: Request, error: Exception) -> Response:
         return _failure_response(request, error)
 
+    # Liveness touches no database: `schema` is the revision this code migrates to (its
+    # Alembic head); /readyz says whether the database is at it (contract §3).
+    alive = orjson.dumps({"status": "ok", "version": package_version(), "schema": head_revision()})
+
     @app.get("/healthz", openapi_extra=api_doc.HEALTHZ)
     async def healthz() -> Response:
-        return Response(b'{"status":"ok"}', media_type=_JSON)
+        return Response(alive, media_type=_JSON)
 
     @app.get("/metrics", openapi_extra=api_doc.METRICS)
     async def metrics(request: Request) -> Response:
@@ -753,7 +758,11 @@ async def _serve(request: Request, door: _Door) -> Response:
         return Response(payload, media_type=_JSON, headers=response_headers)
     except GatewayError as error:
         release()
-        if claim is not None:
+        if claim is not None and error.should_retry:
+            # An answer the client is told to retry (every attempt refused at admission:
+            # nothing was sent) is not the request's answer: the retry runs again.
+            await state.idempotency.abandon(claim)
+        elif claim is not None:
             status, error_body = door.error(error, request_id)
             await state.idempotency.finish(
                 claim, RecordedAnswer(request_id, status, _JSON, error.headers(), error_body)

@@ -730,6 +730,8 @@ _NAMES: Final[Schema] = {
     "items": {"type": "string", "pattern": f"^[^,]*{_kept(',')}[^,]*$"},
 }
 
+_ENDPOINT_ID: Final[Schema] = {"type": "string", "pattern": _kept()}
+
 _CHAT_HEADERS: Final = [
     _header(
         "Idempotency-Key",
@@ -764,6 +766,24 @@ _CHAT_HEADERS: Final = [
     ),
     _header("X-Waybill-Regions", _NAMES, "A narrower region set, comma-separated."),
     _header(
+        "X-Waybill-Endpoints",
+        _NAMES,
+        "A narrower endpoint set, comma-separated: endpoint ids and provider:NAME labels "
+        "(expanded within the model group), intersected with the key's own scope; a name "
+        "that matches nothing narrows to nothing.",
+    ),
+    _header(
+        "X-Waybill-Prefer-Endpoint",
+        _ENDPOINT_ID,
+        "An endpoint id to choose when one of its mappings is eligible; the router overrules "
+        "it otherwise.",
+    ),
+    _header(
+        "X-Waybill-Require-Endpoint",
+        _ENDPOINT_ID,
+        "An endpoint id the request is pinned to: no other endpoint is ever tried.",
+    ),
+    _header(
         "X-Waybill-Data-Class",
         {"type": "string", "enum": list(DATA_CLASSES)},
         "This request's data class; it may raise the workspace's default, never lower it.",
@@ -784,8 +804,14 @@ _PUBLIC: Final[Schema] = {"security": []}
 
 HEALTHZ: Final[Schema] = {
     **_PUBLIC,
-    "summary": "Liveness",
-    "responses": {"200": _ok(_ref("Status"))},
+    "summary": "Liveness, with the version and the schema revision the code migrates to",
+    "responses": {
+        "200": _ok(
+            _object(
+                ["status", "version", "schema"], status=_STRING, version=_STRING, schema=_STRING
+            )
+        )
+    },
 }
 READYZ: Final[Schema] = {
     **_PUBLIC,

@@ -34,6 +34,15 @@ class Caller:
     key_version: int | None = None
     """The key's ledger stream's version when it was read unrevoked: the request's first
     append requires the stream still there (None: requires nothing)."""
+    key_endpoints: tuple[str, ...] | None = None
+    """The key's standing endpoint scope (``keys create --endpoints``); None: unrestricted."""
+
+    def narrowing(self, requirements: Requirements) -> Requirements:
+        """``requirements`` with the key's standing scope, which every request of the key
+        is narrowed by (contract §4 "Endpoint scope"), whatever door it came through."""
+        if self.key_endpoints is None:
+            return requirements
+        return requirements.model_copy(update={"key_endpoints": self.key_endpoints})
 
 
 @dataclass(frozen=True, slots=True)

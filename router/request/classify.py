@@ -48,6 +48,7 @@ MayFailOver: TypeAlias = Literal[
     "per_on_credentials_error",
     "per_on_unknown_execution",
     "per_on_invalid_output",
+    "per_on_quota_exhausted",
     "larger_context_only",
 ]
 
@@ -249,6 +250,7 @@ _F = FailureClass
 _CRED: Final = "per_on_credentials_error"
 _EXEC: Final = "per_on_unknown_execution"
 _LARGER: Final = "larger_context_only"
+_QUOTA: Final = "per_on_quota_exhausted"
 
 # fmt: off
 RULES: Final[tuple[Rule, ...]] = (
@@ -261,7 +263,7 @@ RULES: Final[tuple[Rule, ...]] = (
     Rule(_broken_stream,       _F.NETWORK_ERROR,        _E,   False, _UNK,     _EXEC),
     Rule(_too_large,           _F.RESPONSE_TOO_LARGE,   _M,   True,  _ST,      "yes"),
     Rule(_invalid_response,    _F.UPSTREAM_UNAVAILABLE, _E,   False, _ST,      _EXEC),
-    Rule(_quota_exhausted,     _F.QUOTA_EXHAUSTED,      _E,   False, _NS,      "no"),
+    Rule(_quota_exhausted,     _F.QUOTA_EXHAUSTED,      _E,   False, _NS,      _QUOTA),
     Rule(_rate_limited,        _F.RATE_LIMITED,         _E,   True,  _NS,      "yes"),
     Rule(_names_a_policy,      _F.POLICY_DENIED,        None, False, _NS,      "never"),
     Rule(_unauthorized,        _F.CREDENTIALS,          _E,   True,  _NS,      _CRED,

@@ -110,6 +110,7 @@ class ComposedRouting(Routing):
                 dispatch = self._admit_to_pool(composition, group, flat, members, action)
             if dispatch is None:
                 self.candidates = self._flat_reasons(composition, flat)
+                self.probe_in_ms = await self._probe_in(self.candidates)
                 over = [c for c in flat if c.reason_code is ev.ReasonCode.OVER_BUDGET]
                 if over and action.purpose != "hedge":
                     journal.queue(self._budget.denied_candidate(over[0]))

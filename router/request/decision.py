@@ -59,11 +59,13 @@ DECISION_REASONS: Final[tuple[str, ...]] = (
     # retry the same endpoint
     "retry_after_honoured",
     "retry_with_backoff",
-    # stop: the caller forbade moving
+    # stop: the caller forbade moving, or did not grant it where the group's policy asks
     "failover_forbidden_by_header",
+    "failover_not_granted",
     # failover
     "larger_context_failover",
     "credentials_policy_failover",
+    "quota_failover_policy",
     "invalid_output_policy_failover",
     "not_started_failover",
     "unknown_execution_policy_failover",
@@ -126,6 +128,9 @@ class AttemptOutcome:
     retries_on_endpoint: int  # same-endpoint retries already made for this endpoint
     remaining_ms: int  # whole-request deadline left
     allow_failover: bool = True  # X-Waybill-Allow-Failover
+    # Failover is not allowed because the group's `failover: on_grant` found no grant (the
+    # caller did not forbid it): the stop says so rather than naming the header.
+    failover_not_granted: bool = False
     stream_committed: bool = False  # an event reached the client: the endpoint is fixed
     # X-Waybill-Allow-Failover: unknown: the caller accepts that an attempt of unknown
     # execution is followed by another (a possible duplicate), even where the policy is strict.
@@ -149,6 +154,8 @@ def decide(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> D
     candidate is left to fail over to is the next evaluation's question.
     """
     decision = _decide(outcome, defaults, rng)
+    if decision.reason == "failover_not_granted":
+        return dataclasses.replace(decision, policy="failover=on_grant")
     return dataclasses.replace(decision, policy=_policy(outcome, defaults))
 
 
@@ -186,8 +193,15 @@ def _decide(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> 
         return retry
     # 4. Otherwise move to another endpoint, if the caller lets us.
     if not outcome.allow_failover:
-        return _stop("failover_forbidden_by_header")
+        return _stop(_forbidden(outcome))
     return Decision("failover", _failover_reason(outcome, defaults))
+
+
+def _forbidden(outcome: AttemptOutcome) -> str:
+    """Why the request may not move to another endpoint (the stop's reason)."""
+    if outcome.failover_not_granted:
+        return "failover_not_granted"
+    return "failover_forbidden_by_header"
 
 
 def _strict(outcome: AttemptOutcome, defaults: Defaults) -> str | None:
@@ -221,6 +235,11 @@ def _class_stops(outcome: AttemptOutcome, defaults: Defaults) -> str | None:
             if c.evidence is Evidence.NOT_STARTED or outcome.allow_unknown_execution:
                 return None
             return _strict(outcome, defaults)
+        case "per_on_quota_exhausted":
+            # Only an approved policy moves a request off an account whose balance ran out.
+            if defaults.on_quota_exhausted == "failover":
+                return None
+            return f"{c.failure_class.value}_stops"
         case "per_on_invalid_output":
             # With `return` the gateway gives the answer as it is and never asks; here for
             # completeness of the table.
@@ -232,6 +251,7 @@ def _retry(outcome: AttemptOutcome, defaults: Defaults, rng: random.Random) -> D
     if c.may_fail_over == "larger_context_only" or c.failure_class in (
         FailureClass.CONTEXT_TOO_SMALL,  # the same model would refuse the same prompt again
         FailureClass.TIMEOUT,  # a silent route is never retried, whatever the config says
+        FailureClass.QUOTA_EXHAUSTED,  # the same account has no more balance a moment later
     ):
         return None
     rule = defaults.retry_same_endpoint.rule(c.failure_class)
@@ -256,6 +276,8 @@ def _failover_reason(outcome: AttemptOutcome, defaults: Defaults) -> str:
         return "larger_context_failover"
     if c.may_fail_over == "per_on_credentials_error":
         return "credentials_policy_failover"
+    if c.may_fail_over == "per_on_quota_exhausted":
+        return "quota_failover_policy"
     if c.may_fail_over == "per_on_invalid_output":
         return "invalid_output_policy_failover"
     if c.evidence is Evidence.NOT_STARTED:
@@ -280,6 +302,8 @@ def _policy(outcome: AttemptOutcome, defaults: Defaults) -> str | None:
         return f"on_credentials_error={defaults.on_credentials_error}"
     if c.may_fail_over == "per_on_invalid_output":
         return f"on_invalid_output={defaults.on_invalid_output}"
+    if c.may_fail_over == "per_on_quota_exhausted":
+        return f"on_quota_exhausted={defaults.on_quota_exhausted}"
     if c.may_fail_over != "per_on_unknown_execution":
         return None
     strict = _strict(outcome, defaults)
@@ -310,10 +334,15 @@ def next_context(
     if action != "failover":
         return context
     tried = context.tried_endpoints | {place.endpoint}
+    if failure_class is FailureClass.QUOTA_EXHAUSTED:
+        # Its provider account ran out: every endpoint drawing on it is left too.
+        exhausted = context.quota_exhausted | {place.endpoint}
+        return dataclasses.replace(context, tried_endpoints=tried, quota_exhausted=exhausted)
     if failure_class is not FailureClass.CONTEXT_TOO_SMALL:
         return dataclasses.replace(context, tried_endpoints=tried)
     floor = context.larger_context_than
-    return RouteContext(
+    return dataclasses.replace(
+        context,
         tried_endpoints=tried,
         larger_context_than=place.context_window
         if floor is None

@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from collections import deque
 from collections.abc import Coroutine
 from decimal import Decimal
 from typing import Any, TypeVar
 
 from ledger.books.accounting import BudgetDenied
+from ledger.events import FailureClass
 from ledger.store import LedgerUnavailable
 from ledger.support.frozen import evolve
 from router.drivers import UpstreamFailure
@@ -60,6 +62,7 @@ from router.request.relay import SEAM_BROKEN, StreamRelay
 from router.request.resume import Seam
 from router.request.routing import GroupPlan
 from router.request.runner import AttemptRunner
+from router.request.scope import endpoint_scope
 from router.request.upstream_call import server_address
 from router.request.walk import (
     Answered,
@@ -122,7 +125,10 @@ class Executor:
         started = ports.clock.monotonic()
         self.deadline = started + deadline_ms / 1000
         p95 = ports.first_answers.p95(group.name, call.stream) if hedge_p95(defaults) else None
-        policy = walk_policy(defaults, requirements, plan.targets, p95, plan.pool_policies)
+        scope = endpoint_scope(ports.config, group, requirements)
+        policy = walk_policy(
+            defaults, requirements, plan.targets, p95, plan.pool_policies, scope=scope
+        )
         self.walk = Walk(policy=policy)
         self.open: dict[str, Attempt] = {}  # started, their end not yet recorded
         self.failures: dict[str, Attempt] = {}  # failed attempts, for their decisions
@@ -522,6 +528,7 @@ class Executor:
             group=self.group.name,
             budget_refusal=self._budget_refusal,
             failed=failed,
+            probe_in_ms=self.routing.probe_in_ms,
         )
 
     def _failed_stream(self) -> dict[str, Any]:
@@ -587,6 +594,13 @@ class Executor:
             return None
         key = endpoint_key if scope == "endpoint" else mapping_key
         attempt.probes = tuple(k for k in attempt.probes if k != key)  # judged
+        if (
+            classification.failure_class is FailureClass.QUOTA_EXHAUSTED
+            and plan.defaults.on_quota_exhausted == "failover"
+        ):
+            # An approved quota failover leaves the account at once: its endpoint's breaker
+            # opens now, and its cool-down is how long the endpoint stays excluded.
+            classification = dataclasses.replace(classification, breaker_opens_at_once=True)
         failed = self.ports.breakers.failed
         workspace = self.caller.workspace.id
         opened = await failed(key, classification, latency_ms, self.request_id, workspace)

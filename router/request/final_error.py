@@ -9,26 +9,37 @@ The first cause that names what the client can do wins: a budget, a rate limit w
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Final
 
 from ledger import events as ev
 from router.drivers import UpstreamFailure
 from router.errors import (
     AttemptSummary,
     GatewayError,
+    admission_refused,
     budget_exceeded,
     deadline_exceeded,
     error_for_failure,
     invalid_request,
     no_eligible_route,
     stream_broken,
-    upstream_unavailable,
 )
 from router.request.classify import Classification
 from router.request.decision import Decision
 from router.request.walk import Fail
 
-__all__ = ["Tally", "decision_error", "final_error", "no_route_error"]
+__all__ = [
+    "ADMISSION_REFUSALS",
+    "MAX_ADMISSION_RETRY_AFTER_S",
+    "Tally",
+    "admission_retry_after_s",
+    "decision_error",
+    "final_error",
+    "no_route_error",
+]
 
 
 @dataclass(slots=True)
@@ -55,17 +66,19 @@ def final_error(
     group: str,
     budget_refusal: str,
     failed: tuple[Classification, UpstreamFailure | None] | None,
+    probe_in_ms: Mapping[int, int] | None = None,
 ) -> GatewayError:
     """The error for ``fail``: ``committed``, the stream went to the client already;
     ``candidates``, the last evaluation's; ``budget_refusal``, the books' last refusal of a
     reservation; ``failed``, the classification and failure of the attempt a decision
-    stopped after."""
+    stopped after; ``probe_in_ms``, of the candidates an open breaker refused, how long
+    until it admits a probe (by mapping index)."""
     if committed:
         last = tally.classes[-1] if tally.classes else None
         return stream_broken(last or ev.FailureClass.NETWORK_ERROR)
     match fail.why:
         case "no_route":
-            return no_route_error(candidates, tally, group)
+            return no_route_error(candidates, tally, group, probe_in_ms)
         case "budget_raced":
             return budget_exceeded(budget_refusal)
         case "decision":
@@ -100,8 +113,14 @@ def decision_error(
     )
 
 
-def no_route_error(candidates: tuple[ev.Candidate, ...], tally: Tally, group: str) -> GatewayError:
-    """The error of a request no eligible mapping is left for."""
+def no_route_error(
+    candidates: tuple[ev.Candidate, ...],
+    tally: Tally,
+    group: str,
+    probe_in_ms: Mapping[int, int] | None = None,
+) -> GatewayError:
+    """The error of a request no eligible mapping is left for; ``probe_in_ms`` as
+    :func:`final_error` takes it."""
     reasons = {c.reason_code for c in candidates if not c.eligible}
     if ev.ReasonCode.OVER_BUDGET in reasons:
         return budget_exceeded(
@@ -129,18 +148,51 @@ def no_route_error(candidates: tuple[ev.Candidate, ...], tally: Tally, group: st
             "the upstream refused the credentials of every endpoint left: "
             + _exclusions(candidates, ev.ReasonCode.CREDENTIALS_DISABLED),
         )
-    if ev.ReasonCode.BREAKER_OPEN in reasons and reasons <= {
-        ev.ReasonCode.BREAKER_OPEN,
-        ev.ReasonCode.ALREADY_TRIED,
-    }:
-        return upstream_unavailable(
-            "every candidate endpoint is cooling down after failures (breaker open)",
-            retry_after_s=1,
+    if reasons & ADMISSION_REFUSALS:
+        # Every candidate that could carry the request was refused at admission, before any
+        # upstream I/O: not an upstream failure, and not for good (contract §3).
+        return admission_refused(
+            "every eligible endpoint refused admission before any upstream was called: "
+            + "; ".join(
+                _exclusions(candidates, reason)
+                for reason in sorted(ADMISSION_REFUSALS)
+                if reason in reasons
+            ),
+            retry_after_s=admission_retry_after_s(candidates, probe_in_ms or {}),
         )
     return no_eligible_route(
         f"no endpoint of model group {group!r} can serve this request: "
         + _exclusions(candidates, None)
     )
+
+
+# The exclusions that waiting lifts: an endpoint's breaker admits a probe after its cool-down,
+# a slot frees when an attempt in flight ends. A request whose candidates are all either
+# refused so or excluded for good (capability, region, scope, ...) is answered 503, not 422.
+ADMISSION_REFUSALS: Final = frozenset(
+    {ev.ReasonCode.BREAKER_OPEN, ev.ReasonCode.ENDPOINT_SATURATED}
+)
+MAX_ADMISSION_RETRY_AFTER_S: Final = 30
+
+
+def admission_retry_after_s(
+    candidates: tuple[ev.Candidate, ...], probe_in_ms: Mapping[int, int]
+) -> int:
+    """When a request every candidate refused at admission is worth sending again, in whole
+    seconds from 1 to :data:`MAX_ADMISSION_RETRY_AFTER_S`: the soonest any refused candidate
+    may admit it. A saturated endpoint's slot frees whenever one of its attempts ends, which
+    nothing foresees: at once, so 1 s. An open breaker admits a probe when its cool-down ends
+    (``probe_in_ms``; unknown: at once). The bound keeps a long cool-down from parking a
+    client that an operator's enabling, a reload or another candidate could serve sooner."""
+    waits = [
+        0
+        if c.reason_code is ev.ReasonCode.ENDPOINT_SATURATED
+        else probe_in_ms.get(c.mapping_index, 0)
+        for c in candidates
+        if c.reason_code in ADMISSION_REFUSALS
+    ]
+    soonest_s = math.ceil(min(waits, default=0) / 1000)
+    return min(MAX_ADMISSION_RETRY_AFTER_S, max(1, soonest_s))
 
 
 def _failure_message(

@@ -11,6 +11,7 @@ redirected by a reload), then closes.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import random
@@ -18,6 +19,7 @@ from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
 
 from ledger.apikeys import key_stream
+from ledger.events import FailureClass
 from ledger.store import ANY_VERSION, EventStore
 from ledger.store.db import is_unavailable
 from ledger.store.outage import Outage
@@ -141,6 +143,7 @@ class Gateway:
         """A request's executor, with the ports of this generation and its own budget and
         journal."""
         plan = self._plans[call.model_group]  # the app resolves the model group first
+        call = dataclasses.replace(call, requirements=caller.narrowing(call.requirements))
         ports = self._ports
         budget = RequestBudget(
             self._balances,
@@ -179,15 +182,23 @@ class _RecordedBreakers:
     """The breaker board as the executor's port: every transition a request causes is
     recorded on the ``breaker`` stream, naming the request."""
 
-    __slots__ = ("_board", "_generation", "_store")
+    __slots__ = ("_board", "_generation", "_quota_opened", "_store")
 
     def __init__(self, board: BreakerBoard, store: EventStore, generation: str) -> None:
         self._board = board
         self._store = store
         self._generation = generation
+        self._quota_opened: frozenset[str] = frozenset()
+
+    def quota_opened(self) -> frozenset[str]:
+        return self._quota_opened
 
     def blocked(self, keys: Sequence[BreakerKey]) -> Coroutine[Any, Any, dict[BreakerKey, bool]]:
         return self._board.blocked(keys)
+
+    async def probe_in(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, int | None]:
+        views = await self._board.inspect(keys)
+        return {key: view.probe_in_ms for key, view in views.items()}
 
     async def admit(self, key: BreakerKey, request_id: str) -> Admission:
         admission, transitions = await self._board.admit(key)
@@ -229,6 +240,12 @@ class _RecordedBreakers:
             await self._board.release_probe(key)
 
     async def _record(self, transitions: list[Transition], request_id: str) -> None:
+        for t in transitions:
+            if t.key.scope == "endpoint" and t.to_state == "open":
+                endpoint = t.key.endpoint_id
+                quota = t.failure_class == FailureClass.QUOTA_EXHAUSTED.value
+                opened = self._quota_opened - {endpoint}
+                self._quota_opened = opened | {endpoint} if quota else opened
         settings_for = self._board.settings_for
         events = [
             breaker_transitioned(t, settings_for(t.key), self._generation, request_id)

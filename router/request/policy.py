@@ -16,6 +16,7 @@ from typing import Final, TypeVar
 
 from ledger.events import Requirements
 from router.config import Defaults, ModelGroup
+from router.request.scope import EndpointScope
 from router.request.walk import Target, WalkPolicy
 
 __all__ = ["FirstAnswerTimes", "group_targets", "hedge_p95", "walk_policy"]
@@ -38,6 +39,7 @@ def walk_policy(
     siblings: tuple[Target, ...],
     p95_ms: int | None = None,
     pools: tuple[tuple[str, Defaults], ...] = (),
+    scope: EndpointScope | None = None,
 ) -> WalkPolicy:
     """The walk's policy for one request: ``defaults`` (the group's, ``Config.policy_for``),
     narrowed by ``requirements`` (the caller's headers, the body's server-side effects);
@@ -45,11 +47,28 @@ def walk_policy(
     observed time to a first answer (:meth:`FirstAnswerTimes.p95`), which replaces
     ``hedge.after_ms`` under ``hedge.after_p95``; ``pools``, a composed group's pools and
     their policies, whose hedging holds for the attempts in them (``after_p95`` falls back
-    to ``after_ms`` there: first answers are counted per requested group)."""
+    to ``after_ms`` there: first answers are counted per requested group); ``scope``, the
+    caller's endpoint scope (:func:`router.request.scope.endpoint_scope`), which a resume
+    stays inside too."""
     after_ms, max_ways = _hedging(defaults, requirements, p95_ms)
+    if scope is not None:
+        siblings = tuple(t for t in siblings if t.endpoint in scope.endpoints)
+    # `failover: on_grant`: moving to another endpoint waits for the caller's explicit grant.
+    not_granted = (
+        defaults.failover == "on_grant"
+        and requirements.allow_failover
+        and not requirements.failover_granted
+    )
     return WalkPolicy(
         defaults=defaults,
-        allow_failover=requirements.allow_failover,
+        # A pinned request (X-Waybill-Require-Endpoint) never moves to another endpoint: a
+        # failure that would fail over stops, as X-Waybill-Allow-Failover: false makes it.
+        allow_failover=(
+            requirements.allow_failover
+            and requirements.require_endpoint is None
+            and not not_granted
+        ),
+        failover_not_granted=not_granted,
         allow_unknown_execution=requirements.allow_unknown_execution,
         server_side_effects=requirements.server_side_effects,
         hedge_after_ms=after_ms,

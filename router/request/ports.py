@@ -77,6 +77,11 @@ class Breakers(Protocol):
         """Atomically admit one attempt (the half-open probe is taken here)."""
         ...
 
+    def probe_in(self, keys: Sequence[BreakerKey]) -> Awaitable[Mapping[BreakerKey, int | None]]:
+        """Read-only: for each key whose breaker is open, how long (ms) until it admits a
+        probe; None for one that is not open."""
+        ...
+
     async def succeeded(
         self, keys: Sequence[BreakerKey], duration_ms: int, request_id: str
     ) -> None: ...
@@ -97,6 +102,11 @@ class Breakers(Protocol):
     async def release_probes(self, keys: Sequence[BreakerKey]) -> None:
         """Give back the probe leases of ``keys`` without a verdict (the attempt's outcome
         is one no breaker counts, or it never ran): the next attempt probes at once."""
+        ...
+
+    def quota_opened(self) -> frozenset[str]:
+        """The endpoints whose own breaker an ``insufficient_quota`` opened last (as this
+        process saw it): while that breaker blocks, they are excluded ``quota_exhausted``."""
         ...
 
 

@@ -112,6 +112,7 @@ class Routing:
         "_workspace",
         "admitted_as",
         "candidates",
+        "probe_in_ms",
         "probes",
         "refused",
         "routed",
@@ -143,6 +144,8 @@ class Routing:
         self._slot: str | None = None  # the endpoint slot taken for the route
         self.sequence = 0  # evaluations made
         self.candidates: tuple[ev.Candidate, ...] = ()  # the last evaluation's, if it failed
+        # Of its candidates refused by an open breaker: mapping index → ms until a probe.
+        self.probe_in_ms: dict[int, int] = {}
         self.routed: AttemptRoute | None = None  # the route the walk's next start takes
         self.admitted_as = "closed"  # the breakers' admission of it
         self.probes: tuple[BreakerKey, ...] = ()  # the breakers whose probe it holds
@@ -154,7 +157,8 @@ class Routing:
         ports, plan, journal = self._ports, self._plan, self._journal
         while True:
             group, candidates = await self._evaluate(action)
-            choice = select(candidates, ports.rr, self._workspace.id, group)
+            prefer = self._requirements.prefer_endpoint
+            choice = select(candidates, ports.rr, self._workspace.id, group, prefer)
             self.sequence += 1
             journal.queue(
                 route_evaluated(
@@ -171,6 +175,7 @@ class Routing:
                 if over and action.purpose != "hedge":
                     journal.queue(self._budget.denied_candidate(over[0]))
                 self.candidates = candidates
+                self.probe_in_ms = await self._probe_in(candidates)
                 return Unroutable()
             mapping = group.mappings[choice.mapping_index]
             if await self._acquire(choice.mapping_index, mapping):
@@ -189,7 +194,8 @@ class Routing:
             # A failed attempt's hold was just released or kept: the balances this
             # evaluation reads must include that.
             await journal.flush()
-        breaker_open = self._breaker_lookup(await ports.breakers.blocked(plan.breaker_keys))
+        blocked = await ports.breakers.blocked(plan.breaker_keys)
+        breaker_open = self._breaker_lookup(blocked)
         saturated = await self._saturation_lookup()
         latencies = None
         if plan.observes_latency:
@@ -218,6 +224,7 @@ class Routing:
             first_content_p95=ports.first_answers.place_p95s(
                 plan.places, self._requirements.stream
             ),
+            quota_exhausted=_quota_lookup(ports.breakers.quota_opened(), blocked),
         )
         return group, candidates
 
@@ -314,6 +321,25 @@ class Routing:
         self._slot = slot
         return True
 
+    async def _probe_in(self, candidates: tuple[ev.Candidate, ...]) -> dict[int, int]:
+        """For each candidate an open breaker refused, how long until both its breakers admit
+        a probe (for the answer's ``Retry-After``); read only when nothing is eligible."""
+        refused = [
+            c.mapping_index for c in candidates if c.reason_code is ev.ReasonCode.BREAKER_OPEN
+        ]
+        if not refused:
+            return {}
+        plan = self._plan
+        keys = [key for i in refused for key in (plan.endpoint_keys[i], plan.mapping_keys[i])]
+        waits = await self._ports.breakers.probe_in(keys)
+        return {
+            i: max(
+                waits.get(plan.endpoint_keys[i]) or 0,
+                waits.get(plan.mapping_keys[i]) or 0,
+            )
+            for i in refused
+        }
+
     def _breaker_lookup(
         self, blocked: Mapping[BreakerKey, bool]
     ) -> Callable[[str, ModelMapping], str | None]:
@@ -349,3 +375,17 @@ class Routing:
         self.admitted_as = "probe:" + scopes if probes else "closed"
         self.probes = tuple(probes)
         return True
+
+
+def _quota_lookup(
+    opened: frozenset[str], blocked: Mapping[BreakerKey, bool]
+) -> Callable[[str], str | None]:
+    """An endpoint whose breaker an insufficient_quota opened is excluded ``quota_exhausted``
+    until that breaker's cool-down passes (contract §4 "Quota failover")."""
+
+    def quota_exhausted(endpoint_id: str) -> str | None:
+        if endpoint_id in opened and blocked.get(BreakerKey.endpoint(endpoint_id)):
+            return f"{endpoint_id} answered insufficient_quota; its breaker is cooling down"
+        return None
+
+    return quota_exhausted

@@ -26,6 +26,7 @@ from ledger.events import (
     retention_rank,
 )
 from router.config import Config, Endpoint, Mapping, ModelGroup, Workspace
+from router.request.scope import EndpointScope, endpoint_scope
 from router.request.worst_case import input_tokens, output_tokens, unpriced, worst_case_cost
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "BreakerOpen",
     "CredentialsDisabled",
     "OverBudget",
+    "QuotaExhausted",
     "RouteContext",
     "Saturated",
     "Scope",
@@ -59,6 +61,10 @@ OverBudget: TypeAlias = Callable[[Decimal], "str | None"]
 CredentialsDisabled: TypeAlias = Callable[[str], "str | None"]
 """endpoint id → None unless a credentials failure disabled it, else what was refused."""
 
+QuotaExhausted: TypeAlias = Callable[[str], "str | None"]
+"""endpoint id → None unless an earlier request found its quota exhausted and its breaker is
+still cooling down, else what happened."""
+
 
 # --- the request's policy scope ----------------------------------------------------------
 
@@ -70,10 +76,14 @@ class Scope:
     regions: frozenset[str]
     data_class: DataClass
     empty: str | None = None  # the narrowing that came out empty, e.g. "regions"
+    endpoints: EndpointScope | None = None  # the caller's endpoint scope; None: unnarrowed
 
 
-def effective_scope(workspace: Workspace, requirements: Requirements) -> Scope:
-    """The workspace's regions narrowed by the request's; the request's data class.
+def effective_scope(
+    workspace: Workspace, requirements: Requirements, endpoints: EndpointScope | None = None
+) -> Scope:
+    """The workspace's regions narrowed by the request's; the request's data class; the
+    caller's endpoint scope (:func:`router.request.scope.endpoint_scope`).
 
     A narrowing that leaves nothing is marked ``empty``, never read as "unrestricted".
     """
@@ -83,7 +93,12 @@ def effective_scope(workspace: Workspace, requirements: Requirements) -> Scope:
     # The app raises the class to the workspace's already; taking the higher one again here
     # keeps contract §2's "a request may raise its workspace's class, never lower it" local.
     data_class = max(workspace.data_class, requirements.data_class, key=data_class_rank)
-    return Scope(regions=regions, data_class=data_class, empty=None if regions else "regions")
+    empty = None
+    if not regions:
+        empty = "regions"
+    elif endpoints is not None and not endpoints.endpoints:
+        empty = "endpoints"
+    return Scope(regions=regions, data_class=data_class, empty=empty, endpoints=endpoints)
 
 
 @dataclass(frozen=True)
@@ -94,6 +109,9 @@ class RouteContext:
     larger_context_than: int | None = None  # after context_too_small: only larger windows
     excluded_models: frozenset[str] = frozenset()  # upstream models never tried again
     remaining_ms: int | None = None  # of the request's deadline, when this evaluation runs
+    # Endpoints whose provider account answered insufficient_quota in this request (a quota
+    # failover, contract §4 "Quota failover"): no endpoint of those accounts is entered again.
+    quota_exhausted: frozenset[str] = frozenset()
 
 
 # --- eligibility ---------------------------------------------------------------------------
@@ -109,6 +127,7 @@ class _Subject:
     requirements: Requirements
     scope: Scope
     context: RouteContext
+    exhausted_accounts: AbcMapping[str, str]  # account → an endpoint that ran out on it
     unpriced: str | None  # the dimensions the mapping has no price for
     worst_case_usd: Decimal | None  # None while something is unpriced
     first_content_p95_ms: int | None  # the mapping's measured p95; None: unmeasured
@@ -116,6 +135,7 @@ class _Subject:
     saturated: Saturated | None
     over_budget: OverBudget | None
     credentials_disabled: CredentialsDisabled | None
+    quota_exhausted: QuotaExhausted | None
 
 
 def _endpoint_disabled(s: _Subject) -> str | None:
@@ -128,6 +148,16 @@ def _model_kind_mismatch(s: _Subject) -> str | None:
     return f"group kind {s.group.kind} != requested {s.requirements.kind}"
 
 
+def _quota_exhausted(s: _Subject) -> str | None:
+    exhausted = s.exhausted_accounts.get(s.endpoint.account)
+    if exhausted is None:
+        # An earlier request's: until the endpoint's breaker, opened by it, cools down.
+        return None if s.quota_exhausted is None else s.quota_exhausted(s.endpoint.id)
+    if exhausted == s.endpoint.id:
+        return f"{exhausted} answered insufficient_quota"
+    return f"same provider account as {exhausted}, which answered insufficient_quota"
+
+
 def _already_tried(s: _Subject) -> str | None:
     if s.endpoint.id in s.context.tried_endpoints:
         return f"failed over from {s.endpoint.id}"
@@ -136,6 +166,10 @@ def _already_tried(s: _Subject) -> str | None:
 
 def _scope_empty(s: _Subject) -> str | None:
     return s.scope.empty
+
+
+def _out_of_scope(s: _Subject) -> str | None:
+    return None if s.scope.endpoints is None else s.scope.endpoints.excluded_by(s.endpoint.id)
 
 
 def _region_not_allowed(s: _Subject) -> str | None:
@@ -229,8 +263,10 @@ _Check: TypeAlias = Callable[[_Subject], "str | None"]
 _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.ENDPOINT_DISABLED, _endpoint_disabled),
     (ReasonCode.MODEL_KIND_MISMATCH, _model_kind_mismatch),
+    (ReasonCode.QUOTA_EXHAUSTED, _quota_exhausted),
     (ReasonCode.ALREADY_TRIED, _already_tried),
     (ReasonCode.SCOPE_EMPTY, _scope_empty),
+    (ReasonCode.OUT_OF_SCOPE, _out_of_scope),
     (ReasonCode.REGION_NOT_ALLOWED, _region_not_allowed),
     (ReasonCode.DATA_CLASS_NOT_ALLOWED, _data_class_not_allowed),
     (ReasonCode.RETENTION_EXCEEDED, _retention_exceeded),
@@ -262,6 +298,7 @@ def evaluate(
     saturated: Saturated | None = None,
     credentials_disabled: CredentialsDisabled | None = None,
     first_content_p95: AbcMapping[tuple[str, str], int] | None = None,
+    quota_exhausted: QuotaExhausted | None = None,
 ) -> tuple[Candidate, ...]:
     """One candidate per mapping of ``group``, in mapping order: eligible, or excluded with
     the reason code of the first failing check in :data:`CHECK_ORDER`. ``latencies``: each
@@ -274,7 +311,8 @@ def evaluate(
     most once per mapping, in mapping order, and only for a mapping that passed every check
     before theirs.
     """
-    scope = effective_scope(workspace, requirements)
+    scope = effective_scope(workspace, requirements, endpoint_scope(config, group, requirements))
+    exhausted_accounts = _exhausted_accounts(config, context)
     candidates = []
     for index, mapping in enumerate(group.mappings):
         endpoint = config.endpoint(mapping.endpoint)
@@ -292,6 +330,7 @@ def evaluate(
             requirements=requirements,
             scope=scope,
             context=context,
+            exhausted_accounts=exhausted_accounts,
             unpriced=missing,
             worst_case_usd=None
             if missing is not None
@@ -303,6 +342,7 @@ def evaluate(
             saturated=saturated,
             over_budget=over_budget,
             credentials_disabled=credentials_disabled,
+            quota_exhausted=quota_exhausted,
         )
         reason, detail = _first_failure(subject)
         candidates.append(
@@ -320,6 +360,16 @@ def evaluate(
             )
         )
     return tuple(candidates)
+
+
+def _exhausted_accounts(config: Config, context: RouteContext) -> dict[str, str]:
+    """The provider accounts this request found out of quota, each with its endpoint."""
+    accounts: dict[str, str] = {}
+    for endpoint_id in sorted(context.quota_exhausted):
+        endpoint = config.endpoint(endpoint_id)
+        if endpoint is not None:
+            accounts.setdefault(endpoint.account, endpoint_id)
+    return accounts
 
 
 def _latency(latencies: AbcMapping[tuple[str, str], float] | None, mapping: Mapping) -> int | None:
@@ -392,9 +442,12 @@ def select(
     rr: WeightedRoundRobin,
     workspace_id: str,
     group: ModelGroup,
+    prefer: str | None = None,
 ) -> RouteChoice | None:
     """The lowest tier with an eligible candidate, then the group's strategy inside it; None
-    if none is eligible.
+    if none is eligible. ``prefer``: the caller's X-Waybill-Prefer-Endpoint, chosen ahead of
+    tier and strategy when one of its mappings is eligible (its lowest tier, then its first
+    mapping), and overruled when none is.
 
     ``weighted``: smooth weighted round-robin over the tier. ``least_cost``: the candidates
     with the lowest worst-case cost for this request. ``least_latency``: the candidates not
@@ -404,6 +457,19 @@ def select(
     eligible = [c for c in candidates if c.eligible]
     if not eligible:
         return None
+    preferred = [c for c in eligible if c.endpoint == prefer]
+    if preferred:
+        # The caller chose among what is eligible; the round-robin is not consulted.
+        chosen = min(preferred, key=lambda c: (c.tier, c.mapping_index))
+        return RouteChoice(
+            endpoint=chosen.endpoint,
+            model=chosen.model,
+            mapping_index=chosen.mapping_index,
+            tier=chosen.tier,
+            weight=chosen.weight,
+            selection_position=0,
+            preferred=True,
+        )
     # contract §4: a lower tier is never chosen while a higher-priority one has a candidate.
     tier = min(c.tier for c in eligible)
     pool = _best_by_strategy([c for c in eligible if c.tier == tier], group.strategy)

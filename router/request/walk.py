@@ -89,6 +89,9 @@ __all__ = [
 ]
 
 MAX_BUDGET_RACES: Final = 5  # reservations lost to concurrent requests before giving up
+# Stops that forbid moving to another endpoint, not going on: a broken stream may still be
+# resumed on its own mapping.
+_MOVE_FORBIDDEN: Final = ("failover_forbidden_by_header", "failover_not_granted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +101,8 @@ class WalkPolicy:
 
     defaults: Defaults
     allow_failover: bool = True
+    # allow_failover is False only because the group's `failover: on_grant` got no grant.
+    failover_not_granted: bool = False
     allow_unknown_execution: bool = False
     server_side_effects: bool = False
     hedge_after_ms: int | None = None  # None: this request is never hedged
@@ -386,6 +391,7 @@ def _outcome(walk: Walk, way: _Way, failed: Failed) -> AttemptOutcome:
         retries_on_endpoint=walk.retries_on(way.target.endpoint),
         remaining_ms=failed.remaining_ms,
         allow_failover=policy.allow_failover,
+        failover_not_granted=policy.failover_not_granted,
         allow_unknown_execution=policy.allow_unknown_execution,
         server_side_effects=policy.server_side_effects,
         breaker_opened=failed.breaker_opened,
@@ -395,7 +401,7 @@ def _outcome(walk: Walk, way: _Way, failed: Failed) -> AttemptOutcome:
 def _after_broken_stream(walk: Walk, way: _Way, failed: Failed, decision: Decision) -> Step:
     """A committed stream broke: resume it on the same upstream model, or end it."""
     stop = Decision("stop", "stream_committed")
-    if decision.action == "stop" and decision.reason != "failover_forbidden_by_header":
+    if decision.action == "stop" and decision.reason not in _MOVE_FORBIDDEN:
         stop = decision  # the request's limits (deadline, attempts, strictness) hold
     elif failed.resumable and failed.delivered_chars > 0:
         walk = evolve(

@@ -453,7 +453,7 @@ ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "models[0].policy.max_attempt: unknown key; a model group's policy takes the keys of "
         "defaults: max_attempts, deadline_ms, attempt_timeout_ms, first_token_timeout_ms, "
         "stream_idle_timeout_ms, retry_same_endpoint, on_credentials_error, "
-        "on_unknown_execution, on_invalid_output, hedge",
+        "on_unknown_execution, on_invalid_output, hedge, failover, on_quota_exhausted",
     ),
     (
         "group_policy_breaker",
@@ -465,6 +465,21 @@ ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "group_policy_bad_value",
         lambda d: d["models"][0].update(policy={"on_unknown_execution": "halt"}),
         "models[0].policy.on_unknown_execution: must be 'failover' or 'stop'",
+    ),
+    (
+        "group_policy_bad_failover",
+        lambda d: d["models"][0].update(policy={"failover": "granted"}),
+        "models[0].policy.failover: must be 'allowed' or 'on_grant'",
+    ),
+    (
+        "group_policy_bad_on_quota_exhausted",
+        lambda d: d["models"][0].update(policy={"on_quota_exhausted": "retry"}),
+        "models[0].policy.on_quota_exhausted: must be 'stop' or 'failover'",
+    ),
+    (
+        "defaults_bad_failover",
+        lambda d: d.update(defaults={"failover": True}),
+        "defaults.failover: must be 'allowed' or 'on_grant'",
     ),
     (
         "group_policy_zero_deadline",

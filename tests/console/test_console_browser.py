@@ -105,3 +105,66 @@ async def test_a_client_key_is_refused_at_sign_in_and_an_auditor_cannot_settle(
                 headers={"Authorization": f"Bearer {t.secrets['admin']}"},
             )
         assert len(still.json()["data"]) == 1
+
+
+async def test_a_late_settlement_is_a_mark_past_a_break_and_sub_cent_ticks_read(
+    sqlite_url: str, chromium: Any
+) -> None:
+    import dataclasses
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from ledger.views.explain import explain
+    from router.http.console.charts import Bar, bar_chart, timeline_chart
+    from router.http.console.timeline import timeline
+
+    async with traffic(sqlite_url) as t:
+        async with httpx.AsyncClient(base_url=t.gateway.url) as api:
+            listed = await api.get(
+                "/v1/settlements/unknown",
+                headers={"Authorization": f"Bearer {t.secrets['admin']}"},
+            )
+            settled = await api.post(
+                f"/v1/settlements/unknown/{listed.json()['data'][0]['settlement_id']}",
+                json={"settled_usd": "0.000042", "reason": "invoice"},
+                headers={"Authorization": f"Bearer {t.secrets['admin']}"},
+            )
+            assert settled.status_code == 200, settled.text
+        trail = await t.gateway.events(t.unknown)
+    # The settlement as a reconciliation would record it, 55 s after the request came in.
+    received = trail[0].recorded_at
+    trail = [
+        dataclasses.replace(e, recorded_at=received + timedelta(seconds=55))
+        if e.type == "UnknownUsageSettled"
+        else e
+        for e in trail
+    ]
+    steps = timeline(explain(trail), trail)
+    assert steps.total_ms < 55_000 and [m.label for m in steps.late] == ["unknown usage settled"]
+    svg = timeline_chart("the attempts in time", steps.bars, steps.total_ms, steps.late)
+    costs = [Bar(f"2026-12-0{d}", Decimal(f"0.00000{d}"), "") for d in range(1, 4)]
+    spend = bar_chart("settled cost per day (USD)", costs, usd=True)
+
+    page = await (await chromium.new_context(java_script_enabled=False)).new_page()
+    await page.set_content(f"<html><body style='width:1100px'>{svg}{spend}</body></html>")
+    charts = page.locator("svg.chart")
+    bars = (
+        await charts.nth(0)
+        .locator("rect")
+        .evaluate_all(
+            "rs => rs.map(r => { const b = r.getBoundingClientRect(); return [b.left, b.right]; })"
+        )
+    )
+    mark = await charts.nth(0).locator(".late-mark").bounding_box()
+    rule = await charts.nth(0).locator(".axis-break").bounding_box()
+    assert mark is not None and rule is not None
+    # The attempts fill the axis (not squeezed into its left edge); the late settlement is
+    # drawn after the break, beyond them.
+    first_left = min(left for left, _ in bars)
+    last_right = max(right for _, right in bars)
+    assert last_right - first_left > 0.5 * (rule["x"] - first_left)
+    assert last_right <= rule["x"] < mark["x"]
+    assert "+55.0 s" in (await charts.nth(0).text_content() or "")
+    ticks = await charts.nth(1).locator("text").all_text_contents()
+    dollars = [tick for tick in ticks if tick.startswith("$")]
+    assert len(set(dollars)) == 3 and "$0.00" not in dollars, dollars

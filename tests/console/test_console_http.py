@@ -3,7 +3,9 @@ end with their key, and every page narrowed to what the key may read over the AP
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import httpx
 import orjson
@@ -13,6 +15,9 @@ from router.fake_provider import Behavior
 from router.http.console.sessions import secret_from
 from tests.console.support import browser, csrf_token, sign_in, traffic
 from tests.gateway.harness import Route, running_gateway
+from tests.ledger.test_cli import waybill
+
+REPORTS = Path(__file__).parents[1] / "ledger" / "reports"
 
 
 def _api(secret: str) -> dict[str, str]:
@@ -309,3 +314,41 @@ async def test_health_shows_an_endpoint_a_refused_key_disabled(sqlite_url: str) 
         await sign_in(http, t.secrets["admin"])
         board = (await http.get("/console/health")).text
         assert "key refused (401" in board and "waybill endpoints enable west" in board
+
+
+async def test_a_finance_key_reads_its_workspaces_reconciliations_imported_by_the_cli(
+    database_url: str, tmp_path: Path
+) -> None:
+    async with traffic(database_url) as t, browser(t.gateway) as http:
+        attempt = await _unknown_attempt(t.gateway.url, t.secrets["admin"])
+        export = tmp_path / "usage.csv"
+        export.write_text(
+            "attempt_id,provider_request_id,model,input_tokens,output_tokens,cost_usd,timestamp\n"
+            f"{attempt},,fake-model,10,5,0.000050,2026-11-30T12:00:00Z\n"
+        )
+
+        def imported(*scope: str) -> str:
+            ran = waybill("reconcile", str(export), *scope, "--json", database_url=database_url)
+            assert ran.returncode == 0, ran.stderr
+            return str(json.loads(ran.stdout)["id"])
+
+        everyone = imported()  # every workspace's: an admin's to read
+        acme = imported("--workspace", "acme")  # what acme's finance key would import
+        other = imported("--workspace", "other")
+
+        await sign_in(http, t.secrets["finance"])
+        listed = (await http.get("/console/reconciliations")).text
+        assert acme in listed and everyone not in listed and other not in listed
+        assert "--workspace acme" in listed  # the page says how the CLI imports for it
+        report = await http.get(f"/console/reconciliations/{acme}")
+        assert report.status_code == 200 and attempt in report.text
+        assert (await http.get(f"/console/reconciliations/{everyone}")).status_code == 404
+
+    refused = waybill(
+        "reconcile",
+        str(REPORTS / "openai-usage.json"),
+        "--workspace",
+        "acme",
+        database_url=database_url,
+    )
+    assert refused.returncode == 1 and "spans every one" in refused.stderr

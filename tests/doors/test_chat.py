@@ -104,6 +104,15 @@ def test_a_bad_retention_header_is_a_400_naming_it(value: str) -> None:
 
 
 @pytest.mark.parametrize(
+    ("value", "granted"),
+    [(None, False), ("true", True), ("yes", True), ("unknown", True), ("false", False)],
+)
+def test_only_a_header_that_allows_failover_grants_it(value: str | None, granted: bool) -> None:
+    headers = {} if value is None else {"x-waybill-allow-failover": value}
+    assert _requirements(headers).failover_granted is granted
+
+
+@pytest.mark.parametrize(
     "body",
     [
         {"tools": [{"type": "web_search"}]},
@@ -201,3 +210,35 @@ def test_forcing_a_function_the_request_does_not_declare_is_a_400(
 )
 def test_a_choice_of_a_declared_function_or_a_mode_passes(fields: dict[str, Any]) -> None:
     assert parse_body(_body(**fields)).body["model"] == "chat"
+
+
+def test_the_endpoint_headers_reach_the_requirements() -> None:
+    requirements = _requirements(
+        {
+            "x-waybill-endpoints": "west, provider:anthropic,west",
+            "x-waybill-prefer-endpoint": " west ",
+            "x-waybill-require-endpoint": "east",
+        }
+    )
+    assert requirements.endpoints == ("provider:anthropic", "west")
+    assert (requirements.prefer_endpoint, requirements.require_endpoint) == ("west", "east")
+    unnarrowed = _requirements()
+    assert (unnarrowed.endpoints, unnarrowed.prefer_endpoint, unnarrowed.require_endpoint) == (
+        None,
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("X-Waybill-Endpoints", " , "),
+        ("X-Waybill-Prefer-Endpoint", " "),
+        ("X-Waybill-Require-Endpoint", ""),
+    ],
+)
+def test_an_endpoint_header_naming_nothing_is_a_400_naming_it(name: str, value: str) -> None:
+    with pytest.raises(GatewayError) as caught:
+        read_headers({name.lower(): value})
+    assert (caught.value.status, caught.value.param) == (400, name)

@@ -108,3 +108,12 @@ def test_integers_written_as_json_floats_are_integers():
     assert parse(input=[7.0, 8.0]).input_count == 1
     assert refused(input=[[5.5]]).param == "input[0]"
     assert refused(input="x", dimensions=2.5).param == "dimensions"
+
+
+def test_the_endpoint_headers_narrow_an_embeddings_request_too():
+    headers = read_headers(
+        {"x-waybill-endpoints": "provider:openai", "x-waybill-require-endpoint": "east"}
+    )
+    requirements = parse(input="hi").requirements(WORKSPACE, headers)
+    assert requirements.endpoints == ("provider:openai",)
+    assert requirements.require_endpoint == "east"

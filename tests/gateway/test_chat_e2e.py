@@ -4,6 +4,7 @@ ledger on SQLite and on PostgreSQL."""
 from __future__ import annotations
 
 from decimal import Decimal
+from importlib.metadata import version
 from typing import Any
 
 import openai
@@ -333,9 +334,16 @@ async def test_models_lists_the_groups_the_key_may_call(database_url):
 
 async def test_health_and_readiness(database_url):
     async with running_gateway(database_url, ["east"], [Route("east")]) as gw, gw.http() as http:
-        assert (await http.get("/healthz")).json() == {"status": "ok"}
+        alive = (await http.get("/healthz")).json()
         ready = await http.get("/readyz", headers={"Authorization": ""})
         assert ready.status_code == 200 and ready.json()["status"] == "ready"
+        # Liveness names the release and the schema its code migrates to, which a migrated
+        # database (readiness) is at.
+        assert alive == {
+            "status": "ok",
+            "version": version("waybill"),
+            "schema": ready.json()["migration"],
+        }
 
 
 async def test_anthropic_endpoint_buffered_and_streamed(database_url):

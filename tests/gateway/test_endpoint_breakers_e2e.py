@@ -42,7 +42,10 @@ async def test_an_endpoint_breaker_of_its_own_opens_at_its_threshold_and_another
         # The first request opens east after its one failure and fails over to west;
         # west takes three requests to open; the fourth finds both open.
         assert (east.hits, west.hits) == (1, 3)
-        assert response.headers["retry-after"] == "1"
+        # Nothing was sent for the fourth: a retry is worth it once a breaker admits its
+        # probe, a minute away, and Retry-After is bounded (contract §3).
+        assert response.headers["retry-after"] == "30"
+        assert response.headers["x-should-retry"] == "true"
         transitions = [e.data for e in await gw.store.read_stream("breaker")]
         assert [{k: t[k] for k in _RECORDED} for t in transitions] == [
             _opened("east", consecutive_failures=1),  # its own threshold, 1

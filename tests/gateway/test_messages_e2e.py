@@ -289,7 +289,9 @@ def error_of(raised: pytest.ExceptionInfo[anthropic.APIStatusError]) -> dict[str
 
 async def test_each_error_in_anthropics_shape_with_waybills_code(database_url):
     # (upstream plan, SDK class, status, Anthropic type, Waybill code, request fields), in
-    # an order no breaker interferes with (the upstream's failures come last).
+    # an order no breaker interferes with (the upstream's failures come last, the 429 last
+    # of all: it opens the endpoint's breaker at once, and a request that breaker refuses
+    # never reaches the upstream, a retryable 503 of its own).
     cases: list[tuple[Any, type[anthropic.APIStatusError], int, str, str, dict[str, Any]]] = [
         (None, anthropic.BadRequestError, 400, "invalid_request_error", "invalid_request",
          {"max_tokens": 0}),
@@ -297,10 +299,10 @@ async def test_each_error_in_anthropics_shape_with_waybills_code(database_url):
          {"model": "nope"}),
         ([Behavior(Kind.CONTENT_POLICY)], anthropic.InternalServerError, 502, "api_error",
          "upstream_policy_denied", {}),
-        ([Behavior.rate_limited(retry_after=1)], anthropic.RateLimitError, 429,
-         "rate_limit_error", "upstream_rate_limited", {}),
         ([Behavior.server_error(503)], anthropic.OverloadedError, 529, "overloaded_error",
          "upstream_unavailable", {}),
+        ([Behavior.rate_limited(retry_after=1)], anthropic.RateLimitError, 429,
+         "rate_limit_error", "upstream_rate_limited", {}),
     ]  # fmt: skip
     async with door(database_url, "anthropic") as (gw, client):
         # The key: 401, in x-api-key or as a Bearer token.

@@ -393,6 +393,8 @@ def test_the_reconcile_cli_prints_the_report(tmp_path: Path, sqlite_url: str) ->
     assert rows[0] == "list,line,attempt_id,provider_request_id,expected_usd,provider_usd,detail"
     assert len(rows) == 1 + sum(len(report[k]) for k in report if isinstance(report[k], list))
     assert sum(r.startswith("settled_unknown,") for r in rows) == 1
+    # Saved to a file, the CSV leaves the terminal the id `reconcile show` needs.
+    assert f"reconciliation {report['id']}" in as_csv.stderr
     both = waybill("reconcile", str(export), "--json", "-o", "csv", database_url=sqlite_url)
     assert both.returncode == 1 and "choose one" in both.stderr
     named = waybill(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 from tests.gateway.harness import ANTHROPIC_ENV, closed_port
 from tests.gateway.processes import serve_process
 from tests.helpers import ledger_events
-from tests.ledger.test_cli import waybill
+from tests.ledger.test_cli import WAYBILL, waybill
 
 
 def test_demo_check_serves_a_buffered_and_a_streamed_request(tmp_path: Path) -> None:
@@ -341,11 +342,40 @@ def test_a_port_in_use_is_one_line_before_any_banner(tmp_path: Path) -> None:
     assert "curl" not in demo.stdout and "demo client key" not in demo.stdout
 
 
-def test_the_demos_examples_paste_and_run_as_printed(tmp_path: Path) -> None:
-    import subprocess
+def _waybill_in(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`waybill ARGS` run in FOLDER, as a newcomer would: no database URL in the environment."""
+    env = {k: v for k, v in os.environ.items() if k != "WAYBILL_DATABASE_URL"}
+    return subprocess.run(
+        [*WAYBILL, *args],
+        env={**env, "COLUMNS": "200", "PYTHONPATH": str(Path.cwd())},
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
-    url = f"sqlite:///{tmp_path / 'demo.db'}"
-    result = waybill("demo", "--check", "--port", str(closed_port()), database_url=url)
+
+def test_demo_check_leaves_no_ledger_in_the_current_folder(tmp_path: Path) -> None:
+    result = _waybill_in(tmp_path, "demo", "--check", "--port", str(closed_port()))
+    assert result.returncode == 0, result.stderr
+    assert "buffered: 200 via demo-primary" in result.stdout
+    assert "ledger at a temporary file" in result.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_demos_examples_paste_and_run_as_printed(tmp_path: Path) -> None:
+    # The demo is given its ledger by a path relative to the folder it runs in...
+    (tmp_path / "here").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    result = _waybill_in(
+        tmp_path / "here",
+        "demo",
+        "--check",
+        "--port",
+        str(closed_port()),
+        "--database-url",
+        "sqlite:///demo.db",
+    )
     assert result.returncode == 0, result.stderr
     printed = result.stdout
     start = printed.index("<<'PY'")
@@ -355,15 +385,20 @@ def test_the_demos_examples_paste_and_run_as_printed(tmp_path: Path) -> None:
     compile(script, "<demo example>", "exec")  # valid Python as printed
     assert command_line.split()[0].endswith(("python", "python3", "python3.11"))
     assert "curl -s http" in printed and not printed.split("curl -s")[0].endswith(" ")
+    # ... and the verify line it prints works from another folder.
     verify = printed[printed.index("Then: `") + 7 :].split("`")[0]
+    assert f"sqlite:///{tmp_path / 'here' / 'demo.db'}" in verify
+    env = {k: v for k, v in os.environ.items() if k != "WAYBILL_DATABASE_URL"}
     ran = subprocess.run(
         verify.split(),
-        env={"WAYBILL_DATABASE_URL": url},
+        env=env,
+        cwd=tmp_path / "elsewhere",
         capture_output=True,
         text=True,
         timeout=60,
     )
-    assert ran.returncode == 0 and "ledger OK" in ran.stdout
+    assert ran.returncode == 0 and "ledger OK" in ran.stdout, ran.stderr
+    assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
 def test_serve_defaults_to_the_measured_capacity() -> None:

@@ -17,7 +17,7 @@ from ledger.views.projection import ProjectionRunner
 from router.fake_provider import Behavior
 from tests.gateway.harness import Gateway, Route, running_gateway
 from tests.helpers import eventually
-from tests.ledger.test_cli import waybill
+from tests.ledger.test_cli import waybill, waybill_in_terminal
 
 D = Decimal
 BODY: dict[str, Any] = {
@@ -201,6 +201,17 @@ def test_spend_and_settle_cli(tmp_path: Any, sqlite_url: str) -> None:
 
     rows = {r["endpoint"]: r for r in json.loads(report.stdout)["data"]}
     assert rows["east"]["attempts"] == 3
+
+    # In an 80-column terminal every amount is whole, however many keys the rows carry, and
+    # a column of nothing but zeros (no overrun here) is left out.
+    grouped = ("--group-by", "day,key,model,endpoint,upstream_model")
+    shown = waybill_in_terminal("spend", *grouped, database_url=sqlite_url)
+    detailed = waybill("spend", *grouped, "--format", "json", database_url=sqlite_url)
+    assert all(len(line) <= 80 for line in shown.splitlines()), shown
+    assert "…" not in shown and "overrun" not in shown and "amounts in USD" in shown
+    for row in json.loads(detailed.stdout)["data"]:
+        for column in ("settled_usd", "held_unknown_usd"):
+            assert format(Decimal(row[column]).normalize(), "f") in shown, (column, shown)
     as_csv = waybill(
         "spend", "--group-by", "day,endpoint", "--format", "csv", database_url=sqlite_url
     )

@@ -60,3 +60,19 @@ async def test_the_cache_drops_the_least_recently_used_key_first(
 
 async def test_an_unknown_secret_is_not_a_key(store: EventStore) -> None:
     assert await KeyCache(store).find("wb_nope") == (None, False)
+
+
+async def test_a_keys_endpoint_scope_is_read_with_it_and_listed(store: EventStore) -> None:
+    scoped = await apikeys.create_key(store, "acme", endpoints=("east", "provider:anthropic"))
+    plain = await apikeys.create_key(store, "acme", "finance")
+    key = await apikeys.find_key(store, scoped.secret)
+    assert key is not None and key.endpoints == ("east", "provider:anthropic")
+    unscoped = await apikeys.find_key(store, plain.secret)
+    assert unscoped is not None and unscoped.endpoints is None
+    listed = await apikeys.list_keys(store, "acme")
+    assert {k.key_id: k.endpoints for k in listed} == {
+        scoped.key_id: ("east", "provider:anthropic"),
+        plain.key_id: None,
+    }
+    assert all(k.created_at.tzinfo is not None for k in listed)
+    assert await apikeys.list_keys(store, "other") == []

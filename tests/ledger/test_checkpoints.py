@@ -483,3 +483,40 @@ def test_a_sinks_checkpoint_is_found_without_reading_every_day_file(tmp_path: Pa
     assert size(None) == 20  # the unfinished line is passed over
     assert [size(s) for s in (5, 9, 12, 20)] == [5, 9, 12, 20]
     assert find_checkpoint(tmp_path, 10) is None and find_checkpoint(tmp_path, 21) is None
+
+
+async def test_the_readmes_checkpoint_walkthrough_runs_as_written(
+    database_url: str, store: EventStore, tmp_path: Path
+) -> None:
+    # README "Tamper evidence": keygen, a checkpoint into a folder that does not exist yet
+    # (its parents neither), verify, prove, verify-proof, each line as the README gives it.
+    await _requests(store, 0, 3)
+    keys, sink = tmp_path / "keys", tmp_path / "mnt" / "worm" / "waybill"
+    made = waybill("checkpoint", "keygen", "--out", str(keys), database_url=database_url)
+    assert made.returncode == 0, made.stderr
+    (private,) = keys.glob("checkpoint-*.key")
+    (public,) = keys.glob("checkpoint-*.pub")
+    taken = waybill(
+        "checkpoint", "--signing-key", str(private), "--out", str(sink), database_url=database_url
+    )
+    assert taken.returncode == 0, taken.stderr
+    assert _verify(database_url, sink, public)[0] == 0
+    proved = waybill(
+        "prove",
+        "r1",
+        "--checkpoints",
+        str(sink),
+        "--signing-key",
+        str(private),
+        database_url=database_url,
+    )
+    assert proved.returncode == 0, proved.stderr
+    proof = tmp_path / "proof.json"
+    proof.write_text(proved.stdout)
+    checked = waybill("verify-proof", str(proof), "--public-key", str(public), database_url="x://")
+    assert checked.returncode == 0 and "proof OK: request r1" in checked.stdout, checked.stderr
+
+    # The README's lines name the key files by the same folder each time.
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = readme[readme.index("waybill checkpoint keygen --out keys") :].split("```")[0]
+    assert "keys/checkpoint-<id>.pub" in block.split("verify-proof")[1].splitlines()[0]

@@ -6,11 +6,12 @@ import json
 import os
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from ledger.store.db import sync_url
+from ledger.store.db import head_revision, sync_url
 from ledger.store.stored import payloads_of
 from tests.ledger.tamper import Stored, edit_ledger
 
@@ -41,8 +42,9 @@ def test_migrate_verify_keys_replay_round_trip(empty_database_url: str) -> None:
     )
     assert created.returncode == 0, created.stderr
     key = json.loads(created.stdout)
-    assert set(key) == {"key_id", "secret", "workspace", "role"}
+    assert set(key) == {"key_id", "secret", "workspace", "role", "endpoints"}
     assert key["workspace"] == "acme" and key["role"] == "auditor"
+    assert key["endpoints"] is None  # unrestricted
 
     revoked = waybill("keys", "revoke", key["key_id"], database_url=url)
     assert revoked.returncode == 0, revoked.stderr
@@ -80,6 +82,61 @@ def test_verify_exits_non_zero_naming_the_first_bad_position(database_url: str) 
     result = waybill("verify", database_url=database_url)
     assert result.returncode == 1
     assert "BROKEN at position 2" in result.stdout
+
+
+def test_a_key_created_with_endpoints_keeps_its_scope_through_a_replay(sqlite_url: str) -> None:
+    created = waybill(
+        "keys",
+        "create",
+        "--workspace",
+        "acme",
+        "--endpoints",
+        "west, provider:anthropic,west",
+        "--json",
+        database_url=sqlite_url,
+    )
+    assert created.returncode == 0, created.stderr
+    assert json.loads(created.stdout)["endpoints"] == ["provider:anthropic", "west"]
+    assert waybill("replay", "--projection", "keys", database_url=sqlite_url).returncode == 0
+    engine = create_engine(sync_url(sqlite_url))
+    with engine.connect() as conn:
+        (scope,) = conn.execute(text("SELECT endpoints FROM api_keys")).one()
+    engine.dispose()
+    assert json.loads(scope) == ["provider:anthropic", "west"]
+    plain = waybill("keys", "create", "--workspace", "other", database_url=sqlite_url)
+    assert plain.returncode == 0, plain.stderr
+    listed = waybill("keys", "list", "--json", database_url=sqlite_url)
+    assert listed.returncode == 0, listed.stderr
+    assert [(k["workspace"], k["endpoints"]) for k in json.loads(listed.stdout)] == [
+        ("acme", ["provider:anthropic", "west"]),
+        ("other", None),
+    ]
+    assert "secret" not in listed.stdout and "wb_" not in listed.stdout
+    text_list = waybill("keys", "list", "--workspace", "acme", database_url=sqlite_url)
+    assert "endpoints provider:anthropic, west" in text_list.stdout
+    assert "other" not in text_list.stdout
+
+
+def test_keys_create_refuses_an_unknown_provider_or_an_empty_scope(sqlite_url: str) -> None:
+    for endpoints in ("provider:gemini", " , "):
+        refused = waybill(
+            "keys", "create", "--workspace", "acme", "--endpoints", endpoints,
+            database_url=sqlite_url,
+        )  # fmt: skip
+        assert refused.returncode == 2, refused.stderr
+        assert "--endpoints must name endpoint ids or provider:NAME" in refused.stderr
+        assert "Traceback" not in refused.stderr
+
+
+def test_keys_create_with_a_config_refuses_an_endpoint_it_does_not_have(sqlite_url: str) -> None:
+    example = Path(__file__).resolve().parents[2] / "docs" / "config.example.yaml"
+    env = {"OPENAI_API_KEY": "sk-test-secret-value", "ANTHROPIC_API_KEY": "sk-ant-secret"}
+    args = ("keys", "create", "--workspace", "acme", "--config", str(example), "--json")
+    known = waybill(*args, "--endpoints", "openai-east", database_url=sqlite_url, env=env)
+    assert known.returncode == 0, known.stderr
+    unknown = waybill(*args, "--endpoints", "openai-west", database_url=sqlite_url, env=env)
+    assert unknown.returncode == 1
+    assert "'openai-west'" in unknown.stderr and "Traceback" not in unknown.stderr
 
 
 def test_user_errors_are_one_line_without_traceback(sqlite_url: str) -> None:
@@ -128,3 +185,65 @@ def test_check_config_refuses_malformed_retention_and_endpoint_timeouts(tmp_path
     assert "endpoints[0].timeouts.connect_ms: unknown key" in result.stderr
     assert "workspaces[0].retention: must be none, zero or a number of days" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_version_names_the_release_and_the_schema_it_migrates_to(empty_database_url: str) -> None:
+    shown = waybill("--version", database_url=empty_database_url)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == f"waybill {version('waybill')} (schema {head_revision()})\n"
+
+
+def test_help_shows_flags_without_a_value_type(empty_database_url: str) -> None:
+    # A flag takes no value: `--json <bool>` read as if it did.
+    for command in ([], ["keys", "create"], ["verify"], ["reconcile", "fetch"], ["spend"]):
+        shown = waybill(*command, "--help", database_url=empty_database_url)
+        assert shown.returncode == 0, shown.stderr
+        assert "--help" in shown.stdout and "<bool>" not in shown.stdout, shown.stdout
+
+
+def test_check_config_counts_agree_with_their_nouns(tmp_path: Path) -> None:
+    one = tmp_path / "one.yaml"
+    one.write_text(
+        """
+endpoints:
+  - {id: local, driver: openai, base_url: "http://127.0.0.1:9/v1", region: local,
+     data_classes: [public]}
+models:
+  - name: chat
+    mappings:
+      - {endpoint: local, model: m, capabilities: [text], context_window: 8000,
+         max_output_tokens: 1000, price: {input_per_mtok: 1, output_per_mtok: 2}}
+workspaces:
+  - {id: acme, models: [chat], regions: [local], data_class: public}
+"""
+    )
+    ok = waybill("check-config", str(one), database_url="sqlite://")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.endswith(", 1 endpoint, 1 model group, 1 workspace\n"), ok.stdout
+
+
+def waybill_in_terminal(*args: str, database_url: str, columns: int = 80) -> str:
+    """`waybill ARGS` with its output on a terminal COLUMNS wide (a pseudo-terminal), as a
+    person reads it; returns what the terminal showed, without its styling."""
+    import pty
+    import re
+
+    env = {**os.environ, "WAYBILL_DATABASE_URL": database_url, "COLUMNS": str(columns)}
+    env.pop("NO_COLOR", None)
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [*WAYBILL, *args], stdout=follower, stderr=follower, env=env, cwd=Path.cwd()
+    )
+    os.close(follower)
+    shown = bytearray()
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the terminal closed: the process is gone
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert process.wait(timeout=120) == 0, shown.decode()
+    return re.sub(r"\x1b\[[0-9;]*m", "", shown.decode()).replace("\r\n", "\n")

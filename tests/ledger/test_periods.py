@@ -47,12 +47,15 @@ def last_month() -> Iterator[None]:
         yield
 
 
-async def _attempt(store: EventStore, n: int, workspace: str, cost: str | None) -> None:
-    """One attempt's hold of 0.0050, settled at ``cost`` or (None) held as unknown usage."""
+async def _attempt(
+    store: EventStore, n: int, workspace: str, cost: str | None, endpoint: str = "east"
+) -> None:
+    """One attempt's hold of 0.0050 on ``endpoint``, settled at ``cost`` or (None) held as
+    unknown usage."""
     request_id, attempt_id, reservation_id = f"req_{n}", f"att_{n}", f"res_{n}"
     spec = AccountSpec(f"key:{workspace}:total", "key", workspace, "k1", None, D(10))
     hold = Hold(
-        reservation_id, request_id, attempt_id, workspace, "k1", "east", "m", D("0.0050"), (), "i"
+        reservation_id, request_id, attempt_id, workspace, "k1", endpoint, "m", D("0.0050"), (), "i"
     )
     reserved = ev.BudgetReserved(
         request_id=request_id,
@@ -60,7 +63,7 @@ async def _attempt(store: EventStore, n: int, workspace: str, cost: str | None) 
         reservation_id=reservation_id,
         amount_usd=D("0.0050"),
         accounts=(ev.AccountRef(account_id=spec.account_id, kind="key", limit_usd=D(10)),),
-        endpoint="east",
+        endpoint=endpoint,
         model="m",
         workspace=workspace,
         key_id="k1",
@@ -88,7 +91,7 @@ async def _attempt(store: EventStore, n: int, workspace: str, cost: str | None) 
             reservation_id=reservation_id,
             workspace=workspace,
             key_id="k1",
-            endpoint="east",
+            endpoint=endpoint,
             model="m",
             held_usd=D("0.0050"),
             cause="upstream_unavailable",
@@ -237,7 +240,7 @@ def test_the_cli_closes_refuses_and_spend_shows_the_adjustment(database_url: str
         D("-0.005"),
     )
     table = waybill("spend", database_url=database_url)
-    assert "adjustment_settled_usd" in table.stdout
+    assert "adj_settled" in table.stdout and "adj_held_unknown" in table.stdout
 
 
 async def test_a_month_with_attempts_in_flight_does_not_close(

@@ -114,3 +114,32 @@ def test_the_cli_names_the_days_where_costs_part(database_url: str, tmp_path: Pa
         "reprice", str(report), "--since", "soon", "--until", until, database_url=database_url
     )
     assert bad.returncode == 1 and "--since and --until must be dates" in bad.stderr
+
+
+def test_a_csv_of_one_endpoints_costs_is_held_against_that_endpoint_alone(
+    database_url: str, tmp_path: Path
+) -> None:
+    async def build() -> None:
+        engine = create_engine(database_url)
+        store = EventStore(engine)
+        try:
+            await _attempt(store, 1, "acme", "0.0012", endpoint="east")
+            await _attempt(store, 2, "acme", "0.0020", endpoint="west")
+        finally:
+            await store.close()
+            await engine.dispose()
+
+    asyncio.run(build())
+    today = datetime.now(UTC).date().isoformat()
+    bill = tmp_path / "east-costs.csv"  # east's own bill: west's traffic is not on it
+    bill.write_text(f"day,model,cost_usd\n{today},m,0.0012\n")
+    days = ("--since", today, "--until", today, "--json")
+
+    def parted(*scope: str) -> list[str]:
+        answer = waybill("reprice", str(bill), *days, *scope, database_url=database_url)
+        assert answer.returncode == 0, answer.stderr
+        return list(json.loads(answer.stdout)["parted_days"])
+
+    assert parted() == [today]  # every endpoint's costs against one endpoint's bill
+    assert parted("--endpoint", "east") == []
+    assert parted("--endpoint", "west") == [today]

@@ -184,3 +184,46 @@ def test_a_reader_collecting_from_another_thread_loses_and_tears_nothing() -> No
     assert sum(p.count for points in seen for p in points.get("h", {}).values()) == 20_000
     assert sum(p.value for points in seen for p in points.get("c", {}).values()) == 20_000
     assert sum(p.count for p in _points(cumulative)["h"].values()) == 20_000
+
+
+def test_the_suite_runs_on_the_sdk_release_pyproject_bounds() -> None:
+    # Tallies lean on the SDK's MetricReader internals, so pyproject.toml bounds the SDK to
+    # the releases these tests ran on: the installed one must be among them.
+    import tomllib
+    from importlib.metadata import version
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    pyproject = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    sdk = next(
+        Requirement(spec)
+        for spec in pyproject["project"]["dependencies"]
+        if Requirement(spec).name == "opentelemetry-sdk"
+    )
+    assert any(s.operator == "<" for s in sdk.specifier), "the SDK's range has no upper bound"
+    assert sdk.specifier.contains(version("opentelemetry-sdk")), (sdk, version("opentelemetry-sdk"))
+
+
+def test_tallies_find_each_readers_preferences_for_the_sdks_public_instrument_classes() -> None:
+    # The reader keys its preferences by the SDK's private instrument classes; tallies find
+    # them by the public ones. A delta reader's counter gets delta points, hence found.
+    reader = _reader(delta=True)
+    provider = MeterProvider(metric_readers=[reader], resource=RESOURCE)
+    tallies = Tallies(InstrumentationScope("t"), RESOURCE)
+    tallies.watch(reader)
+    meter = provider.get_meter("t")
+    counter = tallies.counter(meter, "c", unit="1", description="")
+    histogram = tallies.histogram(meter, "h", unit="s", description="", bounds=BOUNDS)
+    counter.add(2, {"a": "x"})
+    histogram.record(0.5, {"a": "x"})
+    # Tallied, not handed to the SDK (which a reader's other preference would ask for).
+    assert counter.sinks and histogram.sinks
+    collected = reader.get_metrics_data()
+    assert collected is not None
+    metrics: dict[str, Any] = {
+        m.name: m for r in collected.resource_metrics for s in r.scope_metrics for m in s.metrics
+    }
+    assert metrics["c"].data.aggregation_temporality is AggregationTemporality.DELTA
+    assert metrics["h"].data.aggregation_temporality is AggregationTemporality.DELTA
+    assert [p.value for p in metrics["c"].data.data_points] == [2]

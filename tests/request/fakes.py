@@ -224,6 +224,9 @@ class FakeBreakers:
     async def blocked(self, keys: Sequence[BreakerKey]) -> Mapping[BreakerKey, bool]:
         return {key: key in self.open for key in keys}
 
+    async def probe_in(self, keys: Sequence[BreakerKey]) -> Mapping[BreakerKey, int | None]:
+        return {key: 60_000 if key in self.open else None for key in keys}
+
     async def admit(self, key: BreakerKey, request_id: str) -> Admission:
         if key in self.deny:
             return Admission.DENIED
@@ -252,6 +255,9 @@ class FakeBreakers:
 
     async def release_probes(self, keys: Sequence[BreakerKey]) -> None:
         self.released += keys
+
+    def quota_opened(self) -> frozenset[str]:
+        return frozenset()
 
 
 class FakeSlots:

@@ -33,18 +33,18 @@ def test_retry_after_is_capped_at_five_minutes():
         {"error_message": "Your credit balance is exhausted."},
     ],
 )
-def test_429_insufficient_quota_is_quota_exhausted_and_does_not_fail_over(facts):
+def test_429_insufficient_quota_is_quota_exhausted_and_fails_over_only_by_policy(facts):
     c = _c(http_status=429, **facts)
     assert c.failure_class is FailureClass.QUOTA_EXHAUSTED
     assert c.evidence is Evidence.NOT_STARTED
     assert c.breaker_scope == "endpoint"
-    assert c.may_fail_over == "no"
+    assert c.may_fail_over == "per_on_quota_exhausted"  # on_quota_exhausted: stop by default
 
 
 def test_anthropic_402_billing_error_is_quota_exhausted():
     c = _c(http_status=402, error_type="billing_error", error_message="credit balance too low")
     assert c.failure_class is FailureClass.QUOTA_EXHAUSTED
-    assert c.may_fail_over == "no"
+    assert c.may_fail_over == "per_on_quota_exhausted"
 
 
 @pytest.mark.parametrize("status", [401, 403])

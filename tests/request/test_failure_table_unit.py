@@ -58,6 +58,7 @@ Next = tuple[Literal["retry", "failover", "resume", "stop"], str]
 FORBIDDEN = "failover forbidden"
 UNKNOWN_STOPS = "on_unknown_execution: stop"
 CREDENTIALS_FAIL_OVER = "on_credentials_error: failover"
+QUOTA_FAILS_OVER = "on_quota_exhausted: failover"
 
 POLICIES: dict[str, WalkPolicy] = {
     "default": WalkPolicy(Defaults(), siblings=(EAST, WEST, TWIN)),
@@ -65,6 +66,9 @@ POLICIES: dict[str, WalkPolicy] = {
     UNKNOWN_STOPS: WalkPolicy(Defaults(on_unknown_execution="stop"), siblings=(EAST, WEST, TWIN)),
     CREDENTIALS_FAIL_OVER: WalkPolicy(
         Defaults(on_credentials_error="failover"), siblings=(EAST, WEST, TWIN)
+    ),
+    QUOTA_FAILS_OVER: WalkPolicy(
+        Defaults(on_quota_exhausted="failover"), siblings=(EAST, WEST, TWIN)
     ),
 }
 
@@ -80,7 +84,9 @@ class Row:
     breaker: tuple[BreakerScope | None, bool]  # scope, and whether it opens at once
     next: dict[str, Next]  # what the walk does next, by policy
     answer: tuple[int, str]  # the client's status and error code if the request ends here
-    defers_to: Literal["on_unknown_execution", "on_credentials_error"] | None = None
+    defers_to: (
+        Literal["on_unknown_execution", "on_credentials_error", "on_quota_exhausted"] | None
+    ) = None
     trust_not_started: bool = False
     committed: bool = False  # the stream's first event had reached the client
     after_failover: RouteContext = FAILED_OVER  # the context the failover evaluates in
@@ -197,8 +203,14 @@ ROWS: tuple[Row, ...] = (
         {
             "default": ("stop", "quota_exhausted_stops"),
             FORBIDDEN: ("stop", "quota_exhausted_stops"),
+            QUOTA_FAILS_OVER: ("failover", "quota_failover_policy"),
         },
         (502, "upstream_quota_exhausted"),
+        defers_to="on_quota_exhausted",
+        # Every endpoint of its provider account is left, not only this one.
+        after_failover=RouteContext(
+            tried_endpoints=frozenset({"east"}), quota_exhausted=frozenset({"east"})
+        ),
     ),
     Row(
         "429 with a Retry-After within max_retry_after_ms",

@@ -44,6 +44,21 @@ def test_the_callers_narrowing_reaches_the_walk() -> None:
     assert policy.hedge_after_ms is None and policy.max_ways == 1
 
 
+def test_a_group_that_fails_over_on_grant_waits_for_the_callers_explicit_grant() -> None:
+    on_grant = Defaults(failover="on_grant")
+    siblings = group_targets(_group())
+    ungranted = walk_policy(on_grant, Requirements(), siblings)
+    assert (ungranted.allow_failover, ungranted.failover_not_granted) == (False, True)
+    granted = walk_policy(on_grant, Requirements(failover_granted=True), siblings)
+    assert (granted.allow_failover, granted.failover_not_granted) == (True, False)
+    # A caller who forbids failover is told so by its own header's reason, not the policy's.
+    forbidden = walk_policy(on_grant, Requirements(allow_failover=False), siblings)
+    assert (forbidden.allow_failover, forbidden.failover_not_granted) == (False, False)
+    # The default policy needs no grant.
+    allowed = walk_policy(Defaults(), Requirements(), siblings)
+    assert (allowed.allow_failover, allowed.failover_not_granted) == (True, False)
+
+
 def test_a_hedged_group_waits_its_delay_unless_the_request_has_server_side_effects() -> None:
     defaults = Defaults(hedge=Hedge(enabled=True, after_ms=300, max_ways=3))
     policy = walk_policy(defaults, Requirements(), ())

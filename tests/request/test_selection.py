@@ -574,8 +574,10 @@ R = ReasonCode
 SPEC_ORDER = (
     R.ENDPOINT_DISABLED,
     R.MODEL_KIND_MISMATCH,
+    R.QUOTA_EXHAUSTED,
     R.ALREADY_TRIED,
     R.SCOPE_EMPTY,
+    R.OUT_OF_SCOPE,
     R.REGION_NOT_ALLOWED,
     R.DATA_CLASS_NOT_ALLOWED,
     R.RETENTION_EXCEEDED,
@@ -608,7 +610,15 @@ def _single_mapping_config(disabled: bool, far_region: bool) -> Config:
                 "data_classes": ["public", "internal"],
                 "enabled": not disabled,
                 "retention": "30d",
-            }
+            },
+            {  # a disabled spare: never eligible, never asked about live state
+                "id": "spare",
+                "driver": "openai",
+                "base_url": "https://spare.invalid/v1",
+                "region": "us-east",
+                "data_classes": ["public", "internal"],
+                "enabled": False,
+            },
         ],
         "models": [
             {
@@ -621,7 +631,15 @@ def _single_mapping_config(disabled: bool, far_region: bool) -> Config:
                         "context_window": 1000,
                         "max_output_tokens": 100,
                         "price": {"input_per_mtok": 1, "output_per_mtok": 2},
-                    }
+                    },
+                    {
+                        "endpoint": "spare",
+                        "model": "m",
+                        "capabilities": ["text"],
+                        "context_window": 1000,
+                        "max_output_tokens": 100,
+                        "price": {"input_per_mtok": 1, "output_per_mtok": 2},
+                    },
                 ],
             }
         ],
@@ -633,7 +651,8 @@ def _single_mapping_config(disabled: bool, far_region: bool) -> Config:
 
 
 def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[str]]:
-    """Evaluate a one-mapping group set up to fail exactly the checks in ``failing``."""
+    """Evaluate a group's first mapping set up to fail exactly the checks in ``failing`` (the
+    other, a disabled spare, is what an endpoint scope leaves the request)."""
     config = _single_mapping_config(R.ENDPOINT_DISABLED in failing, R.REGION_NOT_ALLOWED in failing)
     called: list[str] = []
 
@@ -662,16 +681,18 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
         image_inputs=1 if R.UNPRICED_INPUT in failing else 0,  # the mapping prices no image
         unsupported=(("openai", "thinking"),) if R.DIALECT_UNSUPPORTED in failing else (),
         estimated_input_tokens=901 if R.CONTEXT_TOO_SMALL in failing else 900,
+        endpoints=("spare",) if R.OUT_OF_SCOPE in failing else None,
     )
     tried = frozenset({"ep"}) if R.ALREADY_TRIED in failing else frozenset()
     remaining = 499 if R.DEADLINE_INSUFFICIENT in failing else 500
+    exhausted = frozenset({"ep"}) if R.QUOTA_EXHAUSTED in failing else frozenset()
     workspace, group = config.workspaces[0], config.models[0]
-    (candidate,) = evaluate(
+    candidate, _spare = evaluate(
         config,
         workspace,
         group,
         requirements,
-        RouteContext(tried_endpoints=tried, remaining_ms=remaining),
+        RouteContext(tried_endpoints=tried, remaining_ms=remaining, quota_exhausted=exhausted),
         breaker_open=breaker,
         saturated=saturated,
         over_budget=budget,
@@ -1325,6 +1346,17 @@ def test_failover_forbidden_by_header_stops_after_the_retries():
     assert (decision.action, decision.reason) == ("stop", "failover_forbidden_by_header")
 
 
+def test_failover_not_granted_stops_where_a_failover_would_go_and_names_the_policy():
+    decision = _decide(
+        FIVE_XX, allow_failover=False, failover_not_granted=True, retries_on_endpoint=1
+    )
+    assert (decision.action, decision.reason) == ("stop", "failover_not_granted")
+    assert decision.policy == "failover=on_grant"
+    # Retries on the same endpoint follow the existing rules.
+    retry = _decide(FIVE_XX, allow_failover=False, failover_not_granted=True)
+    assert (retry.action, retry.reason) == ("retry", "retry_with_backoff")
+
+
 def test_a_class_stop_is_reported_before_the_header():
     quota = _from(http_status=429, error_code="insufficient_quota")
     assert _decide(quota, allow_failover=False).reason == "quota_exhausted_stops"
@@ -1334,7 +1366,7 @@ def test_every_decision_reason_is_listed_once_and_reachable():
     assert len(DECISION_REASONS) == len(set(DECISION_REASONS))
     seen: set[str] = set()
     policies = [
-        _defaults(on_credentials_error=c, on_unknown_execution=u)
+        _defaults(on_credentials_error=c, on_unknown_execution=u, on_quota_exhausted=c)
         for c in ("stop", "failover")
         for u in ("stop", "failover")
     ]
@@ -1345,6 +1377,7 @@ def test_every_decision_reason_is_listed_once_and_reachable():
         "per_on_credentials_error",
         "per_on_unknown_execution",
         "per_on_invalid_output",
+        "per_on_quota_exhausted",
         "larger_context_only",
     )
     for fc, mfo, evidence, defaults in itertools.product(
@@ -1356,6 +1389,7 @@ def test_every_decision_reason_is_listed_once_and_reachable():
                 {},
                 {"retries_on_endpoint": 1},
                 {"retries_on_endpoint": 1, "allow_failover": False},
+                {"retries_on_endpoint": 1, "allow_failover": False, "failover_not_granted": True},
                 {"retries_on_endpoint": 1, "server_side_effects": True},
                 {
                     "retries_on_endpoint": 1,
@@ -1450,3 +1484,98 @@ def test_an_embeddings_batch_fits_when_its_longest_input_fits_the_window():
     too_big = _evaluate_embeddings(longer)[0]
     assert too_big.reason_code is ReasonCode.CONTEXT_TOO_SMALL
     assert too_big.detail == "context_window 8192 < needed 8193"
+
+
+# --- quota failover: the provider account ---------------------------------------------------
+
+
+def _accounts_config() -> Config:
+    """``a`` and ``b`` share a host and a key (one account); ``c`` has another key; ``d`` the
+    same key on another host."""
+
+    def endpoint(name: str, base_url: str, key: str) -> dict[str, Any]:
+        return {
+            "id": name,
+            "driver": "openai",
+            "base_url": base_url,
+            "api_key": "${env:" + key + "}",
+            "region": "us-east",
+            "data_classes": ["internal"],
+        }
+
+    mapping = {
+        "model": "m",
+        "capabilities": ["text"],
+        "context_window": 8000,
+        "max_output_tokens": 100,
+        "price": {"input_per_mtok": 1, "output_per_mtok": 1},
+    }
+    data = {
+        "endpoints": [
+            endpoint("a", "https://api.one.invalid/v1", "KEY_1"),
+            endpoint("b", "https://api.one.invalid/v2", "KEY_1"),
+            endpoint("c", "https://api.one.invalid/v1", "KEY_2"),
+            endpoint("d", "https://api.two.invalid/v1", "KEY_1"),
+        ],
+        "models": [
+            {"name": "g", "mappings": [{"endpoint": e, **mapping} for e in "abcd"]},
+        ],
+        "workspaces": [
+            {"id": "w", "models": ["g"], "regions": ["us-east"], "data_class": "internal"}
+        ],
+    }
+    return parse_config(yaml.safe_dump(data), environ={"KEY_1": "sk-one", "KEY_2": "sk-two"})
+
+
+def test_a_quota_failover_excludes_every_endpoint_of_the_exhausted_account():
+    config = _accounts_config()
+    assert "sk-one" not in config.endpoints[0].account  # a digest, never the key
+    candidates = evaluate(
+        config,
+        config.workspaces[0],
+        config.models[0],
+        Requirements(capabilities=("text",), data_class="internal"),
+        RouteContext(tried_endpoints=frozenset({"a"}), quota_exhausted=frozenset({"a"})),
+        breaker_open=lambda endpoint_id, mapping: None,
+    )
+    assert [(c.endpoint, c.reason_code) for c in candidates] == [
+        ("a", R.QUOTA_EXHAUSTED),
+        ("b", R.QUOTA_EXHAUSTED),
+        ("c", None),
+        ("d", None),
+    ]
+    assert candidates[0].detail == "a answered insufficient_quota"
+    assert candidates[1].detail == "same provider account as a, which answered insufficient_quota"
+
+
+def test_quota_failover_is_an_approved_policy_never_a_retry():
+    quota = _from(http_status=429, error_code="insufficient_quota")
+    assert _decide(quota).reason == "quota_exhausted_stops"
+    approved = _defaults(
+        on_quota_exhausted="failover",
+        retry_same_endpoint={"quota_exhausted": {"max": 3, "backoff_ms": [1, 1]}},
+    )
+    decision = _decide(quota, approved)
+    assert (decision.action, decision.reason) == ("failover", "quota_failover_policy")
+    assert decision.policy == "on_quota_exhausted=failover"
+    # The caller's header still forbids moving.
+    assert _decide(quota, approved, allow_failover=False).reason == "failover_forbidden_by_header"
+
+
+def test_an_earlier_requests_quota_exhaustion_excludes_the_endpoint_alone():
+    config = _accounts_config()
+    candidates = evaluate(
+        config,
+        config.workspaces[0],
+        config.models[0],
+        Requirements(capabilities=("text",), data_class="internal"),
+        RouteContext(),
+        breaker_open=lambda endpoint_id, mapping: None,
+        quota_exhausted=lambda endpoint_id: "cooling" if endpoint_id == "a" else None,
+    )
+    assert [(c.endpoint, c.reason_code, c.detail) for c in candidates] == [
+        ("a", R.QUOTA_EXHAUSTED, "cooling"),
+        ("b", None, None),
+        ("c", None, None),
+        ("d", None, None),
+    ]

@@ -291,6 +291,13 @@ def test_a_header_that_forbids_failover_stops_where_a_failover_would_go():
     assert actions[0] == Decided("a1", Decision("stop", "failover_forbidden_by_header"))
 
 
+def test_a_group_failing_over_on_grant_stops_without_one_where_a_failover_would_go():
+    walk = _first_attempt(_policy(allow_failover=False, failover_not_granted=True))
+    actions = walk(Failed("a1", _cls(FailureClass.TIMEOUT), remaining_ms=30_000))
+    stop = Decision("stop", "failover_not_granted", policy="failover=on_grant")
+    assert actions == (Decided("a1", stop), Fail("decision", "a1", stop))
+
+
 @pytest.mark.parametrize("races", [1, MAX_BUDGET_RACES])
 def test_a_start_lost_to_a_budget_race_is_routed_again(races):
     walk = Driver()

@@ -15,7 +15,15 @@ from typing import Final
 
 from markupsafe import Markup
 
-__all__ = ["Bar", "TimelineBar", "bar_chart", "line_chart", "timeline_chart"]
+__all__ = [
+    "Bar",
+    "LateMark",
+    "TimelineBar",
+    "bar_chart",
+    "line_chart",
+    "timeline_chart",
+    "usd_format",
+]
 
 _WIDTH: Final = 420
 _HEIGHT: Final = 190
@@ -29,6 +37,7 @@ _BAR: Final = "#2f6fb0"
 _LINE: Final = "#b4452f"
 _MAX_LABELS: Final = 6
 _TIMELINE_WIDTH: Final = 1100
+_LATE: Final = "#8a94a6"
 _OUTCOME_COLOURS: Final = {"succeeded": "#2e7d4f", "failed": "#b4452f", "in_progress": "#8a94a6"}
 
 
@@ -46,6 +55,12 @@ class TimelineBar:
     duration_ms: int | None  # None: still running
     outcome: str  # succeeded | failed | in_progress
     note: str  # the failure class and evidence, or "ok"
+
+
+@dataclass(frozen=True, slots=True)
+class LateMark:
+    label: str  # "unknown usage settled"
+    at_ms: int  # after the request was received, past the axis's end
 
 
 def _svg(width: int, height: int, title: str, body: list[str]) -> Markup:
@@ -83,11 +98,23 @@ def _x_labels(labels: Sequence[str], centre: list[float]) -> list[str]:
     return parts
 
 
-def bar_chart(title: str, bars: Sequence[Bar], *, fmt: str = "{:.0f}") -> Markup:
-    """One bar per point, scaled to the largest; ``fmt`` formats the axis values."""
+def usd_format(top: float) -> str:
+    """The axis format for dollar amounts up to ``top``: cents, or as many places as a
+    sub-cent top needs for two significant digits, so that its ticks never all read $0.00."""
+    places = 2
+    while places < 12 and 0 < top < 10 ** (1 - places):
+        places += 1
+    return f"${{:.{places}f}}"
+
+
+def bar_chart(title: str, bars: Sequence[Bar], *, fmt: str = "{:.0f}", usd: bool = False) -> Markup:
+    """One bar per point, scaled to the largest; ``fmt`` formats the axis values (``usd``:
+    dollars, to the places the largest needs)."""
     if not bars:
         return _svg(_WIDTH, _HEIGHT, title, [_empty()])
     top = max(float(b.value or 0) for b in bars) or 1.0
+    if usd:
+        fmt = usd_format(top)
     plot_width = _WIDTH - _LEFT - _RIGHT
     plot_height = _HEIGHT - _TOP - _BOTTOM
     slot = plot_width / len(bars)
@@ -139,14 +166,19 @@ def line_chart(title: str, points: Sequence[Bar], *, fmt: str = "{:.0%}") -> Mar
     return _svg(_WIDTH, _HEIGHT, title, parts)
 
 
-def timeline_chart(title: str, bars: Sequence[TimelineBar], total_ms: int) -> Markup:
-    """A request's attempts on one time axis: one row each, from its start to its end."""
+def timeline_chart(
+    title: str, bars: Sequence[TimelineBar], total_ms: int, late: Sequence[LateMark] = ()
+) -> Markup:
+    """A request's attempts on one time axis: one row each, from its start to its end. Late
+    events (a settlement a minute on) are marks past a break at the axis's end, each with
+    its offset, so that they never squeeze the request into the left edge."""
     row, label_width, right = 26, 220, 16
     height = _TOP + row * max(1, len(bars)) + _BOTTOM
     span = max(1, total_ms)
     width = _TIMELINE_WIDTH
-    plot = width - label_width - right
-    parts = []
+    late_width = 190 if late else 0
+    plot = width - label_width - right - late_width
+    parts = _late_marks(late, label_width + plot, late_width, height) if late else []
     for tick in (0.0, 0.5, 1.0):
         x = label_width + plot * tick
         parts.append(
@@ -170,6 +202,34 @@ def timeline_chart(title: str, bars: Sequence[TimelineBar], total_ms: int) -> Ma
             + _note(bar.note, start, start + length_px, width, y + 15)
         )
     return _svg(width, height, title, parts)
+
+
+def _late_marks(late: Sequence[LateMark], left: float, room: int, height: int) -> list[str]:
+    """A break (two slanted strokes) after the axis, then each late event as a diamond with
+    its offset in seconds, spaced evenly: their distance in time is not drawn to scale."""
+    bottom = height - _BOTTOM + 4
+    gap = left + 14
+    parts = [
+        f'<path d="M{gap - 4:.1f},{bottom + 5} l6,-12 M{gap + 2:.1f},{bottom + 5} l6,-12" '
+        f'stroke="{_INK}" stroke-width="1.5" fill="none" class="axis-break"/>'
+    ]
+    step = (room - 40) / max(1, len(late))
+    for i, mark in enumerate(late):
+        x = gap + 30 + step * i
+        y = _TOP + 10
+        seconds = f"+{mark.at_ms / 1000:.1f} s"
+        tip = f"{mark.label}, {seconds} after the request was received"
+        parts.append(
+            f'<path d="M{x:.1f},{y - 7} l7,7 l-7,7 l-7,-7 z" fill="{_LATE}" class="late-mark">'
+            f"<title>{escape(tip)}</title></path>"
+            f'<line x1="{x:.1f}" y1="{y + 7}" x2="{x:.1f}" y2="{bottom}" stroke="{_GRID}" '
+            f'stroke-dasharray="3,3"/>'
+            f'<text x="{x:.1f}" y="{height - 10}" text-anchor="middle" font-size="11" '
+            f'fill="{_INK}">{escape(seconds)}</text>'
+            f'<text x="{x + 10:.1f}" y="{y + 4}" font-size="11" fill="{_INK}">'
+            f"{escape(mark.label)}</text>"
+        )
+    return parts
 
 
 def _note(text: str, start: float, end: float, width: int, y: float) -> str:

@@ -212,7 +212,7 @@ async def _spend(console: Console, request: Request, visit: Visit) -> Response:
         "cost": bar_chart(
             "settled cost per day (USD)",
             [Bar(d, cost.get(d, _ZERO), f"{d}: ${money_str(cost.get(d, _ZERO))}") for d in days],
-            fmt="${:.2f}",
+            usd=True,
         ),
         "requests": bar_chart(
             "requests per day",

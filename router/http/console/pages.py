@@ -122,7 +122,9 @@ def add_request_pages(router: APIRouter, console: Console) -> None:
             visit,
             explanation=explanation,
             timeline=steps,
-            timeline_svg=timeline_chart("the attempts in time", steps.bars, steps.total_ms),
+            timeline_svg=timeline_chart(
+                "the attempts in time", steps.bars, steps.total_ms, steps.late
+            ),
             proof=console.serving_config().checkpoints is not None,
         )
 

@@ -14,9 +14,14 @@ from typing import Any
 
 from ledger import events as ev
 from ledger.store import RecordedEvent
-from router.http.console.charts import TimelineBar
+from router.http.console.charts import LateMark, TimelineBar
 
-__all__ = ["Entry", "Timeline", "timeline"]
+__all__ = ["LATE_AFTER_MS", "Entry", "Timeline", "timeline"]
+
+LATE_AFTER_MS = 1000
+"""An event this long after the request's end, and as long again as the request took, is
+late (a reconciliation or a hand settlement, seconds or days on): the axis keeps the
+request's own span and the event is a mark past a break."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +43,7 @@ class Timeline:
     entries: list[Entry] = field(default_factory=list)
     bars: list[TimelineBar] = field(default_factory=list)
     total_ms: int = 0
+    late: list[LateMark] = field(default_factory=list)  # after total_ms, past a break
 
 
 def timeline(explanation: Mapping[str, Any], trail: Sequence[RecordedEvent]) -> Timeline:
@@ -105,9 +111,20 @@ def timeline(explanation: Mapping[str, Any], trail: Sequence[RecordedEvent]) -> 
             entries.append(
                 Entry("end", at, "failed", f"HTTP {event.http_status} {event.error_code}")
             )
-    last = offset(trail[-1])
-    total = max([last, *(b.start_ms + (b.duration_ms or 0) for b in bars)])
-    return Timeline(entries, bars, total)
+    span = max([0, *(e.at_ms for e in entries), *(b.start_ms + (b.duration_ms or 0) for b in bars)])
+    late: list[LateMark] = []
+    for recorded in trail:
+        at = offset(recorded)
+        if at > span + max(LATE_AFTER_MS, span):
+            late.append(LateMark(_late_label(recorded.type), at))
+        else:
+            span = max(span, at)
+    return Timeline(entries, bars, span, late)
+
+
+def _late_label(event_type: str) -> str:
+    """`UnknownUsageSettled` → `unknown usage settled`."""
+    return "".join(f" {c.lower()}" if c.isupper() else c for c in event_type).strip()
 
 
 def _level(path: Sequence[str]) -> str:
