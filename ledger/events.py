@@ -35,6 +35,7 @@ __all__ = [
     "APIS",
     "CATALOGUE",
     "DATA_CLASSES",
+    "RETENTION_PATTERN",
     "UPCASTERS",
     "AccountRef",
     "Api",
@@ -76,6 +77,7 @@ __all__ = [
     "RouteChoice",
     "RouteEvaluated",
     "StreamCommitted",
+    "Timeouts",
     "UnattributedUsage",
     "UnknownEventType",
     "UnknownUsageOpened",
@@ -84,6 +86,7 @@ __all__ = [
     "data_class_rank",
     "decode_event",
     "encode_event",
+    "retention_rank",
     "type_names",
 ]
 
@@ -114,6 +117,12 @@ class ReasonCode(StrEnum):
     # group; or none of the pool's own mappings is eligible (its evaluation says why).
     POOL_NOT_PERMITTED = "pool_not_permitted"
     POOL_UNAVAILABLE = "pool_unavailable"
+    # The endpoint keeps requests longer than the request's retention bound allows, or does
+    # not say what it keeps (contract §4; the detail names both).
+    RETENTION_EXCEEDED = "retention_exceeded"
+    # Its measured p95 time to first content is longer than the request's deadline has
+    # left: a failover must not start what cannot finish (contract §4; both figures).
+    DEADLINE_INSUFFICIENT = "deadline_insufficient"
     # Its provider account answered insufficient_quota (contract §4 "Quota failover").
     QUOTA_EXHAUSTED = "quota_exhausted"
     OUT_OF_SCOPE = "out_of_scope"  # outside the caller's endpoint scope (key, header, pin)
@@ -168,6 +177,23 @@ APIS: Final[tuple[Api, ...]] = get_args(Api)
 def data_class_rank(data_class: DataClass) -> int:
     """Position in public < internal < restricted."""
     return DATA_CLASSES.index(data_class)
+
+
+RETENTION_PATTERN: Final = r"none|zero|[1-9][0-9]{0,4}d"
+"""What a provider keeps of a request (contract §2 ``retention``), least first: ``none``
+(nothing, not even for abuse monitoring), ``zero`` (zero data retention: nothing once the
+answer is delivered), ``<days>d`` (kept that many days, 1 to 99999)."""
+
+
+def retention_rank(retention: str) -> int:
+    """Position in none < zero < 1d < 2d < ...: a retention satisfies a bound it does not
+    exceed. ``retention`` matches :data:`RETENTION_PATTERN` (the config and the header
+    parsers see to it)."""
+    if retention == "none":
+        return -1
+    if retention == "zero":
+        return 0
+    return int(retention.removesuffix("d"))
 
 
 # --- field types ---
@@ -262,6 +288,11 @@ class Requirements(_Record):
     capabilities: tuple[str, ...] = ()
     regions: tuple[str, ...] | None = None  # None: the workspace's regions apply unnarrowed
     data_class: DataClass = "internal"
+    # The most an endpoint may keep of the request (RETENTION_PATTERN): the workspace's
+    # bound, narrowed by X-Waybill-Retention. None: no bound.
+    retention: Annotated[str, Field(pattern=f"^(?:{RETENTION_PATTERN})$")] | None = Field(
+        None, exclude_if=_nothing
+    )
     estimated_input_tokens: NonNegInt = 0  # text: the prompt's bytes bound its tokens
     # Embeddings: the longest input's bound. Each input is embedded alone, so it, not the
     # batch, must fit a mapping's context window.
@@ -451,6 +482,15 @@ class BudgetReservationDenied(Event):
     available_usd: Money
 
 
+class Timeouts(_Record):
+    """An attempt's timeouts as in force (contract §2 `defaults` and an endpoint's
+    `timeouts:`), in milliseconds."""
+
+    attempt_timeout_ms: Annotated[int, Field(gt=0)]
+    first_token_timeout_ms: Annotated[int, Field(gt=0)]
+    stream_idle_timeout_ms: Annotated[int, Field(gt=0)]
+
+
 class AttemptStarted(Event):
     type: ClassVar[str] = "AttemptStarted"
 
@@ -486,6 +526,9 @@ class AttemptStarted(Event):
     pool: Id | None = None
     group_path: tuple[Id, ...] = ()
     preferred_endpoint: Id | None = None
+    # The timeouts it ran under, when its endpoint has a `timeouts:` block laid over its
+    # model group's policy; None: the policy's own, as ConfigActivated records them.
+    timeouts: Timeouts | None = Field(None, exclude_if=_nothing)
 
 
 HEDGE_LOST: Final = "hedge_lost"

@@ -341,6 +341,8 @@ def _attempt_json(trail: _Trail, attempt: _Attempt) -> dict[str, Any]:
         "pool": s.pool,
         "group_path": list(s.group_path),
         "preferred_endpoint": s.preferred_endpoint,
+        # The endpoint's own timeouts laid over the group's policy; None: the policy's.
+        "timeouts": s.timeouts.model_dump() if s.timeouts is not None else None,
         "endpoint": s.endpoint,
         "model": s.model,
         "tier": s.tier,
@@ -769,6 +771,13 @@ def _step_text(trail: _Trail, event: ev.Event) -> str:
             if event.admitted_as is not None and event.admitted_as.startswith("probe"):
                 scope = event.admitted_as.removeprefix("probe:").replace("+", " and ")
                 started += f", as the half-open {scope} breaker's one probe"
+            if event.timeouts is not None:
+                t = event.timeouts
+                started += (
+                    f", under its endpoint's timeouts (attempt {t.attempt_timeout_ms} ms, first "
+                    f"token {t.first_token_timeout_ms} ms, stream idle "
+                    f"{t.stream_idle_timeout_ms} ms)"
+                )
             if event.kind == "resume" and event.resumed_from is not None:
                 started += (
                     f": a resume of {trail.number(event.resumed_from)}, continuing the "

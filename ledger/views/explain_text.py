@@ -132,6 +132,16 @@ def _attempt_lines(attempts: Sequence[Mapping[str, Any]]) -> list[str]:
         if a["duration_ms"] is not None:
             head += f", {a['duration_ms']} ms"
         lines.append(_wrapped(head, 6))
+        if a.get("timeouts"):
+            t = a["timeouts"]
+            lines.append(
+                _wrapped(
+                    f"      under its endpoint's timeouts (attempt {t['attempt_timeout_ms']} ms, "
+                    f"first token {t['first_token_timeout_ms']} ms, stream idle "
+                    f"{t['stream_idle_timeout_ms']} ms)",
+                    6,
+                )
+            )
         if a["reservation"]:
             lines.append(
                 _wrapped(

@@ -42,7 +42,7 @@ from pydantic import (
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from ledger.audit.checkpoints import KeyFileError, SigningKey, load_signing_key
-from ledger.events import DataClass, FailureClass, data_class_rank
+from ledger.events import RETENTION_PATTERN, DataClass, FailureClass, data_class_rank
 from router.adapters.breaker_policy import RATE_SCALE, TIME_BUCKETS, BreakerSettings
 from router.config import egress
 
@@ -167,6 +167,19 @@ _Name = Annotated[StrictStr, AfterValidator(_check_name)]
 _Capability = Annotated[StrictStr, AfterValidator(_check_capability)]
 _Money = Annotated[Decimal, BeforeValidator(_to_money)]
 _PositiveInt = Annotated[StrictInt, Field(gt=0)]
+
+
+_RETENTION = re.compile(RETENTION_PATTERN)
+
+
+def _check_retention(value: str) -> str:
+    if _RETENTION.fullmatch(value) is None:
+        raise _error("must be none, zero or a number of days such as 30d (1d to 99999d)")
+    return value
+
+
+# What a provider keeps of a request, or a bound on it (contract §2 `retention`).
+_Retention = Annotated[StrictStr, AfterValidator(_check_retention)]
 _NonNegativeInt = Annotated[StrictInt, Field(ge=0)]
 _NonEmpty = AfterValidator(_non_empty)
 
@@ -407,6 +420,19 @@ class Defaults(_Frozen):
 # --- endpoints, model groups, workspaces ---------------------------------------------------
 
 
+class EndpointTimeouts(_Frozen):
+    """An endpoint's own timeouts (contract §2 `endpoints[].timeouts`): the timeout keys of
+    `defaults`, each given laid over the model group's policy for attempts on the endpoint."""
+
+    attempt_timeout_ms: _PositiveInt | None = None
+    first_token_timeout_ms: _PositiveInt | None = None
+    stream_idle_timeout_ms: _PositiveInt | None = None
+
+    def over(self, policy: Defaults) -> Defaults:
+        """``policy`` with each key this block gives replaced, the others kept."""
+        return policy.model_copy(update=self.model_dump(exclude_none=True))
+
+
 class Proxy(_Frozen):
     """The HTTP proxy an endpoint's connections are tunnelled through (CONNECT)."""
 
@@ -441,6 +467,9 @@ class Endpoint(_Frozen):
     # replicas through Redis when configured); a saturated endpoint is excluded. None: no limit.
     max_in_flight: _PositiveInt | None = None
     max_response_bytes: _PositiveInt = 8 * 1024 * 1024
+    # What its provider keeps of a request (none, zero, <days>d). None: not declared, which
+    # satisfies no workspace's or request's retention bound.
+    retention: _Retention | None = None
     anthropic_version: StrictStr | None = None  # the driver's default when omitted
     # Resolved at load: `environment` (the default) follows HTTPS_PROXY / HTTP_PROXY and
     # NO_PROXY for base_url; a URL names the proxy; `none` is always direct. None: direct.
@@ -454,6 +483,8 @@ class Endpoint(_Frozen):
     admin_api_key: SecretStr | None = None
     # Where the admin API is, in base_url's form for the driver (default: base_url).
     admin_base_url: StrictStr | None = None
+    # Laid over the model group's policy for its attempts, key by key. None: the policy's.
+    timeouts: EndpointTimeouts | None = None
     # Its breakers' settings (its own and its mappings'), when it has a `breaker:` block:
     # `Config` lays the block's keys over `defaults.breaker` before this is validated (see
     # Config._breakers_over_defaults). None: `defaults.breaker` as it is.
@@ -787,6 +818,8 @@ class Workspace(_Frozen):
     models: Annotated[tuple[_Name, ...], _NonEmpty]
     regions: Annotated[frozenset[_Name], _NonEmpty]
     data_class: DataClass
+    # The most an endpoint may keep of its requests (none, zero, <days>d); None: no bound.
+    retention: _Retention | None = None
     budget: Budget | None = None
     key_budget: Budget | None = None  # the default for each of its keys
     limits: RateLimits | None = None  # the workspace's, all its keys together
@@ -1043,6 +1076,7 @@ class Config(_Frozen):
                     "models": list(w.models),
                     "regions": sorted(w.regions),
                     "data_class": w.data_class,
+                    **({"retention": w.retention} if w.retention is not None else {}),
                     "budget": _budget_summary(w.budget),
                     "key_budget": _budget_summary(w.key_budget),
                 }
@@ -1077,6 +1111,10 @@ def _endpoint_summary(e: Endpoint) -> dict[str, Any]:
         "trust_not_started": e.trust_not_started,
         "enabled": e.enabled,
         "max_response_bytes": e.max_response_bytes,
+        **({"retention": e.retention} if e.retention is not None else {}),
+        **(
+            {"timeouts": e.timeouts.model_dump(exclude_none=True)} if e.timeouts is not None else {}
+        ),
         "has_api_key": e.api_key is not None,
         "proxy": _proxy_summary(e.proxy),
         "provider_identity": {

@@ -5,12 +5,19 @@ a frozen :class:`HeaderNarrowing` or a 400 ``invalid_request`` naming the header
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
-from ledger.events import DATA_CLASSES, DataClass, data_class_rank
+from ledger.events import (
+    DATA_CLASSES,
+    RETENTION_PATTERN,
+    DataClass,
+    data_class_rank,
+    retention_rank,
+)
 from ledger.types import MONEY_LIMIT, parse_money
 from router.config import Workspace
 from router.errors import GatewayError, invalid_request
@@ -40,6 +47,7 @@ MAX_JSON_INTEGER: Final = 2**53 - 1
 # length every vendor must be able to propagate.
 _TRACESTATE_MAX_CHARS: Final = 512
 _TRACESTATE_MAX_MEMBERS: Final = 32
+_RETENTION = re.compile(RETENTION_PATTERN)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +65,7 @@ class HeaderNarrowing:
     capabilities: tuple[str, ...] = ()
     regions: tuple[str, ...] | None = None
     data_class: DataClass | None = None
+    retention: str | None = None  # X-Waybill-Retention: zero or <days>d
     endpoints: tuple[str, ...] | None = None  # endpoint ids and provider: labels
     prefer_endpoint: str | None = None
     require_endpoint: str | None = None  # pinned there: no other endpoint is ever tried
@@ -71,6 +80,7 @@ class HeaderNarrowing:
             "capabilities": tuple(sorted({*capabilities, *self.capabilities})),
             "regions": self.regions,
             "data_class": self.data_class_for(workspace),
+            "retention": self.retention_for(workspace),
             "allow_failover": self.allow_failover,
             "max_cost_usd": self.max_cost_usd,
             "deadline_ms": self.deadline_ms,
@@ -87,6 +97,12 @@ class HeaderNarrowing:
         if wanted is not None and data_class_rank(wanted) > data_class_rank(workspace.data_class):
             return wanted
         return workspace.data_class
+
+    def retention_for(self, workspace: Workspace) -> str | None:
+        """The request's retention bound: the workspace's, narrowed (never widened) by the
+        header; None when neither sets one."""
+        bounds = [b for b in (workspace.retention, self.retention) if b is not None]
+        return min(bounds, key=retention_rank) if bounds else None
 
 
 def read_headers(headers: Mapping[str, str]) -> HeaderNarrowing:
@@ -111,6 +127,7 @@ def read_headers(headers: Mapping[str, str]) -> HeaderNarrowing:
             headers.get("x-waybill-require-endpoint"), "X-Waybill-Require-Endpoint"
         ),
         data_class=_data_class(headers.get("x-waybill-data-class")),
+        retention=_retention(headers.get("x-waybill-retention")),
         traceparent=headers.get("traceparent"),
         tracestate=_tracestate(headers.get("tracestate")),
     )
@@ -189,6 +206,16 @@ def _data_class(value: str | None) -> DataClass | None:
     if data_class is None:
         raise _bad_header("X-Waybill-Data-Class", f"must be one of {', '.join(DATA_CLASSES)}")
     return data_class
+
+
+def _retention(value: str | None) -> str | None:
+    if value is None:
+        return None
+    retention = value.strip().lower()
+    # `none` is a provider's declaration, not a bound a caller asks for (contract §3).
+    if retention == "none" or _RETENTION.fullmatch(retention) is None:
+        raise _bad_header("X-Waybill-Retention", "must be zero or a number of days such as 30d")
+    return retention
 
 
 def _tracestate(value: str | None) -> str | None:

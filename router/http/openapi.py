@@ -788,6 +788,12 @@ _CHAT_HEADERS: Final = [
         {"type": "string", "enum": list(DATA_CLASSES)},
         "This request's data class; it may raise the workspace's default, never lower it.",
     ),
+    _header(
+        "X-Waybill-Retention",
+        {"type": "string", "pattern": "^([Zz][Ee][Rr][Oo]|[1-9][0-9]{0,4}[Dd])$"},
+        "The most an endpoint may keep of this request: zero, or a number of days such as "
+        "30d. It narrows the workspace's retention bound, never widens it.",
+    ),
     _header("traceparent", _STRING, "W3C trace context: the request's trace joins it."),
     _header("tracestate", _STRING, "W3C trace state, forwarded with a valid traceparent."),
 ]

@@ -50,11 +50,18 @@ def routing_for(
     request_id: str,
     budget: Budget,
     journal: Journal[Any],
+    *,
+    deadline: float | None = None,
 ) -> Routing:
-    """One request's routing: a composed group's when its plan has a composition."""
+    """One request's routing: a composed group's when its plan has a composition.
+    ``deadline``: the request's, on the ports' monotonic clock."""
     if plan.composition is not None:
-        return ComposedRouting(ports, plan, workspace, requirements, request_id, budget, journal)
-    return Routing(ports, plan, workspace, requirements, request_id, budget, journal)
+        return ComposedRouting(
+            ports, plan, workspace, requirements, request_id, budget, journal, deadline=deadline
+        )
+    return Routing(
+        ports, plan, workspace, requirements, request_id, budget, journal, deadline=deadline
+    )
 
 
 class ComposedRouting(Routing):
@@ -71,8 +78,12 @@ class ComposedRouting(Routing):
         request_id: str,
         budget: Budget,
         journal: Journal[Any],
+        *,
+        deadline: float | None = None,
     ) -> None:
-        super().__init__(ports, plan, workspace, requirements, request_id, budget, journal)
+        super().__init__(
+            ports, plan, workspace, requirements, request_id, budget, journal, deadline=deadline
+        )
         assert plan.composition is not None, "a composed group's plan"
         self._composition: Composition = plan.composition
         # Its pre-planned bindings (flat indices), once the first attempt was routed; the

@@ -60,6 +60,7 @@ from router.request.records import (
     AttemptEnd,
     answered_end,
     attempt_started,
+    endpoint_timeouts,
     request_received,
     stream_committed,
     streamed_end,
@@ -139,7 +140,14 @@ class Executor:
         self.open: dict[str, Attempt] = {}  # started, their end not yet recorded
         self.failures: dict[str, Attempt] = {}  # failed attempts, for their decisions
         self.routing = routing_for(
-            ports, plan, caller.workspace, requirements, request_id, budget, journal
+            ports,
+            plan,
+            caller.workspace,
+            requirements,
+            request_id,
+            budget,
+            journal,
+            deadline=self.deadline,
         )
         self.relay = relay = StreamRelay(
             self, include_usage=call.include_usage, can_resume=plan.can_resume
@@ -308,10 +316,11 @@ class Executor:
             if attempt.classification is None:
                 if attempt.kind != "resume":
                     waited = self.endings.took(attempt)
-                    self.ports.first_answers.add(self.group.name, self.call.stream, waited)
+                    mapping = attempt.route.mapping
+                    place = (mapping.endpoint, mapping.model)
+                    self.ports.first_answers.add(self.group.name, self.call.stream, waited, place)
                     if self.plan.observes_latency:
-                        mapping = attempt.route.mapping
-                        await self.ports.latency.observe((mapping.endpoint, mapping.model), waited)
+                        await self.ports.latency.observe(place, waited)
                 answered = not self.call.stream
                 return Answered(attempt.attempt_id) if answered else Content(attempt.attempt_id)
             return await self._attempt_failed(attempt)
@@ -381,6 +390,7 @@ class Executor:
             routing.admitted_as,
             route.dispatch,
             self._group_path(route),
+            endpoint_timeouts(endpoint, self.defaults),
         )
         seam = Seam(self.relay.delivered()) if action.kind == "resume" else None
         call = None

@@ -5,14 +5,14 @@ resumed on (contract §5 "Resume": another mapping of the same upstream model).
 
 Pure: config values and plain numbers in, a frozen policy out. :class:`FirstAnswerTimes` is
 the one piece of state, kept by the gateway per config generation, that ``hedge.after_p95``
-reads.
+(per model group) and the ``deadline_insufficient`` check (per mapping) read.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Final
+from typing import Final, TypeVar
 
 from ledger.events import Requirements
 from router.config import Defaults, ModelGroup
@@ -21,8 +21,8 @@ from router.request.walk import Target, WalkPolicy
 
 __all__ = ["FirstAnswerTimes", "group_targets", "hedge_p95", "walk_policy"]
 
-_LATENCY_WINDOW: Final = 200  # the answers a group's p95 is taken over
-_LATENCY_MIN_SAMPLES: Final = 20  # fewer: hedge.after_ms stands
+_LATENCY_WINDOW: Final = 200  # the answers a group's (or a mapping's) p95 is taken over
+_LATENCY_MIN_SAMPLES: Final = 20  # fewer: hedge.after_ms stands, the mapping is unmeasured
 
 
 def group_targets(group: ModelGroup) -> tuple[Target, ...]:
@@ -97,23 +97,50 @@ def hedge_p95(defaults: Defaults) -> bool:
     return defaults.hedge.enabled and defaults.hedge.after_p95
 
 
+Place = tuple[str, str]
+"""(endpoint id, upstream model): one mapping."""
+
+
 class FirstAnswerTimes:
-    """How long a model group's attempts took to answer (a stream: to its first content), the
-    last :data:`_LATENCY_WINDOW` of each group and shape, for ``hedge.after_p95``."""
+    """How long attempts took to answer (a stream: to its first content), the last
+    :data:`_LATENCY_WINDOW` of each model group and shape, for ``hedge.after_p95``, and of
+    each mapping and shape, for the ``deadline_insufficient`` check (contract §4). Kept in
+    process: each gateway counts the answers it saw."""
 
     def __init__(self) -> None:
         self._seen: dict[tuple[str, bool], deque[int]] = {}
+        self._by_place: dict[tuple[Place, bool], deque[int]] = {}
 
-    def add(self, group: str, stream: bool, ms: int) -> None:
-        window = self._seen.get((group, stream))
-        if window is None:
-            window = self._seen[(group, stream)] = deque(maxlen=_LATENCY_WINDOW)
-        window.append(ms)
+    def add(self, group: str, stream: bool, ms: int, place: Place | None = None) -> None:
+        """One answer of ``group`` (through the mapping at ``place``, when given)."""
+        _window(self._seen, (group, stream)).append(ms)
+        if place is not None:
+            _window(self._by_place, (place, stream)).append(ms)
 
     def p95(self, group: str, stream: bool) -> int | None:
-        """The 95th percentile, once :data:`_LATENCY_MIN_SAMPLES` were seen (else None)."""
-        window = self._seen.get((group, stream))
-        if window is None or len(window) < _LATENCY_MIN_SAMPLES:
-            return None
-        ordered = sorted(window)
-        return max(1, ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)])
+        """The group's 95th percentile, once :data:`_LATENCY_MIN_SAMPLES` were seen (else
+        None)."""
+        return _p95(self._seen.get((group, stream)))
+
+    def place_p95s(self, places: tuple[Place, ...], stream: bool) -> dict[Place, int]:
+        """Each mapping's 95th percentile, where measured (once :data:`_LATENCY_MIN_SAMPLES`
+        were seen); a mapping left out is unmeasured."""
+        figures = {place: _p95(self._by_place.get((place, stream))) for place in places}
+        return {place: ms for place, ms in figures.items() if ms is not None}
+
+
+_K = TypeVar("_K")
+
+
+def _window(windows: dict[_K, deque[int]], key: _K) -> deque[int]:
+    window = windows.get(key)
+    if window is None:
+        window = windows[key] = deque(maxlen=_LATENCY_WINDOW)
+    return window
+
+
+def _p95(window: deque[int] | None) -> int | None:
+    if window is None or len(window) < _LATENCY_MIN_SAMPLES:
+        return None
+    ordered = sorted(window)
+    return max(1, ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)])

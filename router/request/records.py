@@ -17,6 +17,7 @@ from typing import Any, Literal
 from ledger import events as ev
 from router.adapters.breaker_policy import BreakerSettings, Figures, crossed
 from router.adapters.breakers import Transition
+from router.config import Defaults, Endpoint
 from router.drivers import DriverResult, DriverStream, UpstreamFailure
 from router.errors import GatewayError
 from router.request.call import Call, Caller
@@ -31,6 +32,7 @@ __all__ = [
     "attempt_finished",
     "attempt_started",
     "breaker_transitioned",
+    "endpoint_timeouts",
     "failed_end",
     "failover_decided",
     "request_completed",
@@ -229,6 +231,19 @@ def route_evaluated(
     )
 
 
+def endpoint_timeouts(endpoint: Endpoint, policy: Defaults) -> ev.Timeouts | None:
+    """The timeouts an attempt on ``endpoint`` runs under, when the endpoint's own
+    ``timeouts:`` block is laid over the group's ``policy`` (else None: the policy's)."""
+    if endpoint.timeouts is None:
+        return None
+    effective = endpoint.timeouts.over(policy)
+    return ev.Timeouts(
+        attempt_timeout_ms=effective.attempt_timeout_ms,
+        first_token_timeout_ms=effective.first_token_timeout_ms,
+        stream_idle_timeout_ms=effective.stream_idle_timeout_ms,
+    )
+
+
 def attempt_started(
     request_id: str,
     attempt_id: str,
@@ -247,6 +262,7 @@ def attempt_started(
     admitted_as: str,
     dispatch: Dispatch | None = None,
     group_path: tuple[str, ...] = (),
+    timeouts: ev.Timeouts | None = None,
 ) -> ev.AttemptStarted:
     return ev.AttemptStarted(
         request_id=request_id,
@@ -272,6 +288,7 @@ def attempt_started(
         pool=dispatch.pool if dispatch else None,
         group_path=group_path,
         preferred_endpoint=dispatch.preferred if dispatch else None,
+        timeouts=timeouts,
     )
 
 

@@ -100,6 +100,7 @@ class Routing:
 
     __slots__ = (
         "_budget",
+        "_deadline",
         "_denied",
         "_journal",
         "_plan",
@@ -127,8 +128,11 @@ class Routing:
         request_id: str,
         budget: Budget,
         journal: Journal[Any],
+        *,
+        deadline: float | None = None,
     ) -> None:
         self._ports = ports
+        self._deadline = deadline  # the request's, on the ports' monotonic clock
         self._plan = plan
         self._workspace = workspace
         self._requirements = requirements
@@ -200,17 +204,26 @@ class Routing:
         # Priced as at this attempt's start: its reservation and its settlement use the
         # price in force now (contract §2, price history), whenever it ends.
         group = plan.group.priced_at(ports.clock.now())
+        context = action.context
+        if self._deadline is not None:
+            # contract §4 deadline_insufficient: held against what is left right now, so a
+            # failover does not start what cannot finish.
+            left_ms = max(0, int((self._deadline - ports.clock.monotonic()) * 1000))
+            context = dataclasses.replace(context, remaining_ms=left_ms)
         candidates = evaluate(
             ports.config,
             self._workspace,
             group,
             self._requirements,
-            action.context,
+            context,
             breaker_open=breaker_open,
             over_budget=await self._budget.over_budget_check(),
             latencies=latencies,
             saturated=saturated,
             credentials_disabled=functools.partial(disabled_detail, disabled),
+            first_content_p95=ports.first_answers.place_p95s(
+                plan.places, self._requirements.stream
+            ),
             quota_exhausted=_quota_lookup(ports.breakers.quota_opened(), blocked),
         )
         return group, candidates

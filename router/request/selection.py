@@ -23,6 +23,7 @@ from ledger.events import (
     Requirements,
     RouteChoice,
     data_class_rank,
+    retention_rank,
 )
 from router.config import Config, Endpoint, Mapping, ModelGroup, Workspace
 from router.request.scope import EndpointScope, endpoint_scope
@@ -107,6 +108,7 @@ class RouteContext:
     tried_endpoints: frozenset[str] = frozenset()  # left by a failover: never entered again
     larger_context_than: int | None = None  # after context_too_small: only larger windows
     excluded_models: frozenset[str] = frozenset()  # upstream models never tried again
+    remaining_ms: int | None = None  # of the request's deadline, when this evaluation runs
     # Endpoints whose provider account answered insufficient_quota in this request (a quota
     # failover, contract §4 "Quota failover"): no endpoint of those accounts is entered again.
     quota_exhausted: frozenset[str] = frozenset()
@@ -128,6 +130,7 @@ class _Subject:
     exhausted_accounts: AbcMapping[str, str]  # account → an endpoint that ran out on it
     unpriced: str | None  # the dimensions the mapping has no price for
     worst_case_usd: Decimal | None  # None while something is unpriced
+    first_content_p95_ms: int | None  # the mapping's measured p95; None: unmeasured
     breaker_open: BreakerOpen
     saturated: Saturated | None
     over_budget: OverBudget | None
@@ -184,6 +187,18 @@ def _data_class_not_allowed(s: _Subject) -> str | None:
     return None if s.scope.data_class in s.endpoint.data_classes else s.scope.data_class
 
 
+def _retention_exceeded(s: _Subject) -> str | None:
+    bound = s.requirements.retention
+    if bound is None:
+        return None
+    kept = s.endpoint.retention
+    if kept is None:
+        return f"endpoint {s.endpoint.id} does not declare its retention; required {bound}"
+    if retention_rank(kept) > retention_rank(bound):
+        return f"endpoint {s.endpoint.id} keeps {kept}; required {bound}"
+    return None
+
+
 def _missing_capability(s: _Subject) -> str | None:
     missing = set(s.requirements.capabilities) - s.mapping.capabilities
     return ",".join(sorted(missing)) if missing else None
@@ -217,6 +232,13 @@ def _context_too_small(s: _Subject) -> str | None:
 
 def _unpriced_input(s: _Subject) -> str | None:
     return s.unpriced
+
+
+def _deadline_insufficient(s: _Subject) -> str | None:
+    remaining, p95 = s.context.remaining_ms, s.first_content_p95_ms
+    if remaining is None or p95 is None or p95 <= remaining:
+        return None  # an unmeasured mapping may always try
+    return f"p95 time to first content {p95} ms > {remaining} ms left of the deadline"
 
 
 def _credentials_disabled(s: _Subject) -> str | None:
@@ -255,10 +277,12 @@ _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.OUT_OF_SCOPE, _out_of_scope),
     (ReasonCode.REGION_NOT_ALLOWED, _region_not_allowed),
     (ReasonCode.DATA_CLASS_NOT_ALLOWED, _data_class_not_allowed),
+    (ReasonCode.RETENTION_EXCEEDED, _retention_exceeded),
     (ReasonCode.MISSING_CAPABILITY, _missing_capability),
     (ReasonCode.DIALECT_UNSUPPORTED, _dialect_unsupported),
     (ReasonCode.UNPRICED_INPUT, _unpriced_input),
     (ReasonCode.CONTEXT_TOO_SMALL, _context_too_small),
+    (ReasonCode.DEADLINE_INSUFFICIENT, _deadline_insufficient),
     (ReasonCode.CREDENTIALS_DISABLED, _credentials_disabled),
     (ReasonCode.BREAKER_OPEN, _breaker_open),
     (ReasonCode.ENDPOINT_SATURATED, _endpoint_saturated),
@@ -281,12 +305,15 @@ def evaluate(
     latencies: AbcMapping[tuple[str, str], float] | None = None,
     saturated: Saturated | None = None,
     credentials_disabled: CredentialsDisabled | None = None,
+    first_content_p95: AbcMapping[tuple[str, str], int] | None = None,
     quota_exhausted: QuotaExhausted | None = None,
 ) -> tuple[Candidate, ...]:
     """One candidate per mapping of ``group``, in mapping order: eligible, or excluded with
     the reason code of the first failing check in :data:`CHECK_ORDER`. ``latencies``: each
     (endpoint, upstream model)'s moving average of time to first content, where measured,
-    recorded on its candidate for the ``least_latency`` strategy.
+    recorded on its candidate for the ``least_latency`` strategy. ``first_content_p95``: each
+    (endpoint, upstream model)'s p95 time to first content over its recent answers, where
+    measured, held against ``context.remaining_ms`` (``deadline_insufficient``).
 
     ``credentials_disabled``, ``breaker_open``, ``saturated`` and ``over_budget`` are called at
     most once per mapping, in mapping order, and only for a mapping that passed every check
@@ -316,6 +343,9 @@ def evaluate(
             worst_case_usd=None
             if missing is not None
             else worst_case_cost(mapping, requirements, endpoint.driver),
+            first_content_p95_ms=None
+            if first_content_p95 is None
+            else first_content_p95.get((mapping.endpoint, mapping.model)),
             breaker_open=breaker_open,
             saturated=saturated,
             over_budget=over_budget,

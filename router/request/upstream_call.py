@@ -54,6 +54,8 @@ def attempt_binding(
     """The attempt's endpoint and timeouts, as of its start, none beyond ``remaining_s`` of
     the request's deadline (which bounds the attempt all the same)."""
     remaining_s = max(0.001, remaining_s)
+    if endpoint.timeouts is not None:
+        defaults = endpoint.timeouts.over(defaults)  # contract §2: key by key over the policy
     # contract §8: the upstream joins the request's trace (the caller's, if it sent one) as
     # a child of this attempt's span, whose id otel/ derives from the attempt id.
     trace = call.trace

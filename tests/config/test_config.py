@@ -166,6 +166,7 @@ def _rolling_defaults_and_an_endpoint_threshold(data: dict[str, Any]) -> None:
     _endpoint(data)["breaker"] = {"failure_threshold": 1}
 
 
+RETENTION_MESSAGE = "must be none, zero or a number of days such as 30d (1d to 99999d)"
 ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     (
         "unknown_key",
@@ -252,6 +253,46 @@ ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "bad_data_class",
         lambda d: d["workspaces"][0].update(data_class="secret"),
         "workspaces[0].data_class: must be 'public', 'internal' or 'restricted'",
+    ),
+    (
+        "endpoint_timeouts_unknown_key",
+        lambda d: _endpoint(d).update(timeouts={"connect_timeout_ms": 500}),
+        "endpoints[0].timeouts.connect_timeout_ms: unknown key",
+    ),
+    (
+        "endpoint_timeouts_not_positive",
+        lambda d: _endpoint(d).update(timeouts={"first_token_timeout_ms": 0}),
+        "endpoints[0].timeouts.first_token_timeout_ms: must be > 0",
+    ),
+    (
+        "endpoint_timeouts_not_an_integer",
+        lambda d: _endpoint(d).update(timeouts={"attempt_timeout_ms": "2s"}),
+        "endpoints[0].timeouts.attempt_timeout_ms: must be an integer",
+    ),
+    (
+        "endpoint_timeouts_not_a_mapping",
+        lambda d: _endpoint(d).update(timeouts=5000),
+        "endpoints[0].timeouts: must be a mapping",
+    ),
+    (
+        "bad_endpoint_retention",
+        lambda d: _endpoint(d).update(retention="30 days"),
+        "endpoints[0].retention: " + RETENTION_MESSAGE,
+    ),
+    (
+        "zero_days_endpoint_retention",
+        lambda d: _endpoint(d).update(retention="0d"),
+        "endpoints[0].retention: " + RETENTION_MESSAGE,
+    ),
+    (
+        "bad_workspace_retention",
+        lambda d: d["workspaces"][0].update(retention="forever"),
+        "workspaces[0].retention: " + RETENTION_MESSAGE,
+    ),
+    (
+        "numeric_workspace_retention",
+        lambda d: d["workspaces"][0].update(retention=30),
+        "workspaces[0].retention: must be a string",
     ),
     (
         "bad_endpoint_data_class",
@@ -980,6 +1021,33 @@ def test_retry_rules_cover_exactly_the_failure_classes() -> None:
     assert tuple(RetrySameEndpoint.model_fields) == FAILURE_CLASSES
     assert tuple(c.value for c in FailureClass) == FAILURE_CLASSES
     assert all(RetrySameEndpoint().rule(c) is not None for c in FailureClass)
+
+
+def test_an_endpoints_timeouts_are_laid_over_the_groups_policy_key_by_key() -> None:
+    data = _mutated(lambda d: _endpoint(d).update(timeouts={"first_token_timeout_ms": 700}))
+    config = parse_config(yaml.safe_dump(data), environ=ENV)
+    own = config.endpoints[0].timeouts
+    assert own is not None and config.endpoints[1].timeouts is None
+    policy = Defaults(attempt_timeout_ms=9000, first_token_timeout_ms=4000)
+    laid = own.over(policy)
+    assert (laid.attempt_timeout_ms, laid.first_token_timeout_ms) == (9000, 700)
+    assert laid.stream_idle_timeout_ms == policy.stream_idle_timeout_ms
+    assert laid.max_attempts == policy.max_attempts
+    summary = config.redacted_summary()["endpoints"]
+    assert summary[0]["timeouts"] == {"first_token_timeout_ms": 700}
+    assert "timeouts" not in summary[1]
+
+
+def test_retention_is_read_from_endpoints_and_workspaces_and_summarized() -> None:
+    data = _mutated(lambda d: _endpoint(d).update(retention="30d"))
+    data["workspaces"][0]["retention"] = "zero"
+    config = parse_config(yaml.safe_dump(data), environ=ENV)
+    assert (config.endpoints[0].retention, config.endpoints[1].retention) == ("30d", None)
+    assert config.workspaces[0].retention == "zero"
+    summary = config.redacted_summary()
+    assert summary["endpoints"][0]["retention"] == "30d"
+    assert "retention" not in summary["endpoints"][1]
+    assert summary["workspaces"][0]["retention"] == "zero"
 
 
 def test_data_classes_rank_public_below_internal_below_restricted() -> None:

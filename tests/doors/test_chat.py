@@ -73,6 +73,37 @@ def test_the_header_reaches_the_requirements() -> None:
 
 
 @pytest.mark.parametrize(
+    ("workspace_bound", "header", "required"),
+    [
+        (None, None, None),
+        (None, "30d", "30d"),
+        (None, " ZERO ", "zero"),
+        ("30d", None, "30d"),
+        ("30d", "7d", "7d"),  # the header narrows
+        ("7d", "30d", "7d"),  # and never widens
+        ("zero", "1d", "zero"),
+        ("none", "zero", "none"),
+    ],
+)
+def test_the_retention_header_narrows_the_workspaces_bound_never_widens_it(
+    workspace_bound: str | None, header: str | None, required: str | None
+) -> None:
+    workspace = WORKSPACE.model_copy(update={"retention": workspace_bound})
+    headers = read_headers({} if header is None else {"x-waybill-retention": header})
+    call = parse_body(orjson.dumps({"model": "chat", "messages": MESSAGES}))
+    assert call.requirements(workspace, headers).retention == required
+
+
+@pytest.mark.parametrize("value", ["none", "0d", "30", "d", "-1d", "1.5d", "", "100000d"])
+def test_a_bad_retention_header_is_a_400_naming_it(value: str) -> None:
+    with pytest.raises(GatewayError) as caught:
+        read_headers({"x-waybill-retention": value})
+    error = caught.value
+    assert (error.status, error.code) == (400, "invalid_request")
+    assert error.param == "X-Waybill-Retention"
+
+
+@pytest.mark.parametrize(
     ("value", "granted"),
     [(None, False), ("true", True), ("yes", True), ("unknown", True), ("false", False)],
 )

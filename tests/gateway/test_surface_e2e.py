@@ -114,6 +114,7 @@ async def test_bad_header_values_are_a_400(database_url):
             ("X-Waybill-Deadline-Ms", "-5"),
             ("X-Waybill-Allow-Failover", "maybe"),
             ("X-Waybill-Data-Class", "secret"),
+            ("X-Waybill-Retention", "forever"),
         ]:
             response = await http.post("/v1/chat/completions", json=BODY, headers={name: value})
             error = assert_error_shape(response, 400, "invalid_request")

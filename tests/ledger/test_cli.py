@@ -169,6 +169,24 @@ def test_check_config_accepts_the_example_and_names_each_bad_field(tmp_path: Pat
     assert "sk-test-secret-value" not in result.stderr + result.stdout
 
 
+def test_check_config_refuses_malformed_retention_and_endpoint_timeouts(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[2] / "docs" / "config.example.yaml"
+    env = {"OPENAI_API_KEY": "sk-test-secret-value", "ANTHROPIC_API_KEY": "sk-ant-secret"}
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        example.read_text()
+        .replace("retention: 30d ", "retention: 30days ", 1)
+        .replace("timeouts: {first_token_timeout_ms: 8000}", "timeouts: {connect_ms: 8000}", 1)
+        .replace("# retention: 30d ", "retention: forever ", 1)
+    )
+    result = waybill("check-config", str(bad), database_url="sqlite://", env=env)
+    assert result.returncode == 1
+    assert "endpoints[0].retention: must be none, zero or a number of days" in result.stderr
+    assert "endpoints[0].timeouts.connect_ms: unknown key" in result.stderr
+    assert "workspaces[0].retention: must be none, zero or a number of days" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_version_names_the_release_and_the_schema_it_migrates_to(empty_database_url: str) -> None:
     shown = waybill("--version", database_url=empty_database_url)
     assert shown.returncode == 0, shown.stderr

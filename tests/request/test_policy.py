@@ -81,6 +81,19 @@ def test_after_p95_takes_the_observed_p95_once_there_is_one() -> None:
     assert walk_policy(defaults, Requirements(), (), times.p95("chat", False)).hedge_after_ms == 19
 
 
+def test_a_mappings_p95_counts_its_own_answers_once_there_are_twenty() -> None:
+    times = FirstAnswerTimes()
+    fast, slow = ("a", "m"), ("b", "m")
+    for ms in range(1, 21):
+        times.add("chat", False, ms, fast)
+        times.add("chat", False, ms * 100, slow if ms < 20 else None)
+    assert times.place_p95s((fast, slow), False) == {fast: 19}, "b: 19 answers, unmeasured"
+    assert times.place_p95s((fast, slow), True) == {}, "streams and buffered answers apart"
+    times.add("other", False, 5000, slow)  # a mapping's answers count whatever group asked
+    assert times.place_p95s((slow,), False) == {slow: 1900}
+    assert times.p95("chat", False) == 1800, "the group's p95 counts all its 40 answers"
+
+
 def test_each_pool_keeps_its_own_hedging_unless_the_request_has_server_side_effects() -> None:
     hedged = Defaults(hedge=Hedge(enabled=True, after_ms=250, max_ways=2, after_p95=True))
     pools = (("local", hedged), ("cloud", Defaults()))

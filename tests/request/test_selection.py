@@ -314,6 +314,110 @@ def test_data_class_not_allowed_names_the_data_class():
     assert candidates[0].detail == "restricted"
 
 
+def _retention_config(retentions: list[str | None]) -> Config:
+    data = {
+        "endpoints": [
+            {
+                "id": f"ep{i}",
+                "driver": "openai",
+                "base_url": f"https://ep{i}.invalid/v1",
+                "region": "us-east",
+                "data_classes": ["internal"],
+                **({"retention": r} if r is not None else {}),
+            }
+            for i, r in enumerate(retentions)
+        ],
+        "models": [
+            {
+                "name": "g",
+                "mappings": [
+                    {
+                        "endpoint": f"ep{i}",
+                        "model": "m",
+                        "context_window": 1000,
+                        "max_output_tokens": 100,
+                        "price": {"input_per_mtok": 1, "output_per_mtok": 2},
+                    }
+                    for i in range(len(retentions))
+                ],
+            }
+        ],
+        "workspaces": [
+            {"id": "w", "models": ["g"], "regions": ["us-east"], "data_class": "internal"}
+        ],
+    }
+    return parse_config(yaml.safe_dump(data), environ={})
+
+
+def _retention_reasons(bound: str | None) -> list[tuple[str | None, str | None]]:
+    config = _retention_config(["none", "zero", "1d", "30d", "31d", None])
+    candidates = evaluate(
+        config,
+        config.workspaces[0],
+        config.models[0],
+        Requirements(retention=bound),
+        RouteContext(),
+        breaker_open=_admit,
+    )
+    return [(c.reason_code.value if c.reason_code else None, c.detail) for c in candidates]
+
+
+def test_without_a_retention_bound_every_endpoint_is_eligible_declared_or_not():
+    assert [reason for reason, _ in _retention_reasons(None)] == [None] * 6
+
+
+def test_retention_over_the_bound_or_undeclared_is_excluded_naming_both():
+    assert _retention_reasons("30d") == [
+        (None, None),
+        (None, None),
+        (None, None),
+        (None, None),
+        ("retention_exceeded", "endpoint ep4 keeps 31d; required 30d"),
+        ("retention_exceeded", "endpoint ep5 does not declare its retention; required 30d"),
+    ]
+
+
+def test_a_zero_bound_admits_only_endpoints_keeping_nothing_after_the_answer():
+    reasons = [reason for reason, _ in _retention_reasons("zero")]
+    assert reasons == [None, None] + ["retention_exceeded"] * 4
+    reasons = [reason for reason, _ in _retention_reasons("none")]
+    assert reasons == [None] + ["retention_exceeded"] * 5
+
+
+def _deadline_reasons(
+    remaining_ms: int | None, p95s: dict[tuple[str, str], int] | None
+) -> list[tuple[str | None, str | None]]:
+    config = _retention_config([None, None, None])
+    candidates = evaluate(
+        config,
+        config.workspaces[0],
+        config.models[0],
+        Requirements(),
+        RouteContext(remaining_ms=remaining_ms),
+        breaker_open=_admit,
+        first_content_p95=p95s,
+    )
+    return [(c.reason_code.value if c.reason_code else None, c.detail) for c in candidates]
+
+
+def test_a_mapping_slower_than_the_deadline_left_is_excluded_naming_both_figures():
+    # ep0 is slower than what is left, ep1 just as fast as it, ep2 unmeasured: it may try.
+    assert _deadline_reasons(800, {("ep0", "m"): 801, ("ep1", "m"): 800}) == [
+        (
+            "deadline_insufficient",
+            "p95 time to first content 801 ms > 800 ms left of the deadline",
+        ),
+        (None, None),
+        (None, None),
+    ]
+
+
+def test_without_a_deadline_or_figures_no_mapping_is_excluded_for_time():
+    assert _deadline_reasons(None, {("ep0", "m"): 10_000}) == [(None, None)] * 3
+    assert _deadline_reasons(0, None) == [(None, None)] * 3
+    assert _deadline_reasons(0, {}) == [(None, None)] * 3
+
+
 def test_missing_capability_lists_the_missing_names_comma_joined():
     candidates = _evaluate(Requirements(capabilities=("text", "vision", "json_schema")))
     assert _reasons(candidates)[:3] == ["missing_capability", "missing_capability", None]
@@ -477,10 +581,12 @@ SPEC_ORDER = (
     R.OUT_OF_SCOPE,
     R.REGION_NOT_ALLOWED,
     R.DATA_CLASS_NOT_ALLOWED,
+    R.RETENTION_EXCEEDED,
     R.MISSING_CAPABILITY,
     R.DIALECT_UNSUPPORTED,
     R.UNPRICED_INPUT,
     R.CONTEXT_TOO_SMALL,
+    R.DEADLINE_INSUFFICIENT,
     R.CREDENTIALS_DISABLED,
     R.BREAKER_OPEN,
     R.ENDPOINT_SATURATED,
@@ -504,6 +610,7 @@ def _single_mapping_config(disabled: bool, far_region: bool) -> Config:
                 "region": "ap-south" if far_region else "us-east",
                 "data_classes": ["public", "internal"],
                 "enabled": not disabled,
+                "retention": "30d",
             },
             {  # a disabled spare: never eligible, never asked about live state
                 "id": "spare",
@@ -570,6 +677,7 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
         kind="embedding" if R.MODEL_KIND_MISMATCH in failing else "chat",
         regions=("nowhere",) if R.SCOPE_EMPTY in failing else None,
         data_class="restricted" if R.DATA_CLASS_NOT_ALLOWED in failing else "internal",
+        retention="7d" if R.RETENTION_EXCEEDED in failing else "30d",
         capabilities=("text", "vision") if R.MISSING_CAPABILITY in failing else ("text",),
         image_inputs=1 if R.UNPRICED_INPUT in failing else 0,  # the mapping prices no image
         unsupported=(("openai", "thinking"),) if R.DIALECT_UNSUPPORTED in failing else (),
@@ -578,6 +686,7 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
         endpoints=("spare",) if R.OUT_OF_SCOPE in failing else None,
     )
     tried = frozenset({"ep"}) if R.ALREADY_TRIED in failing else frozenset()
+    remaining = 499 if R.DEADLINE_INSUFFICIENT in failing else 500
     exhausted = frozenset({"ep"}) if R.QUOTA_EXHAUSTED in failing else frozenset()
     workspace, group = config.workspaces[0], config.models[0]
     candidate, _spare = evaluate(
@@ -585,11 +694,12 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
         workspace,
         group,
         requirements,
-        RouteContext(tried_endpoints=tried, quota_exhausted=exhausted),
+        RouteContext(tried_endpoints=tried, remaining_ms=remaining, quota_exhausted=exhausted),
         breaker_open=breaker,
         saturated=saturated,
         over_budget=budget,
         credentials_disabled=disabled,
+        first_content_p95={("ep", "m"): 500},
     )
     return candidate, called
 
