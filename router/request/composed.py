@@ -189,7 +189,13 @@ class ComposedRouting(Routing):
         """The composer chooses a member by tier and weight: its own mapping, executed
         exactly, or a pool, delegated to with the composer's preference."""
         ports = self._ports
-        chosen = select(members, ports.rr, self._workspace.id, group)
+        at = _member_holding(composition, flat, members, self._requirements.prefer_endpoint)
+        if at is not None:  # the caller's preference, ahead of tier and weight as in a group
+            chosen: ev.RouteChoice | None = _choice(members[at]).model_copy(
+                update={"preferred": True}
+            )
+        else:
+            chosen = select(members, ports.rr, self._workspace.id, group)
         self._record(members, chosen, action, group.strategy, (composition.name,))
         if chosen is None:
             return None
@@ -226,7 +232,9 @@ class ComposedRouting(Routing):
             return None
         local = _local(flat, member.offset, len(member.group.mappings))
         inner = member.group.priced_at(ports.clock.now())
-        chosen = select(local, ports.rr, self._workspace.id, inner)
+        chosen = select(
+            local, ports.rr, self._workspace.id, inner, self._requirements.prefer_endpoint
+        )
         path = composition.path(member.name)
         self._record(local, chosen, action, inner.strategy, path)
         if chosen is None:
@@ -305,6 +313,38 @@ class ComposedRouting(Routing):
         )
         check_dispatch(self._composition, self._plan.group, dispatch)
         return dataclasses.replace(route, dispatch=dispatch)
+
+
+def _member_holding(
+    composition: Composition,
+    flat: tuple[ev.Candidate, ...],
+    members: tuple[ev.Candidate, ...],
+    endpoint: str | None,
+) -> int | None:
+    """The composer's candidate (its own mapping, or a pool) that holds an eligible mapping
+    of the caller's preferred ``endpoint`` (X-Waybill-Prefer-Endpoint), the lowest tier
+    first; None when none does (the preference is overruled)."""
+    if endpoint is None:
+        return None
+    holding = [
+        at
+        for at, member in enumerate(members)
+        if member.eligible
+        and any(
+            c.eligible and c.endpoint == endpoint for c in _members_mappings(composition, flat, at)
+        )
+    ]
+    return min(holding, key=lambda at: (members[at].tier, at), default=None)
+
+
+def _members_mappings(
+    composition: Composition, flat: tuple[ev.Candidate, ...], at: int
+) -> tuple[ev.Candidate, ...]:
+    """The flat candidates behind the composer's candidate ``at``."""
+    if at < composition.own:
+        return (flat[at],)
+    member = composition.pools[at - composition.own]
+    return flat[member.offset : member.offset + len(member.group.mappings)]
 
 
 def _local(flat: tuple[ev.Candidate, ...], offset: int, size: int) -> tuple[ev.Candidate, ...]:

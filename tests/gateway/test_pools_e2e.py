@@ -357,3 +357,26 @@ async def test_a_pool_hedges_by_its_own_policy_not_the_composed_groups(database_
         _, started = await _story(gw, request_id)
         assert [a["kind"] for a in started] == ["call"]
         assert gw.upstreams["local-b"].hits == 0
+
+
+async def test_the_callers_preferred_endpoint_is_honoured_across_and_inside_pools(database_url):
+    async with running_gateway(database_url, UPSTREAMS, [Route("cloud")], **_pooled()) as gw:
+        client = gw.client()
+        for prefer in ("cloud", "local-b", "nowhere"):
+            raw = await client.chat.completions.with_raw_response.create(
+                model="chat",
+                messages=MESSAGES,
+                extra_headers={"X-Waybill-Prefer-Endpoint": prefer},
+            )
+            served = raw.headers["x-waybill-endpoint"]
+            evaluated, started = await _story(gw, raw.headers["x-request-id"])
+            composer, pool = evaluated
+            if prefer == "nowhere":  # overruled: the composer's own choice stands
+                assert served == "local-a"
+                assert not composer["chosen"].get("preferred")
+                continue
+            assert served == prefer
+            assert composer["chosen"]["preferred"] is True
+            assert pool["chosen"]["endpoint"] == prefer
+            assert pool["chosen"]["preferred"] is True
+            assert started[0]["dispatch"] == "delegate_pool"
