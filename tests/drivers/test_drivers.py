@@ -335,7 +335,8 @@ async def test_insufficient_quota_is_quota_exhausted(driver, kind):
     async with FakeUpstream("east", plan=[Behavior.insufficient_quota()]) as up:
         failure = await _complete_failure(driver, _binding(up, kind))
     assert failure.classification.failure_class is FailureClass.QUOTA_EXHAUSTED
-    assert failure.classification.may_fail_over == "no"
+    # Whether it fails over is the group's approved policy (on_quota_exhausted), not the class's.
+    assert failure.classification.may_fail_over == "per_on_quota_exhausted"
 
 
 @pytest.mark.parametrize(
