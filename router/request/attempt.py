@@ -19,9 +19,11 @@ from router.config import Mapping as ModelMapping
 from router.drivers import DriverResult, DriverStream, PreparedCall, UpstreamFailure
 from router.request.classify import Classification
 from router.request.composer import Dispatch
+from router.request.moves import (
+    Kind,
+)
 from router.request.ports import UpstreamDriver
 from router.request.resume import Seam
-from router.request.walk import Kind
 
 __all__ = ["Attempt", "AttemptRoute", "Mailbox"]
 

@@ -33,11 +33,16 @@ from router.request.composer import (
     pool_candidate,
     preferred,
 )
+from router.request.moves import (
+    Route,
+    Routed,
+    Target,
+    Unroutable,
+)
 from router.request.ports import Budget, Journal, Ports
 from router.request.records import route_evaluated
 from router.request.routing import GroupPlan, Routing
 from router.request.selection import select
-from router.request.walk import Route, Routed, Target, Unroutable
 
 __all__ = ["ComposedRouting", "routing_for"]
 

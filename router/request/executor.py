@@ -54,24 +54,7 @@ from router.request.composer import CompositionError
 from router.request.endings import Endings
 from router.request.final_error import final_error
 from router.request.journal import KeyMoved
-from router.request.policy import hedge_p95, walk_policy
-from router.request.ports import Budget, Journal, Ports, Timer
-from router.request.records import (
-    AttemptEnd,
-    answered_end,
-    attempt_started,
-    endpoint_timeouts,
-    request_received,
-    stream_committed,
-    streamed_end,
-)
-from router.request.relay import SEAM_BROKEN, StreamRelay
-from router.request.resume import Seam, can_continue
-from router.request.routing import GroupPlan
-from router.request.runner import AttemptRunner
-from router.request.scope import endpoint_scope
-from router.request.upstream_call import server_address
-from router.request.walk import (
+from router.request.moves import (
     Answered,
     ArmHedge,
     Begin,
@@ -92,6 +75,25 @@ from router.request.walk import (
     Started,
     Unroutable,
     Wait,
+)
+from router.request.policy import hedge_p95, walk_policy
+from router.request.ports import Budget, Journal, Ports, Timer
+from router.request.records import (
+    AttemptEnd,
+    answered_end,
+    attempt_started,
+    endpoint_timeouts,
+    request_received,
+    stream_committed,
+    streamed_end,
+)
+from router.request.relay import SEAM_BROKEN, StreamRelay
+from router.request.resume import Seam, can_continue
+from router.request.routing import GroupPlan
+from router.request.runner import AttemptRunner
+from router.request.scope import endpoint_scope
+from router.request.upstream_call import server_address
+from router.request.walk import (
     Walk,
     advance,
 )

@@ -29,7 +29,9 @@ from router.errors import (
 )
 from router.request.classify import Classification
 from router.request.decision import Decision
-from router.request.walk import Fail
+from router.request.moves import (
+    Fail,
+)
 
 __all__ = [
     "ADMISSION_REFUSALS",

@@ -16,8 +16,13 @@ from typing import Final, TypeVar
 
 from ledger.events import Requirements
 from router.config import Defaults, ModelGroup
+from router.request.moves import (
+    Target,
+)
 from router.request.scope import EndpointScope
-from router.request.walk import Target, WalkPolicy
+from router.request.walk import (
+    WalkPolicy,
+)
 
 __all__ = ["FirstAnswerTimes", "group_targets", "hedge_p95", "walk_policy"]
 

@@ -25,11 +25,17 @@ from router.config import Config, Defaults, ModelGroup, Workspace
 from router.config import Mapping as ModelMapping
 from router.request.attempt import AttemptRoute
 from router.request.composer import Composition, compose
+from router.request.moves import (
+    Refusal,
+    Route,
+    Routed,
+    Target,
+    Unroutable,
+)
 from router.request.policy import group_targets
 from router.request.ports import Budget, Journal, Ports
 from router.request.records import route_evaluated
 from router.request.selection import evaluate, select
-from router.request.walk import Refusal, Route, Routed, Target, Unroutable
 from router.request.worst_case import worst_case_cost
 from router.support.ids import new_id
 

@@ -26,8 +26,10 @@ from router.request.composer import (
     pool_candidate,
     preferred,
 )
+from router.request.moves import (
+    Target,
+)
 from router.request.routing import plan_for
-from router.request.walk import Target
 from tests.request.fakes import ENV, FakeDriver, World, answer
 
 

@@ -24,8 +24,7 @@ from router.drivers import UpstreamFailure
 from router.request.classify import RULES, BreakerScope, Transport, UpstreamOutcome, classify
 from router.request.decision import Decision
 from router.request.final_error import decision_error
-from router.request.selection import RouteContext
-from router.request.walk import (
+from router.request.moves import (
     Begin,
     Commit,
     Content,
@@ -41,6 +40,9 @@ from router.request.walk import (
     Target,
     Unroutable,
     Wait,
+)
+from router.request.selection import RouteContext
+from router.request.walk import (
     Walk,
     WalkPolicy,
     advance,

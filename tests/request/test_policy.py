@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from ledger.events import Requirements
 from router.config import Defaults, Hedge, ModelGroup
+from router.request.moves import (
+    Target,
+)
 from router.request.policy import FirstAnswerTimes, group_targets, hedge_p95, walk_policy
-from router.request.walk import Target
 
 
 def _group() -> ModelGroup:

@@ -13,9 +13,7 @@ from ledger.events import Evidence, FailureClass
 from router.config import Defaults
 from router.request.classify import RULES, Classification
 from router.request.decision import Decision
-from router.request.selection import RouteContext
-from router.request.walk import (
-    MAX_BUDGET_RACES,
+from router.request.moves import (
     Answered,
     ArmHedge,
     Begin,
@@ -34,10 +32,14 @@ from router.request.walk import (
     Run,
     Start,
     Started,
-    Step,
     Target,
     Unroutable,
     Wait,
+)
+from router.request.selection import RouteContext
+from router.request.walk import (
+    MAX_BUDGET_RACES,
+    Step,
     Walk,
     WalkPolicy,
     advance,

@@ -20,7 +20,7 @@ from ledger.audit.stories import Stories
 from ledger.events import Evidence, FailureClass
 from router.config import Defaults
 from router.request.classify import Classification
-from router.request.walk import (
+from router.request.moves import (
     Answered,
     ArmHedge,
     Begin,
@@ -43,6 +43,8 @@ from router.request.walk import (
     Target,
     Unroutable,
     Wait,
+)
+from router.request.walk import (
     Walk,
     WalkPolicy,
     advance,
