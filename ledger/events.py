@@ -8,7 +8,8 @@ The catalogue follows contract §7. Rules that hold for every type:
 - money is an exact ``Decimal`` (serialized as a plain decimal string, never a float);
 - durations are integer milliseconds; instants are the store's ``recorded_at`` unless a
   field says otherwise;
-- reason codes, failure classes and evidence use the vocabularies defined here once.
+- reason codes, failure classes and evidence use the vocabularies defined once in
+  ``ledger.values``, with the value records events carry (re-exported here).
 
 Changing a type's fields means a new ``schema_version`` and an upcaster in ``UPCASTERS``
 that turns the old payload into the new one, so that old events keep their meaning. A
@@ -17,18 +18,64 @@ new field needs none when its default is what every older event meant (``Request
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from decimal import Decimal
-from enum import StrEnum
-from typing import Annotated, Any, ClassVar, Final, Literal, get_args
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Final, Literal
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    PlainSerializer,
-    ValidationError,
+from pydantic import Field, ValidationError
+
+from ledger.codec import (
+    UPCASTERS,
+    EventValidationError,
+    InvalidEventPayload,
+    UnknownEventType,
+    upcast,
+)
+from ledger.codec import (
+    Upcaster as Upcaster,
+)
+from ledger.values import (
+    APIS,
+    DATA_CLASSES,
+    RETENTION_PATTERN,
+    AccountRef,
+    Api,
+    BucketComparison,
+    Candidate,
+    DataClass,
+    Evidence,
+    FailureClass,
+    Money,
+    PeriodTotal,
+    Rate,
+    ReasonCode,
+    Record,
+    Requirements,
+    RouteChoice,
+    Timeouts,
+    UnattributedUsage,
+    Usage,
+    absent,
+    data_class_rank,
+    nothing,
+    retention_rank,
+)
+from ledger.values import (
+    Id as Id,
+)
+from ledger.values import (
+    NonNegInt as NonNegInt,
+)
+from ledger.values import (
+    Period as Period,
+)
+from ledger.values import (
+    ReconciliationLine as ReconciliationLine,
+)
+from ledger.values import (
+    ReportStatus as ReportStatus,
+)
+from ledger.values import (
+    Sha256Hex as Sha256Hex,
 )
 
 __all__ = [
@@ -91,309 +138,10 @@ __all__ = [
 ]
 
 
-# --- vocabularies (contract §2, §4, §5): defined once; config validation, the OpenAPI schema
-# and the contract's tables (checked by tests/test_vocabulary.py) all derive from these ---
-
-
-class ReasonCode(StrEnum):
-    """Why a mapping was excluded from a route evaluation (contract §4)."""
-
-    ENDPOINT_DISABLED = "endpoint_disabled"
-    MODEL_KIND_MISMATCH = "model_kind_mismatch"
-    MISSING_CAPABILITY = "missing_capability"
-    CONTEXT_TOO_SMALL = "context_too_small"
-    REGION_NOT_ALLOWED = "region_not_allowed"
-    DATA_CLASS_NOT_ALLOWED = "data_class_not_allowed"
-    BREAKER_OPEN = "breaker_open"
-    ALREADY_TRIED = "already_tried"
-    OVER_BUDGET = "over_budget"
-    SCOPE_EMPTY = "scope_empty"
-    UNPRICED_INPUT = "unpriced_input"  # a billable input or output the mapping has no price for
-    ENDPOINT_SATURATED = "endpoint_saturated"  # its max_in_flight attempts are in flight
-    CREDENTIALS_DISABLED = "credentials_disabled"  # its key was refused: EndpointDisabled
-    # The endpoint's dialect cannot carry a feature the request needs (the detail names it).
-    DIALECT_UNSUPPORTED = "dialect_unsupported"
-    # A composed group's pools (contract §4 "Pools"): the workspace may not use the pool's
-    # group; or none of the pool's own mappings is eligible (its evaluation says why).
-    POOL_NOT_PERMITTED = "pool_not_permitted"
-    POOL_UNAVAILABLE = "pool_unavailable"
-    # The endpoint keeps requests longer than the request's retention bound allows, or does
-    # not say what it keeps (contract §4; the detail names both).
-    RETENTION_EXCEEDED = "retention_exceeded"
-    # Its measured p95 time to first content is longer than the request's deadline has
-    # left: a failover must not start what cannot finish (contract §4; both figures).
-    DEADLINE_INSUFFICIENT = "deadline_insufficient"
-    # Its provider account answered insufficient_quota (contract §4 "Quota failover").
-    QUOTA_EXHAUSTED = "quota_exhausted"
-    OUT_OF_SCOPE = "out_of_scope"  # outside the caller's endpoint scope (key, header, pin)
-    # The request continues a response whose state another endpoint holds (a Responses
-    # previous_response_id): no other endpoint can know it.
-    RESPONSE_AFFINITY = "response_affinity"
-
-
-class FailureClass(StrEnum):
-    """How an attempt failed (contract §5)."""
-
-    RATE_LIMITED = "rate_limited"
-    QUOTA_EXHAUSTED = "quota_exhausted"
-    CREDENTIALS = "credentials"
-    POLICY_DENIED = "policy_denied"
-    MODEL_UNAVAILABLE = "model_unavailable"
-    CONTEXT_TOO_SMALL = "context_too_small"
-    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
-    NETWORK_ERROR = "network_error"
-    TIMEOUT = "timeout"
-    RESPONSE_TOO_LARGE = "response_too_large"
-    INVALID_OUTPUT = "invalid_output"  # an answer that breaks the shape the request demanded
-    NON_RETRYABLE = "non_retryable"
-    CLIENT_CANCELED = "client_canceled"
-    DEADLINE_EXCEEDED = "deadline_exceeded"
-
-
-class Evidence(StrEnum):
-    """What we know about whether the upstream started (and so may bill) the work."""
-
-    NOT_STARTED = "not_started"
-    UNKNOWN = "unknown"
-    STARTED = "started"
-
-
-DataClass = Literal["public", "internal", "restricted"]
-"""How sensitive a request's data is (contract §2), least to most: a request may raise its
-workspace's class, never lower it, and an endpoint receives only the classes it lists."""
-
-DATA_CLASSES: Final[tuple[DataClass, ...]] = get_args(DataClass)
-"""The data classes in order, least sensitive first."""
-
-Api = Literal[
-    "openai.chat_completions", "anthropic.messages", "openai.responses", "openai.embeddings"
-]
-"""The client API (door) a request came through (contract §3 "Inference"). Events recorded
-before doors were named all came through the first."""
-
-APIS: Final[tuple[Api, ...]] = get_args(Api)
-
-
-def data_class_rank(data_class: DataClass) -> int:
-    """Position in public < internal < restricted."""
-    return DATA_CLASSES.index(data_class)
-
-
-RETENTION_PATTERN: Final = r"none|zero|[1-9][0-9]{0,4}d"
-"""What a provider keeps of a request (contract §2 ``retention``), least first: ``none``
-(nothing, not even for abuse monitoring), ``zero`` (zero data retention: nothing once the
-answer is delivered), ``<days>d`` (kept that many days, 1 to 99999)."""
-
-
-def retention_rank(retention: str) -> int:
-    """Position in none < zero < 1d < 2d < ...: a retention satisfies a bound it does not
-    exceed. ``retention`` matches :data:`RETENTION_PATTERN` (the config and the header
-    parsers see to it)."""
-    if retention == "none":
-        return -1
-    if retention == "zero":
-        return 0
-    return int(retention.removesuffix("d"))
-
-
-# --- field types ---
-
-
-def _refuse_float(value: Any) -> Any:
-    # A float has already lost exactness; money must arrive as Decimal, int or string.
-    if isinstance(value, float):
-        raise ValueError("money must be a decimal string or Decimal, not a float")
-    return value
-
-
-Money = Annotated[
-    Decimal,
-    BeforeValidator(_refuse_float),
-    Field(allow_inf_nan=False),
-    PlainSerializer(lambda d: format(d, "f"), return_type=str, when_used="json"),
-]
-"""An exact amount of US dollars; serialized as a plain decimal string (no exponent)."""
-
-NonNegInt = Annotated[int, Field(ge=0)]
-Id = Annotated[str, Field(min_length=1, max_length=200)]
-Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-
-
-class _Record(BaseModel):
-    """Base for every value inside an event: frozen, closed, exact."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=False)
-
-    def model_post_init(self, context: Any, /) -> None:
-        # pydantic gives each instance a set of the fields it was given: a hash table larger
-        # than the record's values (bench/README.md, "Long streams"), held by every event an
-        # open request keeps. A record never changes it (frozen; model_copy changes a copy),
-        # and records are made the same few ways: those given the same fields share one.
-        given = self.__pydantic_fields_set__
-        key = tuple(given)
-        shared = _FIELDS_GIVEN.get(key)
-        if shared is None:
-            if len(_FIELDS_GIVEN) >= _MAX_FIELDS_GIVEN:
-                return
-            shared = _FIELDS_GIVEN[key] = given
-        object.__setattr__(self, "__pydantic_fields_set__", shared)
-
-
-_FIELDS_GIVEN: dict[tuple[str, ...], set[str]] = {}
-_MAX_FIELDS_GIVEN: Final = 4096
-
-
-# --- value objects shared by several events ---
-
-
-def _absent(value: object) -> bool:
-    """A field added with the default None, left out of the recorded form while None (where
-    an empty value means something else than an absent one)."""
-    return value is None
-
-
-def _nothing(value: object) -> bool:
-    """A field added with a default that is left out of the recorded form while it holds
-    that default (0, empty), so events that do not use it keep their bytes."""
-    return not value
-
-
-class Usage(_Record):
-    """What an attempt is billed for, dimension by dimension; a settlement prices each one
-    (``ledger.books.accounting.usage_cost``). Audio, cached and cache-write tokens are parts
-    of the input and output counts, as OpenAI reports them; image and file tokens are not
-    told apart from text (OpenAI bills them inside the prompt tokens, at the input price)."""
-
-    input_tokens: NonNegInt
-    output_tokens: NonNegInt
-    cached_input_tokens: NonNegInt = 0  # of input_tokens, read from the provider's cache
-    # Of input_tokens, written to Anthropic's prompt cache (cache_creation_input_tokens, by
-    # its cache_creation breakdown): for 5 minutes, and for an hour. Events recorded before
-    # these fields knew no cache writes (they were settled as input). Left out of the
-    # recorded form when 0, as they were before they existed: most usage has none, and the
-    # ledger's bytes per request stay as they were (bench/README.md, "Ledger size").
-    cache_write_input_tokens: NonNegInt = Field(0, exclude_if=_nothing)
-    cache_write_1h_input_tokens: NonNegInt = Field(0, exclude_if=_nothing)
-    audio_input_tokens: NonNegInt = 0  # of input_tokens (prompt_tokens_details.audio_tokens)
-    audio_output_tokens: NonNegInt = 0  # of output_tokens (completion_tokens_details.audio_tokens)
-    # Billed per search, and no provider reports them in usage: the gateway counts one per
-    # choice of a request that asked for web search, the unit its price is given in.
-    web_searches: NonNegInt = 0
-
-
-class Requirements(_Record):
-    """What a request needs from an endpoint, inferred from its body and headers."""
-
-    kind: str = "chat"
-    capabilities: tuple[str, ...] = ()
-    regions: tuple[str, ...] | None = None  # None: the workspace's regions apply unnarrowed
-    data_class: DataClass = "internal"
-    # The most an endpoint may keep of the request (RETENTION_PATTERN): the workspace's
-    # bound, narrowed by X-Waybill-Retention. None: no bound.
-    retention: Annotated[str, Field(pattern=f"^(?:{RETENTION_PATTERN})$")] | None = Field(
-        None, exclude_if=_nothing
-    )
-    estimated_input_tokens: NonNegInt = 0  # text: the prompt's bytes bound its tokens
-    # Embeddings: the longest input's bound. Each input is embedded alone, so it, not the
-    # batch, must fit a mapping's context window.
-    largest_input_tokens: NonNegInt = Field(0, exclude_if=_nothing)
-    max_output_tokens: NonNegInt | None = None
-    # What else the request may be billed for (the worst case, router/request/worst_case.py):
-    choices: Annotated[int, Field(ge=1)] = 1  # `n`: every choice's output is billed
-    prediction_tokens: NonNegInt = 0  # a predicted output's bytes: rejected ones bill as output
-    image_inputs: NonNegInt = 0  # content parts of each kind
-    audio_inputs: NonNegInt = 0
-    file_inputs: NonNegInt = 0
-    audio_output: bool = False  # `modalities` with "audio", or an `audio` parameter
-    web_search: bool = False  # `web_search_options`
-    # The lifetimes ("5m", "1h") of the prompt-cache writes the request's cache_control
-    # markers ask for: an Anthropic endpoint bills them at the cache-write prices.
-    cache_writes: tuple[Literal["5m", "1h"], ...] = Field((), exclude_if=_nothing)
-    unknown_inputs: tuple[str, ...] = ()  # content part types no price can cover
-    stream: bool = False
-    allow_failover: bool = True
-    max_cost_usd: Money | None = None
-    deadline_ms: NonNegInt | None = None
-    # X-Waybill-Allow-Failover: unknown: an attempt of unknown execution may be followed by
-    # another even where the request is strict (contract §5 "Per on_unknown_execution").
-    allow_unknown_execution: bool = False
-    # X-Waybill-Allow-Failover was sent allowing failover: the grant a model group's
-    # `failover: on_grant` waits for (contract §4 "Failover on grant").
-    failover_granted: bool = Field(False, exclude_if=_nothing)
-    # The body asks the provider for effects of its own (server-side tools, web search):
-    # the request is strict whatever its model group's policy.
-    server_side_effects: bool = False
-    # The upstream dialect the body arrived in ("anthropic" through the Anthropic door): an
-    # endpoint of that dialect is sent the body as it came, every content part in it. None:
-    # the canonical chat body (router/request/call.py).
-    native: str | None = Field(None, exclude_if=_nothing)
-    # (upstream dialect, feature) for each dialect that cannot carry a feature the request
-    # needs (thinking, documents, a beta field): its endpoints are excluded
-    # `dialect_unsupported` (router/doors/messages.py says which feature where).
-    unsupported: tuple[tuple[str, str], ...] = Field((), exclude_if=_nothing)
-    # The caller's endpoint scope (contract §4 "Endpoint scope"): endpoint ids and
-    # `provider:NAME` labels as X-Waybill-Endpoints named them, and as the key's standing
-    # scope names them; each None: not narrowed that way (an empty one narrows to nothing,
-    # so only None is left out of the recorded form). Labels are expanded within the model
-    # group when the request is routed, so the record keeps what was asked.
-    endpoints: tuple[str, ...] | None = Field(None, exclude_if=_absent)
-    key_endpoints: tuple[str, ...] | None = Field(None, exclude_if=_absent)
-    # X-Waybill-Prefer-Endpoint: a preference the router may overrule.
-    prefer_endpoint: str | None = Field(None, exclude_if=_absent)
-    # X-Waybill-Require-Endpoint: the request is pinned there (`require_target`), no other
-    # endpoint is ever tried.
-    require_endpoint: str | None = Field(None, exclude_if=_absent)
-    # The endpoint that holds the provider-side state the request continues (the response a
-    # Responses previous_response_id names, found in the ledger): every other candidate is
-    # excluded `response_affinity`. None: any endpoint.
-    affinity_endpoint: str | None = Field(None, exclude_if=_nothing)
-
-
-class Candidate(_Record):
-    """One mapping of the model group as seen by one route evaluation."""
-
-    endpoint: Id
-    model: Id
-    mapping_index: NonNegInt
-    tier: NonNegInt
-    weight: Annotated[int, Field(gt=0)]
-    eligible: bool
-    reason_code: ReasonCode | None = None
-    detail: str | None = None  # e.g. the missing capability, the region, the breaker scope
-    worst_case_usd: Money | None = None
-    # The mapping's moving average of time to first content / answer when it was evaluated
-    # (the least_latency strategy reads it); None: not measured yet.
-    latency_ms: NonNegInt | None = None
-    # A composer's candidate that is a pool (contract §4 "Pools"): the pool's model group;
-    # then endpoint and model are the binding the composer prefers inside it.
-    pool: Id | None = None
-
-
-class RouteChoice(_Record):
-    endpoint: Id
-    model: Id
-    mapping_index: NonNegInt
-    tier: NonNegInt
-    weight: Annotated[int, Field(gt=0)]
-    selection_position: NonNegInt  # position in the tier's smooth weighted round-robin
-    # Chosen as the caller's X-Waybill-Prefer-Endpoint, ahead of tier and strategy (the
-    # round-robin was not consulted: selection_position is 0). Left out while False.
-    preferred: bool = Field(False, exclude_if=_nothing)
-
-
-class AccountRef(_Record):
-    """A budget account touched by a reservation, with the window it was charged to."""
-
-    account_id: Id  # e.g. "workspace:acme:2026-11", "key:k_123:2026-11-30", "request:r_1"
-    kind: Literal["request", "key", "workspace"]
-    window_start: str | None = None  # ISO date of the window's first day (UTC); None: total
-    limit_usd: Money
-
-
 # --- the events ---
 
 
-class Event(_Record):
+class Event(Record):
     """Base of every ledger event. Subclasses set ``type`` and ``schema_version``."""
 
     type: ClassVar[str]
@@ -482,15 +230,6 @@ class BudgetReservationDenied(Event):
     available_usd: Money
 
 
-class Timeouts(_Record):
-    """An attempt's timeouts as in force (contract §2 `defaults` and an endpoint's
-    `timeouts:`), in milliseconds."""
-
-    attempt_timeout_ms: Annotated[int, Field(gt=0)]
-    first_token_timeout_ms: Annotated[int, Field(gt=0)]
-    stream_idle_timeout_ms: Annotated[int, Field(gt=0)]
-
-
 class AttemptStarted(Event):
     type: ClassVar[str] = "AttemptStarted"
 
@@ -528,7 +267,7 @@ class AttemptStarted(Event):
     preferred_endpoint: Id | None = None
     # The timeouts it ran under, when its endpoint has a `timeouts:` block laid over its
     # model group's policy; None: the policy's own, as ConfigActivated records them.
-    timeouts: Timeouts | None = Field(None, exclude_if=_nothing)
+    timeouts: Timeouts | None = Field(None, exclude_if=nothing)
 
 
 HEDGE_LOST: Final = "hedge_lost"
@@ -698,15 +437,6 @@ class RequestFailed(Event):
     duration_ms: NonNegInt
 
 
-Rate = Annotated[
-    Decimal,
-    BeforeValidator(_refuse_float),
-    Field(ge=0, le=1, allow_inf_nan=False),
-    PlainSerializer(lambda d: format(d, "f"), return_type=str, when_used="json"),
-]
-"""A share of calls, 0 to 1, exact (a decimal string, like money), e.g. ``"0.5000"``."""
-
-
 class BreakerTransitioned(Event):
     """A breaker changed state (contract §5 "Circuit breakers"), with what made it: the
     policy, the reason (a threshold, a probe), and for a rolling breaker that opened the
@@ -772,73 +502,6 @@ class EndpointEnabled(Event):
     config_generation: str | None = None  # None: enabled from the CLI
 
 
-class ReconciliationLine(_Record):
-    """One entry of a reconciliation report: a provider line, an attempt, or both."""
-
-    line: Annotated[int, Field(ge=1)] | None = None  # None: an attempt no line billed
-    attempt_id: str | None = None
-    provider_request_id: str | None = None
-    detail: str | None = None
-    expected_usd: Money | None = None
-    provider_usd: Money | None = None
-
-
-ReportStatus = Literal[
-    "matched",
-    "settled_unknown",
-    "released_unknown",
-    "unattributed",
-    "ledger_above_provider",
-    "in_progress",
-    "unpriced",
-]
-
-
-class BucketComparison(_Record):
-    """One bucket x model x provider identity of a provider report, against the ledger's
-    attempts of the endpoints that identity maps to, started in that bucket (§3)."""
-
-    bucket: str  # the bucket's start, "2026-11-30T14:00Z" (UTC)
-    bucket_end: str
-    model: str | None = None  # None: every model (the report is not grouped by model)
-    endpoints: tuple[str, ...]
-    project_id: str | None = None
-    api_key_id: str | None = None
-    workspace_id: str | None = None
-    provider_usage: Usage | None = None  # usage reports
-    provider_requests: NonNegInt | None = None  # OpenAI's num_model_requests
-    provider_usd: Money | None = None  # a cost report's amount, or its usage at the prices
-    ledger_attempts: NonNegInt = 0
-    ledger_usage: Usage | None = None  # what the attempts of known usage reported
-    ledger_usd: Money  # settled before this import
-    held_unknown_usd: Money = Decimal(0)  # open unknown-usage holds, before this import
-    settled_unknown_usd: Money = Decimal(0)  # settled from this bucket by this import
-    unknown_settlements: NonNegInt = 0
-    difference_input_tokens: int | None = None  # provider - ledger (known usage)
-    difference_cached_input_tokens: int | None = None
-    difference_output_tokens: int | None = None
-    difference_usd: Money | None = None  # provider - (ledger + settled now)
-    within_tolerance: bool
-    status: ReportStatus
-
-
-class UnattributedUsage(_Record):
-    """Provider usage on a mapped identity that no attempt of the ledger explains."""
-
-    bucket: str
-    bucket_end: str
-    model: str | None = None
-    endpoints: tuple[str, ...]
-    project_id: str | None = None
-    api_key_id: str | None = None
-    workspace_id: str | None = None
-    input_tokens: NonNegInt = 0
-    cached_input_tokens: NonNegInt = 0
-    output_tokens: NonNegInt = 0
-    requests: NonNegInt | None = None
-    usd: Money | None = None  # None: no price for the model on these endpoints
-
-
 class ReconciliationImported(Event):
     type: ClassVar[str] = "ReconciliationImported"
 
@@ -882,7 +545,7 @@ class KeyCreated(Event):
     budget_window: Literal["day", "month", "total"] | None = None
     # The key's standing endpoint scope (contract §4 "Endpoint scope"): endpoint ids and
     # `provider:NAME` labels every request of the key is narrowed to. None: unrestricted.
-    endpoints: tuple[str, ...] | None = Field(None, exclude_if=_absent)
+    endpoints: tuple[str, ...] | None = Field(None, exclude_if=absent)
 
 
 class KeyRevoked(Event):
@@ -899,21 +562,6 @@ class ConfigActivated(Event):
     generation: str
     config_sha256: Sha256Hex
     summary: dict[str, Any]  # the redacted config: ids, drivers, regions, mappings — no secret
-
-
-Period = Annotated[str, Field(pattern=r"^[0-9]{4}-(0[1-9]|1[0-2])$")]
-"""A calendar month, UTC: ``2026-11``."""
-
-
-class PeriodTotal(_Record):
-    """One workspace's spend in a closed period (the spend report's columns)."""
-
-    workspace: str
-    settled_usd: Money
-    held_unknown_usd: Money
-    overrun_usd: Money
-    requests: NonNegInt
-    attempts: NonNegInt
 
 
 class PeriodClosed(Event):
@@ -1002,31 +650,6 @@ CATALOGUE: Mapping[str, type[Event]] = {
     )
 }
 
-Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
-
-UPCASTERS: Mapping[tuple[str, int], Upcaster] = {}
-"""(type, old schema version) → function returning the payload at version + 1."""
-
-
-class EventValidationError(ValueError):
-    """An event that the catalogue refuses; nothing is written."""
-
-
-class UnknownEventType(EventValidationError):
-    def __init__(self, event_type: str) -> None:
-        super().__init__(f"unknown event type {event_type!r}: not in the event catalogue")
-        self.event_type = event_type
-
-
-class InvalidEventPayload(EventValidationError):
-    def __init__(self, event_type: str, error: ValidationError) -> None:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<payload>'}: {e['msg']}"
-            for e in error.errors()
-        )
-        super().__init__(f"invalid {event_type} payload: {problems}")
-        self.event_type = event_type
-
 
 def type_names(*classes: type[Event]) -> frozenset[str]:
     """The stored type names of ``classes``: what a reader filters recorded events by."""
@@ -1046,21 +669,7 @@ def decode_event(event_type: str, schema_version: int, data: Mapping[str, Any]) 
     cls = CATALOGUE.get(event_type)
     if cls is None:
         raise UnknownEventType(event_type)
-    payload = dict(data)
-    version = schema_version
-    while version < cls.schema_version:
-        upcast = UPCASTERS.get((event_type, version))
-        if upcast is None:
-            raise EventValidationError(
-                f"no upcaster for {event_type} schema version {version} → {version + 1}"
-            )
-        payload = upcast(payload)
-        version += 1
-    if version != cls.schema_version:
-        raise EventValidationError(
-            f"{event_type} schema version {schema_version} is newer than this code's "
-            f"{cls.schema_version}"
-        )
+    payload = upcast(event_type, schema_version, cls.schema_version, data)
     try:
         return cls.model_validate(payload)
     except ValidationError as error:
