@@ -40,6 +40,7 @@ from router.errors import (
 )
 from router.http.auth import anthropic_secret, bearer_secret, caller_of_key, headers_by_name
 from router.http.failures import (
+    MESSAGES_PATH,
     ErrorWire,
     chat_error,
     failure_response,
@@ -65,7 +66,6 @@ from router.support.ids import new_id
 
 _JSON: Final = "application/json"
 CHAT_PATH: Final = "/v1/chat/completions"
-MESSAGES_PATH: Final = "/v1/messages"
 EMBEDDINGS_PATH: Final = "/v1/embeddings"
 RESPONSES_PATH: Final = "/v1/responses"
 
