@@ -123,7 +123,7 @@ _E = ErrorCode
 ERRORS: Final[tuple[ErrorRow, ...]] = (
     ErrorRow(400, _E.INVALID_REQUEST, "a malformed body, header, query value or cursor"),
     ErrorRow(400, _E.MODEL_KIND_MISMATCH, "the model group is not of the route's kind"),
-    ErrorRow(401, _E.INVALID_API_KEY, "missing, unknown or revoked key"),
+    ErrorRow(401, _E.INVALID_API_KEY, "missing, unknown, revoked or expired key"),
     ErrorRow(402, _E.BUDGET_EXCEEDED, "no budget covers an eligible attempt's worst case"),
     ErrorRow(403, _E.PERMISSION_DENIED, "the key's role may not do this"),
     ErrorRow(404, _E.MODEL_NOT_FOUND, "the model group is unknown or not allowed for the key"),
@@ -275,7 +275,7 @@ def invalid_request(message: str, *, param: str | None = None, status: int = 400
     return GatewayError(_E.INVALID_REQUEST, message, param=param, status=status)
 
 
-def invalid_api_key(message: str = "missing, unknown or revoked API key") -> GatewayError:
+def invalid_api_key(message: str = "missing, unknown, revoked or expired API key") -> GatewayError:
     return GatewayError(_E.INVALID_API_KEY, message)
 
 

@@ -7,6 +7,7 @@ from collections.abc import (
     Iterable,
     Mapping,
 )
+from datetime import UTC, datetime
 from typing import Final
 
 from fastapi import Request
@@ -83,7 +84,9 @@ def anthropic_secret(headers: Mapping[str, str]) -> str:
 
 
 def caller_of_key(key: ApiKey | None, config: Config) -> Caller:
-    if key is None or key.revoked:
+    """The caller behind ``key``: 401 ``invalid_api_key`` for an unknown, revoked or expired
+    key (the same answer for each, contract §3), or one of a workspace not configured."""
+    if key is None or key.refused(datetime.now(UTC)):
         raise invalid_api_key()
     workspace = config.workspace(key.workspace)
     if workspace is None:
