@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeGuard
 import orjson
 
 from ledger.events import KeyCreated, KeyLimits, KeyRevoked
-from ledger.store import NO_STREAM, EventStore
+from ledger.store import NO_STREAM, EventStore, WrongExpectedVersion
 from ledger.store.stored import TYPE_CHARS
 from ledger.types import money_of
 from ledger.views.keys import KeysProjection
@@ -177,13 +177,18 @@ async def create_key(
 async def revoke_key(
     store: EventStore, key_id: str, *, revoked_by: str | None = None, reason: str | None = None
 ) -> None:
-    history = await store.read_stream(key_stream(key_id))
-    if not history:
-        raise UnknownKey(f"no key {key_id!r}")
-    if any(e.type == KeyRevoked.type for e in history):
-        return  # already revoked: revoking again records nothing new
     event = KeyRevoked(key_id=key_id, revoked_by=revoked_by, reason=reason)
-    await store.append(key_stream(key_id), history[-1].version, [event])
+    while True:
+        history = await store.read_stream(key_stream(key_id))
+        if not history:
+            raise UnknownKey(f"no key {key_id!r}")
+        if any(e.type == KeyRevoked.type for e in history):
+            break  # already revoked: revoking again records nothing new
+        try:
+            await store.append(key_stream(key_id), history[-1].version, [event])
+            break
+        except WrongExpectedVersion:
+            continue  # another revocation got there first: read again, and find it
     await _project(store)
 
 

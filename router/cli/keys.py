@@ -11,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from ledger import apikeys
+from ledger.events import KeyLimits
 from ledger.store import EventStore
 from router.cli._shared import (
     CliError,
@@ -65,6 +66,23 @@ def keys_create(
             "it has an offset); refused like a revoked key from then on.",
         ),
     ] = None,
+    requests_per_minute: Annotated[
+        int | None,
+        typer.Option(
+            "--requests-per-minute",
+            min=1,
+            help="This key's own limit of requests per minute (overrides key_limits).",
+        ),
+    ] = None,
+    tokens_per_minute: Annotated[
+        int | None,
+        typer.Option(
+            "--tokens-per-minute",
+            min=1,
+            help="This key's own limit of tokens per minute, worst case at admission "
+            "(overrides key_limits).",
+        ),
+    ] = None,
 ) -> None:
     """Create an API key; prints its secret once. With a config (--config or
     WAYBILL_CONFIG), a workspace the config does not know is refused, and so is an
@@ -72,6 +90,11 @@ def keys_create(
     endpoints = _endpoints(endpoints_csv)
     key_name = _name(name)
     expiry = _expiry(expires_at)
+    limits = (
+        None
+        if requests_per_minute is None and tokens_per_minute is None
+        else KeyLimits(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute)
+    )
     if config_file:
         with friendly_errors():
             config = read_config(config_file)
@@ -125,6 +148,7 @@ def keys_create(
             endpoints=endpoints,
             name=key_name,
             expires_at=expiry,
+            limits=limits,
         )
 
     key = with_store(database_url, work)
@@ -139,6 +163,7 @@ def keys_create(
                     "role": key.role,
                     "endpoints": list(key.endpoints) if key.endpoints is not None else None,
                     "expires_at": _instant(key.expires_at),
+                    "limits": _limits(key.limits),
                 }
             )
         )
@@ -149,6 +174,8 @@ def keys_create(
     out.print(f"workspace: {key.workspace}\nrole:      {key.role}")
     if key.expires_at is not None:
         out.print(f"expires:   {_instant(key.expires_at)}")
+    if key.limits is not None:
+        out.print(f"limits:    {_limits_text(key.limits)}")
     if key.endpoints is not None:
         out.print(f"endpoints: {escape(', '.join(key.endpoints))}", highlight=False)
     out.print(f"secret:    {key.secret}")
@@ -175,6 +202,18 @@ def _expiry(value: str | None) -> datetime | None:
     except ValueError as error:
         err.print(f"[red]error:[/red] --expires-at: {escape(str(error))}")
         raise typer.Exit(2) from None
+
+
+def _limits(limits: KeyLimits | None) -> dict[str, int] | None:
+    return None if limits is None else limits.model_dump(exclude_none=True)
+
+
+def _limits_text(limits: KeyLimits) -> str:
+    parts = [
+        f"{figure} {name.replace('_per_minute', '')}/min"
+        for name, figure in limits.model_dump(exclude_none=True).items()
+    ]
+    return ", ".join(parts)
 
 
 def _instant(moment: datetime | None) -> str | None:
@@ -220,10 +259,11 @@ def keys_list(
         scope = ", ".join(key.endpoints) if key.endpoints is not None else "all"
         budget = f"{key.budget[0]} per {key.budget[1]}" if key.budget else "-"
         expiry = f"  expires {_instant(key.expires_at)}" if key.expires_at else ""
+        limits = f"  limits {_limits_text(key.limits)}" if key.limits else ""
         out.print(
             escape(
                 f"{key.key_id}  {key.name or '-'}  {key.workspace}  {key.role}  "
-                f"{key.state(now)}  budget {budget}  endpoints {scope}{expiry}"
+                f"{key.state(now)}  budget {budget}  endpoints {scope}{expiry}{limits}"
             ),
             highlight=False,
         )
@@ -239,6 +279,7 @@ def _listed(key: apikeys.KeyListing) -> dict[str, Any]:
         "revoked": key.revoked,
         "expires_at": _instant(key.expires_at),
         "state": key.state(datetime.now(UTC)),
+        "limits": _limits(key.limits),
         "budget_usd": str(key.budget[0]) if key.budget else None,
         "budget_window": key.budget[1] if key.budget else None,
         "endpoints": list(key.endpoints) if key.endpoints is not None else None,

@@ -15,6 +15,7 @@ from fastapi import Request
 from ledger.apikeys import ApiKey, find_key, find_key_by_id
 from router.config import (
     Config,
+    RateLimits,
 )
 from router.errors import (
     GatewayError,
@@ -91,7 +92,21 @@ def caller_of_key(key: ApiKey | None, config: Config) -> Caller:
     workspace = config.workspace(key.workspace)
     if workspace is None:
         raise invalid_api_key(f"the key's workspace {key.workspace!r} is not configured")
-    return Caller(key.key_id, workspace, key.role, key.budget, key.version, key.endpoints)
+    limits = key.limits
+    return Caller(
+        key.key_id,
+        workspace,
+        key.role,
+        key.budget,
+        key.version,
+        key.endpoints,
+        None
+        if limits is None
+        else RateLimits(
+            requests_per_minute=limits.requests_per_minute,
+            tokens_per_minute=limits.tokens_per_minute,
+        ),
+    )
 
 
 def headers_by_name(request: Request) -> dict[str, str]:
