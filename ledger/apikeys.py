@@ -349,8 +349,9 @@ class KeyCache:
     here is accepted only by its first append, which requires the key's stream at the
     version the key was read at (``key_stream``). A revocation moves that stream, so the
     append is refused and writes nothing, no upstream call is made, and the caller evicts
-    the key and reads it again (``router.http.app``). Bounded: the least recently used keys are
-    dropped first."""
+    the key and reads it again (``router.http.app``). An expiry moves no stream: a cached key
+    is held to its ``expires_at`` on every request (``ApiKey.refused``). Bounded: the least
+    recently used keys are dropped first."""
 
     LIMIT = 10_000
 
