@@ -5,6 +5,7 @@ refused; and key names are shown wherever the console shows key ids."""
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import httpx
@@ -119,3 +120,12 @@ async def test_the_console_shows_key_names_beside_their_ids(sqlite_url: str) -> 
             return budget in (await http.get("/console/spend")).text
 
         await eventually(budgeted, within_s=15)
+
+
+async def test_an_expired_key_cannot_sign_in(sqlite_url: str) -> None:
+    async with traffic(sqlite_url) as t, browser(t.gateway) as http:
+        past = datetime.now(UTC) - timedelta(minutes=1)
+        expired = await apikeys.create_key(t.gateway.store, "acme", "admin", expires_at=past)
+        refused = await sign_in(http, expired.secret)
+        assert refused.status_code == 401 and "(or expired)" in refused.text
+        assert "waybill_console=" not in refused.headers.get("set-cookie", "")

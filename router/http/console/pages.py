@@ -85,7 +85,9 @@ def add_request_pages(router: APIRouter, console: Console) -> None:
         try:
             caller = await console.identify.by_secret(request, secret)
         except GatewayError:
-            return _sign_in_form(console, request, "this key is unknown or revoked", 401, wanted)
+            return _sign_in_form(
+                console, request, "this key is unknown or revoked (or expired)", 401, wanted
+            )
         if not can_use_console(caller):
             return _sign_in_form(
                 console,

@@ -165,7 +165,9 @@ class Console:
             caller = await self.identify.by_key_id(request, session.key_id)
         except GatewayError:
             self.keeper.end(session)
-            raise _SignInFirst("your session ended: its key was revoked or is unknown") from None
+            raise _SignInFirst(
+                "your session ended: its key was revoked, expired or is unknown"
+            ) from None
         if (
             caller.role != session.role
             or caller.workspace.id != session.workspace
