@@ -11,7 +11,18 @@ from pydantic import ValidationError
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
-UPCASTERS: Mapping[tuple[str, int], Upcaster] = {}
+
+def _key_created_1_to_2(payload: dict[str, Any]) -> dict[str, Any]:
+    # Schema 1 called the key's name ``label`` (contract §3 "Keys" says ``name``); nothing
+    # else changed: ``expires_at`` and ``limits`` are absent from every older key.
+    renamed = {k: v for k, v in payload.items() if k != "label"}
+    renamed["name"] = payload.get("label")
+    return renamed
+
+
+UPCASTERS: Mapping[tuple[str, int], Upcaster] = {
+    ("KeyCreated", 1): _key_created_1_to_2,
+}
 """(type, old schema version) → function returning the payload at version + 1."""
 
 

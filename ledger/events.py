@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Final, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import AwareDatetime, Field, ValidationError
 
 from ledger.codec import (
     UPCASTERS,
@@ -44,6 +44,8 @@ from ledger.values import (
     DataClass,
     Evidence,
     FailureClass,
+    KeyLimits,
+    KeyName,
     Money,
     PeriodTotal,
     Rate,
@@ -108,6 +110,7 @@ __all__ = [
     "FailureClass",
     "InvalidEventPayload",
     "KeyCreated",
+    "KeyLimits",
     "KeyRevoked",
     "Money",
     "PeriodAdjusted",
@@ -532,14 +535,23 @@ class ReconciliationImported(Event):
 
 
 class KeyCreated(Event):
+    """A key made (contract §3 "Keys"), on stream ``key-<id>``. Schema 2 calls the key's name
+    ``name`` (schema 1 said ``label``; its upcaster renames it) and adds ``expires_at`` and
+    ``limits``, left out of the recorded form while absent."""
+
     type: ClassVar[str] = "KeyCreated"
+    schema_version: ClassVar[int] = 2
 
     key_id: Id
     workspace: Id
     role: Literal["client", "admin", "finance", "auditor"]
     secret_sha256: Sha256Hex  # the secret itself is never recorded
-    created_by: str | None = None
-    label: str | None = None
+    created_by: str | None = None  # the actor: the admin key's id, or "cli"
+    name: KeyName | None = None  # what people call the key; None: a key made without one
+    # From this instant on the key is refused as a revoked one is; None: it never expires.
+    expires_at: AwareDatetime | None = Field(None, exclude_if=absent)
+    # This key's own rate limits, overriding its workspace's key_limits (contract §2).
+    limits: KeyLimits | None = Field(None, exclude_if=absent)
     # This key's own budget, overriding its workspace's key_budget (contract §6).
     budget_limit_usd: Money | None = None
     budget_window: Literal["day", "month", "total"] | None = None

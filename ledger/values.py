@@ -13,7 +13,14 @@ from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    model_validator,
+)
 
 # --- vocabularies (contract §2, §4, §5): defined once; config validation, the OpenAPI schema
 # and the contract's tables (checked by tests/test_vocabulary.py) all derive from these ---
@@ -141,6 +148,9 @@ Money = Annotated[
 NonNegInt = Annotated[int, Field(ge=0)]
 Id = Annotated[str, Field(min_length=1, max_length=200)]
 Sha256Hex = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+# A key's name, as people call it (``KeyCreated.name``): shown in lists and the console, one
+# line of printable text.
+KeyName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[^\x00-\x1f\x7f]+$")]
 
 
 class Record(BaseModel):
@@ -168,6 +178,20 @@ _MAX_FIELDS_GIVEN: Final = 4096
 
 
 # --- value objects shared by several events ---
+
+
+class KeyLimits(Record):
+    """One key's own rate limits (``KeyCreated.limits``), in aligned one-minute windows as a
+    workspace's ``key_limits`` (contract §2), which they override for that key."""
+
+    requests_per_minute: Annotated[int, Field(gt=0)] | None = None
+    tokens_per_minute: Annotated[int, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> KeyLimits:
+        if self.requests_per_minute is None and self.tokens_per_minute is None:
+            raise ValueError("set requests_per_minute, tokens_per_minute or both")
+        return self
 
 
 def absent(value: object) -> bool:

@@ -43,6 +43,7 @@ __all__ = [
     "internal_error",
     "invalid_api_key",
     "invalid_request",
+    "key_not_found",
     "ledger_unavailable",
     "model_kind_mismatch",
     "model_not_found",
@@ -78,6 +79,7 @@ class ErrorCode(StrEnum):
     SETTLEMENT_NOT_FOUND = "settlement_not_found"
     RECONCILIATION_NOT_FOUND = "reconciliation_not_found"
     ENDPOINT_NOT_FOUND = "endpoint_not_found"
+    KEY_NOT_FOUND = "key_not_found"
     NOT_FOUND = "not_found"
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
     SETTLEMENT_CONFLICT = "settlement_conflict"
@@ -123,7 +125,7 @@ _E = ErrorCode
 ERRORS: Final[tuple[ErrorRow, ...]] = (
     ErrorRow(400, _E.INVALID_REQUEST, "a malformed body, header, query value or cursor"),
     ErrorRow(400, _E.MODEL_KIND_MISMATCH, "the model group is not of the route's kind"),
-    ErrorRow(401, _E.INVALID_API_KEY, "missing, unknown or revoked key"),
+    ErrorRow(401, _E.INVALID_API_KEY, "missing, unknown, revoked or expired key"),
     ErrorRow(402, _E.BUDGET_EXCEEDED, "no budget covers an eligible attempt's worst case"),
     ErrorRow(403, _E.PERMISSION_DENIED, "the key's role may not do this"),
     ErrorRow(404, _E.MODEL_NOT_FOUND, "the model group is unknown or not allowed for the key"),
@@ -132,6 +134,7 @@ ERRORS: Final[tuple[ErrorRow, ...]] = (
     ErrorRow(404, _E.SETTLEMENT_NOT_FOUND, "no such settlement in the caller's scope"),
     ErrorRow(404, _E.RECONCILIATION_NOT_FOUND, "no such reconciliation in the caller's scope"),
     ErrorRow(404, _E.ENDPOINT_NOT_FOUND, "no such endpoint in the serving config"),
+    ErrorRow(404, _E.KEY_NOT_FOUND, "no key with that id"),
     ErrorRow(404, _E.NOT_FOUND, "no such route"),
     ErrorRow(405, _E.INVALID_REQUEST, "method not allowed on the route"),
     ErrorRow(409, _E.IDEMPOTENCY_CONFLICT, "the Idempotency-Key is in flight or had another body"),
@@ -275,7 +278,7 @@ def invalid_request(message: str, *, param: str | None = None, status: int = 400
     return GatewayError(_E.INVALID_REQUEST, message, param=param, status=status)
 
 
-def invalid_api_key(message: str = "missing, unknown or revoked API key") -> GatewayError:
+def invalid_api_key(message: str = "missing, unknown, revoked or expired API key") -> GatewayError:
     return GatewayError(_E.INVALID_API_KEY, message)
 
 
@@ -327,6 +330,10 @@ def reconciliation_not_found(reconciliation_id: str, bucket: str | None = None) 
 
 def endpoint_not_found(endpoint_id: str) -> GatewayError:
     return GatewayError(_E.ENDPOINT_NOT_FOUND, f"no endpoint {endpoint_id!r} in the serving config")
+
+
+def key_not_found(key_id: str) -> GatewayError:
+    return GatewayError(_E.KEY_NOT_FOUND, f"no key {key_id!r}")
 
 
 def endpoint_not_disabled(endpoint_id: str) -> GatewayError:

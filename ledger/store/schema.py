@@ -119,12 +119,17 @@ api_keys = Table(
     Column("workspace", String(200), nullable=False),
     Column("role", String(20), nullable=False),
     Column("secret_sha256", String(64), nullable=False, unique=True),
-    Column("label", String(200)),
+    Column("name", String(200)),
     Column("created_at", DateTime(timezone=True), nullable=False),
     Column("revoked_at", DateTime(timezone=True)),
     Column("budget_limit_usd", MoneyColumn),  # this key's budget, over the workspace default
     Column("budget_window", String(10)),
     Column("endpoints", Text),  # its standing endpoint scope, a JSON array; NULL: unrestricted
+    Column("expires_at", DateTime(timezone=True)),  # NULL: never
+    # Its own rate limits, over the workspace's key_limits; both NULL: none of its own.
+    Column("requests_per_minute", Integer),
+    Column("tokens_per_minute", Integer),
+    Column("created_by", String(200)),  # the actor: an admin key's id, or "cli"
 )
 
 request_views = Table(

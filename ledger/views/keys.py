@@ -33,17 +33,22 @@ def fold_key(row: dict[str, Any] | None, recorded: RecordedEvent) -> dict[str, A
     if isinstance(event, KeyCreated):
         if row is not None:
             return row
+        limits = event.limits
         return {
             "key_id": event.key_id,
             "workspace": event.workspace,
             "role": event.role,
             "secret_sha256": event.secret_sha256,
-            "label": event.label,
+            "name": event.name,
             "created_at": recorded.recorded_at,
             "revoked_at": None,
             "budget_limit_usd": event.budget_limit_usd,
             "budget_window": event.budget_window,
             "endpoints": _json(event.endpoints),
+            "expires_at": event.expires_at,
+            "requests_per_minute": limits.requests_per_minute if limits else None,
+            "tokens_per_minute": limits.tokens_per_minute if limits else None,
+            "created_by": event.created_by,
         }
     if isinstance(event, KeyRevoked) and row is not None and row["revoked_at"] is None:
         return {**row, "revoked_at": recorded.recorded_at}

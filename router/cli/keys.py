@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any
 
@@ -10,6 +11,7 @@ import typer
 from rich.markup import escape
 
 from ledger import apikeys
+from ledger.events import KeyLimits
 from ledger.store import EventStore
 from router.cli._shared import (
     CliError,
@@ -52,11 +54,47 @@ def keys_create(
             "comma-separated; every request of the key is narrowed to them.",
         ),
     ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option("--name", help="What people call the key (shown in lists and the console)."),
+    ] = None,
+    expires_at: Annotated[
+        str | None,
+        typer.Option(
+            "--expires-at",
+            help="When the key stops working: an ISO 8601 date or date and time (UTC unless "
+            "it has an offset); refused like a revoked key from then on.",
+        ),
+    ] = None,
+    requests_per_minute: Annotated[
+        int | None,
+        typer.Option(
+            "--requests-per-minute",
+            min=1,
+            help="This key's own limit of requests per minute (overrides key_limits).",
+        ),
+    ] = None,
+    tokens_per_minute: Annotated[
+        int | None,
+        typer.Option(
+            "--tokens-per-minute",
+            min=1,
+            help="This key's own limit of tokens per minute, worst case at admission "
+            "(overrides key_limits).",
+        ),
+    ] = None,
 ) -> None:
     """Create an API key; prints its secret once. With a config (--config or
     WAYBILL_CONFIG), a workspace the config does not know is refused, and so is an
     endpoint of --endpoints it does not have."""
     endpoints = _endpoints(endpoints_csv)
+    key_name = _name(name)
+    expiry = _expiry(expires_at)
+    limits = (
+        None
+        if requests_per_minute is None and tokens_per_minute is None
+        else KeyLimits(requests_per_minute=requests_per_minute, tokens_per_minute=tokens_per_minute)
+    )
     if config_file:
         with friendly_errors():
             config = read_config(config_file)
@@ -102,7 +140,15 @@ def keys_create(
 
     async def work(store: EventStore) -> apikeys.NewKey:
         return await apikeys.create_key(
-            store, workspace, role, created_by="cli", budget=budget, endpoints=endpoints
+            store,
+            workspace,
+            role,
+            created_by="cli",
+            budget=budget,
+            endpoints=endpoints,
+            name=key_name,
+            expires_at=expiry,
+            limits=limits,
         )
 
     key = with_store(database_url, work)
@@ -111,19 +157,67 @@ def keys_create(
             json.dumps(
                 {
                     "key_id": key.key_id,
+                    "name": key.name,
                     "secret": key.secret,
                     "workspace": key.workspace,
                     "role": key.role,
                     "endpoints": list(key.endpoints) if key.endpoints is not None else None,
+                    "expires_at": _instant(key.expires_at),
+                    "limits": _limits(key.limits),
                 }
             )
         )
         return
-    out.print(f"key id:    {key.key_id}\nworkspace: {key.workspace}\nrole:      {key.role}")
+    out.print(f"key id:    {key.key_id}")
+    if key.name is not None:
+        out.print(f"name:      {escape(key.name)}", highlight=False)
+    out.print(f"workspace: {key.workspace}\nrole:      {key.role}")
+    if key.expires_at is not None:
+        out.print(f"expires:   {_instant(key.expires_at)}")
+    if key.limits is not None:
+        out.print(f"limits:    {_limits_text(key.limits)}")
     if key.endpoints is not None:
         out.print(f"endpoints: {escape(', '.join(key.endpoints))}", highlight=False)
     out.print(f"secret:    {key.secret}")
     err.print("Store the secret now: Waybill keeps only its hash and cannot show it again.")
+
+
+def _name(value: str | None) -> str | None:
+    """``--name`` as recorded: one line of printable text, at most 200 characters; exit 2
+    otherwise."""
+    if value is None:
+        return None
+    try:
+        return apikeys.key_name_of(value)
+    except ValueError as error:
+        err.print(f"[red]error:[/red] --name: {escape(str(error))}")
+        raise typer.Exit(2) from None
+
+
+def _expiry(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return apikeys.parse_expiry(value, datetime.now(UTC))
+    except ValueError as error:
+        err.print(f"[red]error:[/red] --expires-at: {escape(str(error))}")
+        raise typer.Exit(2) from None
+
+
+def _limits(limits: KeyLimits | None) -> dict[str, int] | None:
+    return None if limits is None else limits.model_dump(exclude_none=True)
+
+
+def _limits_text(limits: KeyLimits) -> str:
+    parts = [
+        f"{figure} {name.replace('_per_minute', '')}/min"
+        for name, figure in limits.model_dump(exclude_none=True).items()
+    ]
+    return ", ".join(parts)
+
+
+def _instant(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat().replace("+00:00", "Z")
 
 
 def _endpoints(value: str | None) -> tuple[str, ...] | None:
@@ -150,8 +244,8 @@ def keys_list(
     database_url: DatabaseUrl = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """List API keys, oldest first: id, workspace, role, whether revoked, budget, endpoint
-    scope. Never a secret."""
+    """List API keys, oldest first: id, name, workspace, role, state (active, revoked,
+    expired), budget, endpoint scope, expiry. Never a secret."""
 
     async def work(store: EventStore) -> list[apikeys.KeyListing]:
         return await apikeys.list_keys(store, workspace)
@@ -160,14 +254,16 @@ def keys_list(
     if as_json:
         print(json.dumps([_listed(key) for key in keys]))
         return
+    now = datetime.now(UTC)
     for key in keys:
         scope = ", ".join(key.endpoints) if key.endpoints is not None else "all"
         budget = f"{key.budget[0]} per {key.budget[1]}" if key.budget else "-"
-        state = "revoked" if key.revoked else "active"
+        expiry = f"  expires {_instant(key.expires_at)}" if key.expires_at else ""
+        limits = f"  limits {_limits_text(key.limits)}" if key.limits else ""
         out.print(
             escape(
-                f"{key.key_id}  {key.workspace}  {key.role}  {state}  budget {budget}  "
-                f"endpoints {scope}"
+                f"{key.key_id}  {key.name or '-'}  {key.workspace}  {key.role}  "
+                f"{key.state(now)}  budget {budget}  endpoints {scope}{expiry}{limits}"
             ),
             highlight=False,
         )
@@ -176,10 +272,14 @@ def keys_list(
 def _listed(key: apikeys.KeyListing) -> dict[str, Any]:
     return {
         "key_id": key.key_id,
+        "name": key.name,
         "workspace": key.workspace,
         "role": key.role,
         "created_at": key.created_at.isoformat(),
         "revoked": key.revoked,
+        "expires_at": _instant(key.expires_at),
+        "state": key.state(datetime.now(UTC)),
+        "limits": _limits(key.limits),
         "budget_usd": str(key.budget[0]) if key.budget else None,
         "budget_window": key.budget[1] if key.budget else None,
         "endpoints": list(key.endpoints) if key.endpoints is not None else None,

@@ -30,6 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from sqlalchemy.exc import DBAPIError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from ledger.apikeys import KeyCache
 from ledger.books.recovery import (
@@ -86,6 +87,7 @@ from router.http.failures import (
     request_id_of,
     wire_of,
 )
+from router.http.keys import keys_router
 from router.http.proofs import proof_router
 from router.http.queries import queries_router
 from router.http.reconcile import reconcile_router
@@ -121,6 +123,17 @@ log = logging.getLogger("waybill.app")
 _JSON: Final = "application/json"
 _OWN_METRICS: Final = "x-waybill-own-metrics"
 """Asks ``GET /metrics`` for this process's metrics alone (a sibling worker asks so)."""
+
+
+def _allowed(app: FastAPI, request: Request) -> str:
+    """Every method the request's path takes, for a 405's ``Allow``: Starlette names only the
+    first route of the path, where ``/v1/admin/keys`` has two (GET and POST)."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
 
 
 async def _siblings_metrics(sockets: tuple[str, ...]) -> list[bytes]:
@@ -279,6 +292,8 @@ def create_app(settings: AppSettings) -> FastAPI:
             answer = invalid_request(str(error.detail), status=error.status_code)
         response = error_response(answer, request_id_of(request), wire_of(request))
         response.headers.update(error.headers or {})  # a 405's Allow (RFC 9110)
+        if error.status_code == 405:
+            response.headers["allow"] = _allowed(app, request)
         return response
 
     @app.exception_handler(RequestValidationError)
@@ -373,6 +388,7 @@ def create_app(settings: AppSettings) -> FastAPI:
         )
     )
     app.include_router(endpoints_router(authenticate, lambda: app.state.gateway))
+    app.include_router(keys_router(authenticate, lambda: app.state.gateway))
     return Edge(app)  # type: ignore[return-value]
 
 

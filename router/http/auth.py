@@ -7,6 +7,7 @@ from collections.abc import (
     Iterable,
     Mapping,
 )
+from datetime import UTC, datetime
 from typing import Final
 
 from fastapi import Request
@@ -14,6 +15,7 @@ from fastapi import Request
 from ledger.apikeys import ApiKey, find_key, find_key_by_id
 from router.config import (
     Config,
+    RateLimits,
 )
 from router.errors import (
     GatewayError,
@@ -83,12 +85,28 @@ def anthropic_secret(headers: Mapping[str, str]) -> str:
 
 
 def caller_of_key(key: ApiKey | None, config: Config) -> Caller:
-    if key is None or key.revoked:
+    """The caller behind ``key``: 401 ``invalid_api_key`` for an unknown, revoked or expired
+    key (the same answer for each, contract §3), or one of a workspace not configured."""
+    if key is None or key.refused(datetime.now(UTC)):
         raise invalid_api_key()
     workspace = config.workspace(key.workspace)
     if workspace is None:
         raise invalid_api_key(f"the key's workspace {key.workspace!r} is not configured")
-    return Caller(key.key_id, workspace, key.role, key.budget, key.version, key.endpoints)
+    limits = key.limits
+    return Caller(
+        key.key_id,
+        workspace,
+        key.role,
+        key.budget,
+        key.version,
+        key.endpoints,
+        None
+        if limits is None
+        else RateLimits(
+            requests_per_minute=limits.requests_per_minute,
+            tokens_per_minute=limits.tokens_per_minute,
+        ),
+    )
 
 
 def headers_by_name(request: Request) -> dict[str, str]:

@@ -46,12 +46,14 @@ from router.http.openapi_doors import (
     UNKNOWN_SETTLEMENTS,
     VERIFY_LEDGER,
 )
+from router.http.openapi_keys import CREATE_KEY, LIST_KEYS, REVOKE_KEY
 from router.http.openapi_parts import ERROR_CODES
 
 __all__ = [
     "ADMIN_RELOAD",
     "BUDGETS",
     "CHAT_COMPLETIONS",
+    "CREATE_KEY",
     "EMBEDDINGS",
     "ENABLE_ENDPOINT",
     "ERROR_CODES",
@@ -59,6 +61,7 @@ __all__ = [
     "HEALTHZ",
     "IMPORT_RECONCILIATION",
     "LIST_ENDPOINTS",
+    "LIST_KEYS",
     "MESSAGES",
     "MESSAGES_COUNT_TOKENS",
     "METRICS",
@@ -70,6 +73,7 @@ __all__ = [
     "REQUEST_PROOF",
     "REQUEST_VIEW",
     "RESPONSES",
+    "REVOKE_KEY",
     "SEARCH_REQUESTS",
     "SETTLE_UNKNOWN",
     "SPEND",

@@ -1,7 +1,8 @@
 """Rate limits at admission (issue 43 item 2; config ``limits`` and ``key_limits`` on a
-workspace): what a request counts against, its worst-case tokens, and how a refusal and a
-settlement's correction are written. The counting itself is the adapters'
-(``router.adapters.rate_counters``, over the window arithmetic of ``rate_limits``)."""
+workspace, a key's own ``limits`` from the key API or ``keys create``): what a request counts
+against, its worst-case tokens, and how a refusal and a settlement's correction are written.
+The counting itself is the adapters' (``router.adapters.rate_counters``, over the window
+arithmetic of ``rate_limits``)."""
 
 from __future__ import annotations
 
@@ -27,11 +28,13 @@ __all__ = [
 
 
 def limits_of(caller: Caller) -> tuple[RateLimit, ...]:
-    """The limits a request of ``caller`` counts against: its key's, then its workspace's."""
+    """The limits a request of ``caller`` counts against: its key's (its own if it has them,
+    else its workspace's ``key_limits``), then its workspace's, which still apply."""
     workspace = caller.workspace
     limits = []
-    if workspace.key_limits is not None:
-        limits.append(_limit(f"key:{caller.key_id}", workspace.key_limits))
+    per_key = caller.key_limits if caller.key_limits is not None else workspace.key_limits
+    if per_key is not None:
+        limits.append(_limit(f"key:{caller.key_id}", per_key))
     if workspace.limits is not None:
         limits.append(_limit(f"workspace:{workspace.id}", workspace.limits))
     return tuple(limits)

@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any, Final, Literal
 
 from ledger.events import Api, Requirements
-from router.config import Workspace
+from router.config import RateLimits, Workspace
 from router.drivers import NativeBody
 
 __all__ = ["Call", "Caller", "Completion", "StreamingCompletion", "TraceContext", "trace_context"]
@@ -36,6 +36,9 @@ class Caller:
     append requires the stream still there (None: requires nothing)."""
     key_endpoints: tuple[str, ...] | None = None
     """The key's standing endpoint scope (``keys create --endpoints``); None: unrestricted."""
+    key_limits: RateLimits | None = None
+    """The key's own rate limits (``KeyCreated.limits``), over its workspace's ``key_limits``;
+    None: the workspace's apply."""
 
     def narrowing(self, requirements: Requirements) -> Requirements:
         """``requirements`` with the key's standing scope, which every request of the key

@@ -168,3 +168,37 @@ async def test_a_late_settlement_is_a_mark_past_a_break_and_sub_cent_ticks_read(
     ticks = await charts.nth(1).locator("text").all_text_contents()
     dollars = [tick for tick in ticks if tick.startswith("$")]
     assert len(set(dollars)) == 3 and "$0.00" not in dollars, dollars
+
+
+async def test_an_admin_creates_a_named_key_sees_its_secret_once_and_revokes_it(
+    sqlite_url: str, chromium: Any
+) -> None:
+    async with traffic(sqlite_url) as t:
+        context = await chromium.new_context(java_script_enabled=False)
+        page = await context.new_page()
+        await page.goto(f"{t.gateway.url}/console/sign-in")
+        await page.fill("#api_key", t.secrets["admin"])
+        await page.click("button[type=submit]")
+        await page.wait_for_url("**/console/requests")
+
+        await page.click("nav >> text=Keys")
+        form = page.locator("form.create-key")
+        await form.locator("input[name=name]").fill("ci runner")
+        await form.locator("select[name=role]").select_option("client")
+        await form.locator("input[name=requests_per_minute]").fill("20")
+        await form.locator("button[type=submit]").click()
+        secret = (await page.inner_text("output.secret")).strip()
+        assert secret.startswith("wb_")
+        key = await apikeys.find_key(t.gateway.store, secret)
+        assert key is not None and key.name == "ci runner" and not key.revoked
+
+        await page.goto(f"{t.gateway.url}/console/keys")  # the secret is not shown again
+        assert await page.locator("output.secret").count() == 0
+        row = page.locator(f"tr#{key.key_id}")
+        assert "ci runner" in await row.inner_text() and "active" in await row.inner_text()
+        await row.locator("button:text('Revoke')").click()
+        await page.wait_for_url(f"**/console/keys?revoked={key.key_id}")
+        assert "revoked" in await page.locator(f"tr#{key.key_id}").inner_text()
+        revoked = await apikeys.find_key(t.gateway.store, secret)
+        assert revoked is not None and revoked.revoked
+        await context.close()

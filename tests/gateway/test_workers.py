@@ -326,3 +326,26 @@ def test_a_reload_reloads_every_worker_and_a_bad_file_none(
             process.wait(timeout=30)
         said += process.stderr.read() or b""
         assert b"Traceback" not in said, said.decode(errors="replace")
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+def test_a_key_created_and_revoked_through_the_key_api_acts_on_every_worker(
+    postgres_url: str, tmp_path: Path
+) -> None:
+    admin = new_key(postgres_url, role="admin")
+    with _workers(tmp_path, postgres_url, 2) as (port, _):
+        url = f"http://127.0.0.1:{port}/v1/admin/keys"
+        headers = {"Authorization": f"Bearer {admin}"}
+        with httpx.Client(timeout=30) as http:
+            created = http.post(url, headers=headers, json={"workspace": "acme", "name": "w"})
+        assert created.status_code == 201, created.text
+        key = created.json()
+        # Connections of their own, spread over the workers: each reads the key, and keeps it.
+        answers = asyncio.run(_send(port, key["secret"], 30))
+        assert [a.status_code for a in answers] == [200] * 30
+        with httpx.Client(timeout=30) as http:  # maybe another worker
+            revoked = http.post(f"{url}/{key['key_id']}/revoke", headers=headers)
+        assert revoked.status_code == 200, revoked.text
+        refused = asyncio.run(_send(port, key["secret"], 30))
+        assert [a.status_code for a in refused] == [401] * 30

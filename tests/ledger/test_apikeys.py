@@ -3,6 +3,8 @@ cache of keys is only a cache (the append that accepts a request checks the key)
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from ledger import apikeys
@@ -76,3 +78,61 @@ async def test_a_keys_endpoint_scope_is_read_with_it_and_listed(store: EventStor
     }
     assert all(k.created_at.tzinfo is not None for k in listed)
     assert await apikeys.list_keys(store, "other") == []
+
+
+async def test_a_keys_name_and_expiry_are_read_with_it_and_listed(store: EventStore) -> None:
+    expiry = datetime(2031, 1, 31, 18, tzinfo=UTC)
+    new = await apikeys.create_key(store, "acme", name="billing batch", expires_at=expiry)
+    key = await apikeys.find_key(store, new.secret)
+    assert key is not None and (key.name, key.expires_at) == ("billing batch", expiry)
+    (listed,) = await apikeys.list_keys(store, "acme")
+    assert (listed.name, listed.expires_at, listed.created_by) == ("billing batch", expiry, None)
+    assert await apikeys.key_names(store, [new.key_id, "key_nope"]) == {new.key_id: "billing batch"}
+
+
+def test_an_expired_key_is_refused_as_a_revoked_one_from_its_expiry_on() -> None:
+    expiry = datetime(2031, 1, 31, tzinfo=UTC)
+    key = apikeys.ApiKey("k", "acme", "client", revoked=False, expires_at=expiry)
+    assert not key.refused(expiry - timedelta(microseconds=1))
+    assert key.refused(expiry)
+    assert not apikeys.ApiKey("k", "acme", "client", revoked=False).refused(expiry)
+    assert apikeys.ApiKey("k", "acme", "client", revoked=True).refused(expiry)
+
+
+def test_an_expiry_is_an_iso_date_or_instant_in_the_future() -> None:
+    now = datetime(2030, 6, 1, 12, tzinfo=UTC)
+    assert apikeys.parse_expiry("2031-01-31", now) == datetime(2031, 1, 31, tzinfo=UTC)
+    assert apikeys.parse_expiry("2031-01-31T18:00:00+02:00", now) == datetime(
+        2031, 1, 31, 16, tzinfo=UTC
+    )
+    assert apikeys.parse_expiry("2030-06-01T12:00:01Z", now) > now
+    for wrong, why in (("2030-06-01T12:00:00Z", "not in the future"), ("soon", "ISO 8601")):
+        with pytest.raises(ValueError, match=why):
+            apikeys.parse_expiry(wrong, now)
+
+
+def test_a_keys_name_is_one_line_of_printable_text() -> None:
+    assert apikeys.key_name_of("  ci runner ") == "ci runner"
+    for wrong in ("", "   ", "a\nb", "x" * 201):
+        with pytest.raises(ValueError):
+            apikeys.key_name_of(wrong)
+
+
+def test_a_key_created_under_schema_1_keeps_its_label_as_its_name() -> None:
+    recorded = {
+        "key_id": "key_0123456789abcdef",
+        "workspace": "acme",
+        "role": "client",
+        "secret_sha256": "0" * 64,
+        "created_by": "cli",
+        "label": "old name",
+        "budget_limit_usd": None,
+        "budget_window": None,
+    }
+    event = ev.decode_event("KeyCreated", 1, recorded)
+    assert isinstance(event, ev.KeyCreated)
+    assert (event.name, event.expires_at, event.limits) == ("old name", None, None)
+    current = ev.encode_event(event)
+    assert "label" not in current and current["name"] == "old name"
+    assert "expires_at" not in current and "limits" not in current  # absent: left out
+    assert ev.decode_event("KeyCreated", 2, current) == event

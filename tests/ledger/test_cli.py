@@ -42,7 +42,16 @@ def test_migrate_verify_keys_replay_round_trip(empty_database_url: str) -> None:
     )
     assert created.returncode == 0, created.stderr
     key = json.loads(created.stdout)
-    assert set(key) == {"key_id", "secret", "workspace", "role", "endpoints"}
+    assert set(key) == {
+        "key_id",
+        "name",
+        "secret",
+        "workspace",
+        "role",
+        "endpoints",
+        "expires_at",
+        "limits",
+    }
     assert key["workspace"] == "acme" and key["role"] == "auditor"
     assert key["endpoints"] is None  # unrestricted
 
@@ -247,3 +256,39 @@ def waybill_in_terminal(*args: str, database_url: str, columns: int = 80) -> str
     os.close(leader)
     assert process.wait(timeout=120) == 0, shown.decode()
     return re.sub(r"\x1b\[[0-9;]*m", "", shown.decode()).replace("\r\n", "\n")
+
+
+def test_keys_create_names_a_key_and_its_expiry_and_list_shows_them(sqlite_url: str) -> None:
+    created = waybill(
+        "keys", "create", "--workspace", "acme", "--name", "nightly batch",
+        "--expires-at", "2031-01-31T18:00:00+01:00", "--tokens-per-minute", "9000", "--json",
+        database_url=sqlite_url,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    key = json.loads(created.stdout)
+    assert (key["name"], key["expires_at"]) == ("nightly batch", "2031-01-31T17:00:00Z")
+    assert key["limits"] == {"tokens_per_minute": 9000}
+    listed = json.loads(waybill("keys", "list", "--json", database_url=sqlite_url).stdout)
+    assert [(k["name"], k["expires_at"], k["state"]) for k in listed] == [
+        ("nightly batch", "2031-01-31T17:00:00Z", "active")
+    ]
+    text_list = waybill("keys", "list", database_url=sqlite_url).stdout
+    assert "nightly batch" in text_list and "expires 2031-01-31T17:00:00Z" in text_list
+    assert "limits 9000 tokens/min" in text_list
+    shown = waybill("keys", "create", "--workspace", "acme", "--name", "x", database_url=sqlite_url)
+    assert "name:      x" in shown.stdout
+
+
+def test_keys_create_refuses_a_past_expiry_or_a_blank_name(sqlite_url: str) -> None:
+    for option, value, why in (
+        ("--expires-at", "2001-01-01", "not in the future"),
+        ("--expires-at", "next week", "ISO 8601"),
+        ("--name", " ", "must not be empty"),
+        ("--requests-per-minute", "0", "greater than or equal to 1"),
+    ):
+        refused = waybill(
+            "keys", "create", "--workspace", "acme", option, value, database_url=sqlite_url
+        )
+        assert refused.returncode == 2, refused.stderr
+        assert option in refused.stderr and why in refused.stderr
+        assert "Traceback" not in refused.stderr

@@ -5,6 +5,7 @@ people who ask the ledger questions — why this route, what we spent, what is s
 - ``sessions.py``: signed session cookies and CSRF tokens;
 - ``pages.py``: signing in and out, requests, a request's timeline, health;
 - ``money.py``: spend and budgets, unknown usage, reconciliations;
+- ``keys.py``: the keys, for admins: list, create, revoke;
 - ``timeline.py``, ``charts.py``, ``health.py``: pure helpers the pages draw with;
 - ``templates/``, ``static/``: Jinja2 templates and the one stylesheet. No script.
 
@@ -21,6 +22,7 @@ from fastapi import APIRouter
 from fastapi.responses import Response
 
 from router.config import Config
+from router.http.console.keys import add_key_pages
 from router.http.console.money import add_money_pages
 from router.http.console.pages import add_request_pages
 from router.http.console.sessions import SessionKeeper, secret_from
@@ -48,4 +50,5 @@ def console_router(
 
     add_request_pages(router, console)
     add_money_pages(router, console)
+    add_key_pages(router, console)
     return router

@@ -36,6 +36,7 @@ from ledger.views.spend_queries import (
 from router.errors import GatewayError, invalid_request, permission_denied, reconciliation_not_found
 from router.http.access import can_reconcile, read_scope, spend_scope
 from router.http.console.charts import Bar, bar_chart, line_chart
+from router.http.console.keys import key_names_of
 from router.http.console.web import PREFIX, Console, Visit, form_text, query_values
 from router.http.queries import decode_cursor, encode_cursor
 from router.http.reconcile import (
@@ -250,6 +251,7 @@ async def _spend(console: Console, request: Request, visit: Visit) -> Response:
         charts=charts,
         totals=_totals(rows),
         budgets=budgets,
+        key_names=await key_names_of(request, (b["key_id"] for b in budgets)),
     )
 
 
@@ -327,6 +329,7 @@ async def _unknown(
         paged=asked["cursor"] is not None,
         settled=asked["settled"],
         problem=problem,
+        key_names=await key_names_of(request, (s["key_id"] for s in page.data)),
     )
 
 

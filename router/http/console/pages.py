@@ -32,6 +32,7 @@ from router.errors import GatewayError, invalid_request, request_not_found
 from router.http.access import can_read_request, can_use_console, can_verify_ledger, read_scope
 from router.http.console.charts import timeline_chart
 from router.http.console.health import endpoint_states, visible_endpoints, visible_groups
+from router.http.console.keys import key_names_of
 from router.http.console.sessions import CSRF_FIELD, SIGN_IN_COOKIE, record_sign_out
 from router.http.console.timeline import timeline
 from router.http.console.web import (
@@ -84,7 +85,9 @@ def add_request_pages(router: APIRouter, console: Console) -> None:
         try:
             caller = await console.identify.by_secret(request, secret)
         except GatewayError:
-            return _sign_in_form(console, request, "this key is unknown or revoked", 401, wanted)
+            return _sign_in_form(
+                console, request, "this key is unknown or revoked (or expired)", 401, wanted
+            )
         if not can_use_console(caller):
             return _sign_in_form(
                 console,
@@ -126,6 +129,7 @@ def add_request_pages(router: APIRouter, console: Console) -> None:
                 "the attempts in time", steps.bars, steps.total_ms, steps.late
             ),
             proof=console.serving_config().checkpoints is not None,
+            key_names=await key_names_of(request, [explanation.get("key_id")]),
         )
 
     async def events_page(request: Request, visit: Visit) -> Response:
@@ -225,6 +229,7 @@ async def _requests(console: Console, request: Request, visit: Visit) -> Respons
         groups=visible_groups(config, visit.caller),
         endpoints=visible_endpoints(config, visit.caller),
         workspaces=[w.id for w in config.workspaces] if visit.caller.role == "admin" else [],
+        key_names=await key_names_of(request, (r["key_id"] for r in rows)),
     )
 
 

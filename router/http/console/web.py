@@ -22,6 +22,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.datastructures import FormData
 
+from ledger import apikeys
 from router.config import Config
 from router.errors import GatewayError, permission_denied
 from router.http.access import (
@@ -75,6 +76,7 @@ class Visit:
     caller: Caller
     session: Session
     csrf: str
+    key_name: str | None = None  # the signed-in key's name, shown beside its id
 
 
 class _SignInFirst(Exception):
@@ -121,10 +123,11 @@ class Console:
             may_settle=caller is not None and can_settle(caller),
             may_reconcile=caller is not None and can_reconcile(caller),
             may_verify=caller is not None and can_verify_ledger(caller),
+            may_manage_keys=caller is not None and caller.role == "admin",
             csrf_field=CSRF_FIELD,
             path=request.url.path,
             url_with=_url_with(request),
-            **context,
+            **{"key_names": {}, **context},
         )
         return HTMLResponse(html, status_code=status)
 
@@ -162,7 +165,9 @@ class Console:
             caller = await self.identify.by_key_id(request, session.key_id)
         except GatewayError:
             self.keeper.end(session)
-            raise _SignInFirst("your session ended: its key was revoked or is unknown") from None
+            raise _SignInFirst(
+                "your session ended: its key was revoked, expired or is unknown"
+            ) from None
         if (
             caller.role != session.role
             or caller.workspace.id != session.workspace
@@ -170,7 +175,8 @@ class Console:
         ):
             self.keeper.end(session)
             raise _SignInFirst("your session ended: its key changed")
-        return Visit(caller, session, self.keeper.csrf_token(session))
+        names = await apikeys.key_names(request.app.state.store, [caller.key_id])
+        return Visit(caller, session, self.keeper.csrf_token(session), names.get(caller.key_id))
 
     async def check_csrf(self, request: Request, visit: Visit) -> None:
         form = await request.form()
