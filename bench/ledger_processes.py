@@ -19,8 +19,10 @@ written without a read and the races lost, the mean number of backends waiting f
 (``waiting``: seconds of waiting per second), the share of time the head is held (``held``)
 and so the commits per second the lock alone would allow (``ceiling``: commits/s over
 ``held``), the CPU (ms per 1,000 events: the appenders', PostgreSQL's) and the machine's busy
-cores. The lock binds when ``held`` nears 1 while cores are idle; CPU binds when the machine
-is busy and ``held`` stays well below 1.
+cores, of which ``other`` were not these processes' (other load). The lock binds when
+``held`` nears 1 while cores are idle; CPU binds when the machine is busy and ``held`` stays
+well below 1. A holder waiting for a core still holds the head, so on a busy machine ``held``
+also grows with the CPU's queue: read it beside ``busy``.
 """
 
 from __future__ import annotations
@@ -176,6 +178,10 @@ def _one(processes: int, appenders: int, seconds: float, database: str) -> dict[
         "appender_cpu_ms_per_1k": round(sum(r["cpu_s"] for r in results) * 1e6 / events, 1),
         "postgres_cpu_ms_per_1k": round(postgres.seconds * 1e6 / events, 1),
         "busy_cores": round(busy / wall, 2),
+        # What the machine spent beyond these appenders and their backends: other users' work.
+        "other_cores": round(
+            max(0.0, busy - sum(r["cpu_s"] for r in results) - postgres.seconds) / wall, 2
+        ),
         "cores": os.cpu_count(),
     }
 
@@ -201,6 +207,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         ("appender_cpu_ms_per_1k", "app ms/1k"),
         ("postgres_cpu_ms_per_1k", "pg ms/1k"),
         ("busy_cores", "busy"),
+        ("other_cores", "other"),
     )
     lines = ["".join(f"{title:>11}" for _, title in columns)]
     for row in rows:
