@@ -14,7 +14,9 @@ indexes, total, bytes per request) and the total per request, the empty migrated
 size subtracted. With ``--mix SHARE`` that share of the N requests are long streams (the bench
 mock's, ``bench/stream_mock.py``: ``--chunks`` chunks 20 ms apart, through a model group of
 their own, ``--stream-concurrency`` at a time) sent while the rest, short buffered requests,
-go to the fake provider at ``--concurrency``. A benchmark, not a test: figures vary with the
+go to the fake provider at ``--concurrency``. With ``--after-vacuum``, N requests, a plain
+``VACUUM`` (what autovacuum does on a server that runs it), and N more: the figures are the
+second N's, the growth from the vacuumed tables. A benchmark, not a test: figures vary with the
 PostgreSQL version and the request; compare within one run.
 """
 
@@ -130,6 +132,12 @@ def _send(args: argparse.Namespace, gateway_url: str, api_key: str) -> dict[str,
     }
 
 
+def _vacuum(database_url: str) -> None:
+    """A plain VACUUM of every table, as autovacuum would run it (no file shrinks)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("VACUUM")
+
+
 def _bench(args: argparse.Namespace) -> dict[str, Any]:
     database_url = fresh_postgres(args.database)
     migrate(database_url)
@@ -152,6 +160,19 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
             children.append(gateway)
             started = time.perf_counter()
             load = _send(args, gateway_url, api_key)
+            if args.after_vacuum:
+                # What autovacuum leaves a server (these run without it): the dead row
+                # versions and deleted rows of the first N reclaimed for reuse, then N more.
+                asyncio.run(_outcomes(database_url, (load["sent"], 0)))
+                asyncio.run(_caught_up(database_url))
+                _vacuum(database_url)
+                empty = _sizes(database_url)
+                second = _send(args, gateway_url, api_key)
+                load = {
+                    "sent": int(load["sent"]) + int(second["sent"]),
+                    "ok": bool(load["ok"]) and bool(second["ok"]),
+                    "measured": int(second["sent"]),
+                }
             elapsed = time.perf_counter() - started
             completed, failed = asyncio.run(_outcomes(database_url, (load["sent"], 0)))
             head = asyncio.run(_caught_up(database_url))
@@ -160,8 +181,15 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
                 child.stop()
     full = _sizes(database_url)
     ledger = "appends" if "appends" in full else "events"  # the table of the events
-    requests = int(load["sent"])
+    sent = int(load["sent"])
+    requests = int(load.get("measured", sent))  # with --after-vacuum, the second N
     total = sum(t["total"] for t in full.values())
+
+    def grown(table: str) -> int:
+        """A table's bytes; with --after-vacuum, what it grew by over the second N."""
+        before = empty.get(table, {}).get("total", 0) if args.after_vacuum else 0
+        return full[table]["total"] - before
+
     empty_total = sum(t["total"] for t in empty.values())
     return {
         "requests": requests,
@@ -170,12 +198,13 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "chunks": args.chunks,
         "completed": completed,
         "failed": failed,
-        "valid": bool(load["ok"]) and completed == requests and failed == 0,
+        "after_vacuum": args.after_vacuum,
+        "valid": bool(load["ok"]) and completed == sent and failed == 0,
         "events": head,
         "head": head,
         "load_s": round(elapsed, 1),
         "tables": {
-            name: {**sizes, "per_request": round(sizes["total"] / max(requests, 1), 1)}
+            name: {**sizes, "per_request": round(grown(name) / max(requests, 1), 1)}
             for name, sizes in full.items()
         },
         "total_bytes": total,
@@ -198,10 +227,12 @@ def _table(result: dict[str, Any]) -> str:
     kind = "streamed" if result["stream"] else "buffered"
     if long:
         kind = f"mixed ({long:,} long streams of {result['chunks']} chunks, the rest buffered)"
+    if result["after_vacuum"]:
+        kind += " after as many and a VACUUM (what they grew the tables by)"
     lines.append(
         f"{result['requests']:,} {kind} requests, "
         f"{result['events']:,} events; all tables {result['total_bytes']:,} bytes "
-        f"(empty: {result['empty_bytes']:,}); "
+        f"({'vacuumed' if result['after_vacuum'] else 'empty'}: {result['empty_bytes']:,}); "
         f"**{result['bytes_per_request']:,.0f} bytes per request**, "
         f"the events' table {result['bytes_per_event']:,.0f} bytes per event"
     )
@@ -219,6 +250,11 @@ def main() -> None:
     )
     parser.add_argument("--chunks", type=int, default=50, help="content chunks of a long stream")
     parser.add_argument("--stream-concurrency", type=int, default=100)
+    parser.add_argument(
+        "--after-vacuum",
+        action="store_true",
+        help="N requests, VACUUM, N more: the bytes per request of the second N",
+    )
     parser.add_argument("--database", default="waybill_size_bench", help="dropped and recreated")
     parser.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
     args = parser.parse_args()
