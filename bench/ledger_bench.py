@@ -1,7 +1,7 @@
 """Ledger benchmark: append throughput with group commit, replay throughput, tail lag.
 
     .venv/bin/python bench/ledger_bench.py [--backend postgres|sqlite|both] [--seconds 5]
-    .venv/bin/python bench/ledger_bench.py --processes 1,2,4,8 [--per-process 16]
+    .venv/bin/python bench/ledger_bench.py --processes 1,2,4,8 [--per-process 16] [--shared]
         [--seconds 4] [--database waybill_bench]
 
 For each backend, on a fresh database: events/s appended by 1, 10 and 100 concurrent
@@ -121,13 +121,21 @@ def main() -> None:
         "--processes", help="comma-separated numbers of appender processes (PostgreSQL only)"
     )
     parser.add_argument("--per-process", type=int, default=16, help="appenders per process")
+    parser.add_argument(
+        "--shared",
+        action="store_true",
+        help="the processes commit through the first one's appender, as --workers N does",
+    )
     args = parser.parse_args()
     tune_gc()  # as every Waybill process runs
     if args.processes:
         from bench.ledger_processes import bench_processes, table
 
         counts = [int(n) for n in args.processes.split(",")]
-        print(table(bench_processes(counts, args.per_process, args.seconds, args.database)))
+        rows = bench_processes(
+            counts, args.per_process, args.seconds, args.database, shared=args.shared
+        )
+        print(table(rows))
         return
     backends = ["postgres", "sqlite"] if args.backend == "both" else [args.backend]
     for backend in backends:

@@ -1,13 +1,15 @@
 """What binds when several processes append to one PostgreSQL ledger: the head's lock or CPU.
 
-    .venv/bin/python bench/ledger_bench.py --processes 1,2,4,8 [--per-process 16]
+    .venv/bin/python bench/ledger_bench.py --processes 1,2,4,8 [--per-process 16] [--shared]
         [--seconds 4] [--database waybill_bench]
 
 For each N, on a fresh database: N processes (as ``waybill serve --workers N`` would run when
 each worker commits its own appends, or N replicas on one ledger), each with its own
 ``EventStore`` and ``--per-process`` appenders. An appender sends a buffered request's trail
 as a gateway does: its first four events to a new stream (``NO_STREAM``), then the other
-three at the version that left. Every append is durably committed before it returns.
+three at the version that left. Every append is durably committed before it returns. With
+``--shared`` the processes but the first commit through the first one's appender, as the
+workers of ``waybill serve --workers N`` do (``ledger.store.shared_appends``).
 While they run, a thread samples ``pg_stat_activity`` every 10 ms: how many of the
 appenders' backends wait for a lock (the only lock an append waits for is the head row's,
 THE LOCK in ``ledger.store.postgres``), and whether one holds the head (in the write that
@@ -32,9 +34,10 @@ import multiprocessing
 import os
 import queue
 import sys
+import tempfile
 import threading
 import time
-from multiprocessing.synchronize import Barrier
+from multiprocessing.synchronize import Barrier, Event
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +49,7 @@ from bench.databases import fresh_postgres
 from bench.gateway_bench import _BackendCpu, _machine_busy_s
 from ledger.store import NO_STREAM, EventStore
 from ledger.store.db import create_engine, migrate
+from ledger.store.shared_appends import AppendClient, AppendServer
 from ledger.support.process import tune_gc
 from tests.ledger.factories import succeeded_trail
 
@@ -66,11 +70,27 @@ _SAMPLE = """
 
 
 async def _appender_process(
-    index: int, url: str, appenders: int, seconds: float, barrier: Barrier
+    index: int,
+    url: str,
+    appenders: int,
+    seconds: float,
+    barrier: Barrier,
+    socket: str | None,
+    serving: Event,
 ) -> dict[str, Any]:
     tune_gc()
     engine = create_engine(url)
     store = EventStore(engine)
+    server: AppendServer | None = None
+    client: AppendClient | None = None
+    if socket is not None and index == 0:  # as the first worker of `serve --workers N`
+        server = AppendServer(store, socket)
+        await server.start()
+        serving.set()
+    elif socket is not None:  # as the other workers
+        await asyncio.to_thread(serving.wait, 60)
+        client = AppendClient(socket)
+        store.forward_to(client)
     trail = succeeded_trail("bench")
     first, rest = trail[:_FIRST], trail[_FIRST:]
     counts = [0] * appenders
@@ -83,6 +103,7 @@ async def _appender_process(
     await request(f"request-p{index}-warm")  # connected, statements prepared
     await asyncio.to_thread(barrier.wait)
     before, cpu_before = dict(store.stats), time.process_time()
+    forwarded = client.forwarded_batches if client is not None else 0
     deadline = time.perf_counter() + seconds
 
     async def appender(worker: int) -> None:
@@ -96,6 +117,15 @@ async def _appender_process(
     wall = time.perf_counter() - started
     cpu = time.process_time() - cpu_before
     after = store.stats
+    if client is not None:
+        # Its batches went to the first process, which committed them with its own.
+        forwarded = client.forwarded_batches - forwarded
+        after = dict(after, batches=after["batches"] - forwarded)
+    await asyncio.to_thread(barrier.wait)  # every process is done: nothing more comes
+    if client is not None:
+        await client.close()
+    if server is not None:
+        await server.close()
     await store.close()
     await engine.dispose()
     spent = {name: after[name] - before[name] for name in after if name != "queued"}
@@ -103,9 +133,19 @@ async def _appender_process(
 
 
 def _child(
-    index: int, url: str, appenders: int, seconds: float, barrier: Barrier, out: Any
+    index: int,
+    url: str,
+    appenders: int,
+    seconds: float,
+    barrier: Barrier,
+    out: Any,
+    socket: str | None,
+    serving: Event,
 ) -> None:
-    out.put(asyncio.run(_appender_process(index, url, appenders, seconds, barrier)))
+    result = asyncio.run(
+        _appender_process(index, url, appenders, seconds, barrier, socket, serving)
+    )
+    out.put(result)
 
 
 class _HeadSampler:
@@ -135,37 +175,46 @@ class _HeadSampler:
                 self.held += int(row[1]) > 0
 
 
-def _one(processes: int, appenders: int, seconds: float, database: str) -> dict[str, Any]:
+def _one(
+    processes: int, appenders: int, seconds: float, database: str, shared: bool
+) -> dict[str, Any]:
     url = fresh_postgres(database)
     migrate(url)
     spawn = multiprocessing.get_context("spawn")
-    barrier = spawn.Barrier(processes + 1)
+    barrier = spawn.Barrier(processes + 1)  # at the start, then at the end
     out = spawn.Queue()
-    children = [
-        spawn.Process(target=_child, args=(i, url, appenders, seconds, barrier, out))
-        for i in range(processes)
-    ]
-    for child in children:
-        child.start()
-    barrier.wait(timeout=120)
-    started, busy = time.perf_counter(), _machine_busy_s()
-    with _BackendCpu(database) as postgres, _HeadSampler(url, database) as head:
+    serving = spawn.Event()  # the first process's append server listens
+    with tempfile.TemporaryDirectory() as tmp:
+        socket = str(Path(tmp) / "appends.sock") if shared else None
+        children = [
+            spawn.Process(
+                target=_child, args=(i, url, appenders, seconds, barrier, out, socket, serving)
+            )
+            for i in range(processes)
+        ]
+        for child in children:
+            child.start()
+        barrier.wait(timeout=120)
+        started, busy = time.perf_counter(), _machine_busy_s()
+        with _BackendCpu(database) as postgres, _HeadSampler(url, database) as head:
+            barrier.wait(timeout=seconds + 60)
+        wall = time.perf_counter() - started
+        busy = _machine_busy_s() - busy
         results = []
         for _ in children:
             try:
-                results.append(out.get(timeout=seconds + 60))
+                results.append(out.get(timeout=60))
             except queue.Empty:
                 raise SystemExit("an appender process did not report") from None
-    wall = time.perf_counter() - started
-    busy = _machine_busy_s() - busy
-    for child in children:
-        child.join()
+        for child in children:
+            child.join()
     events = sum(r["events"] for r in results)
     batches = sum(r["batches"] for r in results)
     run = max(r["wall"] for r in results)
     held = head.held / max(head.samples, 1)
     return {
         "processes": processes,
+        "shared": shared,
         "appenders": processes * appenders,
         "events_per_s": round(events / run),
         "events_per_tx": round(events / max(batches, 1), 1),
@@ -187,15 +236,18 @@ def _one(processes: int, appenders: int, seconds: float, database: str) -> dict[
 
 
 def bench_processes(
-    counts: list[int], appenders: int, seconds: float, database: str
+    counts: list[int], appenders: int, seconds: float, database: str, *, shared: bool = False
 ) -> list[dict[str, Any]]:
-    """One row per number of appender processes, each on a fresh ledger."""
-    return [_one(n, appenders, seconds, database) for n in counts]
+    """One row per number of appender processes, each on a fresh ledger; ``shared``: the
+    processes but the first commit through the first one's appender, as the workers of
+    ``waybill serve --workers N`` do (``ledger.store.shared_appends``)."""
+    return [_one(n, appenders, seconds, database, shared) for n in counts]
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     columns = (
         ("processes", "N"),
+        ("shared", "shared"),
         ("events_per_s", "events/s"),
         ("events_per_tx", "ev/tx"),
         ("commits_per_s", "commits/s"),
