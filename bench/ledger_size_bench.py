@@ -84,6 +84,17 @@ def _sizes(database_url: str) -> dict[str, dict[str, int]]:
     return tables
 
 
+def _rewritten(database_url: str) -> dict[str, int]:
+    """Rows of the read models written again after their first write (row versions made by
+    an UPDATE; the follower's backends have ended, so their counts are in)."""
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(
+            "SELECT relname, n_tup_upd FROM pg_stat_user_tables "
+            "WHERE relname IN ('request_views', 'spend_attempts')"
+        ).fetchall()
+    return {str(name): int(count) for name, count in rows}
+
+
 async def _caught_up(database_url: str, within_s: float = 120.0) -> int:
     """Wait until every read model's checkpoint is at the head; the head."""
     deadline = time.monotonic() + within_s
@@ -184,6 +195,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
             for child in reversed(children):
                 child.stop()
     full = _sizes(database_url)
+    rewritten = _rewritten(database_url)
     ledger = "appends" if "appends" in full else "events"  # the table of the events
     sent = int(load["sent"])
     requests = int(load.get("measured", sent))  # with --after-vacuum, the second N
@@ -211,6 +223,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
             name: {**sizes, "per_request": round(grown(name) / max(requests, 1), 1)}
             for name, sizes in full.items()
         },
+        "rewritten": rewritten,
         "total_bytes": total,
         "empty_bytes": empty_total,
         "bytes_per_request": round((total - empty_total) / max(requests, 1), 1),
@@ -240,6 +253,8 @@ def _table(result: dict[str, Any]) -> str:
         f"**{result['bytes_per_request']:,.0f} bytes per request**, "
         f"the events' table {result['bytes_per_event']:,.0f} bytes per event"
     )
+    rewritten = ", ".join(f"{t} {n:,}" for t, n in sorted(result["rewritten"].items()))
+    lines.append(f"rows written again by the follower (the whole run): {rewritten}")
     return "\n".join(lines)
 
 
