@@ -167,6 +167,8 @@ def _start_gateway(
     serve_args: Sequence[str] = (),
     wrapper: Sequence[str] = (),
     ready_within_s: float = 30.0,
+    more_upstreams: dict[str, str] | None = None,
+    groups: dict[str, str] | None = None,
 ) -> tuple[_Child, str]:
     """``waybill serve`` on ``database_url`` in front of the fake: the code of this
     checkout (whatever the environment has installed), or with ``source`` the code of that
@@ -174,10 +176,15 @@ def _start_gateway(
     interpreter whose environment has the project's dependencies; this one by default),
     and ``extra_env`` added; ``checkpoints``: the config's checkpoints block, if any;
     ``serve_args``: more options of ``waybill serve``; ``wrapper``: a command that runs
-    the interpreter (``valgrind ...``), ready within ``ready_within_s``."""
-    upstreams = {"fake": cast(FakeUpstream, _RemoteUpstream(fake_root))}
+    the interpreter (``valgrind ...``), ready within ``ready_within_s``; ``more_upstreams``
+    (name → root URL) and ``groups`` (model group → its YAML): more endpoints, and model
+    groups that route to them, beside ``chat``."""
+    roots = {"fake": fake_root, **(more_upstreams or {})}
+    upstreams = {name: cast(FakeUpstream, _RemoteUpstream(root)) for name, root in roots.items()}
     config = tmp / "waybill.yaml"
-    text = config_text(upstreams, [Route("fake")], generation="bench-1", checkpoints=checkpoints)
+    text = config_text(
+        upstreams, [Route("fake")], generation="bench-1", checkpoints=checkpoints, groups=groups
+    )
     config.write_text(text)
     # What a plain `waybill serve` gets: no Redis, no OTLP export (metrics stay on).
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "WAYBILL_"))}

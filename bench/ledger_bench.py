@@ -1,12 +1,16 @@
 """Ledger benchmark: append throughput with group commit, replay throughput, tail lag.
 
     .venv/bin/python bench/ledger_bench.py [--backend postgres|sqlite|both] [--seconds 5]
+    .venv/bin/python bench/ledger_bench.py --processes 1,2,4,8 [--per-process 16] [--shared]
+        [--seconds 4] [--database waybill_bench]
 
 For each backend, on a fresh database: events/s appended by 1, 10 and 100 concurrent
 appenders (each append one realistic request-trail event, durably committed), with the
 mean events per transaction; then events/s replayed through the request-view projection
 (read + decode + fold + write); and the live projection's lag sampled while 100 appenders
-run. A benchmark, not a test: figures vary with the machine; compare within one run.
+run. With ``--processes``, instead, what binds when several processes append to one
+PostgreSQL ledger (``bench/ledger_processes.py``). A benchmark, not a test: figures vary
+with the machine; compare within one run.
 """
 
 from __future__ import annotations
@@ -30,10 +34,8 @@ from ledger.views.projection import ProjectionRunner
 from tests.ledger.factories import succeeded_trail
 
 
-def _fresh_database(backend: str, tmp: Path) -> str:
-    url = (
-        f"sqlite:///{tmp / 'bench.db'}" if backend == "sqlite" else fresh_postgres("waybill_bench")
-    )
+def _fresh_database(backend: str, tmp: Path, database: str = "waybill_bench") -> str:
+    url = f"sqlite:///{tmp / 'bench.db'}" if backend == "sqlite" else fresh_postgres(database)
     migrate(url)
     return url
 
@@ -58,10 +60,12 @@ async def _append_load(
     return sum(counts), time.perf_counter() - started
 
 
-async def bench_backend(backend: str, seconds: float) -> dict[str, object]:
+async def bench_backend(
+    backend: str, seconds: float, database: str = "waybill_bench"
+) -> dict[str, object]:
     results: dict[str, object] = {"backend": backend}
     with tempfile.TemporaryDirectory() as tmp:
-        url = _fresh_database(backend, Path(tmp))
+        url = _fresh_database(backend, Path(tmp), database)
         engine = create_engine(url)
         store = EventStore(engine)
         for concurrency, per_append in ((1, 1), (10, 1), (100, 1), (100, 5), (100, 10)):
@@ -112,11 +116,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", choices=["postgres", "sqlite", "both"], default="both")
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--database", default="waybill_bench", help="dropped and recreated")
+    parser.add_argument(
+        "--processes", help="comma-separated numbers of appender processes (PostgreSQL only)"
+    )
+    parser.add_argument("--per-process", type=int, default=16, help="appenders per process")
+    parser.add_argument(
+        "--shared",
+        action="store_true",
+        help="the processes commit through the first one's appender, as --workers N does",
+    )
     args = parser.parse_args()
-    backends = ["postgres", "sqlite"] if args.backend == "both" else [args.backend]
     tune_gc()  # as every Waybill process runs
+    if args.processes:
+        from bench.ledger_processes import bench_processes, table
+
+        counts = [int(n) for n in args.processes.split(",")]
+        rows = bench_processes(
+            counts, args.per_process, args.seconds, args.database, shared=args.shared
+        )
+        print(table(rows))
+        return
+    backends = ["postgres", "sqlite"] if args.backend == "both" else [args.backend]
     for backend in backends:
-        results = asyncio.run(bench_backend(backend, args.seconds))
+        results = asyncio.run(bench_backend(backend, args.seconds, args.database))
         width = max(len(k) for k in results)
         for key, value in results.items():
             print(f"{key:<{width}}  {value}")

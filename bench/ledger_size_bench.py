@@ -1,7 +1,8 @@
 """Ledger size benchmark: bytes on disk per request, every table and index included.
 
     .venv/bin/python bench/ledger_size_bench.py [--requests 10000] [--concurrency 16]
-        [--stream] [--database waybill_size_bench] [--json]
+        [--stream | --mix SHARE [--chunks 50] [--stream-concurrency 100]]
+        [--after-vacuum] [--experiment SQL] [--database waybill_size_bench] [--json]
 
 A fresh PostgreSQL database, migrated; a fake provider and ``waybill serve`` (its read-model
 follower included) as ``gateway_bench.py`` runs them; N chat completions through the gateway
@@ -10,8 +11,13 @@ caught up, the gateway stops and the size of every table of the schema is read
 (``pg_total_relation_size``: heap, TOAST and indexes), as the requests left it: no VACUUM,
 as on a server whose autovacuum has not passed yet. Prints one row per table (heap, TOAST,
 indexes, total, bytes per request) and the total per request, the empty migrated database's
-size subtracted. A benchmark, not a test: figures vary with the PostgreSQL version and the
-request; compare within one run.
+size subtracted. With ``--mix SHARE`` that share of the N requests are long streams (the bench
+mock's, ``bench/stream_mock.py``: ``--chunks`` chunks 20 ms apart, through a model group of
+their own, ``--stream-concurrency`` at a time) sent while the rest, short buffered requests,
+go to the fake provider at ``--concurrency``. With ``--after-vacuum``, N requests, a plain
+``VACUUM`` (what autovacuum does on a server that runs it), and N more: the figures are the
+second N's, the growth from the vacuumed tables. A benchmark, not a test: figures vary with the
+PostgreSQL version and the request; compare within one run.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import json
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +37,17 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.databases import fresh_postgres
-from bench.gateway_bench import _create_key, _load, _outcomes, _start_fake, _start_gateway
+from bench.gateway_bench import (
+    _Child,
+    _create_key,
+    _load,
+    _outcomes,
+    _start_fake,
+    _start_gateway,
+)
+from bench.streams_bench import _start_mock
 from ledger.store.db import migrate
+from tests.gateway.harness import Route, mappings_yaml
 
 _SIZES = """
     SELECT c.relname,
@@ -68,6 +84,17 @@ def _sizes(database_url: str) -> dict[str, dict[str, int]]:
     return tables
 
 
+def _rewritten(database_url: str) -> dict[str, int]:
+    """Rows of the read models written again after their first write (row versions made by
+    an UPDATE; the follower's backends have ended, so their counts are in)."""
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute(
+            "SELECT relname, n_tup_upd FROM pg_stat_user_tables "
+            "WHERE relname IN ('request_views', 'spend_attempts')"
+        ).fetchall()
+    return {str(name): int(count) for name, count in rows}
+
+
 async def _caught_up(database_url: str, within_s: float = 120.0) -> int:
     """Wait until every read model's checkpoint is at the head; the head."""
     deadline = time.monotonic() + within_s
@@ -84,54 +111,119 @@ async def _caught_up(database_url: str, within_s: float = 120.0) -> int:
             await asyncio.sleep(0.2)
 
 
+def _long_streams(args: argparse.Namespace) -> int:
+    """How many of the N requests are long streams (``--mix``)."""
+    return round(args.requests * args.mix) if args.mix else 0
+
+
+def _send(args: argparse.Namespace, gateway_url: str, api_key: str) -> dict[str, Any]:
+    """The N requests, by one load generator, or with ``--mix`` by two at once (the long
+    streams and the short buffered requests); what they say together."""
+    # Sent until N: an hour is only the bound.
+    bound = argparse.Namespace(seconds=3600.0, warmup=0.0)
+    url = f"{gateway_url}/v1"
+    long = _long_streams(args)
+    if not long:
+        return _load(
+            url, "chat", api_key, args.stream, args.concurrency, bound, requests=args.requests
+        )
+    # Each load generator stops after its own count (0 would mean no limit: none is run).
+    kinds = [(long, "long", True, args.stream_concurrency)]
+    kinds.append((args.requests - long, "chat", False, args.concurrency))
+    with ThreadPoolExecutor(2) as pool:
+        running = [
+            pool.submit(_load, url, model, api_key, stream, c, bound, requests=n)
+            for n, model, stream, c in kinds
+            if n > 0
+        ]
+        loads = [load.result() for load in running]
+    return {
+        "sent": sum(int(load["sent"]) for load in loads),
+        "ok": all(bool(load["ok"]) for load in loads),
+    }
+
+
+def _vacuum(database_url: str) -> None:
+    """A plain VACUUM of every table, as autovacuum would run it (no file shrinks)."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("VACUUM")
+
+
 def _bench(args: argparse.Namespace) -> dict[str, Any]:
     database_url = fresh_postgres(args.database)
     migrate(database_url)
+    if args.experiment:
+        # A schema lever tried before it is made a migration (bench/README.md, "Ledger size").
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(args.experiment)
     empty = _sizes(database_url)
     api_key = asyncio.run(_create_key(database_url))
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        fake, fake_url = _start_fake(tmp)
+        children: list[_Child] = []
         try:
-            gateway, gateway_url = _start_gateway(tmp, database_url, fake_url)
-            try:
-                # Sent until N: an hour is only the bound.
-                bound = argparse.Namespace(seconds=3600.0, warmup=0.0)
-                started = time.perf_counter()
-                load = _load(
-                    f"{gateway_url}/v1",
-                    "chat",
-                    api_key,
-                    args.stream,
-                    args.concurrency,
-                    bound,
-                    requests=args.requests,
-                )
-                elapsed = time.perf_counter() - started
-                completed, failed = asyncio.run(_outcomes(database_url, (load["sent"], 0)))
-                head = asyncio.run(_caught_up(database_url))
-            finally:
-                gateway.stop()
+            fake, fake_url = _start_fake(tmp)
+            children.append(fake)
+            more: dict[str, str] = {}
+            if args.mix:
+                mock, more["mock"] = _start_mock(tmp, args.chunks, 20.0)
+                children.append(mock)
+            groups = {"long": "    mappings:\n" + mappings_yaml([Route("mock")])} if more else None
+            gateway, gateway_url = _start_gateway(
+                tmp, database_url, fake_url, more_upstreams=more, groups=groups
+            )
+            children.append(gateway)
+            started = time.perf_counter()
+            load = _send(args, gateway_url, api_key)
+            if args.after_vacuum:
+                # What autovacuum leaves a server (these run without it): the dead row
+                # versions and deleted rows of the first N reclaimed for reuse, then N more.
+                asyncio.run(_outcomes(database_url, (load["sent"], 0)))
+                asyncio.run(_caught_up(database_url))
+                _vacuum(database_url)
+                empty = _sizes(database_url)
+                second = _send(args, gateway_url, api_key)
+                load = {
+                    "sent": int(load["sent"]) + int(second["sent"]),
+                    "ok": bool(load["ok"]) and bool(second["ok"]),
+                    "measured": int(second["sent"]),
+                }
+            elapsed = time.perf_counter() - started
+            completed, failed = asyncio.run(_outcomes(database_url, (load["sent"], 0)))
+            head = asyncio.run(_caught_up(database_url))
         finally:
-            fake.stop()
+            for child in reversed(children):
+                child.stop()
     full = _sizes(database_url)
+    rewritten = _rewritten(database_url)
     ledger = "appends" if "appends" in full else "events"  # the table of the events
-    requests = int(load["sent"])
+    sent = int(load["sent"])
+    requests = int(load.get("measured", sent))  # with --after-vacuum, the second N
     total = sum(t["total"] for t in full.values())
+
+    def grown(table: str) -> int:
+        """A table's bytes; with --after-vacuum, what it grew by over the second N."""
+        before = empty.get(table, {}).get("total", 0) if args.after_vacuum else 0
+        return full[table]["total"] - before
+
     empty_total = sum(t["total"] for t in empty.values())
     return {
         "requests": requests,
         "stream": args.stream,
+        "long_streams": _long_streams(args),
+        "chunks": args.chunks,
         "completed": completed,
         "failed": failed,
-        "valid": bool(load["ok"]) and completed == requests and failed == 0,
+        "after_vacuum": args.after_vacuum,
+        "valid": bool(load["ok"]) and completed == sent and failed == 0,
         "events": head,
         "head": head,
         "load_s": round(elapsed, 1),
         "tables": {
-            name: {**sizes, "per_request": round(sizes["total"] / max(requests, 1), 1)}
+            name: {**sizes, "per_request": round(grown(name) / max(requests, 1), 1)}
             for name, sizes in full.items()
         },
+        "rewritten": rewritten,
         "total_bytes": total,
         "empty_bytes": empty_total,
         "bytes_per_request": round((total - empty_total) / max(requests, 1), 1),
@@ -148,13 +240,21 @@ def _table(result: dict[str, Any]) -> str:
             f"{t['total']:>12,}{t['per_request']:>9,.0f}"
         )
     lines.append("-" * len(header))
+    long = result["long_streams"]
+    kind = "streamed" if result["stream"] else "buffered"
+    if long:
+        kind = f"mixed ({long:,} long streams of {result['chunks']} chunks, the rest buffered)"
+    if result["after_vacuum"]:
+        kind += " after as many and a VACUUM (what they grew the tables by)"
     lines.append(
-        f"{result['requests']:,} {'streamed' if result['stream'] else 'buffered'} requests, "
+        f"{result['requests']:,} {kind} requests, "
         f"{result['events']:,} events; all tables {result['total_bytes']:,} bytes "
-        f"(empty: {result['empty_bytes']:,}); "
+        f"({'vacuumed' if result['after_vacuum'] else 'empty'}: {result['empty_bytes']:,}); "
         f"**{result['bytes_per_request']:,.0f} bytes per request**, "
         f"the events' table {result['bytes_per_event']:,.0f} bytes per event"
     )
+    rewritten = ", ".join(f"{t} {n:,}" for t, n in sorted(result["rewritten"].items()))
+    lines.append(f"rows written again by the follower (the whole run): {rewritten}")
     return "\n".join(lines)
 
 
@@ -162,7 +262,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--stream", action="store_true", help="streamed requests")
+    kinds = parser.add_mutually_exclusive_group()
+    kinds.add_argument("--stream", action="store_true", help="streamed requests")
+    kinds.add_argument(
+        "--mix", type=float, default=0.0, help="the share of long streams among the requests"
+    )
+    parser.add_argument("--chunks", type=int, default=50, help="content chunks of a long stream")
+    parser.add_argument("--stream-concurrency", type=int, default=100)
+    parser.add_argument(
+        "--experiment", help="SQL run on the migrated database before the load (a lever tried)"
+    )
+    parser.add_argument(
+        "--after-vacuum",
+        action="store_true",
+        help="N requests, VACUUM, N more: the bytes per request of the second N",
+    )
     parser.add_argument("--database", default="waybill_size_bench", help="dropped and recreated")
     parser.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
     args = parser.parse_args()
