@@ -10,6 +10,7 @@ import functools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Final, Literal
 
 from router.adapters import breaker_policy as policy
@@ -27,12 +28,14 @@ from router.config import Breaker
 
 __all__ = [
     "DEFAULT_PROBE_LEASE_MS",
+    "FULL_STANDING",
     "BreakerBoard",
     "BreakerKey",
     "BreakerStoreUnavailable",
     "BreakerView",
     "EndpointSettings",
     "Scope",
+    "Standing",
     "Transition",
     "settings_by_endpoint",
     "settings_of",
@@ -104,6 +107,21 @@ class BreakerView:
     figures: Figures | None  # rolling: the window as it stands
 
 
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """What route evaluation reads of one breaker: whether it would refuse an attempt now
+    (``breaker_policy.blocked``), and the share of its configured weight its endpoint or
+    mapping gets now (``breaker_policy.ramp_share``: below 1 while ramping up after a
+    close)."""
+
+    blocked: bool
+    share: Decimal = Decimal(1)
+
+
+FULL_STANDING: Final = Standing(False)
+"""A closed breaker that is not ramping up."""
+
+
 class BreakerStoreUnavailable(Exception):
     """The shared breaker store (Redis) cannot be reached; the caller decides what follows."""
 
@@ -153,12 +171,16 @@ class BreakerBoard(ABC):
         return self._by_endpoint.get(key.endpoint_id, self.settings)
 
     @abstractmethod
-    async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
-        """For route evaluation, read-only: whether each key would refuse an attempt now.
+    async def standing(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, Standing]:
+        """For route evaluation, read-only, in one read: each key's :class:`Standing`.
 
-        True while open and cooling down, or half-open with a live probe lease; False when
+        Blocked while open and cooling down, or half-open with a live probe lease; not when
         closed, or when the cool-down has passed and a probe is free to take.
         """
+
+    async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
+        """Whether each key would refuse an attempt now (:meth:`standing`'s ``blocked``)."""
+        return {key: s.blocked for key, s in (await self.standing(keys)).items()}
 
     @abstractmethod
     async def admit(self, key: BreakerKey) -> tuple[Admission, list[Transition]]:

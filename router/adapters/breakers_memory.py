@@ -9,10 +9,12 @@ from collections.abc import Callable, Sequence
 from router.adapters import breaker_policy as policy
 from router.adapters.breaker_interface import (
     DEFAULT_PROBE_LEASE_MS,
+    FULL_STANDING,
     BreakerBoard,
     BreakerKey,
     BreakerView,
     EndpointSettings,
+    Standing,
     Transition,
     settings_by_endpoint,
     settings_of,
@@ -57,9 +59,16 @@ class InProcessBreakers(BreakerBoard):
         else:
             self._records[key] = record
 
-    async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
+    async def standing(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, Standing]:
         now = self._now()
-        return {key: policy.blocked(self._records.get(key, policy.CLOSED), now) for key in keys}
+        return {key: self._standing(key, now) for key in keys}
+
+    def _standing(self, key: BreakerKey, now: int) -> Standing:
+        record = self._records.get(key, policy.CLOSED)
+        if record is policy.CLOSED:
+            return FULL_STANDING  # the usual breaker: closed, not ramping
+        share = policy.ramp_share(record, self.settings_for(key), now)
+        return Standing(policy.blocked(record, now), share)
 
     async def admit(self, key: BreakerKey) -> tuple[Admission, list[Transition]]:
         record = self._records.get(key, policy.CLOSED)

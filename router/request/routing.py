@@ -19,6 +19,7 @@ from decimal import Decimal
 from typing import Any
 
 from ledger import events as ev
+from router.adapters.breaker_interface import FULL_STANDING, Standing
 from router.adapters.breakers import Admission, BreakerKey
 from router.adapters.disabling import detail as disabled_detail
 from router.config import Config, Defaults, ModelGroup, Workspace
@@ -200,7 +201,8 @@ class Routing:
             # A failed attempt's hold was just released or kept: the balances this
             # evaluation reads must include that.
             await journal.flush()
-        blocked = await ports.breakers.blocked(plan.breaker_keys)
+        standing = await ports.breakers.standing(plan.breaker_keys)
+        blocked = {key: s.blocked for key, s in standing.items()}
         breaker_open = self._breaker_lookup(blocked)
         saturated = await self._saturation_lookup()
         latencies = None
@@ -231,6 +233,7 @@ class Routing:
                 plan.places, self._requirements.stream
             ),
             quota_exhausted=_quota_lookup(ports.breakers.quota_opened(), blocked),
+            ramp_share=_ramp_lookup(standing),
         )
         return group, candidates
 
@@ -381,6 +384,19 @@ class Routing:
         self.admitted_as = "probe:" + scopes if probes else "closed"
         self.probes = tuple(probes)
         return True
+
+
+def _ramp_lookup(standing: Mapping[BreakerKey, Standing]) -> Callable[[str, ModelMapping], Decimal]:
+    """A mapping's share of its weight while its endpoint's or its own breaker ramps up
+    after closing (contract §5 "Circuit breakers"): the lower of the two, so that whichever
+    recovered last sets the pace."""
+
+    def ramp_share(endpoint_id: str, mapping: ModelMapping) -> Decimal:
+        endpoint = standing.get(BreakerKey.endpoint(endpoint_id), FULL_STANDING)
+        own = standing.get(BreakerKey.mapping(endpoint_id, mapping.model), FULL_STANDING)
+        return min(endpoint.share, own.share)
+
+    return ramp_share
 
 
 def _quota_lookup(

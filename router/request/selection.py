@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from collections.abc import Mapping as AbcMapping
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_DOWN, Decimal
 from typing import Final, TypeAlias
 
 from ledger.events import (
@@ -25,6 +25,7 @@ from ledger.events import (
     data_class_rank,
     retention_rank,
 )
+from router.adapters.breaker_policy import RAMP_PLACES
 from router.config import Config, Endpoint, Mapping, ModelGroup, Workspace
 from router.request.scope import EndpointScope, endpoint_scope
 from router.request.worst_case import input_tokens, output_tokens, unpriced, worst_case_cost
@@ -35,12 +36,14 @@ __all__ = [
     "CredentialsDisabled",
     "OverBudget",
     "QuotaExhausted",
+    "RampShare",
     "RouteContext",
     "Saturated",
     "Scope",
     "TierKey",
     "WeightedRoundRobin",
     "effective_scope",
+    "effective_weight",
     "evaluate",
     "select",
     "worst_case_cost",
@@ -60,6 +63,10 @@ OverBudget: TypeAlias = Callable[[Decimal], "str | None"]
 
 CredentialsDisabled: TypeAlias = Callable[[str], "str | None"]
 """endpoint id → None unless a credentials failure disabled it, else what was refused."""
+
+RampShare: TypeAlias = Callable[[str, Mapping], Decimal]
+"""(endpoint id, mapping) → the share of its weight it gets now: 1, or less while a breaker
+of its endpoint or mapping ramps up after closing (``breaker_policy.ramp_share``)."""
 
 QuotaExhausted: TypeAlias = Callable[[str], "str | None"]
 """endpoint id → None unless an earlier request found its quota exhausted and its breaker is
@@ -307,6 +314,7 @@ def evaluate(
     credentials_disabled: CredentialsDisabled | None = None,
     first_content_p95: AbcMapping[tuple[str, str], int] | None = None,
     quota_exhausted: QuotaExhausted | None = None,
+    ramp_share: RampShare | None = None,
 ) -> tuple[Candidate, ...]:
     """One candidate per mapping of ``group``, in mapping order: eligible, or excluded with
     the reason code of the first failing check in :data:`CHECK_ORDER`. ``latencies``: each
@@ -314,6 +322,8 @@ def evaluate(
     recorded on its candidate for the ``least_latency`` strategy. ``first_content_p95``: each
     (endpoint, upstream model)'s p95 time to first content over its recent answers, where
     measured, held against ``context.remaining_ms`` (``deadline_insufficient``).
+    ``ramp_share``: the share of its weight each mapping gets while a breaker ramps up,
+    recorded as its ``effective_weight`` when below 1 (:func:`effective_weight`).
 
     ``credentials_disabled``, ``breaker_open``, ``saturated`` and ``over_budget`` are called at
     most once per mapping, in mapping order, and only for a mapping that passed every check
@@ -365,9 +375,21 @@ def evaluate(
                 detail=detail,
                 worst_case_usd=subject.worst_case_usd,
                 latency_ms=_latency(latencies, mapping),
+                effective_weight=None
+                if ramp_share is None
+                else effective_weight(mapping.weight, ramp_share(mapping.endpoint, mapping)),
             )
         )
     return tuple(candidates)
+
+
+def effective_weight(weight: int, share: Decimal) -> Decimal | None:
+    """``weight`` scaled by a ramp-up's ``share`` (contract §5 "Circuit breakers"), exact to
+    a thousandth and never 0; None at full weight."""
+    if share >= 1:
+        return None
+    scaled = (weight * share).quantize(RAMP_PLACES, rounding=ROUND_DOWN)
+    return max(RAMP_PLACES, scaled)
 
 
 def _exhausted_accounts(config: Config, context: RouteContext) -> dict[str, str]:
@@ -428,8 +450,9 @@ class WeightedRoundRobin:
             if not candidate.eligible:
                 continue
             index = candidate.mapping_index
-            current[index] = current.get(index, 0) + candidate.weight
-            total += candidate.weight
+            weight = _ranked_weight(candidate)
+            current[index] = current.get(index, 0) + weight
+            total += weight
             if best is None or _ahead(current, candidate, best):
                 best = candidate
         if best is None:
@@ -438,6 +461,18 @@ class WeightedRoundRobin:
         position = state.selections
         state.selections += 1
         return best, position
+
+
+_WEIGHT_SCALE: Final = int(1 / RAMP_PLACES)
+
+
+def _ranked_weight(candidate: Candidate) -> int:
+    """The candidate's weight in the round-robin, in thousandths so that a ramp-up's
+    effective weight counts exactly; scaling every weight alike leaves the order of the
+    choices as it was."""
+    if candidate.effective_weight is not None:
+        return int(candidate.effective_weight * _WEIGHT_SCALE)
+    return candidate.weight * _WEIGHT_SCALE
 
 
 def _ahead(current: dict[int, int], candidate: Candidate, best: Candidate) -> bool:
