@@ -408,6 +408,14 @@ SCHEMAS: Final[dict[str, Schema]] = {
                     }
                 ),
                 worst_case_usd=nullable(MONEY),
+                effective_weight=nullable(
+                    {
+                        "type": "string",
+                        "description": "The weight selection ranked it by while a breaker "
+                        "of its endpoint or mapping ramps up after closing (contract §5), "
+                        "a decimal string; null at full weight.",
+                    }
+                ),
             ),
         },
         attempts={"type": "array", "items": ITEMS},
