@@ -53,6 +53,9 @@ class ReasonCode(StrEnum):
     # The request continues a response whose state another endpoint holds (a Responses
     # previous_response_id): no other endpoint can know it.
     RESPONSE_AFFINITY = "response_affinity"
+    # A hedge's evaluation under the group's `failover: on_grant` without the caller's grant
+    # (X-Waybill-Allow-Failover: true): a second way may not go to another endpoint.
+    FAILOVER_NOT_GRANTED = "failover_not_granted"
 
 
 class FailureClass(StrEnum):

@@ -119,6 +119,10 @@ class RouteContext:
     # Endpoints whose provider account answered insufficient_quota in this request (a quota
     # failover, contract §4 "Quota failover"): no endpoint of those accounts is entered again.
     quota_exhausted: frozenset[str] = frozenset()
+    # This evaluation looks for a way beside the running one (a hedge) for a request that may
+    # not move to another endpoint: the group's `failover: on_grant` got no grant. Every
+    # endpoint the request is not already on or has not left is excluded for it.
+    failover_not_granted: bool = False
 
 
 # --- eligibility ---------------------------------------------------------------------------
@@ -176,6 +180,15 @@ def _already_tried(s: _Subject) -> str | None:
     if s.endpoint.id in s.context.tried_endpoints:
         return f"failed over from {s.endpoint.id}"
     return None
+
+
+def _failover_not_granted(s: _Subject) -> str | None:
+    if not s.context.failover_not_granted:
+        return None
+    return (
+        f"another endpoint than the request's; model group {s.group.name} fails over on "
+        "grant only (X-Waybill-Allow-Failover: true)"
+    )
 
 
 def _scope_empty(s: _Subject) -> str | None:
@@ -280,6 +293,7 @@ _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.QUOTA_EXHAUSTED, _quota_exhausted),
     (ReasonCode.RESPONSE_AFFINITY, _response_affinity),
     (ReasonCode.ALREADY_TRIED, _already_tried),
+    (ReasonCode.FAILOVER_NOT_GRANTED, _failover_not_granted),
     (ReasonCode.SCOPE_EMPTY, _scope_empty),
     (ReasonCode.OUT_OF_SCOPE, _out_of_scope),
     (ReasonCode.REGION_NOT_ALLOWED, _region_not_allowed),

@@ -137,9 +137,7 @@ async def test_without_ramp_up_ms_a_recovered_endpoint_is_ranked_at_full_weight_
                 assert first.headers["x-waybill-endpoint"] == "west"
 
                 async def east_probed() -> bool:
-                    probe = await http.post(
-                        "/v1/chat/completions", json=BODY, headers=PREFER_EAST
-                    )
+                    probe = await http.post("/v1/chat/completions", json=BODY, headers=PREFER_EAST)
                     return bool(probe.headers["x-waybill-endpoint"] == "east")
 
                 await eventually(east_probed, within_s=30, interval=0.05)

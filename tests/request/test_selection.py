@@ -578,6 +578,7 @@ SPEC_ORDER = (
     R.QUOTA_EXHAUSTED,
     R.RESPONSE_AFFINITY,
     R.ALREADY_TRIED,
+    R.FAILOVER_NOT_GRANTED,
     R.SCOPE_EMPTY,
     R.OUT_OF_SCOPE,
     R.REGION_NOT_ALLOWED,
@@ -695,7 +696,12 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
         workspace,
         group,
         requirements,
-        RouteContext(tried_endpoints=tried, remaining_ms=remaining, quota_exhausted=exhausted),
+        RouteContext(
+            tried_endpoints=tried,
+            remaining_ms=remaining,
+            quota_exhausted=exhausted,
+            failover_not_granted=R.FAILOVER_NOT_GRANTED in failing,
+        ),
         breaker_open=breaker,
         saturated=saturated,
         over_budget=budget,
@@ -1638,3 +1644,23 @@ def test_swrr_picks_the_same_sequence_with_no_ramp_as_before(weights: list[int],
         current[best] -= sum(weights)
         expected.append(best)
     assert picks == expected
+
+
+# --- a hedge without the grant (failover: on_grant) ---------------------------------------
+
+
+def test_a_hedge_without_the_grant_excludes_every_endpoint_it_is_not_on():
+    context = RouteContext(tried_endpoints=frozenset({"east"}), failover_not_granted=True)
+    candidates = _evaluate(context=context)
+    assert _reasons(candidates) == [
+        "already_tried",  # the running way's endpoint
+        "already_tried",
+        "failover_not_granted",
+        "failover_not_granted",
+        "endpoint_disabled",  # a static fact comes first
+    ]
+    assert candidates[2].detail == (
+        "another endpoint than the request's; model group chat fails over on grant only "
+        "(X-Waybill-Allow-Failover: true)"
+    )
+    assert select(candidates, WeightedRoundRobin(), "acme", _group()) is None
