@@ -105,6 +105,9 @@ class BreakerView:
     cooldown_ms: int | None  # the last cool-down, while open or half-open
     probe_in_ms: int | None  # while open: how long until a probe may go
     figures: Figures | None  # rolling: the window as it stands
+    # While ramping up after a probe closed it (ramp_up_ms): the share of its weight its
+    # endpoint or mapping gets now; None at full weight.
+    ramp_share: Decimal | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +158,7 @@ def view_of(record: Record, settings: BreakerSettings, now: int) -> BreakerView:
         cooldown_ms=record.cooldown_ms if cooling else None,
         probe_in_ms=max(0, record.cooldown_until - now) if record.state == "open" else None,
         figures=policy.figures(record, settings, now) if settings.policy == "rolling" else None,
+        ramp_share=share if (share := policy.ramp_share(record, settings, now)) < 1 else None,
     )
 
 

@@ -431,6 +431,13 @@ SCHEMAS: Final[dict[str, Schema]] = {
         probe_in_ms=nullable(
             {"type": "integer", "description": "While open: how long until a probe may go."}
         ),
+        ramp_share=nullable(
+            {
+                "type": "string",
+                "description": "While ramping up after closing (breaker.ramp_up_ms): the "
+                "share of its weight its endpoint or mapping gets now, a decimal string.",
+            }
+        ),
         calls=nullable({"type": "integer", "description": "A rolling breaker's window."}),
         failed_calls=nullable({"type": "integer"}),
         slow_calls=nullable({"type": "integer"}),

@@ -93,6 +93,7 @@ async def test_a_recovered_endpoint_is_ranked_from_its_ramp_up_floor_and_it_is_r
             assert probe.headers["x-waybill-endpoint"] == "east"
             ramping = await http.post("/v1/chat/completions", json=BODY)
             assert ramping.status_code == 200, ramping.text
+            listed = await http.get("/v1/endpoints", headers={"Authorization": f"Bearer {admin}"})
             explained = await http.get(
                 f"/v1/requests/{ramping.headers['x-request-id']}/explain",
                 params={"format": "text"},
@@ -107,11 +108,18 @@ async def test_a_recovered_endpoint_is_ranked_from_its_ramp_up_floor_and_it_is_r
         assert "effective_weight" not in west_row
         assert explained.status_code == 200, explained.text
         assert f"2 (ramping up: {east_row['effective_weight']})" in explained.text
+        # GET /v1/endpoints and the console's health page show the breaker ramping up.
+        rows = {row["id"]: row for row in listed.json()["data"]}
+        assert Decimal("0.1") <= Decimal(rows["east"]["breaker"]["ramp_share"]) < 1
+        assert rows["west"]["breaker"]["ramp_share"] is None
         async with browser(gw) as console:
             await sign_in(console, admin)
             page = await console.get(f"/console/requests/{ramping.headers['x-request-id']}")
+            health = await console.get("/console/health")
         assert page.status_code == 200
         assert f"(ramping up: {east_row['effective_weight']})" in page.text
+        assert health.status_code == 200
+        assert "ramping up: 0.1" in health.text and " of its weight" in health.text
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["in_process", "redis"])
