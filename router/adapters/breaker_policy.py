@@ -387,15 +387,25 @@ def _hear(
             return _open(record, settings, now, call, failures, StepReason.FAILURE_THRESHOLD)
         if call.failed:
             return evolve(record, failures=failures), None
-        if record.failures == 0 and not record.shared:
+        closed_at = _still_ramping(record, settings, now)
+        if record.failures == 0 and not record.shared and closed_at == record.closed_at:
             return record, None  # a success after a success: the usual outcome, no copy
-        return evolve(record, failures=0, shared=()), None  # the run of failures ended
+        # The run of failures ended, or the ramp-up did: a breaker back to the empty record
+        # is dropped (Redis: deleted), so the usual success writes nothing again.
+        return evolve(record, failures=0, shared=(), closed_at=closed_at), None
     heard = _counted(_advanced(record, settings, now), settings, call.failed, slow)
     seen = figures(heard, settings, now)
     reason = _rolling_reason(call, seen, settings)
     if reason is None:
         return evolve(heard, failures=failures), None
     return _open(record, settings, now, call, failures, reason, seen)
+
+
+def _still_ramping(record: Record, settings: BreakerSettings, now: int) -> int:
+    """The record's ``closed_at`` while its ramp-up lasts, else 0 (forgotten)."""
+    if record.closed_at and now - record.closed_at < settings.ramp_up_ms:
+        return record.closed_at
+    return 0
 
 
 def _rolling_reason(call: Call, seen: Figures, settings: BreakerSettings) -> StepReason | None:

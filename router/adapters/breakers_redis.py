@@ -200,10 +200,16 @@ if not rolling then
     return open(new_failures, 'failure_threshold', -1, -1, -1)
   end
   if new_failures == 0 then
-    redis.call('DEL', key)
-    if h[12] then  -- the run of failures ended; a ramp-up under way goes on
-      redis.call('HSET', key, 'closed_at', h[12])
-      redis.call('PEXPIRE', key, ttl_ms)
+    -- breaker_policy._still_ramping: a ramp-up that is over is forgotten.
+    local stored_close = tonumber(h[12]) or 0
+    local closed_at = 0
+    if stored_close > 0 and now - stored_close < ramp_ms then closed_at = stored_close end
+    if failures > 0 or h[8] or closed_at ~= stored_close then
+      redis.call('DEL', key)
+      if closed_at > 0 then  -- the run of failures ended; the ramp-up under way goes on
+        redis.call('HSET', key, 'closed_at', int(closed_at))
+        redis.call('PEXPIRE', key, ttl_ms)
+      end
     end
   else
     redis.call('HSET', key, 'state', 'closed', 'failures', new_failures)

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from decimal import Decimal
 
+import redis.asyncio as aioredis
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.adapters.breaker_policy import RAMP_PLACES, ramp
+from router.adapters.breaker_policy import CLOSED, RAMP_PLACES, Call, Record, hear, ramp
 from router.adapters.breakers import Admission, BreakerKey, Standing
 from router.config import Breaker
 from tests.adapters.test_breaker_policy import EP, Boards, boards, fail, succeed
+from tests.helpers import REDIS_URL, redis_prefix
 
 __all__ = ["boards"]  # the fixture, shared with test_breaker_policy
 
@@ -140,3 +142,30 @@ async def test_a_mapping_breaker_ramps_on_its_own(boards: Boards):
     }
     boards.clock.ms += 1000
     assert (await board.standing([mapping]))[mapping].share == Decimal("0.75")
+
+
+def test_a_success_after_the_ramp_forgets_when_the_breaker_closed():
+    settings = RAMPING.settings()
+    ramping = Record(closed_at=5_000)
+    assert hear(ramping, Call(failed=False), settings, 5_999) == (ramping, None)
+    assert hear(ramping, Call(failed=False), settings, 6_000) == (CLOSED, None)
+
+
+async def test_on_redis_a_success_after_the_ramp_deletes_the_breakers_hash():
+    async with redis_prefix() as prefix:
+        boards = Boards("redis", prefix)
+        try:
+            board = await _open_and_close(boards)
+            client = aioredis.Redis.from_url(REDIS_URL)
+            try:
+                key = f"{prefix}:gen-1:endpoint:{EP.endpoint_id}"
+                assert await client.exists(key)
+                await succeed(board)  # still ramping: kept
+                assert await client.exists(key)
+                boards.clock.ms += 1000
+                await succeed(board)  # the ramp is over: the usual success writes nothing
+                assert not await client.exists(key)
+            finally:
+                await client.aclose()
+        finally:
+            await boards.close()
