@@ -60,13 +60,14 @@ class InProcessBreakers(BreakerBoard):
             self._records[key] = record
 
     async def standing(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, Standing]:
-        now = self._now()
-        return {key: self._standing(key, now) for key in keys}
+        now, records = self._now(), self._records
+        # The usual breaker has no record: closed, not ramping.
+        return {
+            key: FULL_STANDING if (held := records.get(key)) is None else self._of(key, held, now)
+            for key in keys
+        }
 
-    def _standing(self, key: BreakerKey, now: int) -> Standing:
-        record = self._records.get(key, policy.CLOSED)
-        if record is policy.CLOSED:
-            return FULL_STANDING  # the usual breaker: closed, not ramping
+    def _of(self, key: BreakerKey, record: Record, now: int) -> Standing:
         share = policy.ramp_share(record, self.settings_for(key), now)
         return Standing(policy.blocked(record, now), share)
 

@@ -377,23 +377,23 @@ def evaluate(
             quota_exhausted=quota_exhausted,
         )
         reason, detail = _first_failure(subject)
-        candidates.append(
-            Candidate(
-                endpoint=mapping.endpoint,
-                model=mapping.model,
-                mapping_index=index,
-                tier=mapping.tier,
-                weight=mapping.weight,
-                eligible=reason is None,
-                reason_code=reason,
-                detail=detail,
-                worst_case_usd=subject.worst_case_usd,
-                latency_ms=_latency(latencies, mapping),
-                effective_weight=None
-                if ramp_share is None
-                else effective_weight(mapping.weight, ramp_share(mapping.endpoint, mapping)),
-            )
+        candidate = Candidate(
+            endpoint=mapping.endpoint,
+            model=mapping.model,
+            mapping_index=index,
+            tier=mapping.tier,
+            weight=mapping.weight,
+            eligible=reason is None,
+            reason_code=reason,
+            detail=detail,
+            worst_case_usd=subject.worst_case_usd,
+            latency_ms=_latency(latencies, mapping),
         )
+        if ramp_share is not None:
+            ramped = effective_weight(mapping.weight, ramp_share(mapping.endpoint, mapping))
+            if ramped is not None:
+                candidate = candidate.model_copy(update={"effective_weight": ramped})
+        candidates.append(candidate)
     return tuple(candidates)
 
 
@@ -440,9 +440,13 @@ class _TierState:
     selections: int = 0
 
 
+_WEIGHT_SCALE: Final = int(1 / RAMP_PLACES)
+"""The round-robin counts weights in thousandths (a ramp-up's precision)."""
+
+
 class WeightedRoundRobin:
     """Smooth weighted round-robin (nginx's algorithm) per TierKey: deterministic; long-run
-    shares equal the weights.
+    shares equal the weights (a candidate's effective weight while its breaker ramps up).
 
     Each round the current weight of every candidate taking part grows by its weight; the highest
     current weight wins (ties: the lowest mapping index) and gives back the round's total.
@@ -464,7 +468,12 @@ class WeightedRoundRobin:
             if not candidate.eligible:
                 continue
             index = candidate.mapping_index
-            weight = _ranked_weight(candidate)
+            # In thousandths, so that a ramp-up's effective weight counts exactly; scaling
+            # every weight alike leaves the order of the choices as it was.
+            ramped = candidate.effective_weight
+            weight = (
+                candidate.weight * _WEIGHT_SCALE if ramped is None else int(ramped * _WEIGHT_SCALE)
+            )
             current[index] = current.get(index, 0) + weight
             total += weight
             if best is None or _ahead(current, candidate, best):
@@ -475,18 +484,6 @@ class WeightedRoundRobin:
         position = state.selections
         state.selections += 1
         return best, position
-
-
-_WEIGHT_SCALE: Final = int(1 / RAMP_PLACES)
-
-
-def _ranked_weight(candidate: Candidate) -> int:
-    """The candidate's weight in the round-robin, in thousandths so that a ramp-up's
-    effective weight counts exactly; scaling every weight alike leaves the order of the
-    choices as it was."""
-    if candidate.effective_weight is not None:
-        return int(candidate.effective_weight * _WEIGHT_SCALE)
-    return candidate.weight * _WEIGHT_SCALE
 
 
 def _ahead(current: dict[int, int], candidate: Candidate, best: Candidate) -> bool:
