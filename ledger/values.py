@@ -60,6 +60,9 @@ class ReasonCode(StrEnum):
     # The request continues a response whose state another endpoint holds (a Responses
     # previous_response_id): no other endpoint can know it.
     RESPONSE_AFFINITY = "response_affinity"
+    # A hedge's evaluation under the group's `failover: on_grant` without the caller's grant
+    # (X-Waybill-Allow-Failover: true): a second way may not go to another endpoint.
+    FAILOVER_NOT_GRANTED = "failover_not_granted"
 
 
 class FailureClass(StrEnum):
@@ -144,6 +147,14 @@ Money = Annotated[
     PlainSerializer(lambda d: format(d, "f"), return_type=str, when_used="json"),
 ]
 """An exact amount of US dollars; serialized as a plain decimal string (no exponent)."""
+
+EffectiveWeight = Annotated[
+    Decimal,
+    BeforeValidator(_refuse_float),
+    Field(gt=0, allow_inf_nan=False),
+    PlainSerializer(lambda d: format(d, "f"), return_type=str, when_used="json"),
+]
+"""A mapping's weight as a ramp-up scales it: exact, > 0, a plain decimal string."""
 
 NonNegInt = Annotated[int, Field(ge=0)]
 Id = Annotated[str, Field(min_length=1, max_length=200)]
@@ -315,6 +326,10 @@ class Candidate(Record):
     # A composer's candidate that is a pool (contract §4 "Pools"): the pool's model group;
     # then endpoint and model are the binding the composer prefers inside it.
     pool: Id | None = None
+    # The weight selection ranked it by while a breaker of its endpoint or mapping ramps up
+    # after closing (contract §5 "Circuit breakers", ramp_up_ms): below ``weight``, exact to
+    # a thousandth. Left out at full weight, so evaluations without a ramp keep their bytes.
+    effective_weight: EffectiveWeight | None = Field(None, exclude_if=absent)
 
 
 class RouteChoice(Record):

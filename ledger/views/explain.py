@@ -122,6 +122,10 @@ def _candidates(trail: Trail) -> list[dict[str, Any]]:
                     "model": c.model,
                     "tier": c.tier,
                     "weight": c.weight,
+                    # Below weight while a breaker ramps up after closing (contract §5).
+                    "effective_weight": None
+                    if c.effective_weight is None
+                    else format(c.effective_weight, "f"),
                     "eligible": c.eligible,
                     "reason_code": c.reason_code.value if c.reason_code else None,
                     "detail": c.detail,

@@ -20,6 +20,7 @@ from ledger.views.explain_words import (
     level_text,
     reason_text,
     reason_words,
+    weight_text,
 )
 
 __all__ = ["BUDGET_TYPES", "budget_check", "step"]
@@ -88,6 +89,8 @@ def _step_text(trail: Trail, event: ev.Event) -> str:
             if event.chosen is None:
                 return text + "; nothing eligible left"
             ch = event.chosen
+            ranked = [c for c in event.candidates if c.mapping_index == ch.mapping_index]
+            effective = ranked[0].effective_weight if ranked else None
             if ch.preferred:
                 return (
                     f"{text}; chose {ch.endpoint}/{ch.model} on tier {ch.tier}, the caller's "
@@ -95,7 +98,7 @@ def _step_text(trail: Trail, event: ev.Event) -> str:
                 )
             return (
                 f"{text}; chose {ch.endpoint}/{ch.model} on tier {ch.tier} "
-                f"({by_strategy(event)}weight {ch.weight}, round-robin position "
+                f"({by_strategy(event)}{weight_text(ch.weight, effective)}, round-robin position "
                 f"{ch.selection_position})"
             )
         case ev.BudgetReserved():

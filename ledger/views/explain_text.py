@@ -67,6 +67,11 @@ def _wrapped(line: str, indent: int) -> str:
     )
 
 
+def _weight(c: Mapping[str, Any]) -> str:
+    effective = c.get("effective_weight")
+    return str(c["weight"]) if effective is None else f"{c['weight']} (ramping up: {effective})"
+
+
 def _candidate_lines(candidates: Sequence[Mapping[str, Any]]) -> list[str]:
     if not candidates:
         return ["  (no route evaluation recorded)"]
@@ -94,7 +99,7 @@ def _candidate_lines(candidates: Sequence[Mapping[str, Any]]) -> list[str]:
                 str(c["evaluation"]),
                 name,
                 str(c["tier"]),
-                str(c["weight"]),
+                _weight(c),
                 "-" if worst is None else f"${worst}",
                 "yes" if c["eligible"] else "no",
                 reason,

@@ -8,6 +8,7 @@ the figures a strategy compared. Codes are the contract's words, never paraphras
 from __future__ import annotations
 
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Final
 
 from ledger import events as ev
@@ -21,6 +22,7 @@ __all__ = [
     "level_text",
     "reason_text",
     "reason_words",
+    "weight_text",
 ]
 
 # The rules of contract §5 "Per on_unknown_execution" in plain words: whether an attempt that
@@ -64,6 +66,17 @@ def failure_name(finished: ev.AttemptFinished) -> str:
     if finished.failure_class is not None:
         return finished.failure_class.value
     return finished.error_code or "failure"
+
+
+def weight_text(weight: int, effective: Decimal | None) -> str:
+    """A chosen candidate's weight: as configured, and while a breaker of its endpoint or
+    mapping ramps up after closing (contract §5), the weight selection ranked it by."""
+    if effective is None:
+        return f"weight {weight}"
+    return (
+        f"weight {weight}, ramping up after its breaker closed: effective weight "
+        f"{format(effective, 'f')}"
+    )
 
 
 def candidate_name(c: ev.Candidate) -> str:

@@ -10,6 +10,7 @@ import functools
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Final, Literal
 
 from router.adapters import breaker_policy as policy
@@ -27,12 +28,14 @@ from router.config import Breaker
 
 __all__ = [
     "DEFAULT_PROBE_LEASE_MS",
+    "FULL_STANDING",
     "BreakerBoard",
     "BreakerKey",
     "BreakerStoreUnavailable",
     "BreakerView",
     "EndpointSettings",
     "Scope",
+    "Standing",
     "Transition",
     "settings_by_endpoint",
     "settings_of",
@@ -102,6 +105,24 @@ class BreakerView:
     cooldown_ms: int | None  # the last cool-down, while open or half-open
     probe_in_ms: int | None  # while open: how long until a probe may go
     figures: Figures | None  # rolling: the window as it stands
+    # While ramping up after a probe closed it (ramp_up_ms): the share of its weight its
+    # endpoint or mapping gets now; None at full weight.
+    ramp_share: Decimal | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """What route evaluation reads of one breaker: whether it would refuse an attempt now
+    (``breaker_policy.blocked``), and the share of its configured weight its endpoint or
+    mapping gets now (``breaker_policy.ramp_share``: below 1 while ramping up after a
+    close)."""
+
+    blocked: bool
+    share: Decimal = Decimal(1)
+
+
+FULL_STANDING: Final = Standing(False)
+"""A closed breaker that is not ramping up."""
 
 
 class BreakerStoreUnavailable(Exception):
@@ -137,6 +158,7 @@ def view_of(record: Record, settings: BreakerSettings, now: int) -> BreakerView:
         cooldown_ms=record.cooldown_ms if cooling else None,
         probe_in_ms=max(0, record.cooldown_until - now) if record.state == "open" else None,
         figures=policy.figures(record, settings, now) if settings.policy == "rolling" else None,
+        ramp_share=share if (share := policy.ramp_share(record, settings, now)) < 1 else None,
     )
 
 
@@ -153,12 +175,16 @@ class BreakerBoard(ABC):
         return self._by_endpoint.get(key.endpoint_id, self.settings)
 
     @abstractmethod
-    async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
-        """For route evaluation, read-only: whether each key would refuse an attempt now.
+    async def standing(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, Standing]:
+        """For route evaluation, read-only, in one read: each key's :class:`Standing`.
 
-        True while open and cooling down, or half-open with a live probe lease; False when
+        Blocked while open and cooling down, or half-open with a live probe lease; not when
         closed, or when the cool-down has passed and a probe is free to take.
         """
+
+    async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
+        """Whether each key would refuse an attempt now (:meth:`standing`'s ``blocked``)."""
+        return {key: s.blocked for key, s in (await self.standing(keys)).items()}
 
     @abstractmethod
     async def admit(self, key: BreakerKey) -> tuple[Admission, list[Transition]]:

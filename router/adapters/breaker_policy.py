@@ -36,6 +36,12 @@ under ``consecutive`` it is the run of failures since the last success; either w
 empty when the breaker opens. The record keeps the two workspaces heard from last, with the
 stamp of each one's latest such failure: enough to know whether any other workspace's is
 still in the window, whoever comes next.
+
+Ramp-up (``ramp_up_ms`` > 0): a breaker that closes after a probe remembers when
+(``closed_at``), and for ``ramp_up_ms`` after that :func:`ramp_share` gives the share of its
+configured weight that selection gives its endpoint or mapping: ``ramp_up_floor`` at the
+close, rising linearly to 1 (:func:`ramp`). Opening forgets the close, as it forgets the
+window. With ``ramp_up_ms`` 0 (the default) a closed breaker is the empty record, as before.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from router.request.classify import MAX_RETRY_AFTER_MS
 __all__ = [
     "COUNTED_WHEN_SHARED",
     "MAX_DOUBLINGS",
+    "RAMP_PLACES",
     "RATE_SCALE",
     "TIME_BUCKETS",
     "Admission",
@@ -70,6 +77,8 @@ __all__ = [
     "figures",
     "hear",
     "is_slow",
+    "ramp",
+    "ramp_share",
 ]
 
 BreakerState = Literal["closed", "open", "half_open"]
@@ -77,6 +86,9 @@ Policy = Literal["consecutive", "rolling"]
 
 RATE_SCALE: Final = 10_000
 """Rates are held as whole parts per ten thousand."""
+RAMP_PLACES: Final = Decimal("0.001")
+"""A ramp's share of the configured weight is exact to a thousandth (rounded down)."""
+DEFAULT_RAMP_UP_FLOOR: Final = Decimal("0.1")
 TIME_BUCKETS: Final = 10
 """A time-based window is this many buckets of ``window_ms / TIME_BUCKETS`` each."""
 MAX_DOUBLINGS: Final = 32
@@ -121,6 +133,8 @@ class BreakerSettings:
     failure_rate: int = RATE_SCALE // 2  # per RATE_SCALE
     slow_call_ms: int | None = None  # None: no call is slow
     slow_call_rate: int = RATE_SCALE
+    ramp_up_ms: int = 0  # 0: a breaker that closes gives its full weight back at once
+    ramp_up_floor: Decimal = DEFAULT_RAMP_UP_FLOOR  # the share of the weight at the close
 
     @property
     def bucket_ms(self) -> int:
@@ -167,6 +181,9 @@ class Record:
     # COUNTED_WHEN_SHARED failures the window holds, by workspace: the two heard from last,
     # newest first, each with the stamp of its latest (see _stamp).
     shared: tuple[tuple[str, int], ...] = ()
+    # When a probe's success last closed it, while its settings ramp up (ramp_up_ms > 0);
+    # 0: not since it last opened. Kept until it opens again: ramp_share reads it.
+    closed_at: int = 0
 
 
 CLOSED: Final = Record()
@@ -238,6 +255,26 @@ def blocked(record: Record, now: int) -> bool:
     if record.state == "half_open":
         return now < record.lease_until
     return False
+
+
+def ramp(elapsed_ms: int, ramp_up_ms: int, floor: Decimal) -> Decimal:
+    """The share of its configured weight a mapping gets ``elapsed_ms`` after its breaker
+    closed: ``floor`` at the close, rising linearly to 1 at ``ramp_up_ms``, 1 from then on
+    (and always, with ``ramp_up_ms`` 0: no ramp). Rounded down to :data:`RAMP_PLACES`, never
+    below the floor."""
+    if ramp_up_ms <= 0 or elapsed_ms >= ramp_up_ms:
+        return Decimal(1)
+    elapsed = max(0, elapsed_ms)
+    share = floor + (1 - floor) * Decimal(elapsed) / Decimal(ramp_up_ms)
+    return max(floor, share.quantize(RAMP_PLACES, rounding=ROUND_DOWN))
+
+
+def ramp_share(record: Record, settings: BreakerSettings, now: int) -> Decimal:
+    """The share of its weight a breaker's endpoint or mapping gets now: below 1 only while
+    closed and ramping up after a probe closed it."""
+    if record.state != "closed" or not record.closed_at:
+        return Decimal(1)
+    return ramp(now - record.closed_at, settings.ramp_up_ms, settings.ramp_up_floor)
 
 
 def admit(record: Record, now: int, lease_ms: int) -> tuple[Admission, Record, Step | None]:
@@ -340,7 +377,8 @@ def _hear(
             return _open(record, settings, now, call, record.failures + 1, StepReason.PROBE_FAILED)
         if slow:
             return _open(record, settings, now, call, record.failures, StepReason.PROBE_SLOW)
-        return CLOSED, Step("half_open", "closed", StepReason.PROBE_SUCCEEDED, 0)
+        closed = Record(closed_at=now) if settings.ramp_up_ms else CLOSED
+        return closed, Step("half_open", "closed", StepReason.PROBE_SUCCEEDED, 0)
     failures = record.failures + 1 if call.failed else 0
     if settings.policy == "consecutive":
         if call.failed and call.opens_at_once:
@@ -349,15 +387,25 @@ def _hear(
             return _open(record, settings, now, call, failures, StepReason.FAILURE_THRESHOLD)
         if call.failed:
             return evolve(record, failures=failures), None
-        if record.failures == 0 and not record.shared:
+        closed_at = _still_ramping(record, settings, now)
+        if record.failures == 0 and not record.shared and closed_at == record.closed_at:
             return record, None  # a success after a success: the usual outcome, no copy
-        return evolve(record, failures=0, shared=()), None  # the run of failures ended
+        # The run of failures ended, or the ramp-up did: a breaker back to the empty record
+        # is dropped (Redis: deleted), so the usual success writes nothing again.
+        return evolve(record, failures=0, shared=(), closed_at=closed_at), None
     heard = _counted(_advanced(record, settings, now), settings, call.failed, slow)
     seen = figures(heard, settings, now)
     reason = _rolling_reason(call, seen, settings)
     if reason is None:
         return evolve(heard, failures=failures), None
     return _open(record, settings, now, call, failures, reason, seen)
+
+
+def _still_ramping(record: Record, settings: BreakerSettings, now: int) -> int:
+    """The record's ``closed_at`` while its ramp-up lasts, else 0 (forgotten)."""
+    if record.closed_at and now - record.closed_at < settings.ramp_up_ms:
+        return record.closed_at
+    return 0
 
 
 def _rolling_reason(call: Call, seen: Figures, settings: BreakerSettings) -> StepReason | None:

@@ -30,6 +30,7 @@ from router.adapters.breaker_interface import (
     BreakerView,
     EndpointSettings,
     Scope,
+    Standing,
     Transition,
 )
 from router.adapters.breaker_policy import Admission, BreakerSettings, BreakerState, Call
@@ -49,6 +50,7 @@ __all__ = [
     "InProcessBreakers",
     "RedisBreakers",
     "Scope",
+    "Standing",
     "Transition",
     "breaker_board",
 ]
@@ -112,8 +114,8 @@ class FallbackBreakers(BreakerBoard):
                 return answer
         return await call(self.local)
 
-    async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
-        return await self._on_either(lambda board: board.blocked(keys))
+    async def standing(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, Standing]:
+        return await self._on_either(lambda board: board.standing(keys))
 
     async def admit(self, key: BreakerKey) -> tuple[Admission, list[Transition]]:
         return await self._on_either(lambda board: board.admit(key))

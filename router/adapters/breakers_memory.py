@@ -9,10 +9,12 @@ from collections.abc import Callable, Sequence
 from router.adapters import breaker_policy as policy
 from router.adapters.breaker_interface import (
     DEFAULT_PROBE_LEASE_MS,
+    FULL_STANDING,
     BreakerBoard,
     BreakerKey,
     BreakerView,
     EndpointSettings,
+    Standing,
     Transition,
     settings_by_endpoint,
     settings_of,
@@ -57,9 +59,17 @@ class InProcessBreakers(BreakerBoard):
         else:
             self._records[key] = record
 
-    async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
-        now = self._now()
-        return {key: policy.blocked(self._records.get(key, policy.CLOSED), now) for key in keys}
+    async def standing(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, Standing]:
+        now, records = self._now(), self._records
+        # The usual breaker has no record: closed, not ramping.
+        return {
+            key: FULL_STANDING if (held := records.get(key)) is None else self._of(key, held, now)
+            for key in keys
+        }
+
+    def _of(self, key: BreakerKey, record: Record, now: int) -> Standing:
+        share = policy.ramp_share(record, self.settings_for(key), now)
+        return Standing(policy.blocked(record, now), share)
 
     async def admit(self, key: BreakerKey) -> tuple[Admission, list[Transition]]:
         record = self._records.get(key, policy.CLOSED)

@@ -20,6 +20,7 @@ from router.adapters.breaker_interface import (
     BreakerStoreUnavailable,
     BreakerView,
     EndpointSettings,
+    Standing,
     Transition,
     settings_by_endpoint,
     settings_of,
@@ -99,8 +100,8 @@ return 0
 # retry_after_ms (-1: none, else capped), then _HearSettings.args: policy, failure_threshold,
 # base_cooldown_ms, max_cooldown_ms, ttl_ms, max doublings, window_calls (0: time-based),
 # bucket_ms (0: count-based), buckets, minimum_calls, failure_rate, slow counts ('1'/'0'),
-# slow_call_rate, rate scale; then whether the failure counts only when shared ('1'/'0',
-# breaker_policy.COUNTED_WHEN_SHARED) and its workspace.
+# slow_call_rate, rate scale, ramp_up_ms (0: no ramp); then whether the failure counts only
+# when shared ('1'/'0', breaker_policy.COUNTED_WHEN_SHARED) and its workspace.
 # Returns {state before, state after, reason ('' : none), consecutive failures,
 # cooldown_ms (-1: none), calls, failed, slow (-1: not counted)}.
 _HEAR: Final = (
@@ -115,11 +116,12 @@ local ttl_ms, max_doublings = tonumber(ARGV[10]), tonumber(ARGV[11])
 local window_calls, bucket_ms, nbuckets = tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14])
 local minimum, failure_rate = tonumber(ARGV[15]), tonumber(ARGV[16])
 local slow_counts, slow_rate, scale = ARGV[17] == '1', tonumber(ARGV[18]), tonumber(ARGV[19])
+local ramp_ms = tonumber(ARGV[20])
 
-local when_shared, workspace = ARGV[20] == '1', ARGV[21]
+local when_shared, workspace = ARGV[21] == '1', ARGV[22]
 
 local h = redis.call('HMGET', key, 'state', 'failures', 'trips', 'calls', 'buckets', 'newest',
-  'heard', 'ws1', 'st1', 'ws2', 'st2')
+  'heard', 'ws1', 'st1', 'ws2', 'st2', 'closed_at')
 local state = h[1] or 'closed'
 local failures, trips = tonumber(h[2]) or 0, tonumber(h[3]) or 0
 local heard = tonumber(h[7]) or 0
@@ -182,6 +184,11 @@ if state == 'half_open' then
   if failed then return open(failures + 1, 'probe_failed', -1, -1, -1) end
   if slow then return open(failures, 'probe_slow', -1, -1, -1) end
   redis.call('DEL', key)
+  if ramp_ms > 0 then
+    -- breaker_policy.ramp_share: the ramp-up runs from this close.
+    redis.call('HSET', key, 'closed_at', int(now))
+    redis.call('PEXPIRE', key, ttl_ms)
+  end
   return {state, 'closed', 'probe_succeeded', 0, -1, -1, -1, -1}
 end
 
@@ -193,7 +200,17 @@ if not rolling then
     return open(new_failures, 'failure_threshold', -1, -1, -1)
   end
   if new_failures == 0 then
-    redis.call('DEL', key)
+    -- breaker_policy._still_ramping: a ramp-up that is over is forgotten.
+    local stored_close = tonumber(h[12]) or 0
+    local closed_at = 0
+    if stored_close > 0 and now - stored_close < ramp_ms then closed_at = stored_close end
+    if failures > 0 or h[8] or closed_at ~= stored_close then
+      redis.call('DEL', key)
+      if closed_at > 0 then  -- the run of failures ended; the ramp-up under way goes on
+        redis.call('HSET', key, 'closed_at', int(closed_at))
+        redis.call('PEXPIRE', key, ttl_ms)
+      end
+    end
   else
     redis.call('HSET', key, 'state', 'closed', 'failures', new_failures)
     redis.call('PEXPIRE', key, ttl_ms)
@@ -265,17 +282,20 @@ return {state, state, '', new_failures, -1, calls, nfailed, nslow}
 )
 
 # KEYS: the breakers, all read in one round trip. ARGV: now (-1: the server's).
-# Returns 1 (blocked) or 0 per key, in order.
-_BLOCKED: Final = (
+# Returns {now, then per key, in order: 1 (blocked) or 0, and when a probe closed it (0:
+# not since it opened, or not closed)}: breaker_policy.blocked and .ramp_share's inputs.
+_STANDING: Final = (
     _LUA_PRELUDE
     + """
 local now = now_ms(tonumber(ARGV[1]))
-local out = {}
-for i, key in ipairs(KEYS) do
-  local h = redis.call('HMGET', key, 'state', 'cooldown_until', 'lease_until')
+local out = {now}
+for _, key in ipairs(KEYS) do
+  local h = redis.call('HMGET', key, 'state', 'cooldown_until', 'lease_until', 'closed_at')
   local blocked = (h[1] == 'open' and now < (tonumber(h[2]) or 0))
     or (h[1] == 'half_open' and now < (tonumber(h[3]) or 0))
-  out[i] = blocked and 1 or 0
+  out[#out + 1] = blocked and 1 or 0
+  if (h[1] or 'closed') == 'closed' then out[#out + 1] = tonumber(h[4]) or 0
+  else out[#out + 1] = 0 end
 end
 return out
 """
@@ -291,6 +311,7 @@ _FIELDS: Final = (
     "calls",
     "buckets",
     "newest",
+    "closed_at",
 )
 
 # KEYS: the breakers. ARGV: now (-1: the server's). Returns {now, fields of each key...}.
@@ -336,14 +357,24 @@ def _hear_args(settings: BreakerSettings) -> list[int | str]:
         int(settings.slow_call_ms is not None),
         settings.slow_call_rate,
         RATE_SCALE,
+        settings.ramp_up_ms,
     ]
 
 
 def _record(fields: Sequence[str | None]) -> Record:
     """A breaker read from its Redis hash (absent fields: a closed breaker's)."""
-    state, failures, trips, cooldown_ms, cooldown_until, lease_until, calls, buckets, newest = (
-        fields
-    )
+    (
+        state,
+        failures,
+        trips,
+        cooldown_ms,
+        cooldown_until,
+        lease_until,
+        calls,
+        buckets,
+        newest,
+        closed_at,
+    ) = fields
     return Record(
         state=cast(BreakerState, state or "closed"),
         failures=int(failures or 0),
@@ -359,6 +390,7 @@ def _record(fields: Sequence[str | None]) -> Record:
         if buckets
         else (),
         newest=int(newest or 0),
+        closed_at=int(closed_at or 0),
     )
 
 
@@ -398,7 +430,7 @@ class RedisBreakers(BreakerBoard):
         )
         self._admit = self._redis.register_script(_ADMIT)
         self._hear = self._redis.register_script(_HEAR)
-        self._blocked = self._redis.register_script(_BLOCKED)
+        self._standing = self._redis.register_script(_STANDING)
         self._release = self._redis.register_script(_RELEASE)
         self._inspect = self._redis.register_script(_INSPECT)
 
@@ -421,11 +453,17 @@ class RedisBreakers(BreakerBoard):
     ) -> list[Any]:
         return cast(list[Any], await self._call(script(keys=keys, args=args)))
 
-    async def blocked(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, bool]:
+    async def standing(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, Standing]:
         if not keys:
             return {}
-        flags = await self._script(self._blocked, [self._key(k) for k in keys], [self._now()])
-        return {key: bool(flag) for key, flag in zip(keys, flags, strict=True)}
+        now, *flat = await self._script(self._standing, [self._key(k) for k in keys], [self._now()])
+        out = {}
+        for i, key in enumerate(keys):
+            blocked, closed_at = int(flat[2 * i]), int(flat[2 * i + 1])
+            settings = self.settings_for(key)
+            share = policy.ramp_share(Record(closed_at=closed_at), settings, int(now))
+            out[key] = Standing(bool(blocked), share)
+        return out
 
     async def admit(self, key: BreakerKey) -> tuple[Admission, list[Transition]]:
         admission, before, failures = await self._script(

@@ -16,7 +16,13 @@ from pydantic import (
 )
 
 from ledger.events import FailureClass
-from router.adapters.breaker_policy import RATE_SCALE, TIME_BUCKETS, BreakerSettings
+from router.adapters.breaker_policy import (
+    DEFAULT_RAMP_UP_FLOOR,
+    RAMP_PLACES,
+    RATE_SCALE,
+    TIME_BUCKETS,
+    BreakerSettings,
+)
 from router.config.fields import Frozen, NonNegativeInt, PositiveInt, custom_error, to_money
 
 # --- defaults ----------------------------------------------------------------------------
@@ -80,6 +86,24 @@ def _to_rate(value: object) -> Decimal:
 
 _Rate = Annotated[Decimal, BeforeValidator(_to_rate)]
 
+
+def _to_floor(value: object) -> Decimal:
+    # The share of its weight a mapping starts a ramp-up with: the ramp is exact to a
+    # thousandth (breaker_policy.RAMP_PLACES), so the floor is too.
+    floor = to_money(value)
+    if not 0 < floor <= 1:
+        raise custom_error("must be > 0 and <= 1")
+    if floor != floor.quantize(RAMP_PLACES):
+        raise custom_error("must have at most 3 decimal places")
+    return floor
+
+
+_Floor = Annotated[Decimal, BeforeValidator(_to_floor)]
+
+MAX_RAMP_UP_MS = 24 * 60 * 60 * 1000
+"""The longest ramp-up: a day, as long as the Redis board keeps a breaker it no longer
+changes (router/adapters/breakers_redis.py), which must remember when it closed."""
+
 MAX_WINDOW_CALLS = 1000
 """The largest count-based window: every call a breaker hears of walks it once."""
 
@@ -106,7 +130,9 @@ class Breaker(Frozen):
     when, over a window of the last ``window_calls`` calls or the last ``window_ms``, at
     least ``minimum_calls`` were heard of and ``failure_rate`` of them failed or
     ``slow_call_rate`` of them took ``slow_call_ms`` or longer. Each policy's keys are
-    refused under the other. :meth:`settings` gives the effective values as plain numbers.
+    refused under the other. Under both, ``ramp_up_ms`` > 0 makes a breaker that closes
+    give its endpoint's (or mapping's) weight back gradually, from ``ramp_up_floor`` of it.
+    :meth:`settings` gives the effective values as plain numbers.
     """
 
     policy: Literal["consecutive", "rolling"] = "consecutive"
@@ -119,11 +145,19 @@ class Breaker(Frozen):
     failure_rate: _Rate = Decimal("0.5")
     slow_call_ms: PositiveInt | None = None  # None: no call is slow
     slow_call_rate: _Rate = Decimal(1)
+    ramp_up_ms: Annotated[StrictInt, Field(ge=0, le=MAX_RAMP_UP_MS)] = 0  # 0: no ramp-up
+    ramp_up_floor: _Floor = DEFAULT_RAMP_UP_FLOOR
 
     @model_validator(mode="after")
     def _cooldowns_ordered(self) -> Breaker:
         if self.base_cooldown_ms > self.max_cooldown_ms:
             raise custom_error("base_cooldown_ms must be <= max_cooldown_ms")
+        return self
+
+    @model_validator(mode="after")
+    def _floor_of_a_ramp(self) -> Breaker:
+        if "ramp_up_floor" in self.model_fields_set and "ramp_up_ms" not in self.model_fields_set:
+            raise custom_error("ramp_up_floor needs ramp_up_ms: how long the ramp-up lasts")
         return self
 
     @model_validator(mode="after")
@@ -165,6 +199,8 @@ class Breaker(Frozen):
             failure_rate=int(self.failure_rate * RATE_SCALE),
             slow_call_ms=self.slow_call_ms if rolling else None,
             slow_call_rate=int(self.slow_call_rate * RATE_SCALE),
+            ramp_up_ms=self.ramp_up_ms,
+            ramp_up_floor=self.ramp_up_floor,
         )
 
     def summary(self) -> dict[str, Any]:
@@ -176,6 +212,7 @@ class Breaker(Frozen):
                 "failure_threshold": self.failure_threshold,
                 "base_cooldown_ms": self.base_cooldown_ms,
                 "max_cooldown_ms": self.max_cooldown_ms,
+                **self._ramp_summary(),
             }
         settings = self.settings()
         summary: dict[str, Any] = {
@@ -192,7 +229,13 @@ class Breaker(Frozen):
         if self.slow_call_ms is not None:
             summary["slow_call_ms"] = self.slow_call_ms
             summary["slow_call_rate"] = str(self.slow_call_rate)
-        return summary
+        return summary | self._ramp_summary()
+
+    def _ramp_summary(self) -> dict[str, Any]:
+        # Left out while off, so a config that does not ramp keeps its summary.
+        if not self.ramp_up_ms:
+            return {}
+        return {"ramp_up_ms": self.ramp_up_ms, "ramp_up_floor": str(self.ramp_up_floor)}
 
 
 class Hedge(Frozen):

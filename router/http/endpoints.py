@@ -123,4 +123,5 @@ def _breaker(view: BreakerView) -> dict[str, Any]:
         "calls": None if figures is None else figures.calls,
         "failed_calls": None if figures is None else figures.failed,
         "slow_calls": None if figures is None else figures.slow,
+        "ramp_share": None if view.ramp_share is None else format(view.ramp_share, "f"),
     }

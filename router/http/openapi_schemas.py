@@ -408,6 +408,14 @@ SCHEMAS: Final[dict[str, Schema]] = {
                     }
                 ),
                 worst_case_usd=nullable(MONEY),
+                effective_weight=nullable(
+                    {
+                        "type": "string",
+                        "description": "The weight selection ranked it by while a breaker "
+                        "of its endpoint or mapping ramps up after closing (contract §5), "
+                        "a decimal string; null at full weight.",
+                    }
+                ),
             ),
         },
         attempts={"type": "array", "items": ITEMS},
@@ -422,6 +430,13 @@ SCHEMAS: Final[dict[str, Schema]] = {
         cooldown_ms=nullable({"type": "integer"}),
         probe_in_ms=nullable(
             {"type": "integer", "description": "While open: how long until a probe may go."}
+        ),
+        ramp_share=nullable(
+            {
+                "type": "string",
+                "description": "While ramping up after closing (breaker.ramp_up_ms): the "
+                "share of its weight its endpoint or mapping gets now, a decimal string.",
+            }
         ),
         calls=nullable({"type": "integer", "description": "A rolling breaker's window."}),
         failed_calls=nullable({"type": "integer"}),

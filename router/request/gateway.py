@@ -23,7 +23,7 @@ from ledger.events import FailureClass
 from ledger.store import ANY_VERSION, EventStore
 from ledger.store.db import is_unavailable
 from ledger.store.outage import Outage
-from router.adapters.breakers import Admission, BreakerBoard, BreakerKey, Transition
+from router.adapters.breakers import Admission, BreakerBoard, BreakerKey, Standing, Transition
 from router.adapters.disabling import Disabling
 from router.adapters.latency import InProcessLatency, LatencyBoard
 from router.adapters.rate_counters import InProcessRateCounters, RateCounters
@@ -198,8 +198,10 @@ class _RecordedBreakers:
     def quota_opened(self) -> frozenset[str]:
         return self._quota_opened
 
-    def blocked(self, keys: Sequence[BreakerKey]) -> Coroutine[Any, Any, dict[BreakerKey, bool]]:
-        return self._board.blocked(keys)
+    def standing(
+        self, keys: Sequence[BreakerKey]
+    ) -> Coroutine[Any, Any, dict[BreakerKey, Standing]]:
+        return self._board.standing(keys)
 
     async def probe_in(self, keys: Sequence[BreakerKey]) -> dict[BreakerKey, int | None]:
         views = await self._board.inspect(keys)

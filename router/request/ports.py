@@ -26,7 +26,7 @@ from ledger.books.accounting import BudgetDenied, Effect, Hold
 from ledger.endpoints import DisabledEndpoint
 from ledger.store import RecordedEvent
 from ledger.store.outage import Outage
-from router.adapters.breakers import Admission, BreakerKey
+from router.adapters.breakers import Admission, BreakerKey, Standing
 from router.adapters.rate_limits import RateLimit, Refusal, Window
 from router.config import Config
 from router.drivers import AttemptBinding, ChatRequest, DriverResult, DriverStream, PreparedCall
@@ -70,8 +70,9 @@ class Breakers(Protocol):
     """The breakers of one generation; what they say is recorded (``BreakerTransitioned``,
     with the request that caused it) by the port itself."""
 
-    def blocked(self, keys: Sequence[BreakerKey]) -> Awaitable[Mapping[BreakerKey, bool]]:
-        """For evaluation, read-only: whether each key would refuse an attempt now."""
+    def standing(self, keys: Sequence[BreakerKey]) -> Awaitable[Mapping[BreakerKey, Standing]]:
+        """For evaluation, read-only: whether each key would refuse an attempt now, and the
+        share of its weight it gives while ramping up after a close."""
         ...
 
     async def admit(self, key: BreakerKey, request_id: str) -> Admission:

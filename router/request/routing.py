@@ -19,6 +19,7 @@ from decimal import Decimal
 from typing import Any
 
 from ledger import events as ev
+from router.adapters.breaker_interface import FULL_STANDING, Standing
 from router.adapters.breakers import Admission, BreakerKey
 from router.adapters.disabling import detail as disabled_detail
 from router.config import Config, Defaults, ModelGroup, Workspace
@@ -200,8 +201,8 @@ class Routing:
             # A failed attempt's hold was just released or kept: the balances this
             # evaluation reads must include that.
             await journal.flush()
-        blocked = await ports.breakers.blocked(plan.breaker_keys)
-        breaker_open = self._breaker_lookup(blocked)
+        standing = await ports.breakers.standing(plan.breaker_keys)
+        breaker_open = self._breaker_lookup(standing)
         saturated = await self._saturation_lookup()
         latencies = None
         if plan.observes_latency:
@@ -230,7 +231,11 @@ class Routing:
             first_content_p95=ports.first_answers.place_p95s(
                 plan.places, self._requirements.stream
             ),
-            quota_exhausted=_quota_lookup(ports.breakers.quota_opened(), blocked),
+            quota_exhausted=_quota_lookup(ports.breakers.quota_opened(), standing),
+            # Asked only while some breaker ramps up: the usual evaluation pays nothing for it.
+            ramp_share=_ramp_lookup(standing)
+            if any(s.share < 1 for s in standing.values())
+            else None,
         )
         return group, candidates
 
@@ -347,16 +352,16 @@ class Routing:
         }
 
     def _breaker_lookup(
-        self, blocked: Mapping[BreakerKey, bool]
+        self, standing: Mapping[BreakerKey, Standing]
     ) -> Callable[[str, ModelMapping], str | None]:
         denied = self._denied
 
         def breaker_open(endpoint_id: str, mapping: ModelMapping) -> str | None:
             endpoint_key = BreakerKey.endpoint(endpoint_id)
-            if blocked.get(endpoint_key) or endpoint_key in denied:
+            if standing.get(endpoint_key, FULL_STANDING).blocked or endpoint_key in denied:
                 return "endpoint"
             mapping_key = BreakerKey.mapping(endpoint_id, mapping.model)
-            if blocked.get(mapping_key) or mapping_key in denied:
+            if standing.get(mapping_key, FULL_STANDING).blocked or mapping_key in denied:
                 return "mapping"
             return None
 
@@ -383,14 +388,28 @@ class Routing:
         return True
 
 
+def _ramp_lookup(standing: Mapping[BreakerKey, Standing]) -> Callable[[str, ModelMapping], Decimal]:
+    """A mapping's share of its weight while its endpoint's or its own breaker ramps up
+    after closing (contract §5 "Circuit breakers"): the lower of the two, so that whichever
+    recovered last sets the pace."""
+
+    def ramp_share(endpoint_id: str, mapping: ModelMapping) -> Decimal:
+        endpoint = standing.get(BreakerKey.endpoint(endpoint_id), FULL_STANDING)
+        own = standing.get(BreakerKey.mapping(endpoint_id, mapping.model), FULL_STANDING)
+        return min(endpoint.share, own.share)
+
+    return ramp_share
+
+
 def _quota_lookup(
-    opened: frozenset[str], blocked: Mapping[BreakerKey, bool]
+    opened: frozenset[str], standing: Mapping[BreakerKey, Standing]
 ) -> Callable[[str], str | None]:
     """An endpoint whose breaker an insufficient_quota opened is excluded ``quota_exhausted``
     until that breaker's cool-down passes (contract §4 "Quota failover")."""
 
     def quota_exhausted(endpoint_id: str) -> str | None:
-        if endpoint_id in opened and blocked.get(BreakerKey.endpoint(endpoint_id)):
+        key = BreakerKey.endpoint(endpoint_id)
+        if endpoint_id in opened and standing.get(key, FULL_STANDING).blocked:
             return f"{endpoint_id} answered insufficient_quota; its breaker is cooling down"
         return None
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from collections.abc import Mapping as AbcMapping
 from dataclasses import dataclass
-from decimal import Decimal
+from decimal import ROUND_DOWN, Decimal
 from typing import Final, TypeAlias
 
 from ledger.events import (
@@ -25,6 +25,7 @@ from ledger.events import (
     data_class_rank,
     retention_rank,
 )
+from router.adapters.breaker_policy import RAMP_PLACES
 from router.config import Config, Endpoint, Mapping, ModelGroup, Workspace
 from router.request.scope import EndpointScope, endpoint_scope
 from router.request.worst_case import input_tokens, output_tokens, unpriced, worst_case_cost
@@ -35,12 +36,14 @@ __all__ = [
     "CredentialsDisabled",
     "OverBudget",
     "QuotaExhausted",
+    "RampShare",
     "RouteContext",
     "Saturated",
     "Scope",
     "TierKey",
     "WeightedRoundRobin",
     "effective_scope",
+    "effective_weight",
     "evaluate",
     "select",
     "worst_case_cost",
@@ -60,6 +63,10 @@ OverBudget: TypeAlias = Callable[[Decimal], "str | None"]
 
 CredentialsDisabled: TypeAlias = Callable[[str], "str | None"]
 """endpoint id → None unless a credentials failure disabled it, else what was refused."""
+
+RampShare: TypeAlias = Callable[[str, Mapping], Decimal]
+"""(endpoint id, mapping) → the share of its weight it gets now: 1, or less while a breaker
+of its endpoint or mapping ramps up after closing (``breaker_policy.ramp_share``)."""
 
 QuotaExhausted: TypeAlias = Callable[[str], "str | None"]
 """endpoint id → None unless an earlier request found its quota exhausted and its breaker is
@@ -112,6 +119,10 @@ class RouteContext:
     # Endpoints whose provider account answered insufficient_quota in this request (a quota
     # failover, contract §4 "Quota failover"): no endpoint of those accounts is entered again.
     quota_exhausted: frozenset[str] = frozenset()
+    # This evaluation looks for a way beside the running one (a hedge) for a request that may
+    # not move to another endpoint: the group's `failover: on_grant` got no grant. Every
+    # endpoint the request is not already on or has not left is excluded for it.
+    failover_not_granted: bool = False
 
 
 # --- eligibility ---------------------------------------------------------------------------
@@ -169,6 +180,15 @@ def _already_tried(s: _Subject) -> str | None:
     if s.endpoint.id in s.context.tried_endpoints:
         return f"failed over from {s.endpoint.id}"
     return None
+
+
+def _failover_not_granted(s: _Subject) -> str | None:
+    if not s.context.failover_not_granted:
+        return None
+    return (
+        f"another endpoint than the request's; model group {s.group.name} fails over on "
+        "grant only (X-Waybill-Allow-Failover: true)"
+    )
 
 
 def _scope_empty(s: _Subject) -> str | None:
@@ -273,6 +293,7 @@ _CHECKS: Final[tuple[tuple[ReasonCode, _Check], ...]] = (
     (ReasonCode.QUOTA_EXHAUSTED, _quota_exhausted),
     (ReasonCode.RESPONSE_AFFINITY, _response_affinity),
     (ReasonCode.ALREADY_TRIED, _already_tried),
+    (ReasonCode.FAILOVER_NOT_GRANTED, _failover_not_granted),
     (ReasonCode.SCOPE_EMPTY, _scope_empty),
     (ReasonCode.OUT_OF_SCOPE, _out_of_scope),
     (ReasonCode.REGION_NOT_ALLOWED, _region_not_allowed),
@@ -307,6 +328,7 @@ def evaluate(
     credentials_disabled: CredentialsDisabled | None = None,
     first_content_p95: AbcMapping[tuple[str, str], int] | None = None,
     quota_exhausted: QuotaExhausted | None = None,
+    ramp_share: RampShare | None = None,
 ) -> tuple[Candidate, ...]:
     """One candidate per mapping of ``group``, in mapping order: eligible, or excluded with
     the reason code of the first failing check in :data:`CHECK_ORDER`. ``latencies``: each
@@ -314,6 +336,8 @@ def evaluate(
     recorded on its candidate for the ``least_latency`` strategy. ``first_content_p95``: each
     (endpoint, upstream model)'s p95 time to first content over its recent answers, where
     measured, held against ``context.remaining_ms`` (``deadline_insufficient``).
+    ``ramp_share``: the share of its weight each mapping gets while a breaker ramps up,
+    recorded as its ``effective_weight`` when below 1 (:func:`effective_weight`).
 
     ``credentials_disabled``, ``breaker_open``, ``saturated`` and ``over_budget`` are called at
     most once per mapping, in mapping order, and only for a mapping that passed every check
@@ -353,21 +377,33 @@ def evaluate(
             quota_exhausted=quota_exhausted,
         )
         reason, detail = _first_failure(subject)
-        candidates.append(
-            Candidate(
-                endpoint=mapping.endpoint,
-                model=mapping.model,
-                mapping_index=index,
-                tier=mapping.tier,
-                weight=mapping.weight,
-                eligible=reason is None,
-                reason_code=reason,
-                detail=detail,
-                worst_case_usd=subject.worst_case_usd,
-                latency_ms=_latency(latencies, mapping),
-            )
+        candidate = Candidate(
+            endpoint=mapping.endpoint,
+            model=mapping.model,
+            mapping_index=index,
+            tier=mapping.tier,
+            weight=mapping.weight,
+            eligible=reason is None,
+            reason_code=reason,
+            detail=detail,
+            worst_case_usd=subject.worst_case_usd,
+            latency_ms=_latency(latencies, mapping),
         )
+        if ramp_share is not None:
+            ramped = effective_weight(mapping.weight, ramp_share(mapping.endpoint, mapping))
+            if ramped is not None:
+                candidate = candidate.model_copy(update={"effective_weight": ramped})
+        candidates.append(candidate)
     return tuple(candidates)
+
+
+def effective_weight(weight: int, share: Decimal) -> Decimal | None:
+    """``weight`` scaled by a ramp-up's ``share`` (contract §5 "Circuit breakers"), exact to
+    a thousandth and never 0; None at full weight."""
+    if share >= 1:
+        return None
+    scaled = (weight * share).quantize(RAMP_PLACES, rounding=ROUND_DOWN)
+    return max(RAMP_PLACES, scaled)
 
 
 def _exhausted_accounts(config: Config, context: RouteContext) -> dict[str, str]:
@@ -404,9 +440,13 @@ class _TierState:
     selections: int = 0
 
 
+_WEIGHT_SCALE: Final = int(1 / RAMP_PLACES)
+"""The round-robin counts weights in thousandths (a ramp-up's precision)."""
+
+
 class WeightedRoundRobin:
     """Smooth weighted round-robin (nginx's algorithm) per TierKey: deterministic; long-run
-    shares equal the weights.
+    shares equal the weights (a candidate's effective weight while its breaker ramps up).
 
     Each round the current weight of every candidate taking part grows by its weight; the highest
     current weight wins (ties: the lowest mapping index) and gives back the round's total.
@@ -428,8 +468,14 @@ class WeightedRoundRobin:
             if not candidate.eligible:
                 continue
             index = candidate.mapping_index
-            current[index] = current.get(index, 0) + candidate.weight
-            total += candidate.weight
+            # In thousandths, so that a ramp-up's effective weight counts exactly; scaling
+            # every weight alike leaves the order of the choices as it was.
+            ramped = candidate.effective_weight
+            weight = (
+                candidate.weight * _WEIGHT_SCALE if ramped is None else int(ramped * _WEIGHT_SCALE)
+            )
+            current[index] = current.get(index, 0) + weight
+            total += weight
             if best is None or _ahead(current, candidate, best):
                 best = candidate
         if best is None:

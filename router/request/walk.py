@@ -289,9 +289,13 @@ def _hedge_due(walk: Walk) -> Step:
     ):
         return Step(walk, ())
     # The way the router would fail over to next: every running endpoint counted as left.
+    # Where moving needs a grant the request lacks (`failover: on_grant`), no other endpoint
+    # may carry it: the evaluation is still made, and records each one excluded for that.
     running = frozenset(w.target.endpoint for w in walk.running)
     context = dataclasses.replace(
-        walk.context, tried_endpoints=walk.context.tried_endpoints | running
+        walk.context,
+        tried_endpoints=walk.context.tried_endpoints | running,
+        failover_not_granted=policy.failover_not_granted,
     )
     walk = evolve(walk, routing="hedge", hedges=walk.hedges + 1)
     return Step(walk, (Route("hedge", context),))

@@ -449,6 +449,10 @@ POLICIES = [
             slow_call_rate=0.5, base_cooldown_ms=100, max_cooldown_ms=400),
     rolling(window_ms=1000, minimum_calls=3, failure_rate=0.5, slow_call_ms=50,
             base_cooldown_ms=100, max_cooldown_ms=400),
+    # A ramp-up after each close (ramp_up_ms): both keep when a probe closed the breaker.
+    Breaker(failure_threshold=2, base_cooldown_ms=100, max_cooldown_ms=400, ramp_up_ms=500),
+    rolling(window_calls=5, minimum_calls=3, failure_rate=0.6, base_cooldown_ms=100,
+            max_cooldown_ms=400, ramp_up_ms=300, ramp_up_floor=0.25),
 ]  # fmt: skip
 
 _OPERATIONS = st.one_of(
@@ -497,7 +501,7 @@ async def _play(board: BreakerBoard, clock: FakeClock, history: list[tuple[Any, 
             else:
                 seen.append(await board.record_success(EP, duration_ms=duration))
         seen.append((await board.inspect([EP]))[EP])
-        seen.append(await board.blocked([EP]))
+        seen.append(await board.standing([EP]))
     return seen
 
 

@@ -613,6 +613,46 @@ ERROR_CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "defaults.breaker: slow_call_rate needs slow_call_ms: which calls are slow",
     ),
     (
+        "ramp_up_ms_negative",
+        lambda d: d.update(defaults={"breaker": {"ramp_up_ms": -1}}),
+        "defaults.breaker.ramp_up_ms: must be >= 0",
+    ),
+    (
+        "ramp_up_ms_beyond_a_day",
+        lambda d: d.update(defaults={"breaker": {"ramp_up_ms": 86_400_001}}),
+        "defaults.breaker.ramp_up_ms: must be <= 86400000",
+    ),
+    (
+        "ramp_up_ms_not_a_number",
+        lambda d: d.update(defaults={"breaker": {"ramp_up_ms": "soon"}}),
+        "defaults.breaker.ramp_up_ms: must be an integer",
+    ),
+    (
+        "ramp_up_floor_zero",
+        lambda d: d.update(defaults={"breaker": {"ramp_up_ms": 1000, "ramp_up_floor": 0}}),
+        "defaults.breaker.ramp_up_floor: must be > 0 and <= 1",
+    ),
+    (
+        "ramp_up_floor_above_one",
+        lambda d: d.update(defaults={"breaker": {"ramp_up_ms": 1000, "ramp_up_floor": 1.5}}),
+        "defaults.breaker.ramp_up_floor: must be > 0 and <= 1",
+    ),
+    (
+        "ramp_up_floor_too_precise",
+        lambda d: d.update(defaults={"breaker": {"ramp_up_ms": 1000, "ramp_up_floor": 0.1234}}),
+        "defaults.breaker.ramp_up_floor: must have at most 3 decimal places",
+    ),
+    (
+        "ramp_up_floor_without_ramp_up_ms",
+        lambda d: d.update(defaults={"breaker": {"ramp_up_floor": 0.5}}),
+        "defaults.breaker: ramp_up_floor needs ramp_up_ms: how long the ramp-up lasts",
+    ),
+    (
+        "endpoint_ramp_up_floor_bad",
+        lambda d: _endpoint(d, 1).update(breaker={"ramp_up_ms": 500, "ramp_up_floor": "x"}),
+        "endpoints[1].breaker.ramp_up_floor: must be a number",
+    ),
+    (
         "unknown_priced_dimension",
         lambda d: _mapping(d)["price"].update(video_input={"tokens": 1}),
         "models[0].mappings[0].price.video_input: unknown key",
@@ -1420,3 +1460,22 @@ def test_an_anthropic_endpoint_is_never_in_an_embeddings_group():
     assert any("models[1].mappings[0].endpoint" in e and "cannot embed" in e for e in errors), (
         errors
     )
+
+
+def test_an_endpoint_may_turn_off_the_ramp_up_its_defaults_give():
+    data = _base()
+    data["defaults"] = {"breaker": {"ramp_up_ms": 30000, "ramp_up_floor": 0.25}}
+    _endpoint(data, 1)["breaker"] = {"ramp_up_ms": 0}
+    config = _parse(data)
+    settings = config.defaults.breaker.settings()
+    assert (settings.ramp_up_ms, settings.ramp_up_floor) == (30000, Decimal("0.25"))
+    own = config.endpoint_breakers()[_endpoint(data, 1)["id"]].settings()
+    assert own.ramp_up_ms == 0
+
+
+def test_a_breaker_summary_names_its_ramp_up_only_when_it_ramps():
+    data = _base()
+    assert "ramp_up_ms" not in _parse(data).defaults.breaker.summary()
+    data["defaults"] = {"breaker": {"ramp_up_ms": 30000}}
+    summary = _parse(data).defaults.breaker.summary()
+    assert (summary["ramp_up_ms"], summary["ramp_up_floor"]) == (30000, "0.1")

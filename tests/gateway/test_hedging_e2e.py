@@ -162,3 +162,50 @@ async def test_after_p95_waits_what_the_group_usually_takes(database_url):
         assert later.headers["x-waybill-endpoint"] == "east"
         events = await gw.events(later.headers["x-request-id"])
         assert [s["kind"] for s in _of(events, "AttemptStarted")] == ["call"]
+
+
+async def test_a_group_failing_over_on_grant_hedges_to_another_endpoint_only_with_the_grant(
+    database_url,
+):
+    # contract §4 step 4: without X-Waybill-Allow-Failover: true no path reaches a second
+    # endpoint, a hedge included; its evaluation is recorded, saying why nothing was chosen.
+    policies = {"chat": "{failover: on_grant}"}
+    async with running_gateway(
+        database_url, ["east", "west"], ROUTES, defaults=HEDGE, policies=policies
+    ) as gw:
+        gw.upstreams["east"].set_default(Behavior.ok(latency_ms=3000))
+        client = gw.client()
+        raw = await client.chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES
+        )
+        assert raw.headers["x-waybill-endpoint"] == "east"
+        assert gw.upstreams["west"].hits == 0
+        events = await gw.events(raw.headers["x-request-id"])
+        assert [s["kind"] for s in _of(events, "AttemptStarted")] == ["call"]
+        first, hedge = _of(events, "RouteEvaluated")
+        assert first["chosen"]["endpoint"] == "east"
+        assert hedge["chosen"] is None
+        reasons = {c["endpoint"]: (c["reason_code"], c["detail"]) for c in hedge["candidates"]}
+        assert reasons == {
+            "east": ("already_tried", "failed over from east"),
+            "west": (
+                "failover_not_granted",
+                "another endpoint than the request's; model group chat fails over on grant "
+                "only (X-Waybill-Allow-Failover: true)",
+            ),
+        }
+        async with gw.http() as http:
+            explained = await http.get(
+                f"/v1/requests/{raw.headers['x-request-id']}/explain", params={"format": "text"}
+            )
+        assert "west/fake-model: failover_not_granted" in " ".join(explained.text.split())
+
+        granted = await client.chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES, extra_headers={"X-Waybill-Allow-Failover": "true"}
+        )
+        assert granted.headers["x-waybill-endpoint"] == "west"
+        started = _of(await gw.events(granted.headers["x-request-id"]), "AttemptStarted")
+        assert [(s["endpoint"], s["kind"]) for s in started] == [
+            ("east", "call"),
+            ("west", "hedge"),
+        ]

@@ -20,7 +20,7 @@ import orjson
 from ledger import events as ev
 from ledger.books.accounting import Effect
 from ledger.endpoints import DisabledEndpoint
-from router.adapters.breakers import Admission, BreakerKey
+from router.adapters.breakers import Admission, BreakerKey, Standing
 from router.config import Config, parse_config
 from router.doors.chat import parse_body, read_headers, to_core
 from router.drivers import (
@@ -221,8 +221,10 @@ class FakeBreakers:
     failures: list[tuple[BreakerKey, ev.FailureClass]] = field(default_factory=list)
     released: list[BreakerKey] = field(default_factory=list)
 
-    async def blocked(self, keys: Sequence[BreakerKey]) -> Mapping[BreakerKey, bool]:
-        return {key: key in self.open for key in keys}
+    ramping: dict[BreakerKey, Decimal] = field(default_factory=dict)  # key → its share
+
+    async def standing(self, keys: Sequence[BreakerKey]) -> Mapping[BreakerKey, Standing]:
+        return {key: Standing(key in self.open, self.ramping.get(key, Decimal(1))) for key in keys}
 
     async def probe_in(self, keys: Sequence[BreakerKey]) -> Mapping[BreakerKey, int | None]:
         return {key: 60_000 if key in self.open else None for key in keys}

@@ -32,6 +32,7 @@ from router.request.selection import (
     Scope,
     WeightedRoundRobin,
     effective_scope,
+    effective_weight,
     evaluate,
     select,
     worst_case_cost,
@@ -577,6 +578,7 @@ SPEC_ORDER = (
     R.QUOTA_EXHAUSTED,
     R.RESPONSE_AFFINITY,
     R.ALREADY_TRIED,
+    R.FAILOVER_NOT_GRANTED,
     R.SCOPE_EMPTY,
     R.OUT_OF_SCOPE,
     R.REGION_NOT_ALLOWED,
@@ -694,7 +696,12 @@ def _evaluate_failing(failing: frozenset[ReasonCode]) -> tuple[Candidate, list[s
         workspace,
         group,
         requirements,
-        RouteContext(tried_endpoints=tried, remaining_ms=remaining, quota_exhausted=exhausted),
+        RouteContext(
+            tried_endpoints=tried,
+            remaining_ms=remaining,
+            quota_exhausted=exhausted,
+            failover_not_granted=R.FAILOVER_NOT_GRANTED in failing,
+        ),
         breaker_open=breaker,
         saturated=saturated,
         over_budget=budget,
@@ -1581,3 +1588,79 @@ def test_an_earlier_requests_quota_exhaustion_excludes_the_endpoint_alone():
         ("c", None, None),
         ("d", None, None),
     ]
+
+
+# --- ramp-up after a breaker closes (contract §5 "Circuit breakers") ----------------------
+
+
+def test_a_ramping_mapping_records_its_effective_weight_and_a_full_one_records_none():
+    shares = {("east", "small"): Decimal("0.1"), ("west", "claude"): Decimal("0.55")}
+
+    def ramp_share(endpoint_id: str, mapping: Mapping) -> Decimal:
+        return shares.get((endpoint_id, mapping.model), Decimal(1))
+
+    candidates = _evaluate(ramp_share=ramp_share)
+    assert [c.effective_weight for c in candidates] == [
+        Decimal("0.3"),  # weight 3 at the floor
+        None,
+        Decimal("1.1"),  # weight 2 at 0.55
+        None,
+        None,
+    ]
+    assert candidates[0].model_dump(mode="json")["effective_weight"] == "0.300"
+    assert "effective_weight" not in candidates[1].model_dump(mode="json")
+
+
+def test_an_effective_weight_is_never_0_however_small_the_share():
+    assert effective_weight(1, Decimal("0.0001")) == Decimal("0.001")
+    assert effective_weight(7, Decimal(1)) is None
+
+
+def _ramped(index: int, weight: int, effective: str | None) -> Candidate:
+    candidate = _candidate(index, weight)
+    if effective is None:
+        return candidate
+    return candidate.model_copy(update={"effective_weight": Decimal(effective)})
+
+
+def test_swrr_shares_follow_the_effective_weights_while_ramping():
+    rr = WeightedRoundRobin()
+    # A recovered mapping of weight 1 at its floor, beside a steady one of weight 1.
+    candidates = [_ramped(0, 1, "0.1"), _ramped(1, 1, None)]
+    picks = Counter(_run(rr, KEY, candidates, 110))
+    assert picks == {0: 10, 1: 100}
+
+
+@given(st.lists(st.integers(1, 9), min_size=1, max_size=4), st.integers(1, 60))
+def test_swrr_picks_the_same_sequence_with_no_ramp_as_before(weights: list[int], n: int):
+    # Ranked in thousandths, unramped weights keep nginx's exact sequence.
+    candidates = [_candidate(i, w) for i, w in enumerate(weights)]
+    picks = _run(WeightedRoundRobin(), KEY, candidates, n)
+    current = [0] * len(weights)
+    expected = []
+    for _ in range(n):
+        current = [c + w for c, w in zip(current, weights, strict=True)]
+        best = max(range(len(weights)), key=lambda i: (current[i], -i))
+        current[best] -= sum(weights)
+        expected.append(best)
+    assert picks == expected
+
+
+# --- a hedge without the grant (failover: on_grant) ---------------------------------------
+
+
+def test_a_hedge_without_the_grant_excludes_every_endpoint_it_is_not_on():
+    context = RouteContext(tried_endpoints=frozenset({"east"}), failover_not_granted=True)
+    candidates = _evaluate(context=context)
+    assert _reasons(candidates) == [
+        "already_tried",  # the running way's endpoint
+        "already_tried",
+        "failover_not_granted",
+        "failover_not_granted",
+        "endpoint_disabled",  # a static fact comes first
+    ]
+    assert candidates[2].detail == (
+        "another endpoint than the request's; model group chat fails over on grant only "
+        "(X-Waybill-Allow-Failover: true)"
+    )
+    assert select(candidates, WeightedRoundRobin(), "acme", _group()) is None

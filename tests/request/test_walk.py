@@ -502,6 +502,27 @@ def test_no_second_way_to_hedge_to_leaves_the_first_alone():
     assert walk(Answered("a1")) == (Deliver("a1"),)
 
 
+def test_a_hedge_without_the_grant_on_grant_needs_looks_for_no_other_endpoint():
+    # failover: on_grant, no X-Waybill-Allow-Failover: true (contract §4 step 4).
+    walk = Driver(_policy(hedge_after_ms=300, max_ways=2, allow_failover=False,
+                          failover_not_granted=True))  # fmt: skip
+    walk(Begin())
+    assert walk.started("a1") == (Run("a1"), ArmHedge(300))
+    # The evaluation is made (and recorded), every other endpoint excluded for the grant.
+    context = RouteContext(tried_endpoints=frozenset({"east"}), failover_not_granted=True)
+    assert walk(HedgeDue()) == (Route("hedge", context),)
+    assert walk(Unroutable()) == ()  # the first way carries the request on alone
+    assert walk(Answered("a1")) == (Deliver("a1"),)
+
+
+def test_a_hedge_where_moving_is_granted_is_not_marked():
+    walk = Driver(_policy(hedge_after_ms=300, max_ways=2))
+    walk(Begin())
+    walk.started("a1")
+    (route,) = walk(HedgeDue())
+    assert isinstance(route, Route) and not route.context.failover_not_granted
+
+
 def test_a_hedge_lost_to_a_budget_race_is_not_retried():
     walk = Driver(_policy(hedge_after_ms=300, max_ways=2))
     walk(Begin())

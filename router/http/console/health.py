@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 
 from ledger.endpoints import DisabledEndpoint
 from router.adapters.breakers import BreakerKey, BreakerStoreUnavailable
@@ -23,6 +24,7 @@ class BreakerView:
     target: str  # the endpoint id, or "endpoint/model" for a mapping's breaker
     state: str  # closed | open | half_open | unknown (the shared store did not answer)
     refusing: bool  # it would refuse an attempt now
+    ramp_share: Decimal | None = None  # ramping up after closing: the share of its weight
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +97,15 @@ def _why_disabled(enabled: bool, refused: DisabledEndpoint | None) -> str | None
 async def _views(gateway: Gateway, keys: Sequence[BreakerKey]) -> list[BreakerView]:
     board = gateway.breakers
     try:
-        refusing = await board.blocked(keys)
-        return [BreakerView(k.target, await board.state(k), refusing[k]) for k in keys]
+        standing = await board.standing(keys)
+        return [
+            BreakerView(
+                k.target,
+                await board.state(k),
+                standing[k].blocked,
+                standing[k].share if standing[k].share < 1 else None,
+            )
+            for k in keys
+        ]
     except BreakerStoreUnavailable:
         return [BreakerView(k.target, "unknown", False) for k in keys]
