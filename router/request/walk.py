@@ -271,9 +271,17 @@ def _started(walk: Walk, started: Started) -> Step:
         and started.kind != "resume"
         and not walk.committed
         and len(walk.running) < ways
+        and _may_hedge(walk.policy)
     ):
         actions.append(ArmHedge(after))
     return Step(walk, tuple(actions))
+
+
+def _may_hedge(policy: WalkPolicy) -> bool:
+    # A second way is always on another endpoint, so a caller who forbade moving
+    # (X-Waybill-Allow-Failover: false, a pinned endpoint) gets none. Without a grant that
+    # `failover: on_grant` asks for, the hedge's evaluation is still made and recorded.
+    return policy.allow_failover or policy.failover_not_granted
 
 
 def _hedge_due(walk: Walk) -> Step:
@@ -286,6 +294,7 @@ def _hedge_due(walk: Walk) -> Step:
         or walk.starting is not None
         or len(walk.running) >= policy.hedging(walk.running[0].target.pool)[1]
         or walk.attempts >= policy.defaults.max_attempts
+        or not _may_hedge(policy)
     ):
         return Step(walk, ())
     # The way the router would fail over to next: every running endpoint counted as left.

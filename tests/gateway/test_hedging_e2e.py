@@ -141,6 +141,20 @@ async def test_a_request_with_server_side_effects_is_never_hedged(database_url):
         assert gw.upstreams["west"].hits == 0
 
 
+async def test_a_request_that_forbids_moving_is_never_hedged(database_url):
+    # A second way is always on another endpoint: X-Waybill-Allow-Failover: false forbids it.
+    async with running_gateway(database_url, ["east", "west"], ROUTES, defaults=HEDGE) as gw:
+        gw.upstreams["east"].set_default(Behavior.ok(latency_ms=1000))
+        raw = await gw.client().chat.completions.with_raw_response.create(
+            model="chat", messages=MESSAGES, extra_headers={"X-Waybill-Allow-Failover": "false"}
+        )
+        assert raw.headers["x-waybill-endpoint"] == "east"
+        assert gw.upstreams["west"].hits == 0
+        events = await gw.events(raw.headers["x-request-id"])
+        assert [s["kind"] for s in _of(events, "AttemptStarted")] == ["call"]
+        assert len(_of(events, "RouteEvaluated")) == 1
+
+
 async def test_after_p95_waits_what_the_group_usually_takes(database_url):
     hedge = {"hedge": "{enabled: true, after_ms: 100, after_p95: true}"}
     async with running_gateway(database_url, ["east", "west"], ROUTES, defaults=hedge) as gw:

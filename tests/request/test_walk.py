@@ -515,6 +515,15 @@ def test_a_hedge_without_the_grant_on_grant_needs_looks_for_no_other_endpoint():
     assert walk(Answered("a1")) == (Deliver("a1"),)
 
 
+def test_a_request_that_forbids_moving_is_never_hedged():
+    # X-Waybill-Allow-Failover: false, or a pinned endpoint: a second way would move.
+    walk = Driver(_policy(hedge_after_ms=300, max_ways=2, allow_failover=False))
+    walk(Begin())
+    assert walk.started("a1") == (Run("a1"),)
+    assert walk(HedgeDue()) == ()
+    assert walk(Answered("a1")) == (Deliver("a1"),)
+
+
 def test_a_hedge_where_moving_is_granted_is_not_marked():
     walk = Driver(_policy(hedge_after_ms=300, max_ways=2))
     walk(Begin())
