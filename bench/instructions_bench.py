@@ -2,13 +2,14 @@
 
     .venv/bin/python bench/instructions_bench.py --a main --b WORKTREE [--env-b NAME=VALUE ...]
         [--requests 300] [--warmup 100] [--concurrency 1] [--stream | --chunks N] [--repeat 1]
-        [--keep DIR] [--json]
+        [--keep DIR] [--database waybill_instructions] [--json]
 
 A change that saves 3 % of the gateway's CPU is lost in this machine's noise: ``bench/ab.py``'s
 rounds of c16 requests/s move by ±20 % within minutes. Instructions do not move with the
 machine. Each side's ``waybill serve`` runs under ``valgrind --tool=callgrind`` (about fifty
 times slower; its follower child and PostgreSQL run natively, unmeasured) in front of the fake
-provider, on a fresh PostgreSQL database of its own. After ``--warmup`` requests the counters
+provider, on a fresh PostgreSQL database of its own (``--database``, then ``_a`` or ``_b``:
+two counts at once need two prefixes). After ``--warmup`` requests the counters
 are zeroed (``callgrind_control -z``), ``--requests`` more are sent by the load generator, and
 the counters are dumped: the serving process's instructions over the requests, start-up and
 warm-up left out. The same version counted twice agrees to about 0.5 % (timers and the
@@ -66,7 +67,7 @@ def _count(
     """One side counted once: instructions per request of its serving process."""
     where = tmp / f"{name}{run}"
     where.mkdir()
-    database = f"waybill_instructions_{name}"
+    database = f"{args.database}_{name}"
     url = fresh_postgres(database)
     api_key = _prepared(url, source, None)
     out = where / "callgrind.out"
@@ -118,6 +119,9 @@ def main() -> None:
     )
     parser.add_argument("--repeat", type=int, default=1, help="counts per side, alternating")
     parser.add_argument("--keep", type=Path, help="keep the callgrind files in this folder")
+    parser.add_argument(
+        "--database", default="waybill_instructions", help="prefix of the sides' databases"
+    )
     parser.add_argument("--json", action="store_true", help="JSON on stdout")
     args = parser.parse_args()
 
