@@ -177,7 +177,9 @@ class SSEParser:
         else None. Consumes nothing: :meth:`skip` the chunk after taking its frames, or
         :meth:`feed` it instead."""
         if (
-            self._head is not None
+            # Bytes held while the BOM is undecided; none held (the stream's start) is plain
+            # too: a chunk that starts with "data:" has no BOM (skip() decides it).
+            self._head
             or self._line
             or self._skip_lf
             or self._frame_bytes
@@ -207,6 +209,7 @@ class SSEParser:
 
     def skip(self, chunk: bytes) -> None:
         """Account for ``chunk``, whose frames :meth:`plain_frames` gave, as consumed."""
+        self._head = None
         self._offset += len(chunk)
         self._line_start = self._offset
 
