@@ -16,8 +16,9 @@ This module owns the event-stream wire format of contract §5 ("Streaming") and 
   without the per-line machinery; such a batch also keeps the chunk's bytes
   (:attr:`SSEStream.raw`), so that a relay can pass them on unchanged. Anything else in the
   chunk (a comment, a field, CR, a frame cut between chunks, an event that is not a JSON
-  object, bytes that are not UTF-8) takes the general path for the whole chunk, which
-  decides it as before.
+  object, bytes that are not UTF-8, a BOM) takes the general path for the whole chunk, which
+  decides it as before. A stream's first chunk is plain too when it starts with ``data:``
+  (which decides that it has no BOM).
 * :func:`encode_json` and :data:`DONE_FRAME` write the gateway's own stream to its client;
   :func:`encode_data` writes any text as one event (line ends become ``data`` lines).
 
