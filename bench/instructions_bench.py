@@ -1,22 +1,27 @@
 """Instructions per request: two versions of the gateway counted by callgrind, not timed.
 
     .venv/bin/python bench/instructions_bench.py --a main --b WORKTREE [--env-b NAME=VALUE ...]
-        [--requests 300] [--warmup 100] [--concurrency 1] [--stream | --chunks N] [--repeat 1]
-        [--keep DIR] [--json]
+        [--requests 300] [--warmup 100] [--concurrency 1] [--stream | --chunks N]
+        [--chunk-delay-ms 1] [--repeat 1] [--keep DIR] [--database waybill_instructions]
+        [--json]
 
 A change that saves 3 % of the gateway's CPU is lost in this machine's noise: ``bench/ab.py``'s
 rounds of c16 requests/s move by ±20 % within minutes. Instructions do not move with the
 machine. Each side's ``waybill serve`` runs under ``valgrind --tool=callgrind`` (about fifty
 times slower; its follower child and PostgreSQL run natively, unmeasured) in front of the fake
-provider, on a fresh PostgreSQL database of its own. After ``--warmup`` requests the counters
+provider, on a fresh PostgreSQL database of its own (``--database``, then ``_a`` or ``_b``:
+two counts at once need two prefixes). After ``--warmup`` requests the counters
 are zeroed (``callgrind_control -z``), ``--requests`` more are sent by the load generator, and
 the counters are dumped: the serving process's instructions over the requests, start-up and
 warm-up left out. The same version counted twice agrees to about 0.5 % (timers and the
 heartbeat run a little more or less often); at concurrency 1 each commit holds one request's
 appends, as under light load. ``--repeat`` counts each side that many times, alternating.
 ``--chunks N`` streams from the bench mock (``bench/stream_mock.py``, N content chunks 1 ms
-apart) instead of the fake provider, whose streams are short: two runs with different N give
-the relay's instructions per chunk.
+apart, or ``--chunk-delay-ms``) instead of the fake provider, whose streams are short: two runs
+with different N give the relay's instructions per chunk. A gateway under callgrind that falls
+behind the mock reads several chunks at once, and fewer reads cost fewer instructions, so a
+load on the machine that slows it moves the count (``bench/README.md``, "Instructions");
+chunks 20 ms apart are each read alone.
 
 ``--a`` / ``--b`` name a git ref (checked out into a temporary worktree) or ``WORKTREE``;
 ``--env-a`` / ``--env-b`` add environment variables to one side. ``--keep DIR`` keeps each
@@ -66,7 +71,7 @@ def _count(
     """One side counted once: instructions per request of its serving process."""
     where = tmp / f"{name}{run}"
     where.mkdir()
-    database = f"waybill_instructions_{name}"
+    database = f"{args.database}_{name}"
     url = fresh_postgres(database)
     api_key = _prepared(url, source, None)
     out = where / "callgrind.out"
@@ -116,8 +121,17 @@ def main() -> None:
     parser.add_argument(
         "--chunks", type=int, default=0, help="stream N chunks from the bench mock (0: no)"
     )
+    parser.add_argument(
+        "--chunk-delay-ms",
+        type=float,
+        default=1.0,
+        help="the mock's chunks this far apart (each its own read if the gateway keeps up)",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="counts per side, alternating")
     parser.add_argument("--keep", type=Path, help="keep the callgrind files in this folder")
+    parser.add_argument(
+        "--database", default="waybill_instructions", help="prefix of the sides' databases"
+    )
     parser.add_argument("--json", action="store_true", help="JSON on stdout")
     args = parser.parse_args()
 
@@ -125,7 +139,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="waybill-instructions-") as name:
         tmp = Path(name)
         if args.chunks > 0:
-            fake, fake_root = _start_mock(tmp, args.chunks, 1.0)
+            fake, fake_root = _start_mock(tmp, args.chunks, args.chunk_delay_ms)
         else:
             fake, fake_root = _start_fake(tmp)
         try:

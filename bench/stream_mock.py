@@ -5,14 +5,16 @@ paced stream, for ``bench/streams_bench.py``.
 
 Every ``POST .../chat/completions`` gets ``200 text/event-stream``: the role chunk at once,
 then ``--chunks`` content chunks ``--delay-ms`` apart, then, ``--delay-ms`` after the last,
-the finish chunk, the usage chunk and ``[DONE]`` in one write (as OpenAI ends a stream). The
-chunks are OpenAI's shape and size. Prints ``listening http://HOST:PORT`` first.
+the finish chunk, the usage chunk and ``[DONE]`` in one write (as OpenAI ends a stream), each
+on a schedule fixed at the stream's start, to the millisecond (a late write does not delay
+the ones after it). The chunks are OpenAI's shape and size. Prints
+``listening http://HOST:PORT`` first.
 
 It is not the fake provider (``router.fake_provider``), which injects faults and pays for it
 with a task and a timeout per event (about 140 us of CPU an event, more than the gateway it
-would measure): here each connection is one asyncio protocol and each stream a chain of
-timer callbacks, a few microseconds an event, so that on a shared 2-core machine the load is
-the gateway's and not the mock's.
+would measure): here each connection is one asyncio protocol, and the streams' writes due in
+the same millisecond share one timer callback, a few microseconds an event, so that on a
+shared 2-core machine the load is the gateway's and not the mock's.
 """
 
 from __future__ import annotations
@@ -80,15 +82,43 @@ def _script(chunks: int) -> list[bytes]:
     return writes
 
 
-class _Connection(asyncio.Protocol):
-    """One keep-alive connection; one stream at a time, written by timer callbacks."""
+class _Pacer:
+    """The streams' next writes, by the millisecond they are due: one timer per due
+    millisecond shared by every stream due then, not one per chunk of every stream (at
+    1,000 streams, 50,000 timers made and run a second were most of the mock's CPU:
+    ``bench/README.md``, "Long streams"). A stream's writes keep their spacing: all that
+    were due together are due together again ``delay`` later."""
 
-    def __init__(self, chunks: int, delay_s: float) -> None:
+    def __init__(self, delay_s: float) -> None:
+        self._delay_ms = max(1, round(delay_s * 1000))
+        self._due: dict[int, list[tuple[_Connection, list[bytes], int]]] = {}
+
+    def after_delay(self, conn: _Connection, writes: list[bytes], index: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._add(int(loop.time() * 1000) + self._delay_ms, conn, writes, index)
+
+    def _add(self, tick: int, conn: _Connection, writes: list[bytes], index: int) -> None:
+        due = self._due.get(tick)
+        if due is None:
+            due = self._due[tick] = []
+            asyncio.get_running_loop().call_at(tick / 1000, self._fire, tick)
+        due.append((conn, writes, index))
+
+    def _fire(self, tick: int) -> None:
+        next_tick = tick + self._delay_ms
+        for conn, writes, index in self._due.pop(tick, ()):
+            if conn.write(writes, index):
+                self._add(next_tick, conn, writes, index + 1)
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection; one stream at a time, written by the shared pacer."""
+
+    def __init__(self, chunks: int, pacer: _Pacer) -> None:
         self._chunks = chunks
-        self._delay_s = delay_s
+        self._pacer = pacer
         self._parser = httptools.HttpRequestParser(self)
         self._transport: asyncio.Transport | None = None
-        self._timer: asyncio.TimerHandle | None = None
         self._keep_alive = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -102,38 +132,32 @@ class _Connection(asyncio.Protocol):
                 self._transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._transport = None
+        self._transport = None  # the pacer's next write for it finds it gone
 
     def on_message_complete(self) -> None:
         self._keep_alive = self._parser.should_keep_alive()
         writes = _script(self._chunks)
         if self._transport is not None:
             self._transport.write(_HEAD + b"\r\n" + writes[0])
-            self._next(writes, 1)
+            self._pacer.after_delay(self, writes, 1)
 
-    def _next(self, writes: list[bytes], index: int) -> None:
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self._delay_s, self._write, writes, index)
-
-    def _write(self, writes: list[bytes], index: int) -> None:
-        self._timer = None
+    def write(self, writes: list[bytes], index: int) -> bool:
+        """Write the stream's ``index``-th write; whether another is to follow."""
         transport = self._transport
         if transport is None or transport.is_closing():
-            return
+            return False
         transport.write(writes[index])
         if index + 1 < len(writes):
-            self._next(writes, index + 1)
-        elif not self._keep_alive:
+            return True
+        if not self._keep_alive:
             transport.close()
+        return False
 
 
 async def _serve(host: str, port: int, chunks: int, delay_ms: float) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: _Connection(chunks, delay_ms / 1000), host, port, backlog=4096
-    )
+    pacer = _Pacer(delay_ms / 1000)
+    server = await loop.create_server(lambda: _Connection(chunks, pacer), host, port, backlog=4096)
     bound = server.sockets[0].getsockname()[1]
     print(f"listening http://{host}:{bound}", flush=True)
     stop = asyncio.Event()

@@ -154,9 +154,11 @@ class _OpenAIChunks(StreamTranslator):
             )
         if self.response_id is None:
             self.response_id = optional_str(event.get("id"))
-        usage = openai_usage(event.get("usage"))
-        if usage is not None:
-            self.usage = usage
+        raw_usage = event.get("usage")
+        if raw_usage is not None:  # null or absent in every chunk but the last
+            usage = openai_usage(raw_usage)
+            if usage is not None:
+                self.usage = usage
         choices = event.get("choices")
         for choice in choices if isinstance(choices, list) else ():
             if isinstance(choice, dict) and choice.get("finish_reason"):

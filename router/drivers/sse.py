@@ -16,8 +16,9 @@ This module owns the event-stream wire format of contract §5 ("Streaming") and 
   without the per-line machinery; such a batch also keeps the chunk's bytes
   (:attr:`SSEStream.raw`), so that a relay can pass them on unchanged. Anything else in the
   chunk (a comment, a field, CR, a frame cut between chunks, an event that is not a JSON
-  object, bytes that are not UTF-8) takes the general path for the whole chunk, which
-  decides it as before.
+  object, bytes that are not UTF-8, a BOM) takes the general path for the whole chunk, which
+  decides it as before. A stream's first chunk is plain too when it starts with ``data:``
+  (which decides that it has no BOM).
 * :func:`encode_json` and :data:`DONE_FRAME` write the gateway's own stream to its client;
   :func:`encode_data` writes any text as one event (line ends become ``data`` lines).
 
@@ -177,7 +178,9 @@ class SSEParser:
         else None. Consumes nothing: :meth:`skip` the chunk after taking its frames, or
         :meth:`feed` it instead."""
         if (
-            self._head is not None
+            # Bytes held while the BOM is undecided; none held (the stream's start) is plain
+            # too: a chunk that starts with "data:" has no BOM (skip() decides it).
+            self._head
             or self._line
             or self._skip_lf
             or self._frame_bytes
@@ -207,6 +210,7 @@ class SSEParser:
 
     def skip(self, chunk: bytes) -> None:
         """Account for ``chunk``, whose frames :meth:`plain_frames` gave, as consumed."""
+        self._head = None
         self._offset += len(chunk)
         self._line_start = self._offset
 

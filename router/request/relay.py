@@ -98,6 +98,7 @@ class StreamRelay:
         "_can_resume",
         "_delivered",
         "_include_usage",
+        "_noting",
         "_owner",
         "_writer",
         "chunk_id",
@@ -122,6 +123,8 @@ class StreamRelay:
         self.chunk_id: str | None = None
         self.response_model: str | None = None
         self._writer: Callable[[bytes], bool] | None = None
+        # Whether a delivered read may still have something to note (_note_delivered).
+        self._noting = True
 
     def delivered(self) -> str:
         """The text the client has."""
@@ -226,12 +229,13 @@ class StreamRelay:
         if writer is None:
             return False
         if not self._include_usage:
-            for chunk in batch:
-                if _is_usage_chunk(chunk):
+            for chunk in batch:  # _is_usage_chunk, inline: a tapped read's one check
+                if chunk.get("choices") == [] and chunk.get("usage") is not None:
                     return False
         if not writer(raw):
             return False
-        self._note_delivered(batch)
+        if self._noting:
+            self._note_delivered(batch)
         return True
 
     def _count_broken(self, upstream: DriverStream) -> None:
@@ -285,7 +289,11 @@ class StreamRelay:
     def _note_delivered(self, batch: list[dict[str, Any]]) -> None:
         """Keep the text the client has, for a resume; anything but the text of one choice
         (a tool call, a refusal, audio, a second choice) cannot be continued. A group none
-        of whose mappings can resume keeps only the stream's id and model."""
+        of whose mappings can resume keeps only the stream's id and model: once it has
+        them, there is nothing more to note (:attr:`_noting`)."""
+        if not self._can_resume and self.chunk_id is not None and self.response_model is not None:
+            self._noting = False
+            return
         for chunk in batch:
             if self.chunk_id is None and isinstance(chunk.get("id"), str):
                 self.chunk_id = chunk["id"]

@@ -824,9 +824,21 @@ async def test_a_chunk_of_whole_data_frames_keeps_its_bytes() -> None:
     first = b'data: {"n": 1}\n\n'
     second = b'data:{"t":"caf\\u00e9"}\n\ndata: {"n":  3}\n\n'
     assert await raw_batches(first, second) == [
-        ([{"n": 1}], None),  # a stream's first bytes take the general path (a BOM?)
+        ([{"n": 1}], first),  # a stream's first bytes too: starting with "data:", no BOM
         ([{"t": "café"}, {"n": 3}], second),
     ]
+
+
+async def test_a_stream_that_starts_with_a_bom_takes_the_general_path_then_the_plain_one() -> None:
+    first = BOM + b'data: {"n": 1}\n\n'
+    second = b'data: {"n": 2}\n\n'
+    assert await raw_batches(first, second) == [([{"n": 1}], None), ([{"n": 2}], second)]
+
+
+async def test_a_bom_split_across_reads_is_still_stripped_after_a_plain_look() -> None:
+    # The first read is one byte of the BOM: undecided, held; the rest decides it.
+    stream = SSEStream(source(BOM[:1], BOM[1:] + b'data: {"n": 1}\n\n', b'data: {"n": 2}\n\n'))
+    assert [batch async for batch in stream.batches()] == [[{"n": 1}], [{"n": 2}]]
 
 
 async def test_the_bytes_of_a_chunk_that_ends_the_stream_stop_before_done() -> None:
