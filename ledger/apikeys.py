@@ -177,11 +177,11 @@ async def create_key(
 async def revoke_key(
     store: EventStore, key_id: str, *, revoked_by: str | None = None, reason: str | None = None
 ) -> None:
-    event = KeyRevoked(key_id=key_id, revoked_by=revoked_by, reason=reason)
     while True:
         history = await store.read_stream(key_stream(key_id))
-        if not history:
+        if not history:  # before the event is built: no key has an id it would refuse
             raise UnknownKey(f"no key {key_id!r}")
+        event = KeyRevoked(key_id=key_id, revoked_by=revoked_by, reason=reason)
         if any(e.type == KeyRevoked.type for e in history):
             break  # already revoked: revoking again records nothing new
         try:
