@@ -21,6 +21,7 @@ from ledger.store.schema import (
 )
 from ledger.store.tail import Wakeup
 from ledger.views import all_projections
+from ledger.views.follow import vacuum_open_tables
 from ledger.views.projection import ProjectionRunner, SqlAlchemyWriter
 from ledger.views.queries import find_request_view
 from ledger.views.requests import RequestViewProjection
@@ -218,3 +219,26 @@ async def test_a_request_in_flight_is_shown_in_flight_and_written_once_at_its_en
     async with store.engine.connect() as conn:
         [state] = (await conn.execute(select(spend_attempts.c.state))).scalars()
     assert state == "settled"
+
+
+async def test_the_follower_vacuums_the_open_tables_on_postgresql(store: EventStore) -> None:
+    stop = asyncio.Event()
+    vacuuming = asyncio.create_task(vacuum_open_tables(store, stop, every_s=0.05))
+    if store.engine.dialect.name != "postgresql":
+        await vacuuming  # SQLite reuses freed pages itself: nothing to do
+        return
+
+    async def vacuumed() -> bool:
+        async with store.engine.connect() as conn:
+            # -1 until the table's first VACUUM (or ANALYZE), which counts its live rows.
+            counts = await conn.exec_driver_sql(
+                "SELECT relname, reltuples FROM pg_class "
+                "WHERE relname IN ('open_request_views', 'open_spend_attempts')"
+            )
+            return all(tuples >= 0 for _, tuples in counts)
+
+    try:
+        await eventually(vacuumed, within_s=30)
+    finally:
+        stop.set()
+        await vacuuming
