@@ -235,7 +235,7 @@ async def test_the_follower_vacuums_the_open_tables_on_postgresql(store: EventSt
                 "SELECT relname, reltuples FROM pg_class "
                 "WHERE relname IN ('open_request_views', 'open_spend_attempts')"
             )
-            return all(tuples >= 0 for _, tuples in counts)
+            return all(row.reltuples >= 0 for row in counts)
 
     try:
         await eventually(vacuumed, within_s=30)
