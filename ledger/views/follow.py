@@ -54,13 +54,14 @@ commit woke a PostgreSQL backend and this process, CPU on both sides for every r
 (`bench/ab.py`; bench/README.md, "Decisions"), while the read models would wait out the same
 settle time anyway; idle, a poll is one indexed read ten times a second."""
 VACUUM_OPEN_S = 5.0
-"""How often the follower vacuums the read models' open tables (``open_request_views``,
-``open_spend_attempts``): a row there lives while its request is in flight and is deleted at
-its end, so the tables hold a few pages of live rows and a stream of deleted ones. Without a
-vacuum, PostgreSQL reuses little of that space (its free-space map learns of it from a
-vacuum only) and the open rows' bytes stay on disk as if they were never deleted; a vacuum
-of a few pages every few seconds gives it back (bench/README.md, "Ledger size")."""
-_OPEN_TABLES = ("open_request_views", "open_spend_attempts")
+"""How often the follower vacuums the open tables: the read models' (``open_request_views``,
+``open_spend_attempts``) and the books' (``budget_open_holds``). A row there lives while its
+request or hold is open and is deleted at its end, so the tables hold a few pages of live
+rows and a stream of deleted ones. Without a vacuum, PostgreSQL reuses little of that space
+(its free-space map learns of it from a vacuum only) and the rows' bytes stay on disk as if
+they were never deleted; a vacuum of a few pages every few seconds gives it back
+(bench/README.md, "Ledger size")."""
+_OPEN_TABLES = ("open_request_views", "open_spend_attempts", "budget_open_holds")
 
 
 async def follow_in_child(
@@ -164,7 +165,7 @@ async def _follow(database_url: str, parent: int) -> None:
 async def vacuum_open_tables(
     store: EventStore, stop: asyncio.Event, every_s: float = VACUUM_OPEN_S
 ) -> None:
-    """Until ``stop``: every ``every_s``, VACUUM the read models' open tables (PostgreSQL;
+    """Until ``stop``: every ``every_s``, VACUUM the open tables (PostgreSQL;
     SQLite reuses a file's freed pages itself). A plain VACUUM blocks none of the follower's
     or the readers' statements; a failure is logged and tried again next time."""
     if store.engine.dialect.name != "postgresql":
@@ -180,7 +181,7 @@ async def vacuum_open_tables(
                 conn = await conn.execution_options(isolation_level="AUTOCOMMIT")
                 await conn.exec_driver_sql(f"VACUUM {', '.join(_OPEN_TABLES)}")
         except Exception as error:
-            _log.warning("vacuum of the open read-model tables failed: %s", error)
+            _log.warning("vacuum of the open tables failed: %s", error)
 
 
 async def serve_as_child(
