@@ -86,11 +86,14 @@ def _sizes(database_url: str) -> dict[str, dict[str, int]]:
 
 def _rewritten(database_url: str) -> dict[str, int]:
     """Rows of the read models written again after their first write (row versions made by
-    an UPDATE; the follower's backends have ended, so their counts are in)."""
+    an UPDATE), and rows the follower kept open while their request was in flight (inserts
+    into the open tables; the follower's backends have ended, so their counts are in)."""
     with psycopg.connect(database_url) as conn:
         rows = conn.execute(
             "SELECT relname, n_tup_upd FROM pg_stat_user_tables "
-            "WHERE relname IN ('request_views', 'spend_attempts')"
+            "WHERE relname IN ('request_views', 'spend_attempts') "
+            "UNION ALL SELECT relname || ' (opened)', n_tup_ins FROM pg_stat_user_tables "
+            "WHERE relname IN ('open_request_views', 'open_spend_attempts')"
         ).fetchall()
     return {str(name): int(count) for name, count in rows}
 
@@ -254,7 +257,9 @@ def _table(result: dict[str, Any]) -> str:
         f"the events' table {result['bytes_per_event']:,.0f} bytes per event"
     )
     rewritten = ", ".join(f"{t} {n:,}" for t, n in sorted(result["rewritten"].items()))
-    lines.append(f"rows written again by the follower (the whole run): {rewritten}")
+    lines.append(
+        f"rows written again, and rows kept open, by the follower (the whole run): {rewritten}"
+    )
     return "\n".join(lines)
 
 

@@ -49,7 +49,7 @@ from ledger.finance.reconcile import (
 )
 from ledger.finance.usage_export import ExportError
 from ledger.store import EventStore
-from ledger.store.schema import spend_attempts, unknown_settlements
+from ledger.store.schema import all_spend_attempts, unknown_settlements
 from ledger.types import money_str
 from ledger.views import all_projections
 from ledger.views.projection import ProjectionRunner
@@ -219,14 +219,14 @@ async def _attempts(
 def _attempt_query(
     endpoints: frozenset[str], first: datetime, last: datetime, workspace: str | None
 ) -> Any:
-    c = spend_attempts.c
-    joined = spend_attempts.outerjoin(
+    c = all_spend_attempts.c
+    joined = all_spend_attempts.outerjoin(
         unknown_settlements,
         (unknown_settlements.c.reservation_id == c.reservation_id)
         & (unknown_settlements.c.state == "open"),
     )
     query = (
-        select(spend_attempts, unknown_settlements.c.settlement_id)
+        select(all_spend_attempts, unknown_settlements.c.settlement_id)
         .select_from(joined)
         .where(
             c.endpoint.in_(sorted(endpoints)),
@@ -279,7 +279,7 @@ async def bucket_attempts(
     end = _label_instant(comparison.bucket_end)
     query = _attempt_query(frozenset(comparison.endpoints), start, end, workspace)
     async with store.engine.connect() as conn:
-        rows = (await conn.execute(query.order_by(spend_attempts.c.reserved_at))).all()
+        rows = (await conn.execute(query.order_by(all_spend_attempts.c.reserved_at))).all()
     found = []
     for row in rows:
         if comparison.model is not None and model_key(row.model) != comparison.model:

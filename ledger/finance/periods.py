@@ -23,7 +23,12 @@ from sqlalchemy import case, func, select
 
 from ledger import events as ev
 from ledger.store import NO_STREAM, EventStore, WrongExpectedVersion
-from ledger.store.schema import appends, projection_checkpoints, spend_attempts, unknown_settlements
+from ledger.store.schema import (
+    all_spend_attempts,
+    appends,
+    projection_checkpoints,
+    unknown_settlements,
+)
 from ledger.views.projection import ProjectionRunner
 from ledger.views.spend_queries import spend_report
 
@@ -203,7 +208,7 @@ async def closed_period(store: EventStore, period: str) -> ev.PeriodClosed | Non
 
 
 async def _in_flight(store: EventStore, first: date, last: date) -> int:
-    a = spend_attempts
+    a = all_spend_attempts
     query = select(func.count()).where(
         a.c.state == "held", a.c.day >= first.isoformat(), a.c.day <= last.isoformat()
     )
@@ -212,7 +217,7 @@ async def _in_flight(store: EventStore, first: date, last: date) -> int:
 
 
 async def _open_unknown(store: EventStore, first: date, last: date) -> _OpenUnknown:
-    s, a = unknown_settlements, spend_attempts
+    s, a = unknown_settlements, all_spend_attempts
     query = (
         select(s.c.settlement_id, s.c.opened_at, s.c.request_id)
         .join(a, a.c.reservation_id == s.c.reservation_id)

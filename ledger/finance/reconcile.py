@@ -47,7 +47,7 @@ from ledger.books.accounting import reservation_id, settlement_refusal
 from ledger.books.settlements import SettlementError, settle_unknown
 from ledger.finance.usage_export import ExportError, ExportFormat, ProviderLine, parse_export
 from ledger.store import NO_STREAM, EventStore, WrongExpectedVersion, decode_row
-from ledger.store.schema import appends, spend_attempts, unknown_settlements
+from ledger.store.schema import all_spend_attempts, appends, unknown_settlements
 from ledger.store.stored import holding, previous_hash
 from ledger.types import money_str
 from ledger.views import all_projections
@@ -546,24 +546,24 @@ async def _settle(
 
 
 _COLUMNS: Final = (
-    spend_attempts,
+    all_spend_attempts,
     unknown_settlements.c.settlement_id,
 )
 
 
 def _scoped(query: Select[Any], scope: ReconcileScope) -> Select[Any]:
     if scope.workspace is not None:
-        query = query.where(spend_attempts.c.workspace == scope.workspace)
+        query = query.where(all_spend_attempts.c.workspace == scope.workspace)
     if scope.provider is not None:
-        query = query.where(spend_attempts.c.endpoint == scope.provider)
+        query = query.where(all_spend_attempts.c.endpoint == scope.provider)
     return query
 
 
 def _base_query(scope: ReconcileScope) -> Select[Any]:
-    joined = spend_attempts.outerjoin(
+    joined = all_spend_attempts.outerjoin(
         unknown_settlements,
         and_(
-            unknown_settlements.c.reservation_id == spend_attempts.c.reservation_id,
+            unknown_settlements.c.reservation_id == all_spend_attempts.c.reservation_id,
             unknown_settlements.c.state == "open",
         ),
     )
@@ -571,7 +571,7 @@ def _base_query(scope: ReconcileScope) -> Select[Any]:
 
 
 def _window_query(first: datetime, last: datetime, scope: ReconcileScope) -> Select[Any]:
-    c = spend_attempts.c
+    c = all_spend_attempts.c
     return _base_query(scope).where(
         c.state.in_(BILLABLE_STATES),
         # The day narrows through the (workspace, day) index; the instant decides.
@@ -589,7 +589,7 @@ async def _candidates(
     advance: Callable[[int], None],
 ) -> list[AttemptRecord]:
     """Every attempt in scope that some line could name, looked up a chunk at a time."""
-    c = spend_attempts.c
+    c = all_spend_attempts.c
     found: dict[str, AttemptRecord] = {}
     for start in range(0, len(lines), _CHUNK):
         chunk = lines[start : start + _CHUNK]

@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from ledger.finance.buckets import model_key
 from ledger.finance.provider_reports import ExportError, detect_format, parse_report
 from ledger.finance.reconcile import within_tolerance
-from ledger.store.schema import spend_attempts
+from ledger.store.schema import all_spend_attempts
 from ledger.types import money_str
 
 __all__ = ["CostsByDay", "RepriceRow", "compare", "provider_costs", "recorded_costs"]
@@ -79,10 +79,12 @@ async def recorded_costs(
     """Settled USD by reservation day and upstream model, ``since``..``until`` inclusive;
     only ``endpoint``'s attempts when given (a cost report of that endpoint's key alone)."""
     query = select(
-        spend_attempts.c.day, spend_attempts.c.model, spend_attempts.c.settled_usd
-    ).where(spend_attempts.c.day >= since.isoformat(), spend_attempts.c.day <= until.isoformat())
+        all_spend_attempts.c.day, all_spend_attempts.c.model, all_spend_attempts.c.settled_usd
+    ).where(
+        all_spend_attempts.c.day >= since.isoformat(), all_spend_attempts.c.day <= until.isoformat()
+    )
     if endpoint is not None:
-        query = query.where(spend_attempts.c.endpoint == endpoint)
+        query = query.where(all_spend_attempts.c.endpoint == endpoint)
     totals: CostsByDay = defaultdict(Decimal)
     async with engine.connect() as conn:
         for day, model, settled in (await conn.execute(query)).all():

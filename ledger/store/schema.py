@@ -21,12 +21,16 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    select,
     text,
+    union_all,
 )
 
 from ledger.types import MoneyColumn
 
 __all__ = [
+    "all_request_views",
+    "all_spend_attempts",
     "api_keys",
     "appends",
     "archived_streams",
@@ -41,6 +45,8 @@ __all__ = [
     "ledger_head",
     "ledger_verifications",
     "metadata",
+    "open_request_views",
+    "open_spend_attempts",
     "projection_checkpoints",
     "request_views",
     "spend_attempts",
@@ -160,6 +166,16 @@ Index("ix_request_views_created", request_views.c.created_at, request_views.c.re
 Index("ix_request_views_status_created", request_views.c.status, request_views.c.created_at)
 Index("ix_request_views_key_created", request_views.c.key_id, request_views.c.created_at)
 
+# A request in flight: its view row lives here (same columns, the primary key its only
+# index) until its end, when it is deleted and its `request_views` row written once: the
+# end changes indexed columns, so an update there would write a second version of the row
+# and of every index entry, dead until a vacuum (bench/README.md, "Ledger size").
+open_request_views = Table(
+    "open_request_views",
+    metadata,
+    *(c._copy() for c in request_views.columns),
+)
+
 
 # One row per attempt's hold: what it reserved, settled, or still holds as unknown usage.
 spend_attempts = Table(
@@ -209,6 +225,22 @@ Index(
     spend_attempts.c.reservation_id,
     postgresql_where=text("adjustment_settled_usd IS NOT NULL"),
     sqlite_where=text("adjustment_settled_usd IS NOT NULL"),
+)
+
+# An attempt's hold while it is held: as `open_request_views` for `request_views`.
+open_spend_attempts = Table(
+    "open_spend_attempts",
+    metadata,
+    *(c._copy() for c in spend_attempts.columns),
+)
+
+# What the readers query: the ended rows and the open ones, as one relation with the
+# tables' columns (a row is in one of the two, never both).
+all_request_views = union_all(select(request_views), select(open_request_views)).subquery(
+    "all_request_views"
+)
+all_spend_attempts = union_all(select(spend_attempts), select(open_spend_attempts)).subquery(
+    "all_spend_attempts"
 )
 
 unknown_settlements = Table(

@@ -81,6 +81,10 @@ class ModelWriter(ABC):
     async def upsert(self, table: Table, key: str, rows: Sequence[dict[str, Any]]) -> None:
         """Insert ``rows`` (every column), or overwrite the rows with the same ``key``."""
 
+    @abstractmethod
+    async def delete(self, table: Table, key: str, ids: Sequence[str]) -> None:
+        """Delete the rows of ``table`` whose ``key`` is one of ``ids``."""
+
 
 class SqlAlchemyWriter(ModelWriter):
     def __init__(self, conn: AsyncConnection) -> None:
@@ -100,6 +104,9 @@ class SqlAlchemyWriter(ModelWriter):
             list(rows),
         )
 
+    async def delete(self, table: Table, key: str, ids: Sequence[str]) -> None:
+        await self.conn.execute(table.delete().where(table.c[key].in_(sorted(ids))))
+
 
 class _AsyncpgWriter(ModelWriter):
     def __init__(self, conn: Any) -> None:
@@ -113,6 +120,11 @@ class _AsyncpgWriter(ModelWriter):
         names = [c.name for c in table.columns]
         columns = [[row[name] for row in rows] for name in names]
         await self.conn.execute(_upsert_sql(table, key), *columns)
+
+    async def delete(self, table: Table, key: str, ids: Sequence[str]) -> None:
+        await self.conn.execute(
+            f"DELETE FROM {table.name} WHERE {key} = ANY($1::text[])", sorted(ids)
+        )
 
 
 @functools.cache
@@ -496,15 +508,30 @@ async def fold_into(
     fold: Callable[[Any, RecordedEvent], Any],
     *,
     key_of: Callable[[RecordedEvent], str] | None = None,
+    open_table: Table | None = None,
+    is_open: Callable[[dict[str, Any]], bool] | None = None,
 ) -> None:
     """Fold ``batch`` into the rows of ``table`` it touches (keyed by the events' ``key``
-    field) and upsert each touched row once: the shape every read model here takes."""
+    field) and upsert each touched row once: the shape every read model here takes.
+
+    With ``open_table``, a row for which ``is_open`` holds is kept there instead, and moved
+    to ``table`` (deleted from ``open_table``) once it no longer holds: ``table`` gets each
+    row written once, at its end, rather than again when columns it indexes change."""
 
     def row_id_of(recorded: RecordedEvent) -> str:
         return key_of(recorded) if key_of is not None else str(recorded.data[key])
 
-    ids = {row_id_of(e) for e in batch}
-    rows: dict[str, dict[str, Any] | None] = dict(await writer.rows(table, key, sorted(ids)))
+    ids = sorted({row_id_of(e) for e in batch})
+    rows: dict[str, dict[str, Any] | None] = dict(await writer.rows(table, key, ids))
+    # A row already in ``table`` stays there (one written before ``open_table`` existed).
+    settled = set(rows)
+    opened: set[str] = set()
+    if open_table is not None:
+        missing = [i for i in ids if i not in rows]
+        if missing:
+            open_rows = await writer.rows(open_table, key, missing)
+            rows.update(open_rows)
+            opened = set(open_rows)
     touched: set[str] = set()
     for recorded in batch:
         row_id = row_id_of(recorded)
@@ -513,9 +540,29 @@ async def fold_into(
         if after is not before:
             rows[row_id] = after
             touched.add(row_id)
-    values = [row for i in sorted(touched) if (row := rows[i]) is not None]
-    if values:
-        await writer.upsert(table, key, values)
+    ended: list[dict[str, Any]] = []
+    still_open: list[dict[str, Any]] = []
+    for row_id in sorted(touched):
+        row = rows[row_id]
+        if row is None:
+            continue
+        if (
+            open_table is not None
+            and is_open is not None
+            and row_id not in settled
+            and is_open(row)
+        ):
+            still_open.append(row)
+        else:
+            ended.append(row)
+    if open_table is not None:
+        closed = sorted(opened.intersection(r[key] for r in ended))
+        if closed:
+            await writer.delete(open_table, key, closed)
+        if still_open:
+            await writer.upsert(open_table, key, still_open)
+    if ended:
+        await writer.upsert(table, key, ended)
 
 
 def _first_line(error: BaseException) -> str:

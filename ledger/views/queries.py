@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from ledger.store import RecordedEvent, decode_payload, decode_row
 from ledger.store.archived import archived_segments, archived_stream
 from ledger.store.db import READ_ONLY
-from ledger.store.schema import appends, archived_streams, request_views
+from ledger.store.schema import all_request_views, appends, archived_streams
 from ledger.store.stored import holding, previous_hash
 from ledger.types import money_str
 
@@ -128,7 +128,7 @@ async def find_request_view(engine: AsyncEngine, request_id: str) -> dict[str, A
     async with _reading(engine) as conn:
         row = (
             await conn.execute(
-                select(request_views).where(request_views.c.request_id == request_id)
+                select(all_request_views).where(all_request_views.c.request_id == request_id)
             )
         ).first()
     return dict(row._mapping) if row is not None else None
@@ -139,7 +139,7 @@ async def search_request_views(
 ) -> tuple[list[dict[str, Any]], RequestKey | None]:
     """Up to ``limit`` views matching ``search``, newest first, starting after ``after``;
     and the key to continue from, or None when this was the last page."""
-    t = request_views.c
+    t = all_request_views.c
     conditions = []
     for column, value in (
         (t.workspace, search.workspace),
@@ -159,7 +159,7 @@ async def search_request_views(
         # request_id) starts its scan at the cursor instead of filtering every row above it.
         conditions.append(tuple_(t.created_at, t.request_id) < tuple_(_utc(after[0]), after[1]))
     query = (
-        select(request_views)
+        select(all_request_views)
         .where(*conditions)
         .order_by(t.created_at.desc(), t.request_id.desc())
         .limit(limit + 1)
@@ -278,8 +278,8 @@ async def recent_failures(
         owners: dict[str, str] = {}
         if workspace is not None and finished:
             wanted = list({data["request_id"] for _, data in finished})
-            views = select(request_views.c.request_id, request_views.c.workspace).where(
-                request_views.c.request_id.in_(wanted)
+            views = select(all_request_views.c.request_id, all_request_views.c.workspace).where(
+                all_request_views.c.request_id.in_(wanted)
             )
             owners = {r.request_id: r.workspace for r in await conn.execute(views)}
     counts: dict[tuple[str, str], int] = {}

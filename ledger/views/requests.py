@@ -20,7 +20,7 @@ from typing import Any
 
 from ledger import events as ev
 from ledger.store import RecordedEvent
-from ledger.store.schema import request_views
+from ledger.store.schema import open_request_views, request_views
 from ledger.views.projection import ModelWriter, Projection, fold_into
 
 __all__ = ["RequestViewProjection", "fold_request"]
@@ -106,7 +106,7 @@ def fold_request(view: View | None, recorded: RecordedEvent) -> View | None:
 
 class RequestViewProjection(Projection):
     name = "requests"
-    tables = (request_views,)
+    tables = (request_views, open_request_views)
     event_types = frozenset(
         {
             ev.RequestReceived.type,
@@ -121,4 +121,16 @@ class RequestViewProjection(Projection):
     )
 
     async def apply(self, writer: ModelWriter, batch: Sequence[RecordedEvent]) -> None:
-        await fold_into(writer, request_views, "request_id", batch, fold_request)
+        await fold_into(
+            writer,
+            request_views,
+            "request_id",
+            batch,
+            fold_request,
+            open_table=open_request_views,
+            is_open=_in_progress,
+        )
+
+
+def _in_progress(view: View) -> bool:
+    return bool(view["status"] == "in_progress")

@@ -17,7 +17,7 @@ from typing import Any
 from ledger import events as ev
 from ledger.books.accounting import BOOK_EVENTS, reservation_id
 from ledger.store import RecordedEvent
-from ledger.store.schema import spend_attempts, unknown_settlements
+from ledger.store.schema import open_spend_attempts, spend_attempts, unknown_settlements
 from ledger.views.projection import ModelWriter, Projection, fold_into
 
 __all__ = ["SpendProjection", "fold_attempt", "fold_settlement"]
@@ -144,14 +144,26 @@ def _reservation_of(recorded: RecordedEvent) -> str:
     return reservation_id(str(recorded.data["attempt_id"]))
 
 
+def _held(row: Row) -> bool:
+    # Held: the attempt is in flight (its hold not yet settled, released or unknown).
+    return bool(row["state"] == "held")
+
+
 class SpendProjection(Projection):
     name = "spend"
-    tables = (spend_attempts, unknown_settlements)
+    tables = (spend_attempts, open_spend_attempts, unknown_settlements)
     event_types = BOOK_EVENTS | {ev.AttemptFinished.type, ev.PeriodAdjusted.type}
 
     async def apply(self, writer: ModelWriter, batch: Sequence[RecordedEvent]) -> None:
         await fold_into(
-            writer, spend_attempts, "reservation_id", batch, fold_attempt, key_of=_reservation_of
+            writer,
+            spend_attempts,
+            "reservation_id",
+            batch,
+            fold_attempt,
+            key_of=_reservation_of,
+            open_table=open_spend_attempts,
+            is_open=_held,
         )
         settlement_events = [
             e for e in batch if e.type in (ev.UnknownUsageOpened.type, ev.UnknownUsageSettled.type)

@@ -18,7 +18,7 @@ from typing import Any, Final
 from sqlalchemy import ColumnElement, and_, case, distinct, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from ledger.store.schema import budget_accounts, spend_attempts, unknown_settlements
+from ledger.store.schema import all_spend_attempts, budget_accounts, unknown_settlements
 from ledger.types import money_str
 
 __all__ = [
@@ -124,7 +124,7 @@ class _Total:
 def _conditions(
     since: date | None, until: date | None, scope: SpendScope
 ) -> list[ColumnElement[bool]]:
-    t = spend_attempts.c
+    t = all_spend_attempts.c
     conditions = []
     if scope.workspace is not None:
         conditions.append(t.workspace == scope.workspace)
@@ -146,7 +146,7 @@ async def _summed_in_python(
     """SQLite keeps money as text, which its SUM would add as floats: rows summed here."""
     totals: dict[tuple[str, ...], _Total] = {}
     requests: dict[tuple[str, ...], set[str]] = {}
-    result = await conn.stream(select(spend_attempts).where(*conditions))
+    result = await conn.stream(select(all_spend_attempts).where(*conditions))
     async for row in result:
         group = tuple(str(getattr(row, GROUP_KEYS[k])) for k in group_by)
         entry = totals.get(group)
@@ -175,7 +175,7 @@ async def _summed_in_sql(
     """PostgreSQL sums NUMERIC exactly: grouped in the database, one row per group out of
     however many attempts (a month of a busy ledger), then the few adjusted attempts moved
     to their adjustment columns."""
-    t = spend_attempts.c
+    t = all_spend_attempts.c
     keys = [t[GROUP_KEYS[k]] for k in group_by]
     query = (
         select(
@@ -216,7 +216,7 @@ async def _adjustments(conn: AsyncConnection) -> dict[str, tuple[Decimal, Decima
     """What ``PeriodAdjusted`` events moved each closed-period attempt by, by reservation
     (folded into its spend row, where the columns are NULL for an attempt none moved: the
     events may have left for the archive)."""
-    t = spend_attempts.c
+    t = all_spend_attempts.c
     query = select(
         t.reservation_id,
         t.adjustment_settled_usd,
@@ -248,7 +248,7 @@ async def routing_by_day(
 ) -> list[DayRouting]:
     """Per UTC day, the requests that reserved an attempt and those whose attempts went to
     more than one endpoint; oldest day first. Counts only: the same SQL on both backends."""
-    t = spend_attempts.c
+    t = all_spend_attempts.c
     per_request = (
         select(
             func.min(t.day).label("day"),
@@ -293,7 +293,7 @@ def spend_csv(rows: Sequence[dict[str, Any]], group_by: Sequence[str]) -> str:
 async def response_endpoint(engine: AsyncEngine, workspace: str, response_id: str) -> str | None:
     """The endpoint whose attempt answered with ``response_id`` (the provider's id recorded on
     its ``AttemptFinished``), among ``workspace``'s attempts; None if none did."""
-    t = spend_attempts.c
+    t = all_spend_attempts.c
     query = select(t.endpoint).where(t.response_id == response_id, t.workspace == workspace)
     async with engine.connect() as conn:
         row = (await conn.execute(query.limit(1))).first()
@@ -302,7 +302,7 @@ async def response_endpoint(engine: AsyncEngine, workspace: str, response_id: st
 
 async def attempt_owner(engine: AsyncEngine, attempt_id: str) -> tuple[str, str, str] | None:
     """The request, workspace and key of an attempt (by its hold), or None if unknown."""
-    t = spend_attempts.c
+    t = all_spend_attempts.c
     query = select(t.request_id, t.workspace, t.key_id).where(t.attempt_id == attempt_id)
     async with engine.connect() as conn:
         row = (await conn.execute(query.limit(1))).first()

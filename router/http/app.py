@@ -45,7 +45,7 @@ from ledger.store import EventStore, LedgerUnavailable
 from ledger.store.db import create_engine, current_revision, head_revision, is_unavailable
 from ledger.store.shared_appends import AppendClient, AppendServer
 from ledger.views import all_projections
-from ledger.views.follow import SETTLE_S, follow_in_child
+from ledger.views.follow import SETTLE_S, follow_in_child, vacuum_open_tables
 from ledger.views.projection import ProjectionRunner
 from otel.merge import merge_expositions
 from otel.metrics import PROMETHEUS_CONTENT_TYPE
@@ -232,7 +232,7 @@ def create_app(settings: AppSettings) -> FastAPI:
             following = asyncio.create_task(follow_in_child(settings.database_url, stop))
         else:
             runner = ProjectionRunner(store, all_projections())
-            following = asyncio.create_task(runner.run(stop, settle_s=SETTLE_S))
+            following = asyncio.create_task(_follow_here(runner, store, stop))
         telemetry_task = asyncio.create_task(telemetry.run(stop))
         # Signed checkpoints of the ledger's tree, outside the database (contract §7).
         app.state.checkpoints = checkpointing(store, config.checkpoints, settings)
@@ -411,3 +411,8 @@ async def _keep_alive(
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(interval_s):
                 await stop.wait()
+
+
+async def _follow_here(runner: ProjectionRunner, store: EventStore, stop: asyncio.Event) -> None:
+    """The read models kept in this process, and the open tables vacuumed (PostgreSQL)."""
+    await asyncio.gather(runner.run(stop, settle_s=SETTLE_S), vacuum_open_tables(store, stop))

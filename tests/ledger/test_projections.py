@@ -11,11 +11,21 @@ from sqlalchemy import select
 from ledger import events as ev
 from ledger.store import NO_STREAM, EventStore
 from ledger.store.db import create_engine
-from ledger.store.schema import api_keys, request_views
+from ledger.store.schema import (
+    all_request_views,
+    api_keys,
+    open_request_views,
+    open_spend_attempts,
+    request_views,
+    spend_attempts,
+)
 from ledger.store.tail import Wakeup
 from ledger.views import all_projections
+from ledger.views.follow import vacuum_open_tables
 from ledger.views.projection import ProjectionRunner, SqlAlchemyWriter
+from ledger.views.queries import find_request_view
 from ledger.views.requests import RequestViewProjection
+from ledger.views.spend import SpendProjection
 from tests.helpers import eventually
 from tests.ledger.factories import key_created, succeeded_trail, unknown_then_failed_trail
 
@@ -24,7 +34,7 @@ async def _snapshot(store: EventStore) -> dict[str, list[dict[str, Any]]]:
     async with store.engine.connect() as conn:
         keys = (await conn.execute(select(api_keys).order_by(api_keys.c.key_id))).all()
         views = (
-            await conn.execute(select(request_views).order_by(request_views.c.request_id))
+            await conn.execute(select(all_request_views).order_by(all_request_views.c.request_id))
         ).all()
     return {"keys": [dict(r._mapping) for r in keys], "requests": [dict(r._mapping) for r in views]}
 
@@ -139,3 +149,96 @@ async def test_runner_wakes_on_another_process_append(database_url: str) -> None
     for s in (reader_store, writer):
         await s.close()
         await s.engine.dispose()
+
+
+class _CountingWriter(SqlAlchemyWriter):
+    """Counts the rows each table is written (upserted) per key."""
+
+    def __init__(self, conn: Any, keys: dict[str, str]) -> None:
+        super().__init__(conn)
+        self.keys = keys
+        self.writes: dict[tuple[str, str], int] = {}
+
+    async def upsert(self, table: Any, key: str, rows: Any) -> None:
+        for row in rows:
+            at = (table.name, str(row[self.keys[table.name]]))
+            self.writes[at] = self.writes.get(at, 0) + 1
+        await super().upsert(table, key, rows)
+
+
+async def _table_ids(store: EventStore, table: Any, key: str) -> list[str]:
+    async with store.engine.connect() as conn:
+        return [r[0] for r in await conn.execute(select(table.c[key]))]
+
+
+async def test_a_request_in_flight_is_shown_in_flight_and_written_once_at_its_end(
+    store: EventStore,
+) -> None:
+    trail = succeeded_trail("fly")
+    await store.append("request-fly", NO_STREAM, trail[:4])  # received .. attempt started
+    projections = [RequestViewProjection(), SpendProjection()]
+    keys = {
+        "request_views": "request_id",
+        "open_request_views": "request_id",
+        "spend_attempts": "reservation_id",
+        "open_spend_attempts": "reservation_id",
+        "unknown_settlements": "settlement_id",
+    }
+    writes: dict[tuple[str, str], int] = {}
+
+    async def apply_new(after: int) -> int:
+        page = await store.read_all(after=after)
+        async with store.engine.begin() as conn:
+            writer = _CountingWriter(conn, keys)
+            for projection in projections:
+                wanted = projection.event_types
+                batch = [e for e in page if wanted is None or e.type in wanted]
+                await projection.apply(writer, batch)
+        for at, count in writer.writes.items():
+            writes[at] = writes.get(at, 0) + count
+        return page[-1].position
+
+    head = await apply_new(0)
+    # In flight: shown as in progress, with its hold held, from the open rows alone.
+    view = await find_request_view(store.engine, "fly")
+    assert view is not None and view["status"] == "in_progress" and view["endpoint"] == "east"
+    assert await _table_ids(store, request_views, "request_id") == []
+    assert await _table_ids(store, open_request_views, "request_id") == ["fly"]
+    assert await _table_ids(store, spend_attempts, "reservation_id") == []
+    assert await _table_ids(store, open_spend_attempts, "reservation_id") == ["fly-a1-r"]
+
+    await store.append("request-fly", 4, trail[4:])
+    await apply_new(head)
+    view = await find_request_view(store.engine, "fly")
+    assert view is not None and view["status"] == "succeeded"
+    assert await _table_ids(store, open_request_views, "request_id") == []
+    assert await _table_ids(store, open_spend_attempts, "reservation_id") == []
+    # The indexed tables were written once each, at the end.
+    assert writes[("request_views", "fly")] == 1
+    assert writes[("spend_attempts", "fly-a1-r")] == 1
+    async with store.engine.connect() as conn:
+        [state] = (await conn.execute(select(spend_attempts.c.state))).scalars()
+    assert state == "settled"
+
+
+async def test_the_follower_vacuums_the_open_tables_on_postgresql(store: EventStore) -> None:
+    stop = asyncio.Event()
+    vacuuming = asyncio.create_task(vacuum_open_tables(store, stop, every_s=0.05))
+    if store.engine.dialect.name != "postgresql":
+        await vacuuming  # SQLite reuses freed pages itself: nothing to do
+        return
+
+    async def vacuumed() -> bool:
+        async with store.engine.connect() as conn:
+            # -1 until the table's first VACUUM (or ANALYZE), which counts its live rows.
+            counts = await conn.exec_driver_sql(
+                "SELECT relname, reltuples FROM pg_class "
+                "WHERE relname IN ('open_request_views', 'open_spend_attempts')"
+            )
+            return all(row.reltuples >= 0 for row in counts)
+
+    try:
+        await eventually(vacuumed, within_s=30)
+    finally:
+        stop.set()
+        await vacuuming
