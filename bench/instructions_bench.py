@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/instructions_bench.py --a main --b WORKTREE [--env-b NAME=VALUE ...]
         [--requests 300] [--warmup 100] [--concurrency 1] [--stream | --chunks N] [--repeat 1]
+        [--database waybill_instructions]
         [--keep DIR] [--json]
 
 A change that saves 3 % of the gateway's CPU is lost in this machine's noise: ``bench/ab.py``'s
@@ -66,7 +67,7 @@ def _count(
     """One side counted once: instructions per request of its serving process."""
     where = tmp / f"{name}{run}"
     where.mkdir()
-    database = f"waybill_instructions_{name}"
+    database = f"{args.database}_{name}"
     url = fresh_postgres(database)
     api_key = _prepared(url, source, None)
     out = where / "callgrind.out"
@@ -112,6 +113,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300, help="requests counted")
     parser.add_argument("--warmup", type=int, default=100, help="requests before counting")
     parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument(
+        "--database",
+        default="waybill_instructions",
+        help="each side's database is this with _a or _b, dropped and recreated",
+    )
     parser.add_argument("--stream", action="store_true")
     parser.add_argument(
         "--chunks", type=int, default=0, help="stream N chunks from the bench mock (0: no)"
