@@ -192,12 +192,15 @@ _PROBE_TABLE = "peer_bench_commit_probe"
 _PROBE_ROW = os.urandom(320)  # about one compressed append's row
 
 
-async def _commit_latencies_ms(database_url: str, seconds: float) -> list[float]:
+async def _commit_latencies_ms(
+    database_url: str, seconds: float, pause_s: float = 0.0
+) -> list[float]:
     """A bare insert-and-commit loop on ``database_url``'s server: one row of ~320 bytes per
     transaction, each committed durably (``synchronous_commit`` as the server has it, the
     gateway's), over asyncpg and TCP as the gateway's appender reaches the ledger; the
     latency of each, send to commit acknowledged. The floor under any gateway that commits
-    before it calls upstream and again before it answers."""
+    before it calls upstream and again before it answers. ``pause_s`` between commits: a
+    backend left idle that long is woken by the next one, as a request's are at c1."""
     dsn = database_url.replace("postgresql+psycopg://", "postgresql://")
     conn = await asyncpg.connect(dsn, timeout=10)
     try:
@@ -212,17 +215,22 @@ async def _commit_latencies_ms(database_url: str, seconds: float) -> list[float]
         while (start := time.perf_counter()) < deadline:
             await insert.fetch(_PROBE_ROW)  # outside a transaction block: its own commit
             latencies.append((time.perf_counter() - start) * 1000)
+            if pause_s:
+                await asyncio.sleep(pause_s)
         return latencies
     finally:
         await conn.execute(f"DROP TABLE IF EXISTS {_PROBE_TABLE}")
         await conn.close()
 
 
-def _commit_p50_ms(run: _Run, seconds: float) -> float:
-    """The p50 of one durable commit on Waybill's PostgreSQL, the gateway idle meanwhile."""
+def _commit_p50s_ms(run: _Run, seconds: float) -> tuple[float, float]:
+    """The p50 of one durable commit on Waybill's PostgreSQL, the gateway idle meanwhile:
+    back to back (the goal's yardstick), and each after 1 ms idle (what the rest of a c1
+    request's time includes: its backend is idle while the gateway and the upstream work)."""
     run.gateway.settle()
-    latencies = asyncio.run(_commit_latencies_ms(run.database_url, seconds))
-    return round(statistics.median(latencies), 3)
+    hot = asyncio.run(_commit_latencies_ms(run.database_url, seconds / 2))
+    woken = asyncio.run(_commit_latencies_ms(run.database_url, seconds / 2, pause_s=0.001))
+    return round(statistics.median(hot), 3), round(statistics.median(woken), 3)
 
 
 # --- one cell ---------------------------------------------------------------------------
@@ -251,6 +259,7 @@ class PeerCell:
     cell: Cell
     peers: dict[str, PeerResult] = field(default_factory=dict)
     commit_p50_ms: float | None = None  # one durable commit on Waybill's PostgreSQL, this round
+    woken_commit_p50_ms: float | None = None  # the same, each after 1 ms idle
 
     @property
     def valid(self) -> bool:
@@ -315,6 +324,7 @@ class PeerCell:
         return {
             **self.cell.as_json(),
             "commit_p50_ms": self.commit_p50_ms,
+            "woken_commit_p50_ms": self.woken_commit_p50_ms,
             "peers": {
                 name: {
                     **asdict(result),
@@ -457,9 +467,11 @@ def _round(
     one durable commit's latency on Waybill's PostgreSQL, the c1 goal's yardstick."""
     targets = ["waybill", *PEERS]
     order = targets[number % len(targets) :] + targets[: number % len(targets)]
-    commit_p50 = _commit_p50_ms(run, args.commit_seconds) if args.commit_seconds > 0 else None
+    hot, woken = (
+        _commit_p50s_ms(run, args.commit_seconds) if args.commit_seconds > 0 else (None, None)
+    )
     cells = [
-        PeerCell(Cell(mode, c), commit_p50_ms=commit_p50)
+        PeerCell(Cell(mode, c), commit_p50_ms=hot, woken_commit_p50_ms=woken)
         for mode in args.modes.split(",")
         for c in map(int, args.concurrency.split(","))
     ]
@@ -581,6 +593,9 @@ def _commit_lines(cells: list[PeerCell]) -> list[str]:
         return []
     commit = cells[0].commit_p50_ms
     lines = [f"one durable commit (insert-and-commit loop), p50: {commit:.3f} ms"]
+    if cells[0].woken_commit_p50_ms is not None:
+        woken = cells[0].woken_commit_p50_ms
+        lines[0] += f"; each after 1 ms idle: {woken:.3f} ms"
     for c in cells:
         beyond = c.beyond_commits_ms("portkey")
         if c.cell.concurrency != 1 or beyond is None:
