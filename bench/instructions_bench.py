@@ -117,6 +117,11 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300, help="requests counted")
     parser.add_argument("--warmup", type=int, default=100, help="requests before counting")
     parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument(
+        "--database",
+        default="waybill_instructions",
+        help="each side's database is this with _a or _b, dropped and recreated",
+    )
     parser.add_argument("--stream", action="store_true")
     parser.add_argument(
         "--chunks", type=int, default=0, help="stream N chunks from the bench mock (0: no)"
@@ -129,9 +134,6 @@ def main() -> None:
     )
     parser.add_argument("--repeat", type=int, default=1, help="counts per side, alternating")
     parser.add_argument("--keep", type=Path, help="keep the callgrind files in this folder")
-    parser.add_argument(
-        "--database", default="waybill_instructions", help="prefix of the sides' databases"
-    )
     parser.add_argument("--json", action="store_true", help="JSON on stdout")
     args = parser.parse_args()
 

@@ -460,6 +460,24 @@ async def test_headers_never_arriving_under_asyncio_timeout_drop_the_connection(
     assert server.connections == 2
 
 
+async def test_headers_timeout_bounds_the_call_as_a_timeout_error_and_drops_the_connection(
+    client,
+):
+    async def serve(peer: Peer) -> None:
+        if server.connections > 1:
+            return await echo(peer)
+        await peer.read_request()
+        await peer.read_request()  # stay silent past the call's bound
+
+    async with RawServer(serve) as server:
+        # The call's bound is the caller's deadline (a TimeoutError), not a read timeout.
+        with pytest.raises(TimeoutError):
+            await client.request("POST", server.url, read_timeout=30, headers_timeout=0.1)
+        await server.wait_ended(1)
+        assert await call(client, server.url, b"next") == b"next"
+    assert server.connections == 2
+
+
 async def test_a_cancelled_body_read_drops_the_connection(client):
     async def serve(peer: Peer) -> None:
         await peer.read_request()
@@ -768,6 +786,7 @@ _ON_UVLOOP = [
     test_a_partly_read_body_closed_early_is_not_reused,
     test_read_timeout_bounds_each_wait_for_response_bytes,
     test_a_read_deadline_bounds_the_waits_whatever_comes_before_it,
+    test_headers_timeout_bounds_the_call_as_a_timeout_error_and_drops_the_connection,
     test_a_tap_takes_the_pieces_it_wants_and_the_reader_the_rest_in_order,
     test_a_tap_gets_a_reads_pieces_together,
     test_pieces_a_tap_takes_keep_the_readers_wait_from_timing_out,
