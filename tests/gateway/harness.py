@@ -299,12 +299,16 @@ async def running_gateway(
 
 @asynccontextmanager
 async def gateway_with_breakers(
-    database_url: str, shared: bool, name: str, **options: Any
+    database_url: str,
+    shared: bool,
+    name: str,
+    routes: Sequence[Route] = (Route("east", tier=0), Route("west", tier=1)),
+    **options: Any,
 ) -> AsyncIterator[Gateway]:
-    """:func:`running_gateway` (east on tier 0, west on tier 1) with its breakers in process,
-    or ``shared`` through the test Redis (the test is skipped when none answers), under a
-    config generation of its own (``name`` and a random suffix) whose Redis keys are deleted
-    afterwards."""
+    """:func:`running_gateway` (by default east on tier 0, west on tier 1) with its breakers
+    in process, or ``shared`` through the test Redis (the test is skipped when none answers),
+    under a config generation of its own (``name`` and a random suffix) whose Redis keys are
+    deleted afterwards."""
     if shared and not redis_up():
         pytest.skip(f"no Redis at {REDIS_URL}")
     generation = f"{name}-{uuid.uuid4().hex[:8]}"
@@ -312,7 +316,7 @@ async def gateway_with_breakers(
         async with running_gateway(
             database_url,
             ["east", "west"],
-            [Route("east", tier=0), Route("west", tier=1)],
+            list(routes),
             redis_url=REDIS_URL if shared else None,
             generation=generation,
             **options,

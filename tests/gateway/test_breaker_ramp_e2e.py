@@ -23,7 +23,7 @@ import pytest
 from ledger import apikeys
 from router.fake_provider import Behavior
 from tests.console.support import browser, sign_in
-from tests.gateway.harness import Gateway, Route, running_gateway
+from tests.gateway.harness import Gateway, Route, gateway_with_breakers, running_gateway
 from tests.helpers import REDIS_URL, breaker_keys_removed, eventually, redis_up
 
 BODY: dict[str, Any] = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
@@ -37,19 +37,11 @@ PREFER_EAST = {"X-Waybill-Prefer-Endpoint": "east"}
 @asynccontextmanager
 async def _gateway(database_url: str, shared: bool) -> AsyncIterator[Gateway]:
     """East and west on one tier, weight 2 each, breakers ramping up for an hour."""
-    if shared and not redis_up():
-        pytest.skip(f"no Redis at {REDIS_URL}")
-    generation = f"ramp-{uuid.uuid4().hex[:8]}"
-    with breaker_keys_removed(REDIS_URL, generation):
-        async with running_gateway(
-            database_url,
-            ["east", "west"],
-            [Route("east", weight=2), Route("west", weight=2)],
-            redis_url=REDIS_URL if shared else None,
-            generation=generation,
-            defaults={"breaker": BREAKER},
-        ) as gw:
-            yield gw
+    routes = (Route("east", weight=2), Route("west", weight=2))
+    async with gateway_with_breakers(
+        database_url, shared, "ramp", routes, defaults={"breaker": BREAKER}
+    ) as gw:
+        yield gw
 
 
 async def _candidates(gw: Gateway, response: httpx.Response) -> list[dict[str, Any]]:
