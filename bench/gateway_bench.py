@@ -1,6 +1,7 @@
 """Gateway overhead benchmark: the same load sent directly to a fake provider and through Waybill.
 
-    .venv/bin/python bench/gateway_bench.py [--backend postgres|sqlite] [--seconds 5]
+    .venv/bin/python bench/gateway_bench.py [--backend postgres|sqlite|sqlite,postgres]
+        [--rounds 1] [--seconds 5]
         [--concurrency 1,16,64] [--modes buffered,streaming] [--json]
         [--plot bench/gateway_latency.png] [--profile PATH.speedscope.json]
         [--profile-concurrency 16] [--database waybill_gateway_bench]
@@ -19,6 +20,10 @@ A cell is valid only if every response was a complete 200 and the ledger gained 
 With ``--profile``, one more buffered cell (concurrency 16, or ``--profile-concurrency``) runs
 through the gateway under ``py-spy record`` and the hottest functions are summarised (see
 ``bench/profile_summary.py``).
+With two backends (``--backend sqlite,postgres``) and ``--rounds N``, the whole run is repeated
+for each backend, alternating (the order flips each round, so neither always runs on a
+fresher machine), and each cell's median gateway throughput of the first backend over the
+second's is printed: the embedded default against PostgreSQL, measured in one run.
 A benchmark, not a test: figures vary with the machine; compare within one run.
 """
 
@@ -30,6 +35,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -688,9 +694,76 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _compare(args: argparse.Namespace, backends: Sequence[str]) -> dict[str, Any]:
+    """``args.rounds`` rounds of the whole run on each backend, alternating (the order flips
+    each round), and per cell the median gateway throughput of each backend and the first's
+    over the second's."""
+    runs: dict[str, list[dict[str, Any]]] = {backend: [] for backend in backends}
+    for number in range(args.rounds):
+        for backend in backends if number % 2 == 0 else list(reversed(backends)):
+            print(f"round {number + 1}: {backend}", file=sys.stderr, flush=True)
+            result = _bench(argparse.Namespace(**{**vars(args), "backend": backend}))
+            cells: list[Cell] = result.pop("_cells")
+            print(_table(cells), file=sys.stderr, flush=True)
+            runs[backend].append(result)
+    first, second = backends
+    summary = []
+    for index, cell in enumerate(runs[first][0]["cells"]):
+        rps = {b: [r["cells"][index]["gateway"]["rps"] for r in runs[b]] for b in backends}
+        p50 = {b: [r["cells"][index]["gateway"]["p50_ms"] for r in runs[b]] for b in backends}
+        medians = {b: statistics.median(v) for b, v in rps.items()}
+        summary.append(
+            {
+                "mode": cell["mode"],
+                "concurrency": cell["concurrency"],
+                "rps": rps,
+                "p50_ms": p50,
+                "median_rps": medians,
+                "median_p50_ms": {b: statistics.median(v) for b, v in p50.items()},
+                "ratio": round(medians[first] / max(medians[second], 1e-9), 3),
+            }
+        )
+    return {
+        "backends": list(backends),
+        "rounds": args.rounds,
+        "runs": runs,
+        "summary": summary,
+        "valid": all(r["valid"] for results in runs.values() for r in results),
+    }
+
+
+def _comparison_text(result: dict[str, Any]) -> str:
+    first, second = result["backends"]
+    lines = [f"\nmedians of {result['rounds']} alternating rounds, {first} / {second}:"]
+    for s in result["summary"]:
+        rounds = "; ".join(
+            f"{b} " + ", ".join(f"{x:,.0f}" for x in s["rps"][b]) for b in result["backends"]
+        )
+        lines.append(
+            f"  {s['mode']} c{s['concurrency']}: {first} {s['median_rps'][first]:,.0f} req/s "
+            f"(p50 {s['median_p50_ms'][first]:.1f} ms), {second} "
+            f"{s['median_rps'][second]:,.0f} req/s (p50 {s['median_p50_ms'][second]:.1f} ms): "
+            f"ratio {s['ratio']:.2f}  [rounds: {rounds}]"
+        )
+    for backend, results in result["runs"].items():
+        markers = ", ".join(
+            " / ".join(f"{m:.2f}" for m in r["interpreter_marker_s"]) for r in results
+        )
+        others = ", ".join(
+            f"{max(c['gateway_cpu']['other_load_cores'] for c in r['cells']):.2f}" for r in results
+        )
+        lines.append(f"  {backend}: loop markers {markers}; other load (max per run) {others}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=["postgres", "sqlite"], default="postgres")
+    parser.add_argument(
+        "--backend",
+        default="postgres",
+        help="postgres, sqlite, or two of them (sqlite,postgres) to compare in alternating rounds",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="with two backends: rounds of each")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per cell")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
     parser.add_argument("--concurrency", default="1,16,64")
@@ -704,6 +777,19 @@ def main() -> None:
         "--database", default="waybill_gateway_bench", help="PostgreSQL: dropped and recreated"
     )
     args = parser.parse_args()
+    backends = args.backend.split(",")
+    if len(backends) > 2 or not set(backends) <= {"postgres", "sqlite"}:
+        parser.error("--backend: postgres, sqlite, or two of them separated by a comma")
+    if len(backends) == 2:
+        comparison = _compare(args, backends)
+        report = sys.stderr if args.json else sys.stdout
+        print(_comparison_text(comparison), file=report)
+        if args.json:
+            print(json.dumps(comparison, indent=2))
+        if not comparison["valid"]:
+            print("INVALID: a response was not a complete 200, or the ledger missed events")
+            sys.exit(1)
+        return
     result = _bench(args)
     cells: list[Cell] = result.pop("_cells")
     if args.plot:
