@@ -27,12 +27,14 @@ from typing import Any, ClassVar
 
 from sqlalchemy import Table, delete, select, text, update
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.store import EventStore, RecordedEvent, decode_payload
 from ledger.store.archived import archived_history, archived_pages
 from ledger.store.db import dialect_insert, is_unavailable
 from ledger.store.schema import appends, ledger_head, projection_checkpoints
+from ledger.store.sqlite import run_to_end
 from ledger.store.stored import (
     FROM_POSITION_SQL,
     PREVIOUS_SQL,
@@ -91,18 +93,39 @@ class SqlAlchemyWriter(ModelWriter):
         self.conn = conn
 
     async def rows(self, table: Table, key: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        result = await self.conn.execute(select(table).where(table.c[key].in_(sorted(ids))))
+        result = await self.conn.execute(_rows_query(table, key, ids))
         return {getattr(r, key): dict(r._mapping) for r in result}
 
     async def upsert(self, table: Table, key: str, rows: Sequence[dict[str, Any]]) -> None:
-        statement = dialect_insert(self.conn, table)
-        columns = [c.name for c in table.columns if c.name != key]
-        await self.conn.execute(
-            statement.on_conflict_do_update(
-                index_elements=[key], set_={name: statement.excluded[name] for name in columns}
-            ),
-            list(rows),
-        )
+        await self.conn.execute(_upsert_statement(self.conn, table, key), list(rows))
+
+
+class _ThreadWriter(ModelWriter):
+    """The same statements on the SQLite writer thread's connection (``ledger.store.sqlite``):
+    they run as they are called, so a page's ``apply`` never waits and runs to its end on
+    that thread (``run_to_end``)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    async def rows(self, table: Table, key: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        result = self.conn.execute(_rows_query(table, key, ids))
+        return {getattr(r, key): dict(r._mapping) for r in result}
+
+    async def upsert(self, table: Table, key: str, rows: Sequence[dict[str, Any]]) -> None:
+        self.conn.execute(_upsert_statement(self.conn, table, key), list(rows))
+
+
+def _rows_query(table: Table, key: str, ids: Sequence[str]) -> Any:
+    return select(table).where(table.c[key].in_(sorted(ids)))
+
+
+def _upsert_statement(conn: Connection | AsyncConnection, table: Table, key: str) -> Any:
+    statement = dialect_insert(conn, table)
+    columns = [c.name for c in table.columns if c.name != key]
+    return statement.on_conflict_do_update(
+        index_elements=[key], set_={name: statement.excluded[name] for name in columns}
+    )
 
     async def delete(self, table: Table, key: str, ids: Sequence[str]) -> None:
         await self.conn.execute(table.delete().where(table.c[key].in_(sorted(ids))))
@@ -176,31 +199,34 @@ class ProjectionRunner:
         projections take part: each gets the events past its own checkpoint, and every
         checkpoint moves with its read model's writes."""
         chosen = sorted(projections or self.projections.values(), key=lambda p: p.name)
-        if self.store.engine.dialect.name == "postgresql":
+        if self.store.sqlite is None:
             return (await self._step_postgres(chosen, None, read_ahead=False))[0]
-        async with self.store.engine.begin() as conn:
-            checkpoints = [await _lock_checkpoint(conn, p.name) for p in chosen]
-            start = min(checkpoints)
-            a = appends.c
-            rows = (
-                await conn.execute(
-                    select(a.position, a.types, previous_hash(), a.payloads)
-                    .where(from_position(start))
-                    .order_by(a.position)
-                    .limit(self.page_size)
-                )
-            ).all()
-            count, last, page = _decode_wanted(chosen, rows, start, self.page_size)
-            if count == 0:
-                return 0
-            await _apply_page(SqlAlchemyWriter(conn), chosen, checkpoints, page)
-            behind = [p.name for p, c in zip(chosen, checkpoints, strict=True) if c < last]
-            await conn.execute(
-                update(projection_checkpoints)
-                .where(projection_checkpoints.c.name.in_(behind))
-                .values(position=last, updated_at=datetime.now(UTC))
-            )
-            return count
+        # The whole page in one transaction on the SQLite writer thread: it holds the write
+        # lock only while it works, and the appender's batches queue behind it on that
+        # thread rather than sleeping in SQLite's busy handler (ledger.store.sqlite).
+        return await self.store.sqlite.write(functools.partial(self._step_sqlite, chosen))
+
+    def _step_sqlite(self, chosen: list[Projection], conn: Connection) -> int:
+        checkpoints = [_checkpoint_locked(conn, p.name) for p in chosen]
+        start = min(checkpoints)
+        a = appends.c
+        rows = conn.execute(
+            select(a.position, a.types, previous_hash(), a.payloads)
+            .where(from_position(start))
+            .order_by(a.position)
+            .limit(self.page_size)
+        ).all()
+        count, last, page = _decode_wanted(chosen, rows, start, self.page_size)
+        if count == 0:
+            return 0
+        run_to_end(_apply_page(_ThreadWriter(conn), chosen, checkpoints, page))
+        behind = [p.name for p, c in zip(chosen, checkpoints, strict=True) if c < last]
+        conn.execute(
+            update(projection_checkpoints)
+            .where(projection_checkpoints.c.name.in_(behind))
+            .values(position=last, updated_at=datetime.now(UTC))
+        )
+        return count
 
     async def _step_postgres(
         self, chosen: list[Projection], ahead: _Ahead | None, *, read_ahead: bool
@@ -484,19 +510,23 @@ _PG_MOVE_CHECKPOINTS = (
 
 
 async def _lock_checkpoint(conn: AsyncConnection, name: str) -> int:
+    return await conn.run_sync(_checkpoint_locked, name)
+
+
+def _checkpoint_locked(conn: Connection, name: str) -> int:
     lock = (
         select(projection_checkpoints.c.position)
         .where(projection_checkpoints.c.name == name)
         .with_for_update()
     )
-    position = (await conn.execute(lock)).scalar_one_or_none()
+    position = conn.execute(lock).scalar_one_or_none()
     if position is None:  # the first run of this projection: create its checkpoint
-        await conn.execute(
+        conn.execute(
             dialect_insert(conn, projection_checkpoints)
             .values(name=name, position=0, updated_at=datetime.now(UTC))
             .on_conflict_do_nothing(index_elements=["name"])
         )
-        position = (await conn.execute(lock)).scalar_one()
+        position = conn.execute(lock).scalar_one()
     return int(position)
 
 
