@@ -4,7 +4,9 @@ A projection consumes events in position order, in pages. Each page is applied i
 transaction that also moves the projection's checkpoint, so a read model and its checkpoint
 can never disagree: a crash between pages loses nothing and applies nothing twice. The
 checkpoint row is locked for the page's duration, so two runners (two gateway processes, or
-a replay beside a live gateway) take turns instead of applying the same page twice.
+a replay beside a live gateway) take turns instead of applying the same page twice; on SQLite
+a page is folded without the lock and written under it only if its checkpoints have not moved
+(``ProjectionRunner._step_sqlite``), to the same effect.
 Handlers are written as upserts from the page's final state, so re-applying a page would
 change nothing either.
 
@@ -100,20 +102,66 @@ class SqlAlchemyWriter(ModelWriter):
         await self.conn.execute(_upsert_statement(self.conn, table, key), list(rows))
 
 
-class _ThreadWriter(ModelWriter):
-    """The same statements on the SQLite writer thread's connection (``ledger.store.sqlite``):
-    they run as they are called, so a page's ``apply`` never waits and runs to its end on
-    that thread (``run_to_end``)."""
+class _DeferredWriter(ModelWriter):
+    """SQLite's page (``ProjectionRunner._step_sqlite``): rows are read in the page's read
+    transaction, and the upserts are kept for the write that follows, not done. A row
+    upserted earlier in the page is read back as upserted. Its methods never wait, so a
+    page's ``apply`` runs to its end on the thread that reads (``run_to_end``)."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
+        self.upserts: list[tuple[Table, str, list[dict[str, Any]]]] = []
+        self._upserted: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
 
     async def rows(self, table: Table, key: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         result = self.conn.execute(_rows_query(table, key, ids))
-        return {getattr(r, key): dict(r._mapping) for r in result}
+        found = {getattr(r, key): dict(r._mapping) for r in result}
+        upserted = self._upserted.get((table.name, key), {})
+        found.update((i, upserted[i]) for i in ids if i in upserted)
+        return found
 
     async def upsert(self, table: Table, key: str, rows: Sequence[dict[str, Any]]) -> None:
-        self.conn.execute(_upsert_statement(self.conn, table, key), list(rows))
+        self.upserts.append((table, key, list(rows)))
+        self._upserted.setdefault((table.name, key), {}).update((r[key], r) for r in rows)
+
+
+@dataclass(frozen=True, slots=True)
+class _Folded:
+    """A SQLite page folded in a read transaction: the checkpoints it was folded from, the
+    events it held, the last one's position, and the upserts to write."""
+
+    checkpoints: list[int]
+    count: int
+    last: int
+    upserts: list[tuple[Table, str, list[dict[str, Any]]]]
+
+
+def _checkpoints(conn: Connection, chosen: Sequence[Projection]) -> list[int]:
+    c = projection_checkpoints.c
+    rows = conn.execute(select(c.name, c.position).where(c.name.in_([p.name for p in chosen])))
+    found = {str(name): int(position) for name, position in rows}
+    return [found[p.name] for p in chosen]
+
+
+def _make_checkpoints(names: Sequence[str], conn: Connection) -> None:
+    for name in names:
+        _checkpoint_locked(conn, name)
+
+
+def _write_folded(chosen: Sequence[Projection], folded: _Folded, conn: Connection) -> bool:
+    """On the writer thread, under the write lock: ``folded``'s upserts and checkpoints,
+    if the checkpoints are still those it was folded from (False: nothing written)."""
+    if _checkpoints(conn, chosen) != folded.checkpoints:
+        return False
+    for table, key, rows in folded.upserts:
+        conn.execute(_upsert_statement(conn, table, key), rows)
+    behind = [p.name for p, c in zip(chosen, folded.checkpoints, strict=True) if c < folded.last]
+    conn.execute(
+        update(projection_checkpoints)
+        .where(projection_checkpoints.c.name.in_(behind))
+        .values(position=folded.last, updated_at=datetime.now(UTC))
+    )
+    return True
 
 
 def _rows_query(table: Table, key: str, ids: Sequence[str]) -> Any:
@@ -183,6 +231,7 @@ class ProjectionRunner:
         self.projections = {p.name: p for p in projections}
         self.page_size = page_size
         self.poll_interval_s = poll_interval_s
+        self._checkpoints_made: set[str] = set()  # SQLite: checkpoint rows known to exist
 
     def get(self, name: str) -> Projection:
         try:
@@ -201,13 +250,33 @@ class ProjectionRunner:
         chosen = sorted(projections or self.projections.values(), key=lambda p: p.name)
         if self.store.sqlite is None:
             return (await self._step_postgres(chosen, None, read_ahead=False))[0]
-        # The whole page in one transaction on the SQLite writer thread: it holds the write
-        # lock only while it works, and the appender's batches queue behind it on that
-        # thread rather than sleeping in SQLite's busy handler (ledger.store.sqlite).
-        return await self.store.sqlite.write(functools.partial(self._step_sqlite, chosen))
+        return await self._step_sqlite(chosen)
 
-    def _step_sqlite(self, chosen: list[Projection], conn: Connection) -> int:
-        checkpoints = [_checkpoint_locked(conn, p.name) for p in chosen]
+    async def _step_sqlite(self, chosen: list[Projection]) -> int:
+        # SQLite has one writer at a time, and a page's reading, decoding and folding is most
+        # of its work: done under the write lock, it kept the gateway's appender (in this
+        # process or another) waiting. So the page is folded in a read transaction, which
+        # takes no lock (WAL), and only its writes are done under the lock, on the writer
+        # thread, if the checkpoints are still where the page was read from: a read model
+        # changes only with its checkpoint, so the rows the page was folded onto are then
+        # still the rows there. If another runner moved one meanwhile, the page is folded
+        # again from where it left them (ledger.store.sqlite; bench/README.md, "The
+        # embedded default").
+        sqlite = self.store.sqlite
+        assert sqlite is not None
+        missing = [p.name for p in chosen if p.name not in self._checkpoints_made]
+        if missing:
+            await sqlite.write(functools.partial(_make_checkpoints, missing))
+            self._checkpoints_made.update(missing)
+        while True:
+            folded = await sqlite.read(functools.partial(self._fold_sqlite, chosen))
+            if folded.count == 0:
+                return 0
+            if await sqlite.write(functools.partial(_write_folded, chosen, folded)):
+                return folded.count
+
+    def _fold_sqlite(self, chosen: list[Projection], conn: Connection) -> _Folded:
+        checkpoints = _checkpoints(conn, chosen)
         start = min(checkpoints)
         a = appends.c
         rows = conn.execute(
@@ -217,16 +286,10 @@ class ProjectionRunner:
             .limit(self.page_size)
         ).all()
         count, last, page = _decode_wanted(chosen, rows, start, self.page_size)
-        if count == 0:
-            return 0
-        run_to_end(_apply_page(_ThreadWriter(conn), chosen, checkpoints, page))
-        behind = [p.name for p, c in zip(chosen, checkpoints, strict=True) if c < last]
-        conn.execute(
-            update(projection_checkpoints)
-            .where(projection_checkpoints.c.name.in_(behind))
-            .values(position=last, updated_at=datetime.now(UTC))
-        )
-        return count
+        writer = _DeferredWriter(conn)
+        if count:
+            run_to_end(_apply_page(writer, chosen, checkpoints, page))
+        return _Folded(checkpoints, count, last, writer.upserts)
 
     async def _step_postgres(
         self, chosen: list[Projection], ahead: _Ahead | None, *, read_ahead: bool
