@@ -4,7 +4,7 @@
         [--rounds 1] [--seconds 5]
         [--concurrency 1,16,64] [--modes buffered,streaming] [--json]
         [--plot bench/gateway_latency.png] [--profile PATH.speedscope.json]
-        [--profile-concurrency 16] [--database waybill_gateway_bench]
+        [--profile-concurrency 16] [--database waybill_gateway_bench] [--verify]
 
 Four processes: the fake provider (``python -m router.fake_provider``), the gateway
 (``waybill serve``, ledger on a fresh database), this orchestrator, and for each cell a
@@ -559,6 +559,20 @@ class _Run:
         return {"file": str(output), "load": load, **summarize(json.loads(output.read_text()))}
 
 
+def _verify(database_url: str) -> dict[str, dict[str, Any]]:
+    """``waybill verify`` and ``waybill verify --books`` on the run's ledger, once its gateway
+    has stopped: each one's exit status and last line."""
+    out = {}
+    for name, extra in (("chain", []), ("books", ["--books"])):
+        command = [sys.executable, "-c", RUN_WAYBILL, "verify", *extra]
+        done = subprocess.run(
+            [*command, "--database-url", database_url], capture_output=True, text=True
+        )
+        lines = (done.stdout or done.stderr).strip().splitlines()
+        out[name] = {"ok": done.returncode == 0, "said": lines[-1] if lines else ""}
+    return out
+
+
 def _per_request(cpu_s: float, requests: int) -> float:
     return round(cpu_s * 1000 / max(requests, 1), 3)
 
@@ -678,6 +692,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             gateway.stop()
             fake.stop()
+        verified = _verify(database_url) if args.verify else None
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "backend": args.backend,
@@ -688,7 +703,9 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "interpreter_marker_s": [marker_before, _interpreter_marker_s()],
         "cells": [cell.as_json() for cell in cells],
-        "valid": all(cell.valid for cell in cells),
+        "valid": all(cell.valid for cell in cells)
+        and (verified is None or all(v["ok"] for v in verified.values())),
+        "verify": verified,
         "profile": profile,
         "_cells": cells,
     }
@@ -705,6 +722,8 @@ def _compare(args: argparse.Namespace, backends: Sequence[str]) -> dict[str, Any
             result = _bench(argparse.Namespace(**{**vars(args), "backend": backend}))
             cells: list[Cell] = result.pop("_cells")
             print(_table(cells), file=sys.stderr, flush=True)
+            for name, verified in (result["verify"] or {}).items():
+                print(f"verify ({name}): {verified['said']}", file=sys.stderr, flush=True)
             runs[backend].append(result)
     first, second = backends
     summary = []
@@ -774,6 +793,9 @@ def main() -> None:
     parser.add_argument("--profile-concurrency", type=int, default=16)
     parser.add_argument("--workers", type=int, default=1, help="the gateway's `--workers`")
     parser.add_argument(
+        "--verify", action="store_true", help="then `waybill verify` (and --books) on the ledger"
+    )
+    parser.add_argument(
         "--database", default="waybill_gateway_bench", help="PostgreSQL: dropped and recreated"
     )
     args = parser.parse_args()
@@ -804,6 +826,8 @@ def main() -> None:
     print(f"\nload average (1, 5, 15 min) before / after: {before} / {after}", file=report)
     marker = " / ".join(f"{m:.3f}" for m in result["interpreter_marker_s"])
     print(f"interpreter marker (s, 10M-step loop) before / after: {marker}", file=report)
+    for name, verified in (result["verify"] or {}).items():
+        print(f"verify ({name}): {verified['said']}", file=report)
     if args.json:
         print(json.dumps(result, indent=2))
     if not result["valid"]:
