@@ -101,39 +101,57 @@ class SqlAlchemyWriter(ModelWriter):
     async def upsert(self, table: Table, key: str, rows: Sequence[dict[str, Any]]) -> None:
         await self.conn.execute(_upsert_statement(self.conn, table, key), list(rows))
 
+    async def delete(self, table: Table, key: str, ids: Sequence[str]) -> None:
+        await self.conn.execute(_delete_statement(table, key, ids))
+
+
+_Write = tuple[str, Table, str, list[Any]]
+"""A kept write: ``("upsert", table, key, rows)`` or ``("delete", table, key, ids)``."""
+
 
 class _DeferredWriter(ModelWriter):
     """SQLite's page (``ProjectionRunner._step_sqlite``): rows are read in the page's read
-    transaction, and the upserts are kept for the write that follows, not done. A row
-    upserted earlier in the page is read back as upserted. Its methods never wait, so a
-    page's ``apply`` runs to its end on the thread that reads (``run_to_end``)."""
+    transaction, and the upserts and deletes are kept, in order, for the write that follows,
+    not done. A row the page upserted or deleted earlier is read back as it left it. Its
+    methods never wait, so a page's ``apply`` runs to its end on the thread that reads
+    (``run_to_end``)."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
-        self.upserts: list[tuple[Table, str, list[dict[str, Any]]]] = []
-        self._upserted: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}
+        self.writes: list[_Write] = []
+        self._written: dict[tuple[str, str], dict[str, dict[str, Any] | None]] = {}
 
     async def rows(self, table: Table, key: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
         result = self.conn.execute(_rows_query(table, key, ids))
         found = {getattr(r, key): dict(r._mapping) for r in result}
-        upserted = self._upserted.get((table.name, key), {})
-        found.update((i, upserted[i]) for i in ids if i in upserted)
+        written = self._written.get((table.name, key), {})
+        for i in ids:
+            if i in written:
+                row = written[i]
+                if row is None:
+                    found.pop(i, None)
+                else:
+                    found[i] = row
         return found
 
     async def upsert(self, table: Table, key: str, rows: Sequence[dict[str, Any]]) -> None:
-        self.upserts.append((table, key, list(rows)))
-        self._upserted.setdefault((table.name, key), {}).update((r[key], r) for r in rows)
+        self.writes.append(("upsert", table, key, list(rows)))
+        self._written.setdefault((table.name, key), {}).update((r[key], r) for r in rows)
+
+    async def delete(self, table: Table, key: str, ids: Sequence[str]) -> None:
+        self.writes.append(("delete", table, key, list(ids)))
+        self._written.setdefault((table.name, key), {}).update((i, None) for i in ids)
 
 
 @dataclass(frozen=True, slots=True)
 class _Folded:
     """A SQLite page folded in a read transaction: the checkpoints it was folded from, the
-    events it held, the last one's position, and the upserts to write."""
+    events it held, the last one's position, and the writes to make."""
 
     checkpoints: list[int]
     count: int
     last: int
-    upserts: list[tuple[Table, str, list[dict[str, Any]]]]
+    writes: list[_Write]
 
 
 def _checkpoints(conn: Connection, chosen: Sequence[Projection]) -> list[int]:
@@ -149,12 +167,15 @@ def _make_checkpoints(names: Sequence[str], conn: Connection) -> None:
 
 
 def _write_folded(chosen: Sequence[Projection], folded: _Folded, conn: Connection) -> bool:
-    """On the writer thread, under the write lock: ``folded``'s upserts and checkpoints,
-    if the checkpoints are still those it was folded from (False: nothing written)."""
+    """On the writer thread, under the write lock: ``folded``'s writes and checkpoints, if
+    the checkpoints are still those it was folded from (False: nothing written)."""
     if _checkpoints(conn, chosen) != folded.checkpoints:
         return False
-    for table, key, rows in folded.upserts:
-        conn.execute(_upsert_statement(conn, table, key), rows)
+    for kind, table, key, values in folded.writes:
+        if kind == "upsert":
+            conn.execute(_upsert_statement(conn, table, key), values)
+        else:
+            conn.execute(_delete_statement(table, key, values))
     behind = [p.name for p, c in zip(chosen, folded.checkpoints, strict=True) if c < folded.last]
     conn.execute(
         update(projection_checkpoints)
@@ -175,8 +196,9 @@ def _upsert_statement(conn: Connection | AsyncConnection, table: Table, key: str
         index_elements=[key], set_={name: statement.excluded[name] for name in columns}
     )
 
-    async def delete(self, table: Table, key: str, ids: Sequence[str]) -> None:
-        await self.conn.execute(table.delete().where(table.c[key].in_(sorted(ids))))
+
+def _delete_statement(table: Table, key: str, ids: Sequence[str]) -> Any:
+    return table.delete().where(table.c[key].in_(sorted(ids)))
 
 
 class _AsyncpgWriter(ModelWriter):
@@ -289,7 +311,7 @@ class ProjectionRunner:
         writer = _DeferredWriter(conn)
         if count:
             run_to_end(_apply_page(writer, chosen, checkpoints, page))
-        return _Folded(checkpoints, count, last, writer.upserts)
+        return _Folded(checkpoints, count, last, writer.writes)
 
     async def _step_postgres(
         self, chosen: list[Projection], ahead: _Ahead | None, *, read_ahead: bool
