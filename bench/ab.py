@@ -2,10 +2,12 @@
 
     .venv/bin/python bench/ab.py --a main --b WORKTREE [--env-b NAME=VALUE ...]
         [--python-b PATH] [--rounds 8] [--seconds 3] [--concurrency 1] [--stream] [--json]
+        [--backend postgres|sqlite]
 
 This machine's speed drifts by tens of per cent within minutes, so two runs of
 ``bench/gateway_bench.py`` minutes apart cannot tell a 5% change from the noise. Here both
-versions run at once, each a ``waybill serve`` on a fresh PostgreSQL database of its own in
+versions run at once, each a ``waybill serve`` on a fresh PostgreSQL database of its own (or,
+with ``--backend sqlite``, a SQLite file of its own) in
 front of one shared fake provider, and the cells alternate A, B, B, A, A, B, ... so that each
 pair is measured seconds apart. Per round: requests/s, p50 latency and CPU ms per request
 (the ``waybill serve`` process tree, and the PostgreSQL backends of its database); the
@@ -109,7 +111,8 @@ def _env(pairs: list[str]) -> dict[str, str]:
 
 def _cell(side: _Side, args: argparse.Namespace) -> dict[str, float]:
     side.gateway.settle()
-    with _BackendCpu(side.database) as postgres:
+    # SQLite runs inside the gateway's process; "" matches no PostgreSQL backend then.
+    with _BackendCpu(side.database if args.backend == "postgres" else "") as postgres:
         before = side.gateway.cpu_s()
         load = _load(f"{side.url}/v1", "chat", side.api_key, args.stream, args.concurrency, args)
         side.gateway.settle()  # deferred work (projections, metrics) counts too
@@ -127,7 +130,11 @@ def _cell(side: _Side, args: argparse.Namespace) -> dict[str, float]:
 def _report(a: _Side, b: _Side) -> dict[str, Any]:
     out: dict[str, Any] = {"rounds": len(a.rounds)}
     for metric in ("rps", "p50_ms", "gateway_cpu_ms", "postgres_cpu_ms"):
-        ratios = [rb[metric] / ra[metric] for ra, rb in zip(a.rounds, b.rounds, strict=True)]
+        # (no PostgreSQL CPU on SQLite: a ratio of zeros is 1)
+        ratios = [
+            rb[metric] / ra[metric] if ra[metric] else 1.0
+            for ra, rb in zip(a.rounds, b.rounds, strict=True)
+        ]
         out[metric] = {
             "a_median": round(statistics.median(r[metric] for r in a.rounds), 3),
             "b_median": round(statistics.median(r[metric] for r in b.rounds), 3),
@@ -152,6 +159,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--json", action="store_true", help="also the report as JSON on stdout")
+    parser.add_argument("--backend", choices=["postgres", "sqlite"], default="postgres")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp_name, contextlib.ExitStack() as stack:
         tmp = Path(tmp_name)
@@ -164,7 +172,11 @@ def main() -> None:
         ):
             source = stack.enter_context(_checkout(ref, tmp, name))
             database = f"waybill_ab_{name}"
-            url = fresh_postgres(database)
+            url = (
+                f"sqlite:///{tmp / f'{database}.db'}"
+                if args.backend == "sqlite"
+                else fresh_postgres(database)
+            )
             api_key = _prepared(url, source, python)
             work = tmp / name
             work.mkdir()

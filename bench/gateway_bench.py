@@ -1,9 +1,10 @@
 """Gateway overhead benchmark: the same load sent directly to a fake provider and through Waybill.
 
-    .venv/bin/python bench/gateway_bench.py [--backend postgres|sqlite] [--seconds 5]
+    .venv/bin/python bench/gateway_bench.py [--backend postgres|sqlite|sqlite,postgres]
+        [--rounds 1] [--seconds 5]
         [--concurrency 1,16,64] [--modes buffered,streaming] [--json]
         [--plot bench/gateway_latency.png] [--profile PATH.speedscope.json]
-        [--profile-concurrency 16] [--database waybill_gateway_bench]
+        [--profile-concurrency 16] [--database waybill_gateway_bench] [--verify]
 
 Four processes: the fake provider (``python -m router.fake_provider``), the gateway
 (``waybill serve``, ledger on a fresh database), this orchestrator, and for each cell a
@@ -19,6 +20,10 @@ A cell is valid only if every response was a complete 200 and the ledger gained 
 With ``--profile``, one more buffered cell (concurrency 16, or ``--profile-concurrency``) runs
 through the gateway under ``py-spy record`` and the hottest functions are summarised (see
 ``bench/profile_summary.py``).
+With two backends (``--backend sqlite,postgres``) and ``--rounds N``, the whole run is repeated
+for each backend, alternating (the order flips each round, so neither always runs on a
+fresher machine), and each cell's median gateway throughput of the first backend over the
+second's is printed: the embedded default against PostgreSQL, measured in one run.
 A benchmark, not a test: figures vary with the machine; compare within one run.
 """
 
@@ -30,6 +35,7 @@ import json
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -553,6 +559,20 @@ class _Run:
         return {"file": str(output), "load": load, **summarize(json.loads(output.read_text()))}
 
 
+def _verify(database_url: str) -> dict[str, dict[str, Any]]:
+    """``waybill verify`` and ``waybill verify --books`` on the run's ledger, once its gateway
+    has stopped: each one's exit status and last line."""
+    out = {}
+    for name, extra in (("chain", []), ("books", ["--books"])):
+        command = [sys.executable, "-c", RUN_WAYBILL, "verify", *extra]
+        done = subprocess.run(
+            [*command, "--database-url", database_url], capture_output=True, text=True
+        )
+        lines = (done.stdout or done.stderr).strip().splitlines()
+        out[name] = {"ok": done.returncode == 0, "said": lines[-1] if lines else ""}
+    return out
+
+
 def _per_request(cpu_s: float, requests: int) -> float:
     return round(cpu_s * 1000 / max(requests, 1), 3)
 
@@ -672,6 +692,7 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             gateway.stop()
             fake.stop()
+        verified = _verify(database_url) if args.verify else None
     return {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "backend": args.backend,
@@ -682,15 +703,86 @@ def _bench(args: argparse.Namespace) -> dict[str, Any]:
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "interpreter_marker_s": [marker_before, _interpreter_marker_s()],
         "cells": [cell.as_json() for cell in cells],
-        "valid": all(cell.valid for cell in cells),
+        "valid": all(cell.valid for cell in cells)
+        and (verified is None or all(v["ok"] for v in verified.values())),
+        "verify": verified,
         "profile": profile,
         "_cells": cells,
     }
 
 
+def _compare(args: argparse.Namespace, backends: Sequence[str]) -> dict[str, Any]:
+    """``args.rounds`` rounds of the whole run on each backend, alternating (the order flips
+    each round), and per cell the median gateway throughput of each backend and the first's
+    over the second's."""
+    runs: dict[str, list[dict[str, Any]]] = {backend: [] for backend in backends}
+    for number in range(args.rounds):
+        for backend in backends if number % 2 == 0 else list(reversed(backends)):
+            print(f"round {number + 1}: {backend}", file=sys.stderr, flush=True)
+            result = _bench(argparse.Namespace(**{**vars(args), "backend": backend}))
+            cells: list[Cell] = result.pop("_cells")
+            print(_table(cells), file=sys.stderr, flush=True)
+            for name, verified in (result["verify"] or {}).items():
+                print(f"verify ({name}): {verified['said']}", file=sys.stderr, flush=True)
+            runs[backend].append(result)
+    first, second = backends
+    summary = []
+    for index, cell in enumerate(runs[first][0]["cells"]):
+        rps = {b: [r["cells"][index]["gateway"]["rps"] for r in runs[b]] for b in backends}
+        p50 = {b: [r["cells"][index]["gateway"]["p50_ms"] for r in runs[b]] for b in backends}
+        medians = {b: statistics.median(v) for b, v in rps.items()}
+        summary.append(
+            {
+                "mode": cell["mode"],
+                "concurrency": cell["concurrency"],
+                "rps": rps,
+                "p50_ms": p50,
+                "median_rps": medians,
+                "median_p50_ms": {b: statistics.median(v) for b, v in p50.items()},
+                "ratio": round(medians[first] / max(medians[second], 1e-9), 3),
+            }
+        )
+    return {
+        "backends": list(backends),
+        "rounds": args.rounds,
+        "runs": runs,
+        "summary": summary,
+        "valid": all(r["valid"] for results in runs.values() for r in results),
+    }
+
+
+def _comparison_text(result: dict[str, Any]) -> str:
+    first, second = result["backends"]
+    lines = [f"\nmedians of {result['rounds']} alternating rounds, {first} / {second}:"]
+    for s in result["summary"]:
+        rounds = "; ".join(
+            f"{b} " + ", ".join(f"{x:,.0f}" for x in s["rps"][b]) for b in result["backends"]
+        )
+        lines.append(
+            f"  {s['mode']} c{s['concurrency']}: {first} {s['median_rps'][first]:,.0f} req/s "
+            f"(p50 {s['median_p50_ms'][first]:.1f} ms), {second} "
+            f"{s['median_rps'][second]:,.0f} req/s (p50 {s['median_p50_ms'][second]:.1f} ms): "
+            f"ratio {s['ratio']:.2f}  [rounds: {rounds}]"
+        )
+    for backend, results in result["runs"].items():
+        markers = ", ".join(
+            " / ".join(f"{m:.2f}" for m in r["interpreter_marker_s"]) for r in results
+        )
+        others = ", ".join(
+            f"{max(c['gateway_cpu']['other_load_cores'] for c in r['cells']):.2f}" for r in results
+        )
+        lines.append(f"  {backend}: loop markers {markers}; other load (max per run) {others}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=["postgres", "sqlite"], default="postgres")
+    parser.add_argument(
+        "--backend",
+        default="postgres",
+        help="postgres, sqlite, or two of them (sqlite,postgres) to compare in alternating rounds",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="with two backends: rounds of each")
     parser.add_argument("--seconds", type=float, default=5.0, help="measured seconds per cell")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
     parser.add_argument("--concurrency", default="1,16,64")
@@ -701,9 +793,25 @@ def main() -> None:
     parser.add_argument("--profile-concurrency", type=int, default=16)
     parser.add_argument("--workers", type=int, default=1, help="the gateway's `--workers`")
     parser.add_argument(
+        "--verify", action="store_true", help="then `waybill verify` (and --books) on the ledger"
+    )
+    parser.add_argument(
         "--database", default="waybill_gateway_bench", help="PostgreSQL: dropped and recreated"
     )
     args = parser.parse_args()
+    backends = args.backend.split(",")
+    if len(backends) > 2 or not set(backends) <= {"postgres", "sqlite"}:
+        parser.error("--backend: postgres, sqlite, or two of them separated by a comma")
+    if len(backends) == 2:
+        comparison = _compare(args, backends)
+        report = sys.stderr if args.json else sys.stdout
+        print(_comparison_text(comparison), file=report)
+        if args.json:
+            print(json.dumps(comparison, indent=2))
+        if not comparison["valid"]:
+            print("INVALID: a response was not a complete 200, or the ledger missed events")
+            sys.exit(1)
+        return
     result = _bench(args)
     cells: list[Cell] = result.pop("_cells")
     if args.plot:
@@ -718,6 +826,8 @@ def main() -> None:
     print(f"\nload average (1, 5, 15 min) before / after: {before} / {after}", file=report)
     marker = " / ".join(f"{m:.3f}" for m in result["interpreter_marker_s"])
     print(f"interpreter marker (s, 10M-step loop) before / after: {marker}", file=report)
+    for name, verified in (result["verify"] or {}).items():
+        print(f"verify ({name}): {verified['said']}", file=report)
     if args.json:
         print(json.dumps(result, indent=2))
     if not result["valid"]:

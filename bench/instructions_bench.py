@@ -3,14 +3,15 @@
     .venv/bin/python bench/instructions_bench.py --a main --b WORKTREE [--env-b NAME=VALUE ...]
         [--requests 300] [--warmup 100] [--concurrency 1] [--stream | --chunks N]
         [--chunk-delay-ms 1] [--repeat 1] [--keep DIR] [--database waybill_instructions]
-        [--json]
+        [--json] [--backend postgres|sqlite]
 
 A change that saves 3 % of the gateway's CPU is lost in this machine's noise: ``bench/ab.py``'s
 rounds of c16 requests/s move by ±20 % within minutes. Instructions do not move with the
 machine. Each side's ``waybill serve`` runs under ``valgrind --tool=callgrind`` (about fifty
 times slower; its follower child and PostgreSQL run natively, unmeasured) in front of the fake
 provider, on a fresh PostgreSQL database of its own (``--database``, then ``_a`` or ``_b``:
-two counts at once need two prefixes). After ``--warmup`` requests the counters
+two counts at once need two prefixes; ``--backend sqlite``: a SQLite file of its own, whose
+work is then all in the counted process). After ``--warmup`` requests the counters
 are zeroed (``callgrind_control -z``), ``--requests`` more are sent by the load generator, and
 the counters are dumped: the serving process's instructions over the requests, start-up and
 warm-up left out. The same version counted twice agrees to about 0.5 % (timers and the
@@ -72,7 +73,9 @@ def _count(
     where = tmp / f"{name}{run}"
     where.mkdir()
     database = f"{args.database}_{name}"
-    url = fresh_postgres(database)
+    url = (
+        f"sqlite:///{where / 'ledger.db'}" if args.backend == "sqlite" else fresh_postgres(database)
+    )
     api_key = _prepared(url, source, None)
     out = where / "callgrind.out"
     gateway, gateway_url = _start_gateway(
@@ -135,6 +138,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="counts per side, alternating")
     parser.add_argument("--keep", type=Path, help="keep the callgrind files in this folder")
     parser.add_argument("--json", action="store_true", help="JSON on stdout")
+    parser.add_argument("--backend", choices=["postgres", "sqlite"], default="postgres")
     args = parser.parse_args()
 
     counts: dict[str, list[float]] = {"a": [], "b": []}

@@ -7,9 +7,9 @@ rules themselves are in :mod:`ledger.books.accounting`.
 
 Two backends, one shape: :func:`book_needs` says what to load, :func:`hold_of` and
 :func:`balance_of` read rows back, :func:`book_writes` says what to write. The SQLAlchemy
-functions here serve SQLite (and any caller holding an ``AsyncConnection``); the event
-store's PostgreSQL path sends the same reads and writes as raw statements in its two
-pipelined round trips (``ledger.store``).
+functions here serve SQLite, on the connection its writer thread owns (synchronous:
+``ledger.store.sqlite``); the event store's PostgreSQL path sends the same reads and writes
+as raw statements in its two pipelined round trips (``ledger.store``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 from sqlalchemy import Select, bindparam, delete, func, insert, literal, select, update
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.engine import Connection
 
 from ledger.books.accounting import Balance, Books, Effect, Hold, Reserve, Resolution
 from ledger.store.schema import budget_accounts, budget_holds, budget_open_holds, budget_resolutions
@@ -186,19 +186,17 @@ def book_writes(books: Books, now: datetime) -> BookWrites:
     )
 
 
-async def load_books(conn: AsyncConnection, effects: Iterable[Effect]) -> Books:
+def load_books(conn: Connection, effects: Iterable[Effect]) -> Books:
     account_ids, hold_ids = book_needs(effects)
     books = Books()
     if hold_ids:
-        rows = await conn.execute(
-            holds().where(budget_holds.c.reservation_id.in_(sorted(hold_ids)))
-        )
+        rows = conn.execute(holds().where(budget_holds.c.reservation_id.in_(sorted(hold_ids))))
         for row in rows:
             hold = hold_of(row)
             books.holds[hold.reservation_id] = hold
             account_ids.update(hold.accounts)
     if account_ids:
-        rows = await conn.execute(
+        rows = conn.execute(
             select(budget_accounts).where(budget_accounts.c.account_id.in_(sorted(account_ids)))
         )
         for row in rows:
@@ -206,14 +204,14 @@ async def load_books(conn: AsyncConnection, effects: Iterable[Effect]) -> Books:
     return books
 
 
-async def save_books(conn: AsyncConnection, books: Books, recorded_at: datetime) -> None:
+def save_books(conn: Connection, books: Books, recorded_at: datetime) -> None:
     """Write what ``books`` changed, stamped with the recorded time of the events that
     changed it (as the PostgreSQL path does, and as a rebuild from the events does)."""
     writes = book_writes(books, recorded_at)
     if writes.new_accounts:
-        await conn.execute(insert(budget_accounts), writes.new_accounts)
+        conn.execute(insert(budget_accounts), writes.new_accounts)
     if writes.changed_accounts:
-        await conn.execute(
+        conn.execute(
             update(budget_accounts)
             .where(budget_accounts.c.account_id == bindparam("b_account_id"))
             .values(
@@ -226,20 +224,20 @@ async def save_books(conn: AsyncConnection, books: Books, recorded_at: datetime)
             [{f"b_{k}": v for k, v in row.items()} for row in writes.changed_accounts],
         )
     if writes.new_holds:
-        await conn.execute(insert(budget_holds), writes.new_holds)
+        conn.execute(insert(budget_holds), writes.new_holds)
     if writes.open_holds:
-        await conn.execute(insert(budget_open_holds), writes.open_holds)
+        conn.execute(insert(budget_open_holds), writes.open_holds)
     if writes.unknown_holds:
-        await conn.execute(
+        conn.execute(
             update(budget_open_holds)
             .where(budget_open_holds.c.reservation_id.in_(writes.unknown_holds))
             .values(state="unknown")
         )
     if writes.closed_holds:
-        await conn.execute(
+        conn.execute(
             delete(budget_open_holds).where(
                 budget_open_holds.c.reservation_id.in_(writes.closed_holds)
             )
         )
     if writes.resolutions:
-        await conn.execute(insert(budget_resolutions), writes.resolutions)
+        conn.execute(insert(budget_resolutions), writes.resolutions)

@@ -17,9 +17,10 @@ from typing import Any, Final
 
 import asyncpg
 import orjson
+from sqlalchemy import create_engine as sa_create_engine
 from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import URL, Connection, make_url
+from sqlalchemy.engine import URL, Connection, Engine, make_url
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
@@ -32,6 +33,7 @@ __all__ = [
     "async_url",
     "asyncpg_dsn",
     "create_engine",
+    "create_thread_engine",
     "current_revision",
     "head_revision",
     "is_postgres",
@@ -223,16 +225,34 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
         json_deserializer=orjson.loads,
         connect_args={"timeout": 30},
     )
-    _configure_sqlite(engine)
+    _configure_sqlite(engine.sync_engine)
     return engine
 
 
-def _configure_sqlite(engine: AsyncEngine) -> None:
+def create_thread_engine(engine: AsyncEngine) -> Engine:
+    """A synchronous engine on the same SQLite file as ``engine``, configured as it is, for
+    connections that threads of their own use (``ledger.store.sqlite``): the same types, the
+    same pragmas, the same BEGIN IMMEDIATE."""
+    sync = sa_create_engine(
+        engine.url.set(drivername="sqlite+pysqlite"),
+        json_serializer=_json_serializer,
+        json_deserializer=orjson.loads,
+        # A reader's connection may be taken by any thread of its pool.
+        connect_args={"timeout": 30, "check_same_thread": False},
+    )
+    _configure_sqlite(sync)
+    return sync
+
+
+def _configure_sqlite(engine: Engine) -> None:
     # pysqlite's own transaction handling defers BEGIN until the first write, which lets two
     # writers both read the head row and then collide. We take over: every transaction is
     # BEGIN IMMEDIATE (one writer at a time, waiting on busy_timeout), in WAL mode so readers
-    # never block the writer. synchronous=FULL: an acknowledged append survives power loss.
-    @event.listens_for(engine.sync_engine, "connect")
+    # never block the writer. synchronous=FULL: an acknowledged append survives power loss
+    # (in WAL mode, NORMAL would only fsync at checkpoints: a commit acknowledged before a
+    # power cut could be lost, which docs/contract.md, "Durability of answers", does not
+    # allow; see bench/README.md, "The embedded default").
+    @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
@@ -242,7 +262,7 @@ def _configure_sqlite(engine: AsyncEngine) -> None:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
-    @event.listens_for(engine.sync_engine, "begin")
+    @event.listens_for(engine, "begin")
     def _on_begin(connection: Connection) -> None:
         if connection.get_execution_options().get(READ_ONLY):
             connection.exec_driver_sql("BEGIN")

@@ -30,7 +30,7 @@ from ledger.store.reads import HotReads
 from ledger.store.recorded import RecordedEvent, decode_row
 from ledger.store.schema import appends, ledger_head
 from ledger.store.shared_appends import AppendClient, ForwardingCommitter
-from ledger.store.sqlite import SQLiteCommitter
+from ledger.store.sqlite import SQLiteCommitter, SQLiteConnections
 from ledger.store.stored import from_position, previous_hash
 
 __all__ = ["EventStore"]
@@ -47,15 +47,20 @@ class EventStore:
         """``clock``: the recorded time of each batch (UTC now; a test may set the month)."""
         self.engine = engine
         self.clock = clock or _utc_now
-        self._backend: PostgresCommitter | SQLiteCommitter = (
-            PostgresCommitter(engine, self.clock)
-            if engine.dialect.name == "postgresql"
-            else SQLiteCommitter(engine, self.clock)
-        )
+        # On SQLite, the connections the hot path's threads own (the appender's and the
+        # read models' writes, the request path's reads: ``ledger.store.sqlite``).
+        self.sqlite: SQLiteConnections | None = None
+        self._backend: PostgresCommitter | SQLiteCommitter
+        if engine.dialect.name == "postgresql":
+            self._backend = PostgresCommitter(engine, self.clock)
+        else:
+            self.sqlite = SQLiteConnections(engine)
+            self._backend = SQLiteCommitter(self.sqlite, self.clock)
         # What this process finds of the database's availability, told once per outage.
         self.outage = Outage()
         self._appender = Appender(self._backend, self.outage)
-        self.hot = HotReads(engine, self.outage)  # the request path's single-statement reads
+        # the request path's single-statement reads
+        self.hot = HotReads(engine, self.outage, self.sqlite)
 
     def on_commit(self, listener: Callable[[Sequence[RecordedEvent]], None]) -> Callable[[], None]:
         """Call ``listener`` with the events of each batch this store commits, soon after
@@ -145,6 +150,8 @@ class EventStore:
         await self._appender.close()
         await self._backend.close()
         await self.hot.close()
+        if self.sqlite is not None:
+            await self.sqlite.close()
 
     @property
     def stats(self) -> dict[str, int]:

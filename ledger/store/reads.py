@@ -1,13 +1,13 @@
 """The raw PostgreSQL edge of the hot path: the request path's reads and the appender's
-connection, on asyncpg rather than through SQLAlchemy.
+connection, on asyncpg rather than through SQLAlchemy; on SQLite, on a reader thread's connection.
 
 Through SQLAlchemy's async engine a key lookup costs many times its CPU through asyncpg
 (statement compilation and caching, the greenlet bridge, result processing), and through
 psycopg's async connection still several times (its per-wait selector bookkeeping): see
 bench/README.md, Decisions: the event store. The request path reads a few rows per request
 and the appender one or two statements per batch, so on PostgreSQL both go through asyncpg
-(statements prepared once per connection). On SQLite the reads go through the engine as
-before (their cost is the database file's, not the ORM's).
+(statements prepared once per connection). On SQLite a read is one hop to a thread that owns
+its connection (``ledger.store.sqlite``), not the async engine's several.
 
 Statements are written once, with ``:name`` parameters, and run unchanged on both backends
 (:func:`positional` turns them into asyncpg's ``$n``). Rows come back with attribute
@@ -23,7 +23,7 @@ import re
 from collections import deque
 from collections.abc import AsyncIterator, Mapping, Sequence
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from sqlalchemy import text
@@ -31,6 +31,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from ledger.store.db import READ_ONLY, LedgerUnavailable, asyncpg_dsn, is_unavailable
 from ledger.store.outage import Outage
+
+if TYPE_CHECKING:
+    from ledger.store.sqlite import SQLiteConnections
 
 __all__ = ["HotReads", "close_quietly", "connect", "positional"]
 
@@ -59,8 +62,14 @@ class _Row:
 class HotReads:
     """Run one read statement and return its rows."""
 
-    def __init__(self, engine: AsyncEngine, outage: Outage | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        outage: Outage | None = None,
+        sqlite: SQLiteConnections | None = None,
+    ) -> None:
         self._engine = engine
+        self._sqlite = sqlite
         self._outage = outage or Outage()
         self._postgres = engine.dialect.name == "postgresql"
         self._dsn = asyncpg_dsn(engine) if self._postgres else ""
@@ -70,9 +79,12 @@ class HotReads:
 
     async def rows(self, statement: str, params: Mapping[str, Any]) -> Sequence[Any]:
         if not self._postgres:
+            query = text(statement)
+            if self._sqlite is not None:  # one hop to a reader thread (ledger.store.sqlite)
+                return await self._sqlite.read(lambda conn: conn.execute(query, dict(params)).all())
             async with self._engine.connect() as connection:
                 reading = await connection.execution_options(**{READ_ONLY: True})
-                return (await reading.execute(text(statement), dict(params))).all()
+                return (await reading.execute(query, dict(params))).all()
         sql, names = positional(statement)
         args = [params[name] for name in names]
         async with self._turns:

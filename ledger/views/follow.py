@@ -1,16 +1,17 @@
 """The read models' follower as a process of its own, beside the gateway's.
 
-``waybill serve`` on PostgreSQL keeps its read models (request views, spend, keys) current
-from a child process running ``python -m ledger.views.follow``: decoding and folding every event
-is CPU the request path would otherwise share its one event loop with (bench/README.md,
-"Decisions"). The child wakes on the appender's NOTIFY like the in-process
-runner, takes turns with other runners through the checkpoint locks, and stops when told
-(SIGTERM, SIGINT) or when the gateway that started it is gone. The gateway restarts it if
-it dies; while it is down the read models only trail (their lag shows it), and nothing on
-the request path waits for them.
+``waybill serve`` keeps its read models (request views, spend, keys) current from a child
+process running ``python -m ledger.views.follow``: decoding and folding every event is CPU the
+request path would otherwise share its one event loop with (bench/README.md, "Decisions").
+The child polls for new events, takes turns with other runners through the checkpoints,
+and stops when told (SIGTERM, SIGINT) or when the gateway that started it is gone. The
+gateway restarts it if it dies; while it is down the read models only trail (their lag
+shows it), and nothing on the request path waits for them.
 
-On SQLite the runner stays in the gateway's process: one writer at a time is the file's
-rule, and a second process would only queue behind the first.
+On SQLite, one writer at a time being the file's rule, the child folds each page in a read
+transaction, which takes no lock, and holds the write lock only to write what it folded
+(``ProjectionRunner._step_sqlite``), so the gateway's appends seldom wait for it, and
+briefly (bench/README.md, "The embedded default").
 """
 
 from __future__ import annotations

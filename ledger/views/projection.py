@@ -4,7 +4,9 @@ A projection consumes events in position order, in pages. Each page is applied i
 transaction that also moves the projection's checkpoint, so a read model and its checkpoint
 can never disagree: a crash between pages loses nothing and applies nothing twice. The
 checkpoint row is locked for the page's duration, so two runners (two gateway processes, or
-a replay beside a live gateway) take turns instead of applying the same page twice.
+a replay beside a live gateway) take turns instead of applying the same page twice; on SQLite
+a page is folded without the lock and written under it only if its checkpoints have not moved
+(``ProjectionRunner._step_sqlite``), to the same effect.
 Handlers are written as upserts from the page's final state, so re-applying a page would
 change nothing either.
 
@@ -27,12 +29,14 @@ from typing import Any, ClassVar
 
 from sqlalchemy import Table, delete, select, text, update
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from ledger.store import EventStore, RecordedEvent, decode_payload
 from ledger.store.archived import archived_history, archived_pages
 from ledger.store.db import dialect_insert, is_unavailable
 from ledger.store.schema import appends, ledger_head, projection_checkpoints
+from ledger.store.sqlite import run_to_end
 from ledger.store.stored import (
     FROM_POSITION_SQL,
     PREVIOUS_SQL,
@@ -91,21 +95,110 @@ class SqlAlchemyWriter(ModelWriter):
         self.conn = conn
 
     async def rows(self, table: Table, key: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-        result = await self.conn.execute(select(table).where(table.c[key].in_(sorted(ids))))
+        result = await self.conn.execute(_rows_query(table, key, ids))
         return {getattr(r, key): dict(r._mapping) for r in result}
 
     async def upsert(self, table: Table, key: str, rows: Sequence[dict[str, Any]]) -> None:
-        statement = dialect_insert(self.conn, table)
-        columns = [c.name for c in table.columns if c.name != key]
-        await self.conn.execute(
-            statement.on_conflict_do_update(
-                index_elements=[key], set_={name: statement.excluded[name] for name in columns}
-            ),
-            list(rows),
-        )
+        await self.conn.execute(_upsert_statement(self.conn, table, key), list(rows))
 
     async def delete(self, table: Table, key: str, ids: Sequence[str]) -> None:
-        await self.conn.execute(table.delete().where(table.c[key].in_(sorted(ids))))
+        await self.conn.execute(_delete_statement(table, key, ids))
+
+
+_Write = tuple[str, Table, str, list[Any]]
+"""A kept write: ``("upsert", table, key, rows)`` or ``("delete", table, key, ids)``."""
+
+
+class _DeferredWriter(ModelWriter):
+    """SQLite's page (``ProjectionRunner._step_sqlite``): rows are read in the page's read
+    transaction, and the upserts and deletes are kept, in order, for the write that follows,
+    not done. A row the page upserted or deleted earlier is read back as it left it. Its
+    methods never wait, so a page's ``apply`` runs to its end on the thread that reads
+    (``run_to_end``)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.writes: list[_Write] = []
+        self._written: dict[tuple[str, str], dict[str, dict[str, Any] | None]] = {}
+
+    async def rows(self, table: Table, key: str, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        result = self.conn.execute(_rows_query(table, key, ids))
+        found = {getattr(r, key): dict(r._mapping) for r in result}
+        written = self._written.get((table.name, key), {})
+        for i in ids:
+            if i in written:
+                row = written[i]
+                if row is None:
+                    found.pop(i, None)
+                else:
+                    found[i] = row
+        return found
+
+    async def upsert(self, table: Table, key: str, rows: Sequence[dict[str, Any]]) -> None:
+        self.writes.append(("upsert", table, key, list(rows)))
+        self._written.setdefault((table.name, key), {}).update((r[key], r) for r in rows)
+
+    async def delete(self, table: Table, key: str, ids: Sequence[str]) -> None:
+        self.writes.append(("delete", table, key, list(ids)))
+        self._written.setdefault((table.name, key), {}).update((i, None) for i in ids)
+
+
+@dataclass(frozen=True, slots=True)
+class _Folded:
+    """A SQLite page folded in a read transaction: the checkpoints it was folded from, the
+    events it held, the last one's position, and the writes to make."""
+
+    checkpoints: list[int]
+    count: int
+    last: int
+    writes: list[_Write]
+
+
+def _checkpoints(conn: Connection, chosen: Sequence[Projection]) -> list[int]:
+    c = projection_checkpoints.c
+    rows = conn.execute(select(c.name, c.position).where(c.name.in_([p.name for p in chosen])))
+    found = {str(name): int(position) for name, position in rows}
+    return [found[p.name] for p in chosen]
+
+
+def _make_checkpoints(names: Sequence[str], conn: Connection) -> None:
+    for name in names:
+        _checkpoint_locked(conn, name)
+
+
+def _write_folded(chosen: Sequence[Projection], folded: _Folded, conn: Connection) -> bool:
+    """On the writer thread, under the write lock: ``folded``'s writes and checkpoints, if
+    the checkpoints are still those it was folded from (False: nothing written)."""
+    if _checkpoints(conn, chosen) != folded.checkpoints:
+        return False
+    for kind, table, key, values in folded.writes:
+        if kind == "upsert":
+            conn.execute(_upsert_statement(conn, table, key), values)
+        else:
+            conn.execute(_delete_statement(table, key, values))
+    behind = [p.name for p, c in zip(chosen, folded.checkpoints, strict=True) if c < folded.last]
+    conn.execute(
+        update(projection_checkpoints)
+        .where(projection_checkpoints.c.name.in_(behind))
+        .values(position=folded.last, updated_at=datetime.now(UTC))
+    )
+    return True
+
+
+def _rows_query(table: Table, key: str, ids: Sequence[str]) -> Any:
+    return select(table).where(table.c[key].in_(sorted(ids)))
+
+
+def _upsert_statement(conn: Connection | AsyncConnection, table: Table, key: str) -> Any:
+    statement = dialect_insert(conn, table)
+    columns = [c.name for c in table.columns if c.name != key]
+    return statement.on_conflict_do_update(
+        index_elements=[key], set_={name: statement.excluded[name] for name in columns}
+    )
+
+
+def _delete_statement(table: Table, key: str, ids: Sequence[str]) -> Any:
+    return table.delete().where(table.c[key].in_(sorted(ids)))
 
 
 class _AsyncpgWriter(ModelWriter):
@@ -160,6 +253,7 @@ class ProjectionRunner:
         self.projections = {p.name: p for p in projections}
         self.page_size = page_size
         self.poll_interval_s = poll_interval_s
+        self._checkpoints_made: set[str] = set()  # SQLite: checkpoint rows known to exist
 
     def get(self, name: str) -> Projection:
         try:
@@ -176,31 +270,48 @@ class ProjectionRunner:
         projections take part: each gets the events past its own checkpoint, and every
         checkpoint moves with its read model's writes."""
         chosen = sorted(projections or self.projections.values(), key=lambda p: p.name)
-        if self.store.engine.dialect.name == "postgresql":
+        if self.store.sqlite is None:
             return (await self._step_postgres(chosen, None, read_ahead=False))[0]
-        async with self.store.engine.begin() as conn:
-            checkpoints = [await _lock_checkpoint(conn, p.name) for p in chosen]
-            start = min(checkpoints)
-            a = appends.c
-            rows = (
-                await conn.execute(
-                    select(a.position, a.types, previous_hash(), a.payloads)
-                    .where(from_position(start))
-                    .order_by(a.position)
-                    .limit(self.page_size)
-                )
-            ).all()
-            count, last, page = _decode_wanted(chosen, rows, start, self.page_size)
-            if count == 0:
+        return await self._step_sqlite(chosen)
+
+    async def _step_sqlite(self, chosen: list[Projection]) -> int:
+        # SQLite has one writer at a time, and a page's reading, decoding and folding is most
+        # of its work: done under the write lock, it kept the gateway's appender (in this
+        # process or another) waiting. So the page is folded in a read transaction, which
+        # takes no lock (WAL), and only its writes are done under the lock, on the writer
+        # thread, if the checkpoints are still where the page was read from: a read model
+        # changes only with its checkpoint, so the rows the page was folded onto are then
+        # still the rows there. If another runner moved one meanwhile, the page is folded
+        # again from where it left them (ledger.store.sqlite; bench/README.md, "The
+        # embedded default").
+        sqlite = self.store.sqlite
+        assert sqlite is not None
+        missing = [p.name for p in chosen if p.name not in self._checkpoints_made]
+        if missing:
+            await sqlite.write(functools.partial(_make_checkpoints, missing))
+            self._checkpoints_made.update(missing)
+        while True:
+            folded = await sqlite.read(functools.partial(self._fold_sqlite, chosen))
+            if folded.count == 0:
                 return 0
-            await _apply_page(SqlAlchemyWriter(conn), chosen, checkpoints, page)
-            behind = [p.name for p, c in zip(chosen, checkpoints, strict=True) if c < last]
-            await conn.execute(
-                update(projection_checkpoints)
-                .where(projection_checkpoints.c.name.in_(behind))
-                .values(position=last, updated_at=datetime.now(UTC))
-            )
-            return count
+            if await sqlite.write(functools.partial(_write_folded, chosen, folded)):
+                return folded.count
+
+    def _fold_sqlite(self, chosen: list[Projection], conn: Connection) -> _Folded:
+        checkpoints = _checkpoints(conn, chosen)
+        start = min(checkpoints)
+        a = appends.c
+        rows = conn.execute(
+            select(a.position, a.types, previous_hash(), a.payloads)
+            .where(from_position(start))
+            .order_by(a.position)
+            .limit(self.page_size)
+        ).all()
+        count, last, page = _decode_wanted(chosen, rows, start, self.page_size)
+        writer = _DeferredWriter(conn)
+        if count:
+            run_to_end(_apply_page(writer, chosen, checkpoints, page))
+        return _Folded(checkpoints, count, last, writer.writes)
 
     async def _step_postgres(
         self, chosen: list[Projection], ahead: _Ahead | None, *, read_ahead: bool
@@ -484,19 +595,23 @@ _PG_MOVE_CHECKPOINTS = (
 
 
 async def _lock_checkpoint(conn: AsyncConnection, name: str) -> int:
+    return await conn.run_sync(_checkpoint_locked, name)
+
+
+def _checkpoint_locked(conn: Connection, name: str) -> int:
     lock = (
         select(projection_checkpoints.c.position)
         .where(projection_checkpoints.c.name == name)
         .with_for_update()
     )
-    position = (await conn.execute(lock)).scalar_one_or_none()
+    position = conn.execute(lock).scalar_one_or_none()
     if position is None:  # the first run of this projection: create its checkpoint
-        await conn.execute(
+        conn.execute(
             dialect_insert(conn, projection_checkpoints)
             .values(name=name, position=0, updated_at=datetime.now(UTC))
             .on_conflict_do_nothing(index_elements=["name"])
         )
-        position = (await conn.execute(lock)).scalar_one()
+        position = conn.execute(lock).scalar_one()
     return int(position)
 
 

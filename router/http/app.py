@@ -223,12 +223,12 @@ def create_app(settings: AppSettings) -> FastAPI:
         app.state.keys = KeyCache(store)
         app.state.capacity = Capacity(settings.max_in_flight)
         # Read models (request views, keys, ...) follow the ledger while the gateway runs:
-        # from a child process when `waybill serve` runs on PostgreSQL (ledger.views.follow).
+        # from a child process when `waybill serve` runs them (ledger.views.follow).
         stop = asyncio.Event()
         following: asyncio.Task[Any]
         if not settings.background:  # another worker keeps them
             following = asyncio.create_task(stop.wait())
-        elif settings.follower_process and store.engine.dialect.name == "postgresql":
+        elif settings.follower_process:
             following = asyncio.create_task(follow_in_child(settings.database_url, stop))
         else:
             runner = ProjectionRunner(store, all_projections())

@@ -33,7 +33,7 @@ class AppSettings:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT  # per workspace and process; then: 503
     heartbeat_s: float = 5.0  # a gateway silent for 6 heartbeats is presumed dead
     config_path: str | None = None  # where a reload (SIGHUP, or the admin API) reads from
-    follower_process: bool = False  # on PostgreSQL: read models in a child (ledger.views.follow)
+    follower_process: bool = False  # read models in a child (ledger.views.follow)
     # Who this gateway is across restarts (ledger.books.recovery): at start-up it recovers the
     # holds its own earlier incarnations left. None: a new id, so it has no earlier ones.
     instance_id: str | None = None

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from ledger.store.db import sync_url
 from tests.gateway.harness import ANTHROPIC_ENV, closed_port
 from tests.gateway.processes import serve_process
 from tests.helpers import ledger_events
@@ -142,10 +143,10 @@ def _wait_for(check: Callable[[], Any], within_s: float = 20) -> Any:
     return result
 
 
-@pytest.mark.postgres
-def test_serve_on_postgres_keeps_read_models_in_a_child_it_restarts_and_stops(
-    postgres_url: str, tmp_path: Path
+def test_serve_keeps_read_models_in_a_child_it_restarts_and_stops(
+    database_url: str, tmp_path: Path
 ) -> None:
+    # On SQLite too: the child folds pages without the write lock (ledger.views.follow).
     import os
     import signal
 
@@ -157,7 +158,7 @@ def test_serve_on_postgres_keeps_read_models_in_a_child_it_restarts_and_stops(
 
     body = {"model": "chat", "messages": [{"role": "user", "content": "hi"}]}
     port = closed_port()
-    engine = sa.create_engine(postgres_url.replace("postgresql://", "postgresql+psycopg://"))
+    engine = sa.create_engine(sync_url(database_url))
 
     def viewed(request_id: str) -> bool:
         with engine.connect() as conn:
@@ -167,8 +168,8 @@ def test_serve_on_postgres_keeps_read_models_in_a_child_it_restarts_and_stops(
     with FakeUpstream("east") as east:
         config = tmp_path / "waybill.yaml"
         config.write_text(config_text({"east": east}, [Route("east")]))
-        secret = new_key(postgres_url)
-        process = serve_process(config, postgres_url, port)
+        secret = new_key(database_url)
+        process = serve_process(config, database_url, port)
         headers = {"Authorization": f"Bearer {secret}"}
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         try:
@@ -193,9 +194,8 @@ def test_serve_on_postgres_keeps_read_models_in_a_child_it_restarts_and_stops(
         assert not _alive(restarted)
 
 
-@pytest.mark.postgres
 def test_a_follower_whose_gateway_was_killed_stops_by_itself(
-    postgres_url: str, tmp_path: Path
+    database_url: str, tmp_path: Path
 ) -> None:
     import signal
 
@@ -205,7 +205,7 @@ def test_a_follower_whose_gateway_was_killed_stops_by_itself(
     with FakeUpstream("east") as east:
         config = tmp_path / "waybill.yaml"
         config.write_text(config_text({"east": east}, [Route("east")]))
-        process = serve_process(config, postgres_url, closed_port())
+        process = serve_process(config, database_url, closed_port())
         [follower] = _wait_for(lambda: _followers_of(process.pid))
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
