@@ -150,6 +150,10 @@ async def search_request_views(
     ):
         if value is not None:
             conditions.append(column == value)
+    if search.status is not None and search.status != "succeeded":
+        # The partial index of the rare statuses (ix_request_views_status_created) is used
+        # by SQLite only when the query states its predicate; PostgreSQL infers it.
+        conditions.append(t.status != "succeeded")
     if search.since is not None:
         conditions.append(t.created_at >= _utc(search.since))
     if search.until is not None:
