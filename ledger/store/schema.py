@@ -72,7 +72,11 @@ appends = Table(
 )
 # Not a unique key: on PostgreSQL the table is partitioned by month (ledger.store.partitions), and
 # a stream's first append is checked by the write itself (THE LOCK, in ledger.store.postgres).
-Index("ix_appends_stream_version", appends.c.stream_id, appends.c.version)
+# Every read of a stream asks for its rows by stream id equality (`=` or `= ANY`), and a
+# stream has few rows (a request's 2 or 3) that are sorted by version after the probe; so on
+# PostgreSQL a hash index, whose entries hold a 4-byte hash instead of the ~40-character id
+# (bench/README.md, "Ledger size"). SQLite has no hash index: a B-tree of the id there.
+Index("ix_appends_stream", appends.c.stream_id, postgresql_using="hash")
 
 # One row per archived month (ledger.audit.archive): the live ledger starts after the last.
 ledger_archives = Table(
@@ -162,8 +166,20 @@ request_views = Table(
     Column("last_position", BigInteger, nullable=False),
 )
 Index("ix_request_views_workspace_created", request_views.c.workspace, request_views.c.created_at)
-Index("ix_request_views_created", request_views.c.created_at, request_views.c.request_id)
-Index("ix_request_views_status_created", request_views.c.status, request_views.c.created_at)
+# The console's pages, newest first: created_at alone (the request id, ~4 times its size, only
+# breaks ties of one microsecond, which the sort after the probe does; migration 0020).
+Index("ix_request_views_created", request_views.c.created_at)
+# The console's status filter. Only the rare statuses (failed, partial_failure; in_progress
+# rows are in open_request_views): a filter on the common one, succeeded, is served by
+# ix_request_views_created as well. PostgreSQL infers the predicate from `status = 'failed'`;
+# SQLite needs it stated, which ledger.views.queries.search_request_views does.
+Index(
+    "ix_request_views_status_created",
+    request_views.c.status,
+    request_views.c.created_at,
+    postgresql_where=text("status <> 'succeeded'"),
+    sqlite_where=text("status <> 'succeeded'"),
+)
 Index("ix_request_views_key_created", request_views.c.key_id, request_views.c.created_at)
 
 # A request in flight: its view row lives here (same columns, the primary key its only
@@ -216,8 +232,10 @@ spend_attempts = Table(
 Index("ix_spend_attempts_workspace_day", spend_attempts.c.workspace, spend_attempts.c.day)
 Index("ix_spend_attempts_upstream_request", spend_attempts.c.upstream_request_id)
 # A Responses previous_response_id is served by the endpoint that answered it (contract §4
-# response_affinity): found by the provider's response id.
-Index("ix_spend_attempts_response", spend_attempts.c.response_id)
+# response_affinity): found by the provider's response id; reconciliation also matches
+# provider lines on it, of every door (ledger.finance.reconcile). Only equality lookups: a
+# hash index on PostgreSQL, smaller than a B-tree of the ids.
+Index("ix_spend_attempts_response", spend_attempts.c.response_id, postgresql_using="hash")
 Index("ix_spend_attempts_day", spend_attempts.c.day)
 # The attempts a closed period's adjustments moved, which the spend report reads apart.
 Index(
@@ -336,7 +354,11 @@ budget_holds = Table(
     metadata,
     Column("reservation_id", String(200), primary_key=True),
     Column("request_id", String(200), nullable=False),
-    Column("attempt_id", String(200), nullable=False, unique=True),
+    # Not a unique key of its own (migration 0020): the one writer of holds derives the
+    # reservation id from the attempt id (ledger.books.accounting.reservation_id, one attempt,
+    # one hold), so the primary key already refuses a second hold of an attempt; the
+    # derivation is tested (tests/ledger/test_books.py).
+    Column("attempt_id", String(200), nullable=False),
     Column("workspace", String(200), nullable=False),
     Column("key_id", String(200), nullable=False),
     Column("endpoint", String(200), nullable=False),

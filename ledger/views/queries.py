@@ -150,13 +150,19 @@ async def search_request_views(
     ):
         if value is not None:
             conditions.append(column == value)
+    if search.status is not None and search.status != "succeeded":
+        # The partial index of the rare statuses (ix_request_views_status_created) is used
+        # by SQLite only when the query states its predicate; PostgreSQL infers it.
+        conditions.append(t.status != "succeeded")
     if search.since is not None:
         conditions.append(t.created_at >= _utc(search.since))
     if search.until is not None:
         conditions.append(t.created_at < _utc(search.until))
     if after is not None:
-        # A row comparison, not "a < x OR (a = x AND b < y)": an index on (created_at,
-        # request_id) starts its scan at the cursor instead of filtering every row above it.
+        # The cursor's instant bounds the scan of the index on created_at (both backends
+        # start there instead of filtering every row above it); the row comparison then
+        # decides among the rows of that very instant.
+        conditions.append(t.created_at <= _utc(after[0]))
         conditions.append(tuple_(t.created_at, t.request_id) < tuple_(_utc(after[0]), after[1]))
     query = (
         select(all_request_views)

@@ -22,6 +22,7 @@ from ledger.books.accounting import (
     HoldStateError,
     Release,
     Reserve,
+    reservation_id,
 )
 from ledger.store import ANY_VERSION, EventStore
 from ledger.store.db import asyncpg_dsn, create_engine
@@ -77,6 +78,24 @@ async def test_a_denied_reservation_writes_no_event(store: EventStore) -> None:
         await store.append("request-req_2", ANY_VERSION, events, effects=[effect])
     assert await store.read_stream("request-req_2") == []
     assert await balance(store) == (D("0.90"), D(0))
+
+
+def test_each_attempt_has_a_reservation_id_of_its_own() -> None:
+    # budget_holds keeps no unique key of attempt ids (migration 0020): the gateway derives a
+    # hold's id from its attempt's (router.request.budget), so distinct attempts have
+    # distinct holds and the primary key refuses a second hold of one attempt.
+    attempts = [f"att_{n:026d}" for n in range(10_000)] + ["att_x", "x_", "att_"]
+    assert len({reservation_id(a) for a in attempts}) == len(attempts)
+    assert reservation_id("att_01abc") == "res_01abc"
+
+
+async def test_a_second_hold_of_one_attempt_is_refused(store: EventStore) -> None:
+    events, effect = reserve(1, "0.25")
+    await store.append("request-req_1", ANY_VERSION, events, effects=[effect])
+    with pytest.raises((HoldStateError, sa.exc.IntegrityError)):
+        await store.append("request-req_1", ANY_VERSION, events, effects=[effect])
+    assert len(await store.read_stream("request-req_1")) == 1
+    assert await balance(store) == (D("0.25"), D(0))
 
 
 async def test_resolving_twice_is_refused_and_writes_nothing(store: EventStore) -> None:
