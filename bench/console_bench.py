@@ -1,19 +1,26 @@
 """Console benchmark: each page's time on a ledger of a million requests, and the plan of
 every query a page runs.
 
-    .venv/bin/python bench/console_bench.py [--requests 1000000] [--runs 5] [--json]
+    .venv/bin/python bench/console_bench.py [--requests 1000000] [--runs 5] [--keep] [--json]
+        [--database console_bench]
 
-On a fresh PostgreSQL database (``console_bench``, dropped at the end unless ``--keep``):
+On a fresh PostgreSQL database (``--database``, ``console_bench`` unless given; dropped at the
+end unless ``--keep``):
 
-1. the gateway (in this process, two fake providers) serves a few real requests, among them
-   a failover and an unknown usage: their trails are what the request pages explain;
+1. 50 reconciliations are recorded through the store, and the gateway (in this process, two
+   fake providers) serves a few real requests: a failover, an unknown usage then a failover,
+   a request failed on both endpoints, then plain successes. Their trails are what the
+   request pages explain, and what the synthetic requests copy;
 2. the read models the console pages through are filled with ``--requests`` synthetic
    requests in SQL (``generate_series``): request views over 90 days in 20 workspaces and
-   200 keys, one spend row per attempt (8% of requests fail over: two attempts), 1% of the
-   attempts of unknown usage (a third still open), key and workspace budget windows, one
-   budget account per request of a fifth of them, one ``AttemptFinished`` event per request
-   and 50 recorded reconciliations; the head and the read models' checkpoints are moved past
-   them, so no follower reads them (they are no real trails), then ``ANALYZE``;
+   200 keys, one spend row per attempt (2% fail on both endpoints, 1% have an unknown usage
+   on their first attempt, a third of those still open, and 7% more fail over: two
+   attempts), workspace budget months, key budget days, one request account per request of
+   a fifth of them. Each synthetic request's ``appends`` rows are a copy of the real trail
+   of its kind with its own ids and times, chained and encoded by the store's own functions
+   (``chain_hash``, ``row_of``) and copied in (``COPY``), so that ``waybill verify`` passes;
+   the head and the read models' checkpoints are moved past them, so no follower reads them
+   again, then ``ANALYZE``;
 3. a signed-in browser session (an admin, then a workspace's finance key) fetches each page
    ``--runs`` times: the median and the slowest are printed;
 4. every statement a page sent through the app's SQLAlchemy engine is explained with its own
@@ -36,10 +43,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import httpx
+import orjson
 import psycopg
 import uvicorn
 from sqlalchemy import event
@@ -51,6 +60,9 @@ from ledger import apikeys
 from ledger import events as ev
 from ledger.store import EventStore
 from ledger.store.db import create_engine, migrate
+from ledger.store.partitions import month_of, next_month, partition_sql
+from ledger.store.stored import chain_hash, payloads_of, row_of, types_of
+from ledger.views import all_projections
 from router.config import parse_config
 from router.fake_provider import Behavior, FakeUpstream
 from router.http.app import AppSettings, create_app
@@ -62,8 +74,9 @@ LARGE_TABLES = (
     "spend_attempts",
     "unknown_settlements",
     "budget_accounts",
-    "events",
+    "appends",
 )
+SMALL = 10_000
 BODY = {"model": "group-0", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -110,6 +123,10 @@ def _config(primary: str, fallback: str) -> str:
     )
 
 
+# Which synthetic requests are which (the SQL below and `_trail_kind` agree): every 50th
+# (from the 25th) fails on both endpoints, every 100th has an unknown usage on its first
+# attempt and succeeds on its second (a third of them still open), every 13th fails over.
+_TWO = "(i % 13 = 0 OR i % 100 = 0 OR i % 50 = 25)"
 _FILL = """
 INSERT INTO request_views (request_id, workspace, key_id, model, status, endpoint,
     upstream_model, attempts, reserved_usd, settled_usd, held_unknown_usd, http_status,
@@ -117,30 +134,42 @@ INSERT INTO request_views (request_id, workspace, key_id, model, status, endpoin
     last_position)
 SELECT 'req_' || lpad(i::text, 28, '0'), 'ws_' || lpad((i % 20)::text, 2, '0'),
        'key_' || lpad((i % 200)::text, 16, '0'), 'group-' || (i % 4),
-       CASE WHEN i % 50 = 0 THEN 'failed' WHEN i % 97 = 0 THEN 'partial_failure'
-            ELSE 'succeeded' END,
-       'ep-' || (i % 6), 'm-' || (i % 6), CASE WHEN i % 13 = 0 THEN 2 ELSE 1 END,
-       0.002, 0.0011, CASE WHEN i % 100 = 0 THEN 0.002 ELSE 0 END,
-       CASE WHEN i % 50 = 0 THEN 502 ELSE 200 END, CASE WHEN i % 50 = 0 THEN 'upstream_error' END,
-       120, 40, 800, ts, ts + interval '800 milliseconds', 0
+       CASE WHEN i % 50 = 25 THEN 'failed' ELSE 'succeeded' END,
+       'ep-' || (i % 6), 'm-' || (i % 6), CASE WHEN TWO THEN 2 ELSE 1 END,
+       CASE WHEN TWO THEN 0.004 ELSE 0.002 END,
+       CASE WHEN i % 50 = 25 THEN 0 ELSE 0.0011 END,
+       CASE WHEN i % 300 = 0 THEN 0.002 ELSE 0 END,
+       CASE WHEN i % 50 = 25 THEN 429 ELSE 200 END,
+       CASE WHEN i % 50 = 25 THEN 'upstream_rate_limited' END,
+       CASE WHEN i % 50 = 25 THEN NULL ELSE 120 END,
+       CASE WHEN i % 50 = 25 THEN NULL ELSE 40 END,
+       800, ts, ts + interval '800 milliseconds', 0
 FROM (SELECT i, now() - interval '90 days' * (1 - i::float / %(n)s) AS ts
       FROM generate_series(1, %(n)s) AS i) AS r;
 
 INSERT INTO spend_attempts (reservation_id, request_id, attempt_id, workspace, key_id,
-    model_group, endpoint, model, day, state, reserved_usd, settled_usd, held_unknown_usd,
-    overrun_usd, reserved_at, upstream_request_id, response_id, input_tokens, output_tokens,
-    cached_input_tokens, last_position)
+    model_group, endpoint, model, api, day, state, reserved_usd, settled_usd,
+    held_unknown_usd, overrun_usd, reserved_at, upstream_request_id, response_id,
+    input_tokens, output_tokens, cached_input_tokens, last_position)
 SELECT 'res_' || lpad(i::text, 26, '0') || '_' || a, 'req_' || lpad(i::text, 28, '0'),
        'att_' || lpad(i::text, 26, '0') || '_' || a, 'ws_' || lpad((i % 20)::text, 2, '0'),
        'key_' || lpad((i % 200)::text, 16, '0'), 'group-' || (i % 4), 'ep-' || ((i + a) % 6),
-       'm-' || ((i + a) % 6), to_char(ts, 'YYYY-MM-DD'),
-       CASE WHEN i % 300 = 0 AND a = 1 THEN 'unknown'
-            WHEN i % 100 = 0 AND a = 1 THEN 'unknown_settled' ELSE 'settled' END,
-       0.002, CASE WHEN i % 300 = 0 AND a = 1 THEN 0 ELSE 0.0011 END,
-       CASE WHEN i % 300 = 0 AND a = 1 THEN 0.002 ELSE 0 END, 0, ts, NULL, NULL, 120, 40, 0, 0
-FROM (SELECT i, now() - interval '90 days' * (1 - i::float / %(n)s) AS ts
-      FROM generate_series(1, %(n)s) AS i) AS r
-CROSS JOIN LATERAL generate_series(1, CASE WHEN i % 13 = 0 THEN 2 ELSE 1 END) AS a;
+       'm-' || ((i + a) % 6), 'openai.chat_completions', to_char(ts, 'YYYY-MM-DD'), state,
+       0.002, CASE WHEN state IN ('settled', 'unknown_settled') THEN 0.0011 ELSE 0 END,
+       CASE WHEN state = 'unknown' THEN 0.002 ELSE 0 END, 0, ts,
+       'up_ep-' || ((i + a) % 6) || '_' || lpad(i::text, 10, '0') || '_' || a,
+       CASE WHEN state = 'settled'
+            THEN 'chatcmpl-ep-' || ((i + a) % 6) || '_' || lpad(i::text, 10, '0') END,
+       CASE WHEN state = 'settled' THEN 120 END, CASE WHEN state = 'settled' THEN 40 END,
+       CASE WHEN state = 'settled' THEN 0 END, 0
+FROM (SELECT i, a, ts,
+             CASE WHEN i % 300 = 0 AND a = 1 THEN 'unknown'
+                  WHEN i % 100 = 0 AND a = 1 THEN 'unknown_settled'
+                  WHEN i % 50 = 25 OR (a = 1 AND TWO) THEN 'released'
+                  ELSE 'settled' END AS state
+      FROM (SELECT i, now() - interval '90 days' * (1 - i::float / %(n)s) AS ts
+            FROM generate_series(1, %(n)s) AS i) AS r
+      CROSS JOIN LATERAL generate_series(1, CASE WHEN TWO THEN 2 ELSE 1 END) AS a) AS s;
 
 INSERT INTO unknown_settlements (settlement_id, request_id, attempt_id, reservation_id,
     workspace, key_id, endpoint, model, cause, held_usd, state, settled_usd, opened_at,
@@ -157,6 +186,14 @@ FROM (SELECT i, now() - interval '90 days' * (1 - i::float / %(n)s) AS ts
 
 INSERT INTO budget_accounts (account_id, kind, workspace, key_id, window_start, limit_usd,
     held_usd, settled_usd, overrun_usd, updated_at)
+SELECT 'workspace:ws_' || lpad(w::text, 2, '0') || ':' || m, 'workspace',
+       'ws_' || lpad(w::text, 2, '0'), NULL, m, 100000, 0, 55.0, 0, now()
+FROM generate_series(0, 19) AS w,
+     LATERAL (SELECT DISTINCT to_char(now() - interval '1 day' * x, 'YYYY-MM-01') AS m
+              FROM generate_series(1, 90) AS x) AS months
+ON CONFLICT (account_id) DO NOTHING;
+INSERT INTO budget_accounts (account_id, kind, workspace, key_id, window_start, limit_usd,
+    held_usd, settled_usd, overrun_usd, updated_at)
 SELECT 'key:key_' || lpad(k::text, 16, '0') || ':' || d, 'key',
        'ws_' || lpad((k % 20)::text, 2, '0'),
        'key_' || lpad(k::text, 16, '0'), d, 50, 0, 11.5, 0, now()
@@ -168,17 +205,120 @@ INSERT INTO budget_accounts (account_id, kind, workspace, key_id, window_start, 
 SELECT 'request:req_' || lpad(i::text, 28, '0'), 'request', 'ws_' || lpad((i % 20)::text, 2, '0'),
        NULL, NULL, 0.01, 0, 0.0011, 0, now()
 FROM generate_series(5, %(n)s, 5) AS i;
+""".replace("TWO", _TWO)
 
-INSERT INTO events (position, stream_id, version, type, schema_version, data, metadata,
-                    recorded_at, payload, hash)
-SELECT %(base)s + i, 'bench-' || lpad(i::text, 28, '0'), 1, 'AttemptFinished', 1,
-       jsonb_build_object('attempt_id', 'att_' || lpad(i::text, 26, '0') || '_1',
-                          'status', CASE WHEN i % 13 = 0 THEN 'failed' ELSE 'succeeded' END,
-                          'failure_class', CASE WHEN i % 13 = 0 THEN 'rate_limited' END),
-       '{}'::jsonb, now() - interval '90 days' * (1 - i::float / %(n)s), '\\x7b7d'::bytea,
-       repeat('0', 64)
-FROM generate_series(1, %(n)s) AS i;
-"""
+
+def _trail_kind(i: int) -> str:
+    """Which real request's trail synthetic request ``i``'s appends copy (as ``_FILL``)."""
+    if i % 50 == 25:
+        return "failed"
+    if i % 100 == 0:
+        return "unknown"
+    if i % 13 == 0:
+        return "failover"
+    return "succeeded"
+
+
+@dataclass
+class Trail:
+    """A real request's appends, to copy: each row's stream, version, types, time after the
+    first row and canonical payloads, with the strings a copy replaces."""
+
+    rows: list[tuple[str, int, list[str], timedelta, list[bytes]]]
+    request_suffix: str
+    attempt_suffixes: list[str]
+    key_id: str
+    stamps: list[bytes]  # each row's recorded_at as its payloads hold it (JSON)
+
+
+def read_trail(conn: psycopg.Connection[Any], request_id: str) -> Trail:
+    """``request_id``'s stream as the gateway wrote it."""
+    rows = []
+    stamps = []
+    found = conn.execute(
+        "SELECT version, types, recorded_at, payloads FROM appends WHERE stream_id = %s "
+        "ORDER BY version",
+        (f"request-{request_id}",),
+    ).fetchall()
+    first = found[0][2]
+    for version, types, recorded_at, payloads in found:
+        events = payloads_of(bytes(payloads))
+        stamps.append(orjson.dumps(orjson.loads(events[0])["recorded_at"]))
+        rows.append(
+            (f"request-{request_id}", version, types_of(types), recorded_at - first, events)
+        )
+    attempts = conn.execute(
+        "SELECT attempt_id FROM spend_attempts WHERE request_id = %s ORDER BY reserved_at",
+        (request_id,),
+    ).fetchall()
+    key = conn.execute(
+        "SELECT key_id FROM request_views WHERE request_id = %s", (request_id,)
+    ).fetchone()
+    assert key is not None and attempts, request_id
+    return Trail(
+        rows,
+        request_id.removeprefix("req_"),
+        [str(a[0]).removeprefix("att_") for a in attempts],
+        str(key[0]),
+        stamps,
+    )
+
+
+def fill_appends(
+    conn: psycopg.Connection[Any],
+    trails: dict[str, Trail],
+    requests: int,
+    position: int,
+    previous: str,
+    now: datetime,
+) -> tuple[int, str]:
+    """Each synthetic request's appends, copied from a real trail of its kind with its own
+    ids and times, chained on from ``position`` (the head) and ``previous`` (its hash) and
+    encoded by the store's own functions (``row_of``); returns the new head and its hash."""
+    span = timedelta(days=90)
+    months, month = [month_of(now - span)], month_of(now)
+    while months[-1] != month:
+        months.append(next_month(months[-1]))
+    for month in months:
+        for statement in partition_sql(month):
+            conn.execute(statement)
+    columns = ("position", "recorded_at", "version", "stream_id", "types", "hash", "payloads")
+    with conn.cursor().copy(f"COPY appends ({', '.join(columns)}) FROM STDIN") as copy:
+        for i in range(1, requests + 1):
+            trail = trails[_trail_kind(i)]
+            moment = now - span * (1 - i / requests)
+            swaps = [
+                (trail.request_suffix.encode(), f"{i:028d}".encode()),
+                (trail.key_id.encode(), f"key_{i % 200:016d}".encode()),
+                (b'"ws_00"', f'"ws_{i % 20:02d}"'.encode()),
+            ] + [
+                (suffix.encode(), f"{i:026d}_{a}".encode())
+                for a, suffix in enumerate(trail.attempt_suffixes, 1)
+            ]
+            for (stream, version, types, offset, template), stamp in zip(
+                trail.rows, trail.stamps, strict=True
+            ):
+                recorded_at = moment + offset
+                swapped = [*swaps, (stamp, orjson.dumps(recorded_at.isoformat()))]
+                payloads, hashes = [], []
+                for event in template:
+                    for old, new in swapped:
+                        event = event.replace(old, new)
+                    position += 1
+                    previous = chain_hash(previous, position, event)
+                    payloads.append(event)
+                    hashes.append(previous)
+                row = row_of(
+                    position - len(payloads) + 1,
+                    stream.replace(trail.request_suffix, f"{i:028d}"),
+                    version,
+                    types,
+                    recorded_at,
+                    hashes,
+                    payloads,
+                )
+                copy.write_row([row[c] for c in columns])
+    return position, previous
 
 
 @dataclass
@@ -207,16 +347,23 @@ def captured(engine: Any) -> Iterator[list[tuple[str, Any]]]:
 
 
 def seq_scans(url: str, statements: list[tuple[str, Any]]) -> list[str]:
-    """The large tables a sequential scan reads in the plans of these statements."""
+    """The large tables a sequential scan reads in the plans of these statements. A
+    partitioned table's scans name its partitions (``appends_2026_12``); one of a partition
+    with fewer than ``SMALL`` rows (the next month's, still empty) is no finding."""
     found = []
+    tables = "|".join(LARGE_TABLES)
     with psycopg.connect(url) as conn:
         conn.execute("SET plan_cache_mode = force_custom_plan")
         for statement, parameters in statements:
             plan = "\n".join(
                 row[0] for row in conn.execute(f"EXPLAIN {statement}", parameters).fetchall()
             )
-            for table in LARGE_TABLES:
-                if re.search(rf"Seq Scan on {table}\b", plan):
+            scanned = set(re.findall(rf"Seq Scan on ((?:{tables})(?:_\d{{4}}_\d{{2}})?)\b", plan))
+            for table in sorted(scanned):
+                rows = conn.execute(
+                    "SELECT reltuples FROM pg_class WHERE relname = %s", (table,)
+                ).fetchone()
+                if rows is None or rows[0] >= SMALL:
                     found.append(f"{table}: {statement.split(chr(10))[0][:90]}")
     return found
 
@@ -242,8 +389,10 @@ async def _sign_in(http: httpx.AsyncClient, secret: str) -> None:
     assert signed.status_code == 303, signed.text
 
 
-async def run(requests: int, runs: int, keep: bool) -> tuple[list[Page], dict[str, Any]]:
-    url = fresh_postgres(DATABASE)
+async def run(
+    requests: int, runs: int, keep: bool, database: str = DATABASE
+) -> tuple[list[Page], dict[str, Any]]:
+    url = fresh_postgres(database)
     database_url = url.replace("postgresql://", "postgresql+psycopg://", 1)
     migrate(database_url)
     engine = create_engine(database_url)
@@ -251,11 +400,26 @@ async def run(requests: int, runs: int, keep: bool) -> tuple[list[Page], dict[st
     admin = await apikeys.create_key(store, "ws_00", "admin")
     finance = await apikeys.create_key(store, "ws_03", "finance")
     client = await apikeys.create_key(store, "ws_00", "client")
+    for i in range(50):  # through the store: the reconciliations page reads their events
+        report = ev.ReconciliationImported(
+            reconciliation_id=f"rec_{i:024d}",
+            workspace=f"ws_{i % 20:02d}",
+            file_sha256="0" * 64,
+            lines=1000,
+            imported_by=finance.key_id,
+        )
+        await store.append(f"reconciliation-{report.reconciliation_id}", 0, [report])
     async with FakeUpstream("ep-0") as primary, FakeUpstream("ep-1") as fallback:
         config = parse_config(_config(primary.base_url, fallback.base_url))
         settings = AppSettings(config, database_url)
         server, task, base, _ = await _serve(settings)
-        primary.set_plan([Behavior.rate_limited(), Behavior.server_error()] + [Behavior.ok()] * 8)
+        # The trails the synthetic requests copy: a failover, an unknown usage then a
+        # failover, a request failed on both endpoints, then plain successes.
+        primary.set_plan(
+            [Behavior.rate_limited(), Behavior.server_error(), Behavior.rate_limited()]
+            + [Behavior.ok()] * 7
+        )
+        fallback.set_plan([Behavior.ok(), Behavior.ok(), Behavior.rate_limited()])
         async with httpx.AsyncClient(base_url=base, timeout=60) as http:
             ids = []
             for _ in range(10):
@@ -272,37 +436,23 @@ async def run(requests: int, runs: int, keep: bool) -> tuple[list[Page], dict[st
 
         started = time.perf_counter()
         with psycopg.connect(url, autocommit=True) as conn:
-            head = conn.execute("SELECT position FROM ledger_head").fetchone()
+            kinds = ("failover", "unknown", "failed", "succeeded")
+            trails = {kind: read_trail(conn, ids[n]) for n, kind in enumerate(kinds)}
+            head = conn.execute("SELECT position, hash FROM ledger_head").fetchone()
             assert head is not None
-            base_position = int(head[0]) + 1000
             # Integers only, put in the text: several statements go in one simple query.
-            fill = _FILL.replace("%(n)s", str(int(requests)))
-            conn.execute(fill.replace("%(base)s", str(base_position)))
-            reports = [
-                ev.ReconciliationImported(
-                    reconciliation_id=f"rec_{i:024d}",
-                    workspace=f"ws_{i % 20:02d}",
-                    file_sha256="0" * 64,
-                    lines=1000,
-                    imported_by=finance.key_id,
-                ).model_dump(mode="json")
-                for i in range(50)
-            ]
-            top = base_position + requests
-            for i, data in enumerate(reports):
-                conn.execute(
-                    "INSERT INTO events VALUES (%s, %s, 1, 'ReconciliationImported', 1, %s, '{}',"
-                    " now(), '\\x7b7d', repeat('0', 64))",
-                    (top + 1 + i, f"reconciliation-{data['reconciliation_id']}", json.dumps(data)),
+            conn.execute(_FILL.replace("%(n)s", str(int(requests))))
+            with conn.transaction():
+                last, last_hash = fill_appends(
+                    conn, trails, requests, int(head[0]), str(head[1]), datetime.now(UTC)
                 )
-            last = top + len(reports)
-            conn.execute("UPDATE ledger_head SET position = %s", (last,))
+            conn.execute("UPDATE ledger_head SET position = %s, hash = %s", (last, last_hash))
+            # The synthetic rows are no one's to project again (the read models hold them).
             conn.execute(
                 "INSERT INTO projection_checkpoints (name, position, updated_at) "
-                "SELECT n, %s, now() "
-                "FROM unnest(ARRAY['keys', 'requests', 'spend', 'otel_traces']) AS n "
+                "SELECT n, %s, now() FROM unnest(%s::text[]) AS n "
                 "ON CONFLICT (name) DO UPDATE SET position = EXCLUDED.position",
-                (last,),
+                (last, [p.name for p in all_projections()]),
             )
             conn.execute("ANALYZE")
         fill_s = time.perf_counter() - started
@@ -362,7 +512,7 @@ async def run(requests: int, runs: int, keep: bool) -> tuple[list[Page], dict[st
         with psycopg.connect(
             PG_ADMIN.replace("postgresql+psycopg://", "postgresql://"), autocommit=True
         ) as conn:
-            conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+            conn.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
     return pages + finance_pages, {"requests": requests, "fill_s": round(fill_s, 1), "runs": runs}
 
 
@@ -372,8 +522,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--database", default=DATABASE, help="the database's name")
     arguments = parser.parse_args()
-    pages, facts = asyncio.run(run(arguments.requests, arguments.runs, arguments.keep))
+    pages, facts = asyncio.run(
+        run(arguments.requests, arguments.runs, arguments.keep, arguments.database)
+    )
     if arguments.json:
         print(json.dumps({**facts, "pages": [p.__dict__ for p in pages]}, indent=2))
     else:
