@@ -77,6 +77,16 @@ appends = Table(
 # PostgreSQL a hash index, whose entries hold a 4-byte hash instead of the ~40-character id
 # (bench/README.md, "Ledger size"). SQLite has no hash index: a B-tree of the id there.
 Index("ix_appends_stream", appends.c.stream_id, postgresql_using="hash")
+# The appends that hold a recorded reconciliation (`ReconciliationImported`, type char Q: see
+# ledger.store.stored.holding, whose literal predicate this matches): the reconciliations list
+# reads them newest first without scanning the ledger. A few rows, however long the ledger.
+_HOLDS_A_REPORT = text("types LIKE '%Q%'")
+Index(
+    "ix_appends_reports",
+    appends.c.position,
+    postgresql_where=_HOLDS_A_REPORT,
+    sqlite_where=_HOLDS_A_REPORT,
+)
 
 # One row per archived month (ledger.audit.archive): the live ledger starts after the last.
 ledger_archives = Table(
