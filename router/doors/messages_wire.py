@@ -14,6 +14,7 @@ from typing import Any, Final
 import orjson
 
 from ledger.types import money_str
+from router.doors.rerender import count, rerendered
 from router.drivers.sse import decode_relayed
 from router.errors import ERRORS, GatewayError
 from router.request.call import Completion, StreamingCompletion
@@ -127,18 +128,14 @@ def usage(raw: object) -> dict[str, int]:
     raw = raw if isinstance(raw, dict) else {}
     details = raw.get("prompt_tokens_details")
     cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    read = _int(raw.get("cache_read_input_tokens", cached))
-    written = _int(raw.get("cache_creation_input_tokens"))
+    read = count(raw.get("cache_read_input_tokens", cached))
+    written = count(raw.get("cache_creation_input_tokens"))
     return {
-        "input_tokens": max(0, _int(raw.get("prompt_tokens")) - read - written),
-        "output_tokens": _int(raw.get("completion_tokens")),
+        "input_tokens": max(0, count(raw.get("prompt_tokens")) - read - written),
+        "output_tokens": count(raw.get("completion_tokens")),
         "cache_creation_input_tokens": written,
         "cache_read_input_tokens": read,
     }
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def _message_id(upstream: object, request_id: str) -> str:
@@ -168,28 +165,10 @@ def _arguments(arguments: object) -> Any:
 # --- streams ---
 
 
-async def events(started: StreamingCompletion) -> AsyncGenerator[bytes, None]:
+def events(started: StreamingCompletion) -> AsyncGenerator[bytes, None]:
     """The committed stream's canonical SSE (the relay's bytes: ``data:`` frames, then
     ``[DONE]`` or the gateway's in-band error) as Anthropic's events."""
-    renderer = EventRenderer(started.request_id)
-    body = started.body
-    buffer = b""
-    try:
-        async for piece in body:
-            buffer += piece
-            frames = buffer.split(b"\n\n")
-            buffer = frames.pop()
-            out = renderer.frames(frames)
-            if out:
-                yield out
-        if buffer.strip():
-            out = renderer.frames([buffer])
-            if out:
-                yield out
-    finally:
-        # Closed early (the client left), the relay's body is closed at once too: its own
-        # cleanup records the request's end.
-        await body.aclose()
+    return rerendered(started, EventRenderer(started.request_id))
 
 
 def _event(kind: str, data: Mapping[str, Any]) -> bytes:
@@ -243,6 +222,10 @@ class EventRenderer:
             "message_delta", {"type": "message_delta", "delta": delta, "usage": self._usage}
         )
         return out + _event("message_stop", {"type": "message_stop"})
+
+    def unfinished(self) -> bytes:
+        """Nothing: a body that ended without ``[DONE]`` or an error ends the events there."""
+        return b""
 
     def error(self, error: Mapping[str, Any]) -> bytes:
         """The gateway's in-band error after the stream committed: Anthropic's ``error``."""

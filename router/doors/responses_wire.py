@@ -15,6 +15,7 @@ from typing import Any, Final
 import orjson
 
 from ledger.types import money_str
+from router.doors.rerender import count, rerendered
 from router.doors.responses import ResponsesCall, echoed
 from router.drivers.responses import NATIVE_EVENT, NATIVE_RESPONSE
 from router.drivers.sse import decode_relayed
@@ -165,45 +166,24 @@ def usage(raw: object) -> dict[str, Any] | None:
     reasoning = (
         completion_details.get("reasoning_tokens") if isinstance(completion_details, dict) else None
     )
-    input_tokens, output_tokens = _int(raw.get("prompt_tokens")), _int(raw.get("completion_tokens"))
+    input_tokens = count(raw.get("prompt_tokens"))
+    output_tokens = count(raw.get("completion_tokens"))
     return {
         "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": _int(cached)},
+        "input_tokens_details": {"cached_tokens": count(cached)},
         "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": _int(reasoning)},
+        "output_tokens_details": {"reasoning_tokens": count(reasoning)},
         "total_tokens": input_tokens + output_tokens,
     }
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 # --- streams ---
 
 
-async def events(call: ResponsesCall, started: StreamingCompletion) -> AsyncGenerator[bytes, None]:
+def events(call: ResponsesCall, started: StreamingCompletion) -> AsyncGenerator[bytes, None]:
     """The committed stream's canonical SSE (the relay's bytes: ``data:`` frames, then
     ``[DONE]`` or the gateway's in-band error) as the Responses events."""
-    renderer = EventRenderer(call, started.request_id)
-    body = started.body
-    buffer = b""
-    try:
-        async for piece in body:
-            buffer += piece
-            frames = buffer.split(b"\n\n")
-            buffer = frames.pop()
-            out = renderer.frames(frames)
-            if out:
-                yield out
-        out = renderer.frames([buffer]) if buffer.strip() else b""
-        out += renderer.unfinished()
-        if out:
-            yield out
-    finally:
-        # Closed early (the client left), the relay's body is closed at once too: its own
-        # cleanup records the request's end.
-        await body.aclose()
+    return rerendered(started, EventRenderer(call, started.request_id))
 
 
 class EventRenderer:
