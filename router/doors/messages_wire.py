@@ -14,8 +14,7 @@ from typing import Any, Final
 import orjson
 
 from ledger.types import money_str
-from router.doors.rerender import count, rerendered
-from router.drivers.sse import decode_relayed
+from router.doors.rerender import Renderer, count, rerendered
 from router.errors import ERRORS, GatewayError
 from router.request.call import Completion, StreamingCompletion
 
@@ -175,7 +174,7 @@ def _event(kind: str, data: Mapping[str, Any]) -> bytes:
     return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
 
-class EventRenderer:
+class EventRenderer(Renderer):
     """Canonical chunks in, Anthropic events out, keeping the open content block: a chunk of
     another kind (text, thinking, a tool call by its index) closes it and opens the next."""
 
@@ -188,12 +187,6 @@ class EventRenderer:
         self._finish: str | None = None
         self._stop_sequence: str | None = None
         self._usage: dict[str, int] = usage(None)
-
-    def frames(self, frames: list[bytes]) -> bytes:
-        out = b""
-        for payload in decode_relayed(frames):
-            out += self.end() if payload is None else self.chunk(payload)
-        return out
 
     def chunk(self, chunk: Mapping[str, Any]) -> bytes:
         if "error" in chunk and "choices" not in chunk:
@@ -222,10 +215,6 @@ class EventRenderer:
             "message_delta", {"type": "message_delta", "delta": delta, "usage": self._usage}
         )
         return out + _event("message_stop", {"type": "message_stop"})
-
-    def unfinished(self) -> bytes:
-        """Nothing: a body that ended without ``[DONE]`` or an error ends the events there."""
-        return b""
 
     def error(self, error: Mapping[str, Any]) -> bytes:
         """The gateway's in-band error after the stream committed: Anthropic's ``error``."""

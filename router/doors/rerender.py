@@ -4,20 +4,36 @@ handed to the door's renderer, and the count a usage field holds."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
-from typing import Protocol
+from abc import ABC, abstractmethod
+from collections.abc import AsyncGenerator, Mapping
+from typing import Any
 
+from router.drivers.sse import decode_relayed
 from router.request.call import StreamingCompletion
 
 
-class Renderer(Protocol):
+class Renderer(ABC):
+    """Canonical chunks in, a door's events out; the frames of the relay decoded alike."""
+
     def frames(self, frames: list[bytes]) -> bytes:
         """The door's events for these whole frames of the relay (b"" for none)."""
-        ...
+        out = b""
+        for payload in decode_relayed(frames):
+            out += self.end() if payload is None else self.chunk(payload)
+        return out
+
+    @abstractmethod
+    def chunk(self, chunk: Mapping[str, Any]) -> bytes:
+        """The events for one canonical chunk (or the gateway's in-band error)."""
+
+    @abstractmethod
+    def end(self) -> bytes:
+        """The events that close the stream at ``[DONE]``."""
 
     def unfinished(self) -> bytes:
-        """What the door says of a body that ended without ``[DONE]`` or an error (b"": nothing)."""
-        ...
+        """What the door says of a body that ended without ``[DONE]`` or an error (b"":
+        nothing)."""
+        return b""
 
 
 async def rerendered(

@@ -15,10 +15,9 @@ from typing import Any, Final
 import orjson
 
 from ledger.types import money_str
-from router.doors.rerender import count, rerendered
+from router.doors.rerender import Renderer, count, rerendered
 from router.doors.responses import ResponsesCall, echoed
 from router.drivers.responses import NATIVE_EVENT, NATIVE_RESPONSE
-from router.drivers.sse import decode_relayed
 from router.request.call import Completion, StreamingCompletion
 
 __all__ = ["EventRenderer", "answer", "events", "response", "stream_headers", "usage"]
@@ -186,7 +185,7 @@ def events(call: ResponsesCall, started: StreamingCompletion) -> AsyncGenerator[
     return rerendered(started, EventRenderer(call, started.request_id))
 
 
-class EventRenderer:
+class EventRenderer(Renderer):
     """Canonical chunks in, Responses events out, keeping the open output item: a chunk of
     another kind (text, a tool call by its index) closes it and opens the next."""
 
@@ -205,12 +204,6 @@ class EventRenderer:
         self._finish: object = None
         self._usage: dict[str, Any] | None = None
         self._native_seen = False
-
-    def frames(self, frames: list[bytes]) -> bytes:
-        out = b""
-        for payload in decode_relayed(frames):
-            out += self.end() if payload is None else self.chunk(payload)
-        return out
 
     def chunk(self, chunk: Mapping[str, Any]) -> bytes:
         if "error" in chunk and "choices" not in chunk:
