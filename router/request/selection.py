@@ -514,20 +514,15 @@ def select(
     preferred = [c for c in eligible if c.endpoint == prefer]
     if preferred:
         # The caller chose among what is eligible; the round-robin is not consulted.
-        chosen = min(preferred, key=lambda c: (c.tier, c.mapping_index))
-        return RouteChoice(
-            endpoint=chosen.endpoint,
-            model=chosen.model,
-            mapping_index=chosen.mapping_index,
-            tier=chosen.tier,
-            weight=chosen.weight,
-            selection_position=0,
-            preferred=True,
-        )
+        return _choice(min(preferred, key=lambda c: (c.tier, c.mapping_index)), 0, True)
     # contract §4: a lower tier is never chosen while a higher-priority one has a candidate.
     tier = min(c.tier for c in eligible)
     pool = _best_by_strategy([c for c in eligible if c.tier == tier], group.strategy)
     chosen, position = rr.choose((workspace_id, group.name, group.kind, tier), pool)
+    return _choice(chosen, position)
+
+
+def _choice(chosen: Candidate, position: int, preferred: bool = False) -> RouteChoice:
     return RouteChoice(
         endpoint=chosen.endpoint,
         model=chosen.model,
@@ -535,6 +530,7 @@ def select(
         tier=chosen.tier,
         weight=chosen.weight,
         selection_position=position,
+        preferred=preferred,
     )
 
 
