@@ -200,10 +200,16 @@ class Endings:
             raise
         return error
 
-    def unrecorded(self, attempts: int) -> None:
-        """The ledger could not take the request's end: the client gets the 503, and the
-        end is recorded, a failure, once the ledger is back."""
-        failed = self.request_failed(ledger_unavailable(), attempts)
+    def unrecorded(self, attempts: int, *, streamed_from: str | None = None) -> None:
+        """The ledger could not take the request's end: the client gets the 503 (a stream
+        ``streamed_from`` an endpoint, its in-band error), and the end is recorded, a
+        failure, once the ledger is back."""
+        failed = self.request_failed(
+            ledger_unavailable(),
+            attempts,
+            endpoint=streamed_from,
+            stream_started=streamed_from is not None,
+        )
         self._keep(self._journal.flush_patiently(failed))
 
     def not_committed(self, attempt: Attempt, upstream: DriverStream, attempts: int) -> None:

@@ -603,7 +603,8 @@ class Executor:
         except LedgerUnavailable:
             # The answer cannot be acknowledged unrecorded, so the client gets a 503; the
             # attempt and its cost are still recorded once the ledger is back.
-            self.endings.unrecorded(self.walk.attempts)
+            streamed_from = attempt.route.choice.endpoint if attempt.stream_committed else None
+            self.endings.unrecorded(self.walk.attempts, streamed_from=streamed_from)
             raise
 
     def _record_abandoned(self, *, canceled: bool, error: GatewayError | None = None) -> None:

@@ -20,9 +20,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any, Final, Protocol
 
 from ledger import events as ev
+from ledger.store import LedgerUnavailable
 from router.drivers import DriverStream, UpstreamFailure
 from router.drivers.sse import DONE_FRAME, encode_json
-from router.errors import GatewayError
+from router.errors import GatewayError, ledger_unavailable
 from router.request.attempt import Attempt
 from router.request.classify import Classification
 from router.request.resume import Seam, broken_output_tokens, resumed_usage
@@ -209,7 +210,17 @@ class StreamRelay:
                         return
                     continue
                 break
-            await owner.finished(attempt)
+            try:
+                await owner.finished(attempt)
+            except LedgerUnavailable:
+                # The completion is not recorded (its end is, once the ledger is back:
+                # Endings.unrecorded), so neither the held last read nor [DONE] goes out: the
+                # stream ends with the error, as a broken one does, and nothing reaches the
+                # server as an exception to log with its traceback.
+                finished = True
+                unrecorded = _in_band(ledger_unavailable(), owner.request_id)
+                yield encode_json([{"error": unrecorded}])
+                return
             finished = True
             yield last + DONE_FRAME
         finally:

@@ -445,3 +445,25 @@ async def test_a_probe_judged_on_one_scope_gives_back_the_other() -> None:
 
     assert world.breakers.failures == [(EAST, ev.FailureClass.NETWORK_ERROR)]
     assert world.breakers.released == [EAST_M]
+
+
+async def test_a_stream_whose_completion_the_ledger_cannot_take_ends_with_its_error() -> None:
+    # contract §7 "Durability of answers": [DONE] only after the completion is recorded.
+    world = World(config())
+    world.drivers["east"].then(stream("Hello", " from", " east"))
+    world.journal.refuse(ev.RequestCompleted, LedgerUnavailable("the database is down"))
+    started = await world.executor(stream=True).stream()
+    body = b"".join([piece async for piece in started.body])  # raises nothing
+    await world.kept.drain()
+
+    frames = [frame for frame in body.split(b"\n\n") if frame]
+    assert b"data: [DONE]" not in frames
+    last = orjson.loads(frames[-1][len(b"data: ") :])
+    assert (last["error"]["code"], last["error"]["request_id"]) == ("ledger_unavailable", "req-1")
+    assert world.journal.of(ev.RequestCompleted) == []
+    (failed,) = world.journal.of(ev.RequestFailed)
+    assert (failed.error_code, failed.stream_started, failed.endpoint) == (
+        "ledger_unavailable",
+        True,
+        "east",
+    )
