@@ -236,9 +236,8 @@ class AppendClient:
     together, and a worker that cannot reach it yet commits its first batches itself);
     then a loss and a return are logged once each."""
 
-    def __init__(self, path: str, *, name: str = "the first worker's appender") -> None:
+    def __init__(self, path: str) -> None:
         self._path = path
-        self._name = name  # what the log calls the appender at ``path``
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._retry_at = 0.0
@@ -275,7 +274,7 @@ class AppendClient:
             if isinstance(error, asyncio.IncompleteReadError | OSError):
                 self._away("went away with a batch")
                 raise LedgerUnavailable(
-                    "the process that commits the ledger's appends went away with a batch"
+                    "the worker that commits the ledger's appends went away with a batch"
                 ) from None
             raise
         if results is None:
@@ -296,7 +295,7 @@ class AppendClient:
             self._away(f"cannot be reached ({type(error).__name__})")
             return False
         if self._lost:
-            _log.warning("%s is back: this worker commits there again", self._name)
+            _log.warning("the first worker's appender is back: this worker commits there again")
         self._reached, self._lost = True, False
         self._backoff = RETRY_AFTER_S
         return True
@@ -304,7 +303,7 @@ class AppendClient:
     def _away(self, why: str) -> None:
         """Commit here for now; try the first worker again after the back-off."""
         if self._reached and not self._lost:
-            _log.warning("%s %s: this worker commits itself", self._name, why)
+            _log.warning("the first worker's appender %s: this worker commits itself", why)
             self._lost = True
         self._retry_at = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, MAX_RETRY_AFTER_S)

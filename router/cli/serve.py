@@ -88,15 +88,6 @@ def serve_command(
             max=64,
         ),
     ] = 1,
-    append_process: Annotated[
-        bool,
-        typer.Option(
-            "--append-process",
-            envvar="WAYBILL_APPEND_PROCESS",
-            help="Commit the ledger's appends in a process of their own (another core), "
-            "every serving process forwarding its batches there; PostgreSQL only.",
-        ),
-    ] = False,
     instance_id: Annotated[
         str | None,
         typer.Option(
@@ -123,10 +114,6 @@ def serve_command(
     with friendly_errors():
         if workers > 1 and not url.startswith("postgresql"):
             raise CliError("--workers needs a PostgreSQL ledger: a SQLite ledger is one process's")
-        if append_process and not url.startswith("postgresql"):
-            raise CliError(
-                "--append-process needs a PostgreSQL ledger: a SQLite ledger is one process's"
-            )
         config = read_config(config_file)
         if archive is not None and not archive.is_dir():
             raise CliError(f"--archive: {archive} is not a directory")
@@ -150,17 +137,9 @@ def serve_command(
         instance_id=instance,
         console_secret=console_secret,
         archive_dir=archive,
-        append_process=append_process,
     )
     if workers > 1:
         _serve_workers(settings, host, port, listening, workers)
-    elif append_process:
-        directory = Path(tempfile.mkdtemp(prefix="waybill-appends-"))  # 0700: this user's
-        try:
-            sharing = dataclasses.replace(settings, appends_socket=str(directory / "appends.sock"))
-            serve_app(sharing, host, port, listening)
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
     else:
         serve_app(settings, host, port, listening)
 

@@ -21,7 +21,7 @@ from collections.abc import (
     AsyncIterator,
 )
 from contextlib import asynccontextmanager
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import httpx
 import orjson
@@ -42,7 +42,6 @@ from ledger.books.recovery import (
     stop_instance,
 )
 from ledger.store import EventStore, LedgerUnavailable
-from ledger.store.append_process import commit_in_child, wait_listening
 from ledger.store.db import create_engine, current_revision, head_revision, is_unavailable
 from ledger.store.shared_appends import AppendClient, AppendServer
 from ledger.views import all_projections
@@ -155,53 +154,23 @@ async def _siblings_metrics(sockets: tuple[str, ...]) -> list[bytes]:
     return [text for text in await asyncio.gather(*map(one, sockets)) if text is not None]
 
 
-async def _share_appends(store: EventStore, settings: AppSettings) -> list[_Closing]:
+async def _share_appends(
+    store: EventStore, settings: AppSettings
+) -> AppendServer | AppendClient | None:
     """The workers of `waybill serve --workers N` commit through one appender, the first
-    worker's (ledger.store.shared_appends); with `--append-process`, every serving process
-    through the append process (ledger.store.append_process). Returns what to close after
-    the store."""
+    worker's (ledger.store.shared_appends)."""
     path = settings.appends_socket
     if path is None:
-        return []
-    if settings.append_process:
-        sharing: list[_Closing] = []
-        if settings.background:
-            sharing.append(_AppendProcess(settings.database_url, path))
-        if not await wait_listening(path, _APPEND_PROCESS_START_S):
-            log.warning("the append process is not listening yet: this process commits itself")
-        client = AppendClient(path, name="the append process")
-        store.forward_to(client)
-        return [client, *sharing]  # the client first: the process commits what it holds
+        return None
     if not settings.background:
         client = AppendClient(path)
         store.forward_to(client)
-        return [client]
+        return client
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # an earlier run's
     server = AppendServer(store, path)
     await server.start()
-    return [server]
-
-
-_APPEND_PROCESS_START_S: Final = 20.0
-"""How long a serving process waits for the append process before it serves anyway (and
-commits itself until it can reach it): a Python process's start, on a busy machine."""
-
-
-class _Closing(Protocol):
-    async def close(self) -> None: ...
-
-
-class _AppendProcess:
-    """The append process, supervised while the app runs (ledger.store.append_process)."""
-
-    def __init__(self, database_url: str, path: str) -> None:
-        self._stop = asyncio.Event()
-        self._task = asyncio.create_task(commit_in_child(database_url, path, self._stop))
-
-    async def close(self) -> None:
-        self._stop.set()
-        await self._task
+    return server
 
 
 def create_app(settings: AppSettings) -> FastAPI:
@@ -296,8 +265,8 @@ def create_app(settings: AppSettings) -> FastAPI:
             await disabling.aclose()
             await stop_instance(engine, owner)
             await store.close()
-            for shared in sharing:
-                await shared.close()
+            if sharing is not None:
+                await sharing.close()
             await engine.dispose()
 
     app = FastAPI(

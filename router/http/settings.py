@@ -50,10 +50,6 @@ class AppSettings:
     # The Unix socket where the first worker of `waybill serve --workers N` commits the
     # others' appends (ledger.store.shared_appends): it listens there (``background``), they send.
     appends_socket: str | None = None
-    # `waybill serve --append-process`: every serving process commits through an append
-    # process of its own at ``appends_socket`` (ledger.store.append_process), which the one
-    # with ``background`` starts.
-    append_process: bool = False
     # Where the workers of `waybill serve --workers N` keep the config bytes the last reload
     # accepted: a reload reloads every worker (router.serving.reload). None: one process.
     accepted_config: str | None = None

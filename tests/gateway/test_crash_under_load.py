@@ -148,24 +148,6 @@ def test_kill_9_under_load_loses_nothing(database_url: str, tmp_path: Path) -> N
     # writer thread (ledger.store.sqlite), in WAL mode with synchronous=FULL; a kill between
     # (or inside) its commits must leave a ledger that verifies, books included, with every
     # answered request complete.
-    kill_9_under_load(database_url, tmp_path)
-
-
-@pytest.mark.slow
-@pytest.mark.postgres
-def test_kill_9_under_load_with_an_append_process_loses_nothing(
-    postgres_url: str, tmp_path: Path
-) -> None:
-    # The serving process dies with batches in the append process's hands
-    # (ledger.store.append_process): that process commits what it holds, then exits with its
-    # parent; nothing was answered that it had not committed.
-    kill_9_under_load(postgres_url, tmp_path, {"WAYBILL_APPEND_PROCESS": "1"})
-
-
-def kill_9_under_load(database_url: str, tmp_path: Path, env: dict[str, str] | None = None) -> None:
-    """Three rounds of load, each ended by a kill -9 of `waybill serve` (started with
-    ``env``), then a survivor that recovers the holds; the ledger and the books audited."""
-    env = {"WAYBILL_HEARTBEAT_S": "0.2", **(env or {})}
     rng = random.Random(7)
     with FakeUpstream("east", default=Behavior.ok(latency_ms=30, chunk_delay_ms=10)) as east:
         config = tmp_path / "waybill.yaml"
@@ -181,7 +163,7 @@ def kill_9_under_load(database_url: str, tmp_path: Path, env: dict[str, str] | N
         answered: list[str] = []
         left_open: set[str] = set()
         for _ in range(3):
-            process = serve_process(config, database_url, port, env=env)
+            process = serve_process(config, database_url, port, env={"WAYBILL_HEARTBEAT_S": "0.2"})
             killer_delay = rng.uniform(0.5, 1.5)
 
             async def run(
@@ -206,7 +188,7 @@ def kill_9_under_load(database_url: str, tmp_path: Path, env: dict[str, str] | N
             # The kill came at least half a second ago, so no commit of it is still on its way.
             left_open |= _left_open(_ledger(database_url))
         # A survivor recovers the dead gateways' holds.
-        survivor = serve_process(config, database_url, port, env=env)
+        survivor = serve_process(config, database_url, port, env={"WAYBILL_HEARTBEAT_S": "0.2"})
         try:
             engine = sa.create_engine(database_url)
             deadline = time.monotonic() + 30
