@@ -3,7 +3,8 @@ Waybill, in one run.
 
     .venv/bin/python bench/streams_bench.py [--concurrency 200,1000] [--seconds 10]
         [--warmup 3] [--chunks 50] [--chunk-delay-ms 20] [--max-in-flight N]
-        [--database waybill_streams_bench] [--source CHECKOUT] [--json] [--profile DIR]
+        [--database waybill_streams_bench] [--source CHECKOUT] [--serve-arg ARG ...] [--json]
+        [--profile DIR]
 
 The load an LLM gateway carries is many long streams at once. The bench mock
 (``bench/stream_mock.py``) answers every request with a stream of ``--chunks`` content chunks
@@ -268,7 +269,13 @@ class _Bench:
             self.database_url,
             self.mock_url,
             source=source,
-            serve_args=["--max-in-flight", str(capacity), "--workers", str(args.workers)],
+            serve_args=[
+                "--max-in-flight",
+                str(capacity),
+                "--workers",
+                str(args.workers),
+                *args.serve_arg,
+            ],
         )
         try:
             # A quarter of the load first: what the gateway holds whatever the number of
@@ -445,6 +452,13 @@ def main() -> None:
     parser.add_argument("--database", default="waybill_streams_bench", help="dropped, recreated")
     parser.add_argument("--workers", type=int, default=1, help="the gateway's `--workers`")
     parser.add_argument("--source", help="serve the gateway of this checkout (default: this one)")
+    parser.add_argument(
+        "--serve-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more option of the gateway's `waybill serve` (repeat for more)",
+    )
     parser.add_argument("--json", action="store_true", help="JSON on stdout, the table on stderr")
     parser.add_argument("--profile", help="profile each gateway cell with py-spy into this folder")
     parser.add_argument("--native", action="store_true", help="profiles include C frames")
