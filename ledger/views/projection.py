@@ -24,9 +24,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, ClassVar
 
+import orjson
 from sqlalchemy import Table, delete, select, text, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
@@ -203,9 +205,10 @@ class _AsyncpgWriter(ModelWriter):
         return {record[key]: dict(record) for record in records}
 
     async def upsert(self, table: Table, key: str, rows: Sequence[dict[str, Any]]) -> None:
-        names = [c.name for c in table.columns]
-        columns = [[row[name] for row in rows] for name in names]
-        await self.conn.execute(_upsert_sql(table, key), *columns)
+        # Every datetime here is aware (recorded times, ``AwareDatetime`` fields), so its
+        # JSON names its offset; amounts go as their decimal strings.
+        document = orjson.dumps(rows, default=_decimal_text).decode()
+        await self.conn.execute(_upsert_sql(table, key), document)
 
     async def delete(self, table: Table, key: str, ids: Sequence[str]) -> None:
         await self.conn.execute(
@@ -218,17 +221,29 @@ def _select_sql(table: Table, key: str) -> str:
     return f"SELECT * FROM {table.name} WHERE {key} = ANY($1::text[])"
 
 
+def _decimal_text(value: Any) -> str:
+    if isinstance(value, Decimal):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 @functools.cache
 def _upsert_sql(table: Table, key: str) -> str:
-    # All rows in one statement: one array per column, in PostgreSQL's own column types.
+    # All rows in one statement, as one JSON document: asyncpg encodes an array parameter
+    # element by element, asking of each whether it is itself an array, which cost the
+    # follower three times what encoding the document does, for a little more of the
+    # server's (bench/README.md, "Issue 44's levers": the read models' page). Each column is
+    # read untyped and cast to its type, as the arrays' parameters were: a string too long
+    # for its column is cut, an amount rounded to its scale.
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
     names = [c.name for c in table.columns]
-    arrays = ", ".join(
-        f"${i}::{c.type.compile(dialect=dialect)}[]" for i, c in enumerate(table.columns, 1)
-    )
+    typed = [c.type.compile(dialect=dialect) for c in table.columns]
+    read = ", ".join(f"{n} {t.partition('(')[0]}" for n, t in zip(names, typed, strict=True))
+    casts = ", ".join(f"r.{n}::{t}" for n, t in zip(names, typed, strict=True))
     updates = ", ".join(f"{n} = EXCLUDED.{n}" for n in names if n != key)
     return (
-        f"INSERT INTO {table.name} ({', '.join(names)}) SELECT * FROM unnest({arrays}) "
+        f"INSERT INTO {table.name} ({', '.join(names)}) SELECT {casts} "
+        f"FROM json_to_recordset($1::json) AS r({read}) "
         f"ON CONFLICT ({key}) DO UPDATE SET {updates}"
     )
 
