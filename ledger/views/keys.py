@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 
 from ledger.events import KeyCreated, KeyRevoked
-from ledger.store import RecordedEvent
 from ledger.store.schema import api_keys
+from ledger.views.page import PageEvent
 from ledger.views.projection import ModelWriter, Projection, fold_into
 
 __all__ = ["KeysProjection"]
@@ -23,11 +23,11 @@ class KeysProjection(Projection):
     tables = (api_keys,)
     event_types = frozenset({KeyCreated.type, KeyRevoked.type})
 
-    async def apply(self, writer: ModelWriter, batch: Sequence[RecordedEvent]) -> None:
+    async def apply(self, writer: ModelWriter, batch: Sequence[PageEvent]) -> None:
         await fold_into(writer, api_keys, "key_id", batch, fold_key)
 
 
-def fold_key(row: dict[str, Any] | None, recorded: RecordedEvent) -> dict[str, Any] | None:
+def fold_key(row: dict[str, Any] | None, recorded: PageEvent) -> dict[str, Any] | None:
     """The key's row after ``recorded``: created once, revoked once."""
     event = recorded.event()
     if isinstance(event, KeyCreated):

@@ -24,29 +24,24 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, ClassVar
 
+import orjson
 from sqlalchemy import Table, delete, select, text, update
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from ledger.store import EventStore, RecordedEvent, decode_payload
+from ledger.store import EventStore
 from ledger.store.archived import archived_history, archived_pages
 from ledger.store.db import dialect_insert, is_unavailable
 from ledger.store.schema import appends, ledger_head, projection_checkpoints
 from ledger.store.sqlite import run_to_end
-from ledger.store.stored import (
-    FROM_POSITION_SQL,
-    PREVIOUS_SQL,
-    StoredEvent,
-    from_position,
-    previous_hash,
-    stored_events,
-    type_char,
-)
+from ledger.store.stored import FROM_POSITION_SQL, StoredEvent, from_position, type_char
 from ledger.store.tail import Wakeup
+from ledger.views.page import DecodedEvent, PageEvent, decode, decode_row
 
 __all__ = ["ModelWriter", "Projection", "ProjectionRunner", "SqlAlchemyWriter", "fold_into"]
 
@@ -66,7 +61,7 @@ class Projection(ABC):
     """The event types it reads; None for all."""
 
     @abstractmethod
-    async def apply(self, writer: ModelWriter, batch: Sequence[RecordedEvent]) -> None:
+    async def apply(self, writer: ModelWriter, batch: Sequence[PageEvent]) -> None:
         """Apply a page of events (already filtered to ``event_types``) through ``writer``,
         inside the page's transaction. Must be idempotent and must not commit."""
 
@@ -210,9 +205,10 @@ class _AsyncpgWriter(ModelWriter):
         return {record[key]: dict(record) for record in records}
 
     async def upsert(self, table: Table, key: str, rows: Sequence[dict[str, Any]]) -> None:
-        names = [c.name for c in table.columns]
-        columns = [[row[name] for row in rows] for name in names]
-        await self.conn.execute(_upsert_sql(table, key), *columns)
+        # Every datetime here is aware (recorded times, ``AwareDatetime`` fields), so its
+        # JSON names its offset; amounts go as their decimal strings.
+        document = orjson.dumps(rows, default=_decimal_text).decode()
+        await self.conn.execute(_upsert_sql(table, key), document)
 
     async def delete(self, table: Table, key: str, ids: Sequence[str]) -> None:
         await self.conn.execute(
@@ -225,17 +221,29 @@ def _select_sql(table: Table, key: str) -> str:
     return f"SELECT * FROM {table.name} WHERE {key} = ANY($1::text[])"
 
 
+def _decimal_text(value: Any) -> str:
+    if isinstance(value, Decimal):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 @functools.cache
 def _upsert_sql(table: Table, key: str) -> str:
-    # All rows in one statement: one array per column, in PostgreSQL's own column types.
+    # All rows in one statement, as one JSON document: asyncpg encodes an array parameter
+    # element by element, asking of each whether it is itself an array, which cost the
+    # follower three times what encoding the document does, for a little more of the
+    # server's (bench/README.md, "Issue 44's levers": the read models' page). Each column is
+    # read untyped and cast to its type, as the arrays' parameters were: a string too long
+    # for its column is cut, an amount rounded to its scale.
     dialect = postgresql.dialect()  # type: ignore[no-untyped-call]
     names = [c.name for c in table.columns]
-    arrays = ", ".join(
-        f"${i}::{c.type.compile(dialect=dialect)}[]" for i, c in enumerate(table.columns, 1)
-    )
+    typed = [c.type.compile(dialect=dialect) for c in table.columns]
+    read = ", ".join(f"{n} {t.partition('(')[0]}" for n, t in zip(names, typed, strict=True))
+    casts = ", ".join(f"r.{n}::{t}" for n, t in zip(names, typed, strict=True))
     updates = ", ".join(f"{n} = EXCLUDED.{n}" for n in names if n != key)
     return (
-        f"INSERT INTO {table.name} ({', '.join(names)}) SELECT * FROM unnest({arrays}) "
+        f"INSERT INTO {table.name} ({', '.join(names)}) SELECT {casts} "
+        f"FROM json_to_recordset($1::json) AS r({read}) "
         f"ON CONFLICT ({key}) DO UPDATE SET {updates}"
     )
 
@@ -302,8 +310,8 @@ class ProjectionRunner:
         start = min(checkpoints)
         a = appends.c
         rows = conn.execute(
-            select(a.position, a.types, previous_hash(), a.payloads)
-            .where(from_position(start))
+            select(a.position, a.types, a.payloads)
+            .where(from_position(start), a.position <= start + self.page_size)
             .order_by(a.position)
             .limit(self.page_size)
         ).all()
@@ -353,7 +361,7 @@ class ProjectionRunner:
 
     async def _read_page(
         self, conn: Any, chosen: Sequence[Projection], start: int
-    ) -> tuple[int, int, list[RecordedEvent]]:
+    ) -> tuple[int, int, list[DecodedEvent]]:
         """The page after ``start`` (on ``conn``, or on a connection of its own): how many
         events it holds, its last position, and the events ``chosen`` read, decoded."""
         if conn is None:
@@ -444,7 +452,7 @@ class ProjectionRunner:
     async def _apply_archived(self, chosen: list[Projection], page: list[StoredEvent]) -> None:
         """A page of archived events (in position order, past every checkpoint), as
         ``step`` applies a page of the live ledger's."""
-        events = [decode_payload(*stored) for stored in page]
+        events = [decode(position, payload) for position, _, payload in page]
         async with self.store.engine.begin() as conn:
             checkpoints = [await _lock_checkpoint(conn, p.name) for p in chosen]
             await _apply_page(SqlAlchemyWriter(conn), chosen, checkpoints, events)
@@ -515,7 +523,7 @@ class _Ahead:
     """The page after ``start``, being read on a connection of its own."""
 
     start: int
-    task: asyncio.Task[tuple[int, int, list[RecordedEvent]]]
+    task: asyncio.Task[tuple[int, int, list[DecodedEvent]]]
 
     async def drop(self) -> None:
         self.task.cancel()
@@ -524,8 +532,8 @@ class _Ahead:
 
 def _decode_wanted(
     chosen: Sequence[Projection], rows: Sequence[Sequence[Any]], start: int, limit: int
-) -> tuple[int, int, list[RecordedEvent]]:
-    """A page of ``appends`` rows (position, types, previous, payloads): how many events past
+) -> tuple[int, int, list[DecodedEvent]]:
+    """A page of ``appends`` rows (position, types, payloads): how many events past
     ``start`` it holds (at most ``limit``: the page ends inside a row if it must), the last
     one's position, and those that some projection reads, decoded. The others (route
     evaluations, the largest events, are read by none) are skipped unparsed, and a row
@@ -533,17 +541,17 @@ def _decode_wanted(
     wanted = _wanted(chosen)
     characters = None if wanted is None else {type_char(t) for t in wanted}
     last, page = start, []
-    for position, types, previous, payloads in rows:
+    for position, types, payloads in rows:
         first = max(0, last + 1 - position)  # the row's events up to the page's last so far
         end = min(len(types), first + start + limit - last)
         if end <= first:
             break
-        taken = types[first:end]
-        if characters is None or not characters.isdisjoint(taken):
-            stored = stored_events(position, previous, payloads)[first:end]
-            for (at, hash_, payload), char in zip(stored, taken, strict=True):
-                if characters is None or char in characters:
-                    page.append(decode_payload(at, hash_, payload))
+        if characters is None:
+            page += decode_row(position, payloads, range(first, end))
+        else:
+            offsets = [i for i in range(first, end) if types[i] in characters]
+            if offsets:
+                page += decode_row(position, payloads, offsets)
         last = position + end - 1
     return last - start, last, page
 
@@ -562,7 +570,7 @@ async def _apply_page(
     writer: ModelWriter,
     chosen: Sequence[Projection],
     checkpoints: Sequence[int],
-    page: Sequence[RecordedEvent],
+    page: Sequence[PageEvent],
 ) -> None:
     """Give each projection the page's events past its own checkpoint."""
     for projection, checkpoint in zip(chosen, checkpoints, strict=True):
@@ -583,10 +591,15 @@ _PG_NEW_CHECKPOINTS = (
     "INSERT INTO projection_checkpoints (name, position, updated_at) "
     "SELECT unnest($1::text[]), 0, now() ON CONFLICT (name) DO NOTHING"
 )
+# A page's rows: from the one holding the event after $1, up to the last that may hold one
+# of its $2 events. The upper bound makes it a range: with only the lower one, which comes
+# from a subquery, the planner of a ledger never analysed guessed a third of the month's
+# partition and read all of it, then sorted (bench/README.md, "Issue 44's levers": the read
+# models' page). No chain hashes: no read model reads them.
 _PG_PAGE = (
-    f"SELECT position, types, {PREVIOUS_SQL}, payloads FROM appends WHERE "
+    "SELECT position, types, payloads FROM appends WHERE "
     + FROM_POSITION_SQL.format(after="$1")
-    + " ORDER BY position LIMIT $2"
+    + " AND position <= $1 + $2 ORDER BY position LIMIT $2"
 )
 _PG_MOVE_CHECKPOINTS = (
     "UPDATE projection_checkpoints SET position = $1, updated_at = now() "
@@ -619,10 +632,10 @@ async def fold_into(
     writer: ModelWriter,
     table: Table,
     key: str,
-    batch: Sequence[RecordedEvent],
-    fold: Callable[[Any, RecordedEvent], Any],
+    batch: Sequence[PageEvent],
+    fold: Callable[[Any, PageEvent], Any],
     *,
-    key_of: Callable[[RecordedEvent], str] | None = None,
+    key_of: Callable[[PageEvent], str] | None = None,
     open_table: Table | None = None,
     is_open: Callable[[dict[str, Any]], bool] | None = None,
 ) -> None:
@@ -633,7 +646,7 @@ async def fold_into(
     to ``table`` (deleted from ``open_table``) once it no longer holds: ``table`` gets each
     row written once, at its end, rather than again when columns it indexes change."""
 
-    def row_id_of(recorded: RecordedEvent) -> str:
+    def row_id_of(recorded: PageEvent) -> str:
         return key_of(recorded) if key_of is not None else str(recorded.data[key])
 
     ids = sorted({row_id_of(e) for e in batch})

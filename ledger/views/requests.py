@@ -7,7 +7,8 @@ request (or carried its broken stream); a failed request has none. Money: ``rese
 is every reservation made for the request, ``settled_usd`` what was settled, and
 ``held_unknown_usd`` what is still held as unknown usage.
 
-``fold_request`` is the pure reducer; ``RequestViewProjection`` loads the rows a page of
+``fold_request`` is the pure reducer, over the events' recorded fields
+(``ledger.views.page.fields_of``); ``RequestViewProjection`` loads the rows a page of
 events touches, folds the page in memory and writes each touched row once. Each row keeps
 the position of the last event folded into it, which makes re-applying a page a no-op.
 """
@@ -19,8 +20,8 @@ from decimal import Decimal
 from typing import Any
 
 from ledger import events as ev
-from ledger.store import RecordedEvent
 from ledger.store.schema import open_request_views, request_views
+from ledger.views.page import PageEvent, fields_of
 from ledger.views.projection import ModelWriter, Projection, fold_into
 
 __all__ = ["RequestViewProjection", "fold_request"]
@@ -30,17 +31,18 @@ _ZERO = Decimal(0)
 View = dict[str, Any]
 
 
-def fold_request(view: View | None, recorded: RecordedEvent) -> View | None:
+def fold_request(view: View | None, recorded: PageEvent) -> View | None:
     """The request view after ``recorded``; None while the request is not known yet."""
-    event = recorded.event()
-    if isinstance(event, ev.RequestReceived):
+    kind = recorded.type
+    if kind == ev.RequestReceived.type:
         if view is not None:
             return view
+        data = fields_of(recorded)
         return {
-            "request_id": event.request_id,
-            "workspace": event.workspace,
-            "key_id": event.key_id,
-            "model": event.model_group,
+            "request_id": data["request_id"],
+            "workspace": data["workspace"],
+            "key_id": data["key_id"],
+            "model": data["model_group"],
             "status": "in_progress",
             "endpoint": None,
             "upstream_model": None,
@@ -60,45 +62,48 @@ def fold_request(view: View | None, recorded: RecordedEvent) -> View | None:
     if view is None or recorded.position <= view["last_position"]:
         return view
     view = dict(view, last_position=recorded.position)
-    match event:
-        case ev.AttemptStarted():
+    data = fields_of(recorded)
+    match kind:
+        case ev.AttemptStarted.type:
             # While in progress, the endpoint is the one the latest attempt is bound to.
             view.update(
-                attempts=max(view["attempts"], event.attempt_number),
-                endpoint=event.endpoint,
-                upstream_model=event.model,
+                attempts=max(view["attempts"], data["attempt_number"]),
+                endpoint=data["endpoint"],
+                upstream_model=data["model"],
             )
-        case ev.BudgetReserved():
-            view["reserved_usd"] += event.amount_usd
-        case ev.BudgetSettled():
-            view["settled_usd"] += event.settled_usd
-        case ev.UnknownUsageOpened():
-            view["held_unknown_usd"] += event.held_usd
-        case ev.UnknownUsageSettled():
-            view["held_unknown_usd"] -= event.held_usd
-            view["settled_usd"] += event.settled_usd
-        case ev.RequestCompleted():
+        case ev.BudgetReserved.type:
+            view["reserved_usd"] += Decimal(data["amount_usd"])
+        case ev.BudgetSettled.type:
+            view["settled_usd"] += Decimal(data["settled_usd"])
+        case ev.UnknownUsageOpened.type:
+            view["held_unknown_usd"] += Decimal(data["held_usd"])
+        case ev.UnknownUsageSettled.type:
+            view["held_unknown_usd"] -= Decimal(data["held_usd"])
+            view["settled_usd"] += Decimal(data["settled_usd"])
+        case ev.RequestCompleted.type:
+            usage = data["usage"]
             view.update(
                 status="succeeded",
-                endpoint=event.endpoint,
-                upstream_model=event.model,
-                http_status=event.http_status,
-                input_tokens=event.usage.input_tokens if event.usage else None,
-                output_tokens=event.usage.output_tokens if event.usage else None,
-                duration_ms=event.duration_ms,
+                endpoint=data["endpoint"],
+                upstream_model=data["model"],
+                http_status=data["http_status"],
+                input_tokens=None if usage is None else usage["input_tokens"],
+                output_tokens=None if usage is None else usage["output_tokens"],
+                duration_ms=data["duration_ms"],
                 completed_at=recorded.recorded_at,
             )
-        case ev.RequestFailed():
+        case ev.RequestFailed.type:
             # A partial failure keeps the endpoint its stream was committed to; a failed
             # request was served by none.
-            committed = event.endpoint is not None and event.endpoint == view["endpoint"]
+            endpoint = data["endpoint"]
+            committed = endpoint is not None and endpoint == view["endpoint"]
             view.update(
-                status="partial_failure" if event.stream_started else "failed",
-                endpoint=event.endpoint,
+                status="partial_failure" if data["stream_started"] else "failed",
+                endpoint=endpoint,
                 upstream_model=view["upstream_model"] if committed else None,
-                http_status=event.http_status,
-                error_code=event.error_code,
-                duration_ms=event.duration_ms,
+                http_status=data["http_status"],
+                error_code=data["error_code"],
+                duration_ms=data["duration_ms"],
                 completed_at=recorded.recorded_at,
             )
     return view
@@ -120,7 +125,7 @@ class RequestViewProjection(Projection):
         }
     )
 
-    async def apply(self, writer: ModelWriter, batch: Sequence[RecordedEvent]) -> None:
+    async def apply(self, writer: ModelWriter, batch: Sequence[PageEvent]) -> None:
         await fold_into(
             writer,
             request_views,

@@ -16,8 +16,9 @@ from typing import Any
 
 from ledger import events as ev
 from ledger.books.accounting import BOOK_EVENTS, reservation_id
-from ledger.store import RecordedEvent
 from ledger.store.schema import open_spend_attempts, spend_attempts, unknown_settlements
+from ledger.values import Usage
+from ledger.views.page import PageEvent, fields_of, with_defaults
 from ledger.views.projection import ModelWriter, Projection, fold_into
 
 __all__ = ["SpendProjection", "fold_attempt", "fold_settlement"]
@@ -26,25 +27,26 @@ _ZERO = Decimal(0)
 Row = dict[str, Any]
 
 
-def fold_attempt(row: Row | None, recorded: RecordedEvent) -> Row | None:
+def fold_attempt(row: Row | None, recorded: PageEvent) -> Row | None:
     """The spend row of one hold after ``recorded``."""
-    event = recorded.event()
-    if isinstance(event, ev.BudgetReserved):
+    kind = recorded.type
+    if kind == ev.BudgetReserved.type:
         if row is not None:
             return row
+        data = fields_of(recorded)
         return {
-            "reservation_id": event.reservation_id,
-            "request_id": event.request_id,
-            "attempt_id": event.attempt_id,
-            "workspace": event.workspace or "",
-            "key_id": event.key_id or "",
-            "model_group": event.model_group or "",
-            "endpoint": event.endpoint,
-            "model": event.model,
-            "api": event.api,
+            "reservation_id": data["reservation_id"],
+            "request_id": data["request_id"],
+            "attempt_id": data["attempt_id"],
+            "workspace": data["workspace"] or "",
+            "key_id": data["key_id"] or "",
+            "model_group": data["model_group"] or "",
+            "endpoint": data["endpoint"],
+            "model": data["model"],
+            "api": data["api"],
             "day": recorded.recorded_at.date().isoformat(),
             "state": "held",
-            "reserved_usd": event.amount_usd,
+            "reserved_usd": Decimal(data["amount_usd"]),
             "settled_usd": _ZERO,
             "held_unknown_usd": _ZERO,
             "overrun_usd": _ZERO,
@@ -62,45 +64,50 @@ def fold_attempt(row: Row | None, recorded: RecordedEvent) -> Row | None:
     if row is None or recorded.position <= row["last_position"]:
         return row
     row = dict(row, last_position=recorded.position)
-    match event:
-        case ev.AttemptFinished():
-            usage = event.usage
+    data = fields_of(recorded)
+    match kind:
+        case ev.AttemptFinished.type:
+            usage = data["usage"]
+            if usage is not None:
+                usage = with_defaults(Usage, usage)
             row.update(
-                upstream_request_id=event.upstream_request_id,
-                response_id=event.response_id,
-                input_tokens=usage.input_tokens if usage else None,
-                output_tokens=usage.output_tokens if usage else None,
-                cached_input_tokens=usage.cached_input_tokens if usage else None,
+                upstream_request_id=data["upstream_request_id"],
+                response_id=data["response_id"],
+                input_tokens=None if usage is None else usage["input_tokens"],
+                output_tokens=None if usage is None else usage["output_tokens"],
+                cached_input_tokens=None if usage is None else usage["cached_input_tokens"],
             )
-        case ev.BudgetSettled():
-            row.update(state="settled", settled_usd=event.settled_usd)
-        case ev.BudgetReleased():
+        case ev.BudgetSettled.type:
+            row.update(state="settled", settled_usd=Decimal(data["settled_usd"]))
+        case ev.BudgetReleased.type:
             row.update(state="released")
-        case ev.UnknownUsageOpened():
-            row.update(state="unknown", held_unknown_usd=event.held_usd)
-        case ev.UnknownUsageSettled():
+        case ev.UnknownUsageOpened.type:
+            row.update(state="unknown", held_unknown_usd=Decimal(data["held_usd"]))
+        case ev.UnknownUsageSettled.type:
             row.update(
-                state="unknown_settled", held_unknown_usd=_ZERO, settled_usd=event.settled_usd
+                state="unknown_settled",
+                held_unknown_usd=_ZERO,
+                settled_usd=Decimal(data["settled_usd"]),
             )
-        case ev.BudgetOverrun():
-            row.update(overrun_usd=event.excess_usd)
-        case ev.PeriodAdjusted():
+        case ev.BudgetOverrun.type:
+            row.update(overrun_usd=Decimal(data["excess_usd"]))
+        case ev.PeriodAdjusted.type:
             row.update(
-                adjustment_settled_usd=_plus(row["adjustment_settled_usd"], event.settled_usd),
+                adjustment_settled_usd=_plus(row["adjustment_settled_usd"], data["settled_usd"]),
                 adjustment_held_unknown_usd=_plus(
-                    row["adjustment_held_unknown_usd"], event.held_unknown_usd
+                    row["adjustment_held_unknown_usd"], data["held_unknown_usd"]
                 ),
-                adjustment_overrun_usd=_plus(row["adjustment_overrun_usd"], event.overrun_usd),
+                adjustment_overrun_usd=_plus(row["adjustment_overrun_usd"], data["overrun_usd"]),
             )
     return row
 
 
-def _plus(adjustment: Decimal | None, delta: Decimal) -> Decimal:
-    """An adjustment column after one more delta (None: none yet)."""
-    return (adjustment or _ZERO) + delta
+def _plus(adjustment: Decimal | None, delta: str) -> Decimal:
+    """An adjustment column after one more delta, as recorded (None: none yet)."""
+    return (adjustment or _ZERO) + Decimal(delta)
 
 
-def fold_settlement(row: Row | None, recorded: RecordedEvent) -> Row | None:
+def fold_settlement(row: Row | None, recorded: PageEvent) -> Row | None:
     """The unknown-usage settlement row after ``recorded``."""
     event = recorded.event()
     if isinstance(event, ev.UnknownUsageOpened):
@@ -136,7 +143,7 @@ def fold_settlement(row: Row | None, recorded: RecordedEvent) -> Row | None:
     return row
 
 
-def _reservation_of(recorded: RecordedEvent) -> str:
+def _reservation_of(recorded: PageEvent) -> str:
     # AttemptFinished names its attempt, not its hold; the hold's id follows from it
     # (router.request.budget: one attempt, one reservation, "res_<attempt>").
     if "reservation_id" in recorded.data:
@@ -154,7 +161,7 @@ class SpendProjection(Projection):
     tables = (spend_attempts, open_spend_attempts, unknown_settlements)
     event_types = BOOK_EVENTS | {ev.AttemptFinished.type, ev.PeriodAdjusted.type}
 
-    async def apply(self, writer: ModelWriter, batch: Sequence[RecordedEvent]) -> None:
+    async def apply(self, writer: ModelWriter, batch: Sequence[PageEvent]) -> None:
         await fold_into(
             writer,
             spend_attempts,
