@@ -254,18 +254,18 @@ def recorded(
     payload: bytes,
 ) -> RecordedEvent:
     """One event of ``pending`` as committed at ``position``."""
-    return RecordedEvent(
-        position=position,
-        stream_id=pending.stream_id,
-        version=version,
-        type=encoded.type,
-        schema_version=encoded.schema_version,
-        data=encoded.data,
-        metadata=pending.metadata,
-        recorded_at=recorded_at,
-        hash=hash_,
-        payload=payload,
-        _event=encoded.event,
+    return RecordedEvent(  # positional: keywords cost more, once per event
+        position,
+        pending.stream_id,
+        version,
+        encoded.type,
+        encoded.schema_version,
+        encoded.data,
+        pending.metadata,
+        recorded_at,
+        hash_,
+        payload,
+        encoded.event,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from datetime import datetime
 from typing import Any
 
@@ -19,6 +19,7 @@ import orjson
 
 from ledger.events import Event, decode_event
 from ledger.store.stored import stored_events
+from ledger.support.frozen import read_only
 
 __all__ = [
     "ANY_VERSION",
@@ -53,9 +54,10 @@ class WrongExpectedVersion(Exception):
         return (WrongExpectedVersion, (self.stream_id, self.expected, self.actual))
 
 
-@dataclass(frozen=True, slots=True)
+@read_only
 class RecordedEvent:
-    """An event as it stands in the ledger."""
+    """An event as it stands in the ledger. Immutable: frozen to the type checker, built as an
+    unfrozen dataclass (``read_only``), one per event an append writes or a reader reads."""
 
     position: int
     stream_id: str
