@@ -25,6 +25,7 @@ removes (see bench/README.md, Ledger size).
 from __future__ import annotations
 
 import hashlib
+import struct
 import zlib
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final
@@ -43,6 +44,7 @@ __all__ = [
     "TYPE_CHARACTERS",
     "TYPE_CHARS",
     "StoredEvent",
+    "chain_digest",
     "chain_hash",
     "compress",
     "count_types",
@@ -110,11 +112,21 @@ StoredEvent = tuple[int, str, bytes]
 
 
 def chain_hash(previous_hash: str, position: int, payload: bytes) -> str:
-    """The chain's hash of the event at ``position`` (contract §7)."""
-    digest = hashlib.sha256(bytes.fromhex(previous_hash))
-    digest.update(position.to_bytes(8, "big"))
+    """The chain's hash of the event at ``position`` (contract §7), in hex."""
+    return chain_digest(bytes.fromhex(previous_hash), position, payload).hex()
+
+
+def chain_digest(previous: bytes, position: int, payload: bytes) -> bytes:
+    """``chain_hash`` as its 32 bytes, from the previous event's: an append chains its events
+    without a hex round trip per event (the ``appends`` row keeps the last one's bytes)."""
+    digest = _sha256(previous)
+    digest.update(_POSITION(position))
     digest.update(payload)
-    return digest.hexdigest()
+    return digest.digest()
+
+
+_sha256: Final = hashlib.sha256
+_POSITION: Final = struct.Struct(">Q").pack  # 8 bytes, big-endian
 
 
 def type_char(event_type: str) -> str:
@@ -152,17 +164,22 @@ def row_of(
     version: int,
     types: Sequence[str],
     recorded_at: Any,
-    hashes: Sequence[str],
+    last_hash: bytes,
     payloads: Sequence[bytes],
 ) -> dict[str, Any]:
-    """The ``appends`` row of one append's events (their hashes in hex: the last is kept)."""
+    """The ``appends`` row of one append's events (``last_hash``: the last one's chain hash,
+    its 32 bytes)."""
+    try:
+        chars = "".join([TYPE_CHARS[t] for t in types])
+    except KeyError as error:
+        raise ValueError(f"event type {error.args[0]!r} has no stored character") from None
     return {
         "position": position,
         "recorded_at": recorded_at,
         "version": version,
         "stream_id": stream_id,
-        "types": "".join(type_char(t) for t in types),
-        "hash": bytes.fromhex(hashes[-1]),
+        "types": chars,
+        "hash": last_hash,
         "payloads": compress(payloads),
     }
 
