@@ -314,7 +314,7 @@ def fill_appends(
                     version,
                     types,
                     recorded_at,
-                    hashes,
+                    bytes.fromhex(hashes[-1]),
                     payloads,
                 )
                 copy.write_row([row[c] for c in columns])

@@ -183,7 +183,7 @@ def _row(run: list[tuple[int, dict[str, Any], bytes, str]]) -> dict[str, Any]:
         first["version"],
         [body["type"] for _, body, _, _ in run],
         datetime.fromisoformat(first["recorded_at"]),
-        [hash_ for _, _, _, hash_ in run],
+        bytes.fromhex(run[-1][3]),
         [payload for _, _, payload, _ in run],
     )
 

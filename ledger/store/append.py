@@ -39,8 +39,8 @@ from ledger.books.accounting import Books, BudgetDenied, Effect, HoldStateError
 from ledger.events import Event, EventValidationError, encode_event
 from ledger.store.db import LedgerUnavailable
 from ledger.store.outage import Outage
-from ledger.store.recorded import RecordedEvent, WrongExpectedVersion, payload_from_parts
-from ledger.store.stored import chain_hash, row_of
+from ledger.store.recorded import RecordedEvent, WrongExpectedVersion, payloads_from_parts
+from ledger.store.stored import chain_digest, row_of
 
 __all__ = [
     "Appender",
@@ -188,6 +188,7 @@ def decide(
     are chained onto ``previous``. Sets each pending append's result; returns what to write
     (None: nothing passed)."""
     stamp = orjson.dumps(recorded_at.isoformat())
+    chained = bytes.fromhex(previous)  # the hash chain, in bytes until the rows are made
     written: list[RecordedEvent] = []
     rows: list[dict[str, Any]] = []
     for pending in batch:
@@ -206,34 +207,39 @@ def decide(
             except (BudgetDenied, HoldStateError) as refusal:
                 pending.result = refusal
                 continue
+        events = pending.events
+        payloads = payloads_from_parts(
+            stream_id=orjson.dumps(pending.stream_id),
+            first_version=current + 1,
+            events=events,
+            metadata=pending.metadata_json,
+            recorded_at=stamp,
+        )
+        first = position + 1
         accepted = []
-        stream_json = orjson.dumps(pending.stream_id)
-        for offset, encoded in enumerate(pending.events, 1):
+        for offset, payload in enumerate(payloads):
             position += 1
-            payload = payload_from_parts(
-                stream_id=stream_json,
-                version=current + offset,
-                event_type=encoded.type_json,
-                schema_version=encoded.schema_version,
-                data=encoded.data_json,
-                metadata=pending.metadata_json,
-                recorded_at=stamp,
-            )
-            previous = chain_hash(previous, position, payload)
+            chained = chain_digest(chained, position, payload)
             accepted.append(
                 recorded(
-                    pending, encoded, position, current + offset, recorded_at, previous, payload
+                    pending,
+                    events[offset],
+                    position,
+                    current + 1 + offset,
+                    recorded_at,
+                    chained.hex(),
+                    payload,
                 )
             )
         rows.append(
             row_of(
-                accepted[0].position,
+                first,
                 pending.stream_id,
                 current + 1,
-                [r.type for r in accepted],
+                [e.type for e in events],
                 recorded_at,
-                [r.hash for r in accepted],
-                [r.payload for r in accepted],
+                chained,
+                payloads,
             )
         )
         versions[pending.stream_id] = current + len(pending.events)
@@ -241,7 +247,7 @@ def decide(
         written.extend(accepted)
     if not written:
         return None
-    return Written(written, position, previous, recorded_at, rows)
+    return Written(written, position, written[-1].hash, recorded_at, rows)
 
 
 def recorded(
@@ -254,18 +260,18 @@ def recorded(
     payload: bytes,
 ) -> RecordedEvent:
     """One event of ``pending`` as committed at ``position``."""
-    return RecordedEvent(
-        position=position,
-        stream_id=pending.stream_id,
-        version=version,
-        type=encoded.type,
-        schema_version=encoded.schema_version,
-        data=encoded.data,
-        metadata=pending.metadata,
-        recorded_at=recorded_at,
-        hash=hash_,
-        payload=payload,
-        _event=encoded.event,
+    return RecordedEvent(  # positional: keywords cost more, once per event
+        position,
+        pending.stream_id,
+        version,
+        encoded.type,
+        encoded.schema_version,
+        encoded.data,
+        pending.metadata,
+        recorded_at,
+        hash_,
+        payload,
+        encoded.event,
     )
 
 

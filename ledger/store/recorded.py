@@ -10,25 +10,27 @@ recorded time. Everything a reader sees of an event is parsed from those bytes
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 from ledger.events import Event, decode_event
 from ledger.store.stored import stored_events
+from ledger.support.frozen import read_only
 
 __all__ = [
     "ANY_VERSION",
     "NO_STREAM",
+    "EncodedParts",
     "RecordedEvent",
     "WrongExpectedVersion",
     "canonical_payload",
     "decode_payload",
     "decode_row",
-    "payload_from_parts",
+    "payloads_from_parts",
 ]
 
 ANY_VERSION: None = None
@@ -53,9 +55,10 @@ class WrongExpectedVersion(Exception):
         return (WrongExpectedVersion, (self.stream_id, self.expected, self.actual))
 
 
-@dataclass(frozen=True, slots=True)
+@read_only
 class RecordedEvent:
-    """An event as it stands in the ledger."""
+    """An event as it stands in the ledger. Immutable: frozen to the type checker, built as an
+    unfrozen dataclass (``read_only``), one per event an append writes or a reader reads."""
 
     position: int
     stream_id: str
@@ -118,39 +121,50 @@ def canonical_payload(
     )
 
 
-def payload_from_parts(
+class EncodedParts(Protocol):
+    """One event of an append, its parts already JSON-encoded (``ledger.store.append``)."""
+
+    @property
+    def type_json(self) -> bytes: ...  # the type, quoted
+    @property
+    def schema_version(self) -> int: ...
+    @property
+    def data_json(self) -> bytes: ...  # sorted keys
+
+
+def payloads_from_parts(
     *,
     stream_id: bytes,
-    version: int,
-    event_type: bytes,
-    schema_version: int,
-    data: bytes,
+    first_version: int,
+    events: Sequence[EncodedParts],
     metadata: bytes,
     recorded_at: bytes,
-) -> bytes:
-    """``canonical_payload``'s bytes from parts already JSON-encoded (the ``data`` and
-    ``metadata`` objects with sorted keys, the strings quoted): the append encodes each
-    event's data once, for these bytes and for the queryable column alike. The keys are
-    written in sorted order, as ``OPT_SORT_KEYS`` writes them."""
-    return b"".join(
-        (
-            b'{"data":',
-            data,
-            b',"metadata":',
-            metadata,
-            b',"recorded_at":',
-            recorded_at,
-            b',"schema_version":',
-            str(schema_version).encode(),
-            b',"stream_id":',
-            stream_id,
-            b',"type":',
-            event_type,
-            b',"version":',
-            str(version).encode(),
-            b"}",
-        )
+) -> list[bytes]:
+    """``canonical_payload``'s bytes of one append's events (versions ``first_version`` on),
+    from parts already JSON-encoded (the ``data`` and ``metadata`` objects with sorted keys,
+    the strings quoted): the append encodes each event's data once, for these bytes and for
+    what its callers read alike. The keys are written in sorted order, as ``OPT_SORT_KEYS``
+    writes them; the runs of bytes an append's events share are joined once."""
+    after_data = b"".join(
+        (b',"metadata":', metadata, b',"recorded_at":', recorded_at, b',"schema_version":')
     )
+    after_schema = b"".join((b',"stream_id":', stream_id, b',"type":'))
+    return [
+        b"".join(
+            (
+                b'{"data":',
+                event.data_json,
+                after_data,
+                b"%d" % event.schema_version,
+                after_schema,
+                event.type_json,
+                b',"version":',
+                b"%d" % version,
+                b"}",
+            )
+        )
+        for version, event in enumerate(events, first_version)
+    ]
 
 
 def decode_payload(position: int, hash_: str, payload: bytes) -> RecordedEvent:

@@ -25,10 +25,13 @@ removes (see bench/README.md, Ledger size).
 from __future__ import annotations
 
 import hashlib
+import struct
+import threading
 import zlib
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Final
 
+import zstandard
 from sqlalchemy import ColumnElement, Label, func, literal_column, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -43,6 +46,7 @@ __all__ = [
     "TYPE_CHARACTERS",
     "TYPE_CHARS",
     "StoredEvent",
+    "chain_digest",
     "chain_hash",
     "compress",
     "count_types",
@@ -95,26 +99,77 @@ TYPE_CHARACTERS: Final = "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 _TYPE_OF: Final = {char: name for name, char in TYPE_CHARS.items()}
 
 # A row's payloads: format 0, the joined bytes as they are; format 1, raw deflate (RFC 1951)
-# against DICTIONARY_1 in a 16 KB window. Written at level 3 with memory level 6: less CPU
-# than level 6 for rows a little larger, and a smaller state to copy per row; level 1 is no
-# faster for larger rows (see bench/README.md, Decisions: level 3 with memory level 6). The
-# level is the writer's alone: any level's rows inflate the same way.
-_RAW, _DEFLATE_1 = 0, 1
+# against DICTIONARY_1 in a 16 KB window, written until 2026-12-07 and still read; format 2,
+# written since, one Zstandard frame (RFC 8878) against DICTIONARY_1 as raw content, without
+# the frame's magic number (the format byte says what follows), checksum or dictionary id,
+# with its content size. Level 5 takes fewer instructions than deflate at level 3 did, for
+# smaller rows; levels 3 and 4 take fewer still, but level 3's rows are larger than deflate's
+# and level 4's barely smaller, and the ledger's size per request has no room to give (see
+# bench/README.md, Decisions: "Issue 44's levers for short requests"). The level is the
+# writer's alone: any level's rows decompress the same way.
+_RAW, _DEFLATE_1, _ZSTD_2 = 0, 1, 2
+_FORMAT_2: Final = bytes((_ZSTD_2,))
 _WINDOW_BITS: Final = -14
-_COMPRESSOR: Final = zlib.compressobj(
-    3, zlib.DEFLATED, _WINDOW_BITS, 6, zlib.Z_DEFAULT_STRATEGY, zdict=DICTIONARY_1
+_ZSTD_LEVEL: Final = 5
+_ZSTD_DICTIONARY: Final = zstandard.ZstdCompressionDict(
+    DICTIONARY_1, dict_type=zstandard.DICT_TYPE_RAWCONTENT
 )
+_ZSTD_DICTIONARY.precompute_compress(level=_ZSTD_LEVEL)  # primed once, shared by every row
+_ZSTD_PARAMETERS: Final = zstandard.ZstdCompressionParameters(
+    # The other parameters are left to zstd, chosen by each row's size.
+    compression_level=_ZSTD_LEVEL,
+    format=zstandard.FORMAT_ZSTD1_MAGICLESS,
+    write_content_size=1,
+    write_checksum=0,
+    write_dict_id=0,
+)
+# A Zstandard context serves one call at a time: one per thread (the SQLite backend decides
+# and reads on threads of its own).
+_contexts = threading.local()
+
+
+def _zstd_compress() -> Callable[[bytes | memoryview], bytes]:
+    try:
+        return _contexts.compress  # type: ignore[no-any-return]
+    except AttributeError:
+        compressor = zstandard.ZstdCompressor(
+            dict_data=_ZSTD_DICTIONARY, compression_params=_ZSTD_PARAMETERS
+        )
+        _contexts.compress = compressor.compress
+        return compressor.compress
+
+
+def _zstd_decompress() -> Callable[[bytes | memoryview], bytes]:
+    try:
+        return _contexts.decompress  # type: ignore[no-any-return]
+    except AttributeError:
+        decompressor = zstandard.ZstdDecompressor(
+            dict_data=_ZSTD_DICTIONARY, format=zstandard.FORMAT_ZSTD1_MAGICLESS
+        )
+        _contexts.decompress = decompressor.decompress
+        return decompressor.decompress
+
 
 StoredEvent = tuple[int, str, bytes]
 """An event as its row holds it: position, chain hash (hex) and canonical payload."""
 
 
 def chain_hash(previous_hash: str, position: int, payload: bytes) -> str:
-    """The chain's hash of the event at ``position`` (contract §7)."""
-    digest = hashlib.sha256(bytes.fromhex(previous_hash))
-    digest.update(position.to_bytes(8, "big"))
+    """The chain's hash of the event at ``position`` (contract §7), in hex."""
+    return chain_digest(bytes.fromhex(previous_hash), position, payload).hex()
+
+
+def chain_digest(previous: bytes, position: int, payload: bytes) -> bytes:
+    """``chain_hash`` as its 32 bytes, from the previous event's: an append chains its events
+    without a hex round trip per event (the ``appends`` row keeps the last one's bytes)."""
+    digest = _sha256(previous)
+    digest.update(_POSITION(position))
     digest.update(payload)
-    return digest.hexdigest()
+    return digest.digest()
+
+
+_sha256: Final = hashlib.sha256
+_POSITION: Final = struct.Struct(">Q").pack  # 8 bytes, big-endian
 
 
 def type_char(event_type: str) -> str:
@@ -125,18 +180,19 @@ def type_char(event_type: str) -> str:
 
 
 def compress(payloads: Sequence[bytes]) -> bytes:
-    """The ``payloads`` column of a row holding these canonical payloads."""
-    # A copy of a compressor that has already taken in the dictionary: priming a new one
-    # costs more than compressing an append.
-    compressor = _COMPRESSOR.copy()
-    joined = b"\n".join(payloads)
-    return bytes((_DEFLATE_1,)) + compressor.compress(joined) + compressor.flush()
+    """The ``payloads`` column of a row holding these canonical payloads (format 2)."""
+    return _FORMAT_2 + _zstd_compress()(b"\n".join(payloads))
 
 
 def payloads_of(column: bytes) -> list[bytes]:
-    """The canonical payloads a row's ``payloads`` column holds, in order."""
+    """The canonical payloads a row's ``payloads`` column holds, in order (any format)."""
     body = memoryview(column)[1:]
-    if column[0] == _DEFLATE_1:
+    if column[0] == _ZSTD_2:
+        try:
+            joined = _zstd_decompress()(body)
+        except zstandard.ZstdError as error:  # as a damaged deflate stream's zlib.error
+            raise ValueError(f"stored payloads cannot be decompressed: {error}") from None
+    elif column[0] == _DEFLATE_1:
         inflater = zlib.decompressobj(_WINDOW_BITS, zdict=DICTIONARY_1)
         joined = inflater.decompress(body) + inflater.flush()
     elif column[0] == _RAW:
@@ -152,17 +208,22 @@ def row_of(
     version: int,
     types: Sequence[str],
     recorded_at: Any,
-    hashes: Sequence[str],
+    last_hash: bytes,
     payloads: Sequence[bytes],
 ) -> dict[str, Any]:
-    """The ``appends`` row of one append's events (their hashes in hex: the last is kept)."""
+    """The ``appends`` row of one append's events (``last_hash``: the last one's chain hash,
+    its 32 bytes)."""
+    try:
+        chars = "".join([TYPE_CHARS[t] for t in types])
+    except KeyError as error:
+        raise ValueError(f"event type {error.args[0]!r} has no stored character") from None
     return {
         "position": position,
         "recorded_at": recorded_at,
         "version": version,
         "stream_id": stream_id,
-        "types": "".join(type_char(t) for t in types),
-        "hash": bytes.fromhex(hashes[-1]),
+        "types": chars,
+        "hash": last_hash,
         "payloads": compress(payloads),
     }
 

@@ -1,4 +1,9 @@
-"""Copies of frozen dataclasses with some fields changed, without running ``__init__``.
+"""Frozen dataclasses made and copied cheaply.
+
+``read_only``: a slots dataclass that the type checker holds frozen, built at an unfrozen one's
+cost, for records made many times a request whose fields nobody assigns.
+
+``evolve``: copies of frozen dataclasses with some fields changed, without running ``__init__``.
 
 ``dataclasses.replace`` gathers every field into keyword arguments and runs the class's
 ``__init__``, which sets each field of a frozen class through ``object.__setattr__``;
@@ -13,11 +18,23 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, dataclass_transform
 
-__all__ = ["evolve"]
+__all__ = ["evolve", "read_only"]
 
 _T = TypeVar("_T")
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field,))
+def read_only(cls: type[_T]) -> type[_T]:
+    """``@dataclass(frozen=True, slots=True)`` to the type checker, ``@dataclass(slots=True)``
+    at run time. A frozen dataclass's ``__init__`` sets each field through
+    ``object.__setattr__``, several times the cost of an unfrozen one's (see bench/README.md,
+    Decisions: "Issue 44's levers for short requests"); a record whose immutability is a
+    promise kept by its callers (checked by mypy, which rejects any assignment to its fields)
+    need not pay it at run time. Not hashable: nothing may use such a record as a key."""
+    return dataclasses.dataclass(slots=True)(cls)
+
 
 _Slot = tuple[str, Callable[[Any], Any], Callable[[Any, Any], None]]
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ledger.support.frozen import evolve
+from ledger.support.frozen import evolve, read_only
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -81,3 +81,19 @@ class _Checked:
 def test_classes_a_copy_could_not_serve_are_refused(record: object) -> None:
     with pytest.raises(TypeError, match=type(record).__qualname__):
         evolve(record, a=-1)
+
+
+@read_only
+class _ReadOnly:
+    a: int
+    b: str = dataclasses.field(default="b", compare=False)
+
+
+def test_a_read_only_record_is_a_slots_dataclass_compared_by_its_fields() -> None:
+    # Frozen to the type checker only (mypy rejects `record.a = 2`): no __dict__, the fields'
+    # equality and repr, as the frozen dataclass it stands for.
+    record = _ReadOnly(1, "x")
+    assert not hasattr(record, "__dict__")
+    assert record == _ReadOnly(1, "y") and record != _ReadOnly(2, "x")
+    assert repr(record) == "_ReadOnly(a=1, b='x')"
+    assert [f.name for f in dataclasses.fields(_ReadOnly)] == ["a", "b"]

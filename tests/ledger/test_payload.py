@@ -4,6 +4,7 @@ on them)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import orjson
@@ -11,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ledger.store import canonical_payload
-from ledger.store.recorded import payload_from_parts
+from ledger.store.recorded import payloads_from_parts
 
 _SCALARS = (
     st.none()
@@ -32,37 +33,48 @@ _OBJECTS = st.dictionaries(st.text(), _JSON, max_size=6)
 
 @given(
     stream_id=st.text(min_size=1, max_size=200),
-    version=st.integers(min_value=1, max_value=2**31 - 1),
-    event_type=st.text(min_size=1, max_size=100),
-    schema_version=st.integers(min_value=1, max_value=1000),
-    data=_OBJECTS,
+    first_version=st.integers(min_value=1, max_value=2**31 - 10),
+    events=st.lists(
+        st.tuples(
+            st.text(min_size=1, max_size=100), st.integers(min_value=1, max_value=1000), _OBJECTS
+        ),
+        min_size=1,
+        max_size=4,
+    ),
     metadata=_OBJECTS,
     recorded_at=st.datetimes().map(lambda moment: moment.isoformat()),
 )
-def test_the_payload_from_encoded_parts_is_the_canonical_payload(
+def test_the_payloads_from_encoded_parts_are_the_canonical_payloads(
     stream_id: str,
-    version: int,
-    event_type: str,
-    schema_version: int,
-    data: dict[str, Any],
+    first_version: int,
+    events: list[tuple[str, int, dict[str, Any]]],
     metadata: dict[str, Any],
     recorded_at: str,
 ) -> None:
     sorted_json = orjson.OPT_SORT_KEYS
-    assert payload_from_parts(
+    encoded = [
+        SimpleNamespace(
+            type_json=orjson.dumps(event_type),
+            schema_version=schema_version,
+            data_json=orjson.dumps(data, option=sorted_json),
+        )
+        for event_type, schema_version, data in events
+    ]
+    assert payloads_from_parts(
         stream_id=orjson.dumps(stream_id),
-        version=version,
-        event_type=orjson.dumps(event_type),
-        schema_version=schema_version,
-        data=orjson.dumps(data, option=sorted_json),
+        first_version=first_version,
+        events=encoded,
         metadata=orjson.dumps(metadata, option=sorted_json),
         recorded_at=orjson.dumps(recorded_at),
-    ) == canonical_payload(
-        stream_id=stream_id,
-        version=version,
-        event_type=event_type,
-        schema_version=schema_version,
-        data=data,
-        metadata=metadata,
-        recorded_at=recorded_at,
-    )
+    ) == [
+        canonical_payload(
+            stream_id=stream_id,
+            version=first_version + offset,
+            event_type=event_type,
+            schema_version=schema_version,
+            data=data,
+            metadata=metadata,
+            recorded_at=recorded_at,
+        )
+        for offset, (event_type, schema_version, data) in enumerate(events)
+    ]
