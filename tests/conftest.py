@@ -29,7 +29,6 @@ settings.register_profile("waybill", deadline=None)
 settings.load_profile("waybill")
 
 
-
 @pytest.fixture(autouse=True, scope="session")
 def _trusted_records_checked() -> Iterator[None]:
     """Every record the code under test builds trusted (``Record.trusted``) is built

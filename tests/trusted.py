@@ -41,7 +41,7 @@ def checked_trusted() -> Iterator[None]:
     build = trusted.__func__
 
     def checked(cls: type[Record], /, **values: Any) -> Record:
-        fast = build(cls, **values)
+        fast: Record = build(cls, **values)
         assert_same_record(fast, cls(**values))
         return fast
 

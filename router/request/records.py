@@ -80,7 +80,8 @@ def attempt_finished(
         failure_class=end.failure_class,
         evidence=end.evidence,
         http_status=end.http_status,
-        error_code=end.error_code,
+        # The gateway's own codes are a StrEnum: recorded as the plain str validation makes.
+        error_code=None if end.error_code is None else str(end.error_code),
         usage=end.usage,
         upstream_request_id=end.upstream_request_id,
         response_id=end.response_id,
