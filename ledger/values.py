@@ -262,7 +262,7 @@ def _trusted_form(cls: type[Record]) -> tuple[dict[str, Any], frozenset[str]]:
 def _given(names: tuple[str, ...]) -> set[str]:
     """The shared set of fields given for ``names`` (see ``Record.model_post_init``)."""
     given = set(names)
-    if len(_FIELDS_GIVEN) >= _MAX_FIELDS_GIVEN:
+    if len(_FIELDS_GIVEN) >= _MAX_FIELDS_GIVEN or len(_GIVEN_BY_NAMES) >= _MAX_FIELDS_GIVEN:
         return given
     given = _FIELDS_GIVEN.setdefault(tuple(given), given)
     _GIVEN_BY_NAMES[names] = given
