@@ -1,7 +1,9 @@
 """The event catalogue: every fact Waybill records, in one place.
 
 Each event type is a frozen pydantic model with a past-tense name, a schema version and
-exactly the fields it carries; anything else is refused before it can reach the store.
+exactly the fields it carries; anything else is refused before it can reach the store. The
+events a request records are built by the gateway from its own typed values without
+validating them again (``Record.trusted``: the same record, held to it by the tests).
 The catalogue follows contract §7. Rules that hold for every type:
 
 - no prompt or completion text and no secret, ever: prompts appear as a hash and sizes;

@@ -9,9 +9,12 @@ types themselves, and their catalogue, are in ``ledger.events``.
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
 from decimal import Decimal
 from enum import StrEnum
-from typing import Annotated, Any, Final, Literal, get_args
+from functools import partial
+from typing import Annotated, Any, Final, Literal, Self, get_args
 
 from pydantic import (
     BaseModel,
@@ -21,6 +24,7 @@ from pydantic import (
     PlainSerializer,
     model_validator,
 )
+from pydantic_core import PydanticUndefined
 
 # --- vocabularies (contract §2, §4, §5): defined once; config validation, the OpenAPI schema
 # and the contract's tables (checked by tests/test_vocabulary.py) all derive from these ---
@@ -140,11 +144,18 @@ def _refuse_float(value: Any) -> Any:
     return value
 
 
+# The serializers and the ``exclude_if`` tests below are called by pydantic's serializer for
+# every field they hold, each time an event is encoded: C callables, which it calls without a
+# Python frame (bench/README.md, "Issue 44's levers": the events' encoding). The same
+# results as ``format(d, "f")``, ``value is None`` and ``not value``.
+_plain_decimal: Final[Callable[[Decimal], str]] = operator.methodcaller("__format__", "f")
+"""A decimal as a plain string, never an exponent: ``format(d, "f")``."""
+
 Money = Annotated[
     Decimal,
     BeforeValidator(_refuse_float),
     Field(allow_inf_nan=False),
-    PlainSerializer(lambda d: format(d, "f"), return_type=str, when_used="json"),
+    PlainSerializer(_plain_decimal, return_type=str, when_used="json"),
 ]
 """An exact amount of US dollars; serialized as a plain decimal string (no exponent)."""
 
@@ -152,7 +163,7 @@ EffectiveWeight = Annotated[
     Decimal,
     BeforeValidator(_refuse_float),
     Field(gt=0, allow_inf_nan=False),
-    PlainSerializer(lambda d: format(d, "f"), return_type=str, when_used="json"),
+    PlainSerializer(_plain_decimal, return_type=str, when_used="json"),
 ]
 """A mapping's weight as a ramp-up scales it: exact, > 0, a plain decimal string."""
 
@@ -183,9 +194,79 @@ class Record(BaseModel):
             shared = _FIELDS_GIVEN[key] = given
         object.__setattr__(self, "__pydantic_fields_set__", shared)
 
+    @classmethod
+    def trusted(cls, /, **values: Any) -> Self:
+        """The record ``cls(**values)`` would be, built without validating ``values``: for the
+        records the gateway builds on every request from values already of their fields'
+        types and bounds (its own ids, counts, config's values, other records), never from
+        what a client, an upstream or the ledger sent. The same record field for field, in
+        the same order, with the same fields given and so the same JSON, byte for byte
+        (tests/ledger/test_trusted.py; tests/conftest.py checks every trusted record the
+        in-process tests build against its validated twin). Validation is most of what
+        building an event costs (bench/README.md, "Issue 44's levers": trusted records).
+        A name ``cls`` does not have, or a required field left out, is a ``TypeError``."""
+        form = _TRUSTED_FORMS.get(cls)
+        if form is None:
+            form = _TRUSTED_FORMS[cls] = _trusted_form(cls)
+        defaults, required = form
+        data = defaults.copy()
+        data.update(values)  # the fields keep their order: validation's, the JSON's
+        if len(data) != len(defaults) or not required <= values.keys():
+            unknown = sorted(values.keys() - defaults.keys())
+            missing = sorted(required - values.keys())
+            raise TypeError(f"{cls.__name__}: unknown fields {unknown}, missing {missing}")
+        names = tuple(values)
+        given = _GIVEN_BY_NAMES.get(names)
+        if given is None:
+            given = _given(names)
+        record = cls.__new__(cls)
+        # What pydantic's validator sets on an instance, no more (model_construct does the
+        # same, more slowly: bench/README.md).
+        _setattr(record, "__dict__", data)
+        _setattr(record, "__pydantic_fields_set__", given)
+        _setattr(record, "__pydantic_extra__", None)
+        _setattr(record, "__pydantic_private__", None)
+        return record
 
+
+_setattr: Final = object.__setattr__
 _FIELDS_GIVEN: dict[tuple[str, ...], set[str]] = {}
 _MAX_FIELDS_GIVEN: Final = 4096
+_TRUSTED_FORMS: dict[type[Record], tuple[dict[str, Any], frozenset[str]]] = {}
+# The set of fields given, by the names as ``Record.trusted`` was given them (a call site
+# gives the same names in the same order every time): one of ``_FIELDS_GIVEN``'s sets.
+_GIVEN_BY_NAMES: dict[tuple[str, ...], set[str]] = {}
+
+
+def _trusted_form(cls: type[Record]) -> tuple[dict[str, Any], frozenset[str]]:
+    """Every field of ``cls`` in order with its default (required ones: None, to be given),
+    and the required ones. Only for a record whose validation checks types and bounds and
+    nothing else: no validator of its own, and defaults that validation would not copy."""
+    decorators = cls.__pydantic_decorators__
+    if decorators.model_validators or decorators.field_validators:
+        raise TypeError(f"{cls.__name__} has validators of its own: build it validated")
+    defaults: dict[str, Any] = {}
+    required = set()
+    for name, info in cls.model_fields.items():
+        if info.default_factory is not None:
+            raise TypeError(f"{cls.__name__}.{name} has a default factory")
+        if info.default is PydanticUndefined:
+            required.add(name)
+            defaults[name] = None
+        else:
+            hash(info.default)  # pydantic copies an unhashable (mutable) default: refuse it
+            defaults[name] = info.default
+    return defaults, frozenset(required)
+
+
+def _given(names: tuple[str, ...]) -> set[str]:
+    """The shared set of fields given for ``names`` (see ``Record.model_post_init``)."""
+    given = set(names)
+    if len(_FIELDS_GIVEN) >= _MAX_FIELDS_GIVEN or len(_GIVEN_BY_NAMES) >= _MAX_FIELDS_GIVEN:
+        return given
+    given = _FIELDS_GIVEN.setdefault(tuple(given), given)
+    _GIVEN_BY_NAMES[names] = given
+    return given
 
 
 # --- value objects shared by several events ---
@@ -205,16 +286,14 @@ class KeyLimits(Record):
         return self
 
 
-def absent(value: object) -> bool:
-    """A field added with the default None, left out of the recorded form while None (where
-    an empty value means something else than an absent one)."""
-    return value is None
+absent: Final[Callable[[object], bool]] = partial(operator.is_, None)
+"""A field added with the default None, left out of the recorded form while None (where
+an empty value means something else than an absent one): ``value is None``, as a C callable
+(see ``_plain_decimal``)."""
 
-
-def nothing(value: object) -> bool:
-    """A field added with a default that is left out of the recorded form while it holds
-    that default (0, empty), so events that do not use it keep their bytes."""
-    return not value
+nothing: Final[Callable[[object], bool]] = operator.not_
+"""A field added with a default that is left out of the recorded form while it holds that
+default (0, empty), so events that do not use it keep their bytes: ``not value``."""
 
 
 class Usage(Record):
@@ -369,7 +448,7 @@ Rate = Annotated[
     Decimal,
     BeforeValidator(_refuse_float),
     Field(ge=0, le=1, allow_inf_nan=False),
-    PlainSerializer(lambda d: format(d, "f"), return_type=str, when_used="json"),
+    PlainSerializer(_plain_decimal, return_type=str, when_used="json"),
 ]
 """A share of calls, 0 to 1, exact (a decimal string, like money), e.g. ``"0.5000"``."""
 

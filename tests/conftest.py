@@ -21,11 +21,21 @@ from sqlalchemy.engine import make_url
 
 from ledger.store import EventStore
 from ledger.store.db import create_engine, migrate
+from tests.trusted import checked_trusted
 
 # No per-example deadline: the machines that run the suite are shared and noisy, and a
 # property test's examples are judged by what they assert, never by how long they took.
 settings.register_profile("waybill", deadline=None)
 settings.load_profile("waybill")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _trusted_records_checked() -> Iterator[None]:
+    """Every record the code under test builds trusted (``Record.trusted``) is built
+    validated as well and must be the same, to its JSON's bytes (tests/trusted.py)."""
+    with checked_trusted():
+        yield
+
 
 PG_ADMIN_URL = os.environ.get(
     "WAYBILL_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -101,8 +101,10 @@ class ChatCall:
         return hashlib.sha256(orjson.dumps(self.body, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
     def requirements(self, workspace: Workspace, headers: HeaderNarrowing) -> Requirements:
-        """Requirements for routing: the body's needs plus the headers' narrowing."""
-        return Requirements(
+        """Requirements for routing: the body's needs plus the headers' narrowing. Built
+        trusted (``Record.trusted``): :func:`parse_body` and the headers' reader have checked
+        and typed every value, as validation would."""
+        return Requirements.trusted(
             kind="chat",
             estimated_input_tokens=self.estimated_input_tokens,
             max_output_tokens=self.max_tokens,

@@ -150,13 +150,13 @@ class RequestBudget:
             owner=self.owner,
         )
         self._holds[attempt_id] = hold
-        event = ev.BudgetReserved(
+        event = ev.BudgetReserved.trusted(
             request_id=self.request_id,
             attempt_id=attempt_id,
             reservation_id=hold.reservation_id,
             amount_usd=amount,
             accounts=tuple(
-                ev.AccountRef(
+                ev.AccountRef.trusted(
                     account_id=s.account_id,
                     kind=s.kind,
                     window_start=s.window_start,
@@ -189,7 +189,7 @@ class RequestBudget:
     def settle(self, attempt_id: str, cost: Decimal, usage: ev.Usage) -> StepRecord:
         """Usage known: the whole cost is settled; beyond the hold it is an overrun."""
         hold = self._holds.pop(attempt_id)
-        settled = ev.BudgetSettled(
+        settled = ev.BudgetSettled.trusted(
             request_id=self.request_id,
             attempt_id=attempt_id,
             reservation_id=hold.reservation_id,
@@ -211,7 +211,7 @@ class RequestBudget:
 
     def release(self, attempt_id: str, reason: str) -> StepRecord:
         hold = self._holds.pop(attempt_id)
-        event = ev.BudgetReleased(
+        event = ev.BudgetReleased.trusted(
             request_id=self.request_id,
             attempt_id=attempt_id,
             reservation_id=hold.reservation_id,

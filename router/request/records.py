@@ -6,6 +6,10 @@ attempt's start and end, each decision after a failure, the stream's commit, the
 completion or failure, and the breakers' transitions it caused. An attempt ends in many ways
 (an answer, a failure, a lost hedge, a cancelled client, the ledger down): each is told as an
 :class:`AttemptEnd`, and :func:`attempt_finished` is the one ``AttemptFinished`` they make.
+
+The events of every request are built trusted (``Record.trusted``: not validated again) from
+the typed values handed in here; those of the rarer paths (a failover's decision, a failed
+request, a breaker's transition) are validated.
 """
 
 from __future__ import annotations
@@ -69,14 +73,15 @@ class AttemptEnd:
 def attempt_finished(
     request_id: str, attempt_id: str, end: AttemptEnd, duration_ms: int
 ) -> ev.AttemptFinished:
-    return ev.AttemptFinished(
+    return ev.AttemptFinished.trusted(
         request_id=request_id,
         attempt_id=attempt_id,
         status=end.status,
         failure_class=end.failure_class,
         evidence=end.evidence,
         http_status=end.http_status,
-        error_code=end.error_code,
+        # The gateway's own codes are a StrEnum: recorded as the plain str validation makes.
+        error_code=None if end.error_code is None else str(end.error_code),
         usage=end.usage,
         upstream_request_id=end.upstream_request_id,
         response_id=end.response_id,
@@ -194,7 +199,7 @@ def request_received(
     request_id: str, caller: Caller, call: Call, generation: str
 ) -> ev.RequestReceived:
     trace = call.trace
-    return ev.RequestReceived(
+    return ev.RequestReceived.trusted(
         request_id=request_id,
         workspace=caller.workspace.id,
         key_id=caller.key_id,
@@ -220,7 +225,7 @@ def route_evaluated(
     strategy: Literal["weighted", "least_latency", "least_cost"],
     group_path: tuple[str, ...] = (),
 ) -> ev.RouteEvaluated:
-    return ev.RouteEvaluated(
+    return ev.RouteEvaluated.trusted(
         request_id=request_id,
         sequence=sequence,
         candidates=candidates,
@@ -264,7 +269,7 @@ def attempt_started(
     group_path: tuple[str, ...] = (),
     timeouts: ev.Timeouts | None = None,
 ) -> ev.AttemptStarted:
-    return ev.AttemptStarted(
+    return ev.AttemptStarted.trusted(
         request_id=request_id,
         attempt_id=attempt_id,
         attempt_number=number,
@@ -295,7 +300,7 @@ def attempt_started(
 def stream_committed(
     request_id: str, attempt_id: str, endpoint: str, time_to_first_chunk_ms: int | None
 ) -> ev.StreamCommitted:
-    return ev.StreamCommitted(
+    return ev.StreamCommitted.trusted(
         request_id=request_id,
         attempt_id=attempt_id,
         endpoint=endpoint,
@@ -337,7 +342,7 @@ def request_completed(
     finish_reason: str | None,
     duration_ms: int,
 ) -> ev.RequestCompleted:
-    return ev.RequestCompleted(
+    return ev.RequestCompleted.trusted(
         request_id=request_id,
         endpoint=endpoint,
         model=model,

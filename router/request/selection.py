@@ -377,7 +377,8 @@ def evaluate(
             quota_exhausted=quota_exhausted,
         )
         reason, detail = _first_failure(subject)
-        candidate = Candidate(
+        # Trusted: config's validated mappings and the checks' own typed results.
+        candidate = Candidate.trusted(
             endpoint=mapping.endpoint,
             model=mapping.model,
             mapping_index=index,
@@ -523,7 +524,7 @@ def select(
 
 
 def _choice(chosen: Candidate, position: int, preferred: bool = False) -> RouteChoice:
-    return RouteChoice(
+    return RouteChoice.trusted(
         endpoint=chosen.endpoint,
         model=chosen.model,
         mapping_index=chosen.mapping_index,
