@@ -117,7 +117,11 @@ _PG_READ = """
 # every data-modifying CTE costs the server its setup even when it has no rows. New and
 # changed rows of a table are disjoint sets (ledger.books.accounting.Books), so the CTEs never
 # touch the same row twice. Every part waits on `head`, the guarded move of the head (see
-# THE LOCK): when it moves nothing, nothing is written (`moved` = 0).
+# THE LOCK): when it moves nothing, nothing is written and the statement returns no row.
+# The books' parts travel as json, not jsonb (json_to_recordset reads the text; jsonb would
+# be built first), and nothing else is asked of the server: no RETURNING the committer does
+# not read, and the new-stream guard only in the shapes of batches that start streams (a
+# settlement's does not). All data-modifying CTEs run to completion whether read or not.
 _PG_WRITE_HEAD = """
     WITH head AS (
         UPDATE ledger_head SET position = :head, hash = :head_hash
