@@ -118,10 +118,10 @@ _PG_READ = """
 # changed rows of a table are disjoint sets (ledger.books.accounting.Books), so the CTEs never
 # touch the same row twice. Every part waits on `head`, the guarded move of the head (see
 # THE LOCK): when it moves nothing, nothing is written and the statement returns no row.
-# The books' parts travel as json, not jsonb (json_to_recordset reads the text; jsonb would
-# be built first), and nothing else is asked of the server: no RETURNING the committer does
-# not read, and the new-stream guard only in the shapes of batches that start streams (a
-# settlement's does not). All data-modifying CTEs run to completion whether read or not.
+# Nothing else is asked of the server: no RETURNING the committer does not read, and the
+# new-stream guard only in the shapes of batches that start streams (a settlement's does
+# not); data-modifying CTEs run to completion whether read or not. (The books as json in
+# place of jsonb, measured: no difference; see bench/README.md, Issue 44's levers.)
 _PG_WRITE_HEAD = """
     WITH head AS (
         UPDATE ledger_head SET position = :head, hash = :head_hash
@@ -139,7 +139,7 @@ _PG_WRITE_BOOKS = {
                                      limit_usd, held_usd, settled_usd, overrun_usd,
                                      updated_at)
         SELECT u.*, :recorded_at
-        FROM json_to_recordset(:new_accounts::json) AS u(
+        FROM jsonb_to_recordset(:new_accounts::jsonb) AS u(
             account_id text, kind text, workspace text, key_id text, window_start text,
             limit_usd numeric, held_usd numeric, settled_usd numeric, overrun_usd numeric)
         WHERE EXISTS (SELECT 1 FROM head)
@@ -149,7 +149,7 @@ _PG_WRITE_BOOKS = {
         UPDATE budget_accounts a
         SET limit_usd = u.limit_usd, held_usd = u.held_usd, settled_usd = u.settled_usd,
             overrun_usd = u.overrun_usd, updated_at = :recorded_at
-        FROM json_to_recordset(:changed_accounts::json) AS u(
+        FROM jsonb_to_recordset(:changed_accounts::jsonb) AS u(
             account_id text, limit_usd numeric, held_usd numeric, settled_usd numeric,
             overrun_usd numeric)
         WHERE a.account_id = u.account_id
@@ -161,7 +161,7 @@ _PG_WRITE_BOOKS = {
         INSERT INTO budget_holds (reservation_id, request_id, attempt_id, workspace, key_id,
                                   endpoint, model, amount_usd, accounts, created_at)
         SELECT u.*, :recorded_at
-        FROM json_to_recordset(:new_holds::json) AS u(
+        FROM jsonb_to_recordset(:new_holds::jsonb) AS u(
             reservation_id text, request_id text, attempt_id text, workspace text,
             key_id text, endpoint text, model text, amount_usd numeric, accounts text)
         WHERE EXISTS (SELECT 1 FROM head)
@@ -170,7 +170,7 @@ _PG_WRITE_BOOKS = {
     , open_holds AS (
         INSERT INTO budget_open_holds (reservation_id, state, owner)
         SELECT u.*
-        FROM json_to_recordset(:open_holds::json) AS u(
+        FROM jsonb_to_recordset(:open_holds::jsonb) AS u(
             reservation_id text, state text, owner text)
         WHERE EXISTS (SELECT 1 FROM head)
     )""",
@@ -189,7 +189,7 @@ _PG_WRITE_BOOKS = {
         INSERT INTO budget_resolutions (reservation_id, kind, settled_usd, released_usd,
                                         overrun_usd, resolved_at)
         SELECT u.*, :recorded_at
-        FROM json_to_recordset(:resolutions::json) AS u(
+        FROM jsonb_to_recordset(:resolutions::jsonb) AS u(
             reservation_id text, kind text, settled_usd numeric, released_usd numeric,
             overrun_usd numeric)
         WHERE EXISTS (SELECT 1 FROM head)
