@@ -63,12 +63,18 @@ _SINK_VARIABLE = "WAYBILL_CHECKPOINT_SINK"
 _SCHEDULE_VARIABLE = "WAYBILL_CHECKPOINT_SCHEDULE"
 
 # Through store.hot: on PostgreSQL asyncpg, far less CPU per event read than SQLAlchemy
-# (bench/README.md, "Decisions").
+# (bench/README.md, "Decisions"). The rows from the one holding the event after :after up
+# to the last that may hold one of the page's :limit events: with only the lower bound,
+# which comes from a subquery, the planner of a ledger never analysed read the whole month's
+# partition and sorted it (as the read models' page did: ledger/views/projection.py). Those
+# rows are never more than :limit (each holds at least one event, and only the first starts
+# at or before :after + 1), so the LIMIT never cuts a page short.
 _READ_PAGE = (
     f"SELECT position, types, {PREVIOUS_SQL}, payloads FROM appends WHERE "
     + FROM_POSITION_SQL.format(after=":after")
-    + " ORDER BY position LIMIT :limit"
+    + " AND position <= :after + :limit ORDER BY position LIMIT :limit"
 )
+_NEXT_ROW = "SELECT position FROM appends WHERE position > :after ORDER BY position LIMIT 1"
 _HASH_AT = (
     f"SELECT position, {PREVIOUS_SQL}, payloads FROM appends WHERE position <= :position "
     "ORDER BY position DESC LIMIT 1"
@@ -164,16 +170,25 @@ class Checkpointer:
             read += events
             if progress is not None and events:
                 progress(events)
-            if len(rows) < _PAGE:
+            if self._frontier.size < after + _PAGE:
+                # The page ended before its bound: the ledger ends here, unless a hole of a
+                # page or more hid the rows past it from the bounded read (or one committed
+                # since: taken on the next catch-up).
+                later = await self.store.hot.rows(_NEXT_ROW, {"after": self._frontier.size})
+                if later and int(later[0].position) != self._frontier.size + 1:
+                    raise self._hole(int(later[0].position))
                 return read
+
+    def _hole(self, position: int) -> LedgerMismatch:
+        # Positions are gapless (store.py): a hole is an edit, never signed over.
+        return LedgerMismatch(
+            f"the ledger has no event at position {self._frontier.size + 1} "
+            f"(the next is {position}): run `waybill verify`"
+        )
 
     def _add(self, position: int, payload: bytes, hash_: str, event_type: str) -> None:
         if position != self._frontier.size + 1:
-            # Positions are gapless (store.py): a hole is an edit, never signed over.
-            raise LedgerMismatch(
-                f"the ledger has no event at position {self._frontier.size + 1} "
-                f"(the next is {position}): run `waybill verify`"
-            )
+            raise self._hole(position)
         self._frontier.append(event_leaf_hash(position, payload))
         self._head_hash = hash_
         if event_type != CheckpointTaken.type:

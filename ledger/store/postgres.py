@@ -117,16 +117,21 @@ _PG_READ = """
 # every data-modifying CTE costs the server its setup even when it has no rows. New and
 # changed rows of a table are disjoint sets (ledger.books.accounting.Books), so the CTEs never
 # touch the same row twice. Every part waits on `head`, the guarded move of the head (see
-# THE LOCK): when it moves nothing, nothing is written (`moved` = 0).
+# THE LOCK): when it moves nothing, nothing is written and the statement returns no row.
+# Nothing else is asked of the server: no RETURNING the committer does not read, and the
+# new-stream guard only in the shapes of batches that start streams (a settlement's does
+# not); data-modifying CTEs run to completion whether read or not. (The books as json in
+# place of jsonb, measured: no difference; see bench/README.md, Issue 44's levers.)
 _PG_WRITE_HEAD = """
     WITH head AS (
         UPDATE ledger_head SET position = :head, hash = :head_hash
-        WHERE id = 1 AND position = :expected AND hash = :expected_hash
-          AND NOT EXISTS (SELECT 1 FROM appends WHERE stream_id = ANY(:new_streams::text[]))
-          AND NOT EXISTS (SELECT 1 FROM archived_streams
-                          WHERE stream_id = ANY(:new_streams::text[]))
+        WHERE id = 1 AND position = :expected AND hash = :expected_hash{new_streams}
         RETURNING 1
     )"""
+_PG_NEW_STREAMS = """
+          AND NOT EXISTS (SELECT 1 FROM appends WHERE stream_id = ANY(:new_streams::text[]))
+          AND NOT EXISTS (SELECT 1 FROM archived_streams
+                          WHERE stream_id = ANY(:new_streams::text[]))"""
 _PG_WRITE_BOOKS = {
     "new_accounts": """
     , new_accounts AS (
@@ -138,7 +143,6 @@ _PG_WRITE_BOOKS = {
             account_id text, kind text, workspace text, key_id text, window_start text,
             limit_usd numeric, held_usd numeric, settled_usd numeric, overrun_usd numeric)
         WHERE EXISTS (SELECT 1 FROM head)
-        RETURNING 1
     )""",
     "changed_accounts": """
     , changed_accounts AS (
@@ -151,7 +155,6 @@ _PG_WRITE_BOOKS = {
         WHERE a.account_id = u.account_id
           AND a.account_id = ANY(:changed_account_ids::text[])
           AND EXISTS (SELECT 1 FROM head)
-        RETURNING 1
     )""",
     "new_holds": """
     , new_holds AS (
@@ -162,7 +165,6 @@ _PG_WRITE_BOOKS = {
             reservation_id text, request_id text, attempt_id text, workspace text,
             key_id text, endpoint text, model text, amount_usd numeric, accounts text)
         WHERE EXISTS (SELECT 1 FROM head)
-        RETURNING 1
     )""",
     "open_holds": """
     , open_holds AS (
@@ -171,19 +173,16 @@ _PG_WRITE_BOOKS = {
         FROM jsonb_to_recordset(:open_holds::jsonb) AS u(
             reservation_id text, state text, owner text)
         WHERE EXISTS (SELECT 1 FROM head)
-        RETURNING 1
     )""",
     "unknown_holds": """
     , unknown_holds AS (
         UPDATE budget_open_holds SET state = 'unknown'
         WHERE reservation_id = ANY(:unknown_holds::text[]) AND EXISTS (SELECT 1 FROM head)
-        RETURNING 1
     )""",
     "closed_holds": """
     , closed_holds AS (
         DELETE FROM budget_open_holds
         WHERE reservation_id = ANY(:closed_holds::text[]) AND EXISTS (SELECT 1 FROM head)
-        RETURNING 1
     )""",
     "resolutions": """
     , resolutions AS (
@@ -194,7 +193,6 @@ _PG_WRITE_BOOKS = {
             reservation_id text, kind text, settled_usd numeric, released_usd numeric,
             overrun_usd numeric)
         WHERE EXISTS (SELECT 1 FROM head)
-        RETURNING 1
     )""",
 }
 _PG_WRITE_EVENTS = """
@@ -204,14 +202,14 @@ _PG_WRITE_EVENTS = """
         FROM unnest(:positions::bigint[], :versions::int[], :stream_ids::text[],
                     :types::text[], :hashes::bytea[], :payloads::bytea[]) AS u(p, v, s, t, h, b)
         WHERE EXISTS (SELECT 1 FROM head)
-        RETURNING 1
     )
-    SELECT CASE WHEN EXISTS (SELECT 1 FROM head)
-                THEN pg_notify('waybill_events', :head::text) END,
-           (SELECT count(*) FROM inserted) AS inserted, (SELECT count(*) FROM head) AS moved,
-           EXISTS (SELECT 1 FROM appends WHERE stream_id = ANY(:new_streams::text[]))
-           OR EXISTS (SELECT 1 FROM archived_streams
-                      WHERE stream_id = ANY(:new_streams::text[])) AS taken
+    SELECT pg_notify('waybill_events', :head::text) FROM head
+"""
+# Whether any of the streams a write took to be new has rows: asked only when the write
+# wrote nothing, for the count of wrong guesses.
+_PG_TAKEN = """
+    SELECT EXISTS (SELECT 1 FROM appends WHERE stream_id = ANY(:new_streams::text[]))
+           OR EXISTS (SELECT 1 FROM archived_streams WHERE stream_id = ANY(:new_streams::text[]))
 """
 
 
@@ -220,11 +218,13 @@ _ID_PARTS: Final = frozenset({"unknown_holds", "closed_holds"})
 
 
 @functools.lru_cache(maxsize=64)
-def _pg_write(parts: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+def _pg_write(parts: tuple[str, ...], new_streams: bool) -> tuple[str, tuple[str, ...]]:
     """The write statement for a batch whose books have rows in ``parts`` (names of
-    ``_PG_WRITE_BOOKS``, in its order), with asyncpg's ``$n`` and the parameters' names."""
+    ``_PG_WRITE_BOOKS``, in its order) and that starts streams or not, with asyncpg's ``$n``
+    and the parameters' names."""
+    head = _PG_WRITE_HEAD.format(new_streams=_PG_NEW_STREAMS if new_streams else "")
     books = "".join(_PG_WRITE_BOOKS[part] for part in parts)
-    return positional(_PG_WRITE_HEAD + books + _PG_WRITE_EVENTS)
+    return positional(head + books + _PG_WRITE_EVENTS)
 
 
 class _Known:
@@ -427,9 +427,9 @@ class PostgresCommitter:
             self._unlearned = ((position, previous), (position, previous), versions, books)
             return True
         parameters, parts = _write_parameters(written, books, expected=(position, previous))
-        write, names = _pg_write(parts)
+        write, names = _pg_write(parts, bool(parameters["new_streams"]))
         try:
-            outcome = await conn.fetchrow(write, *(parameters[name] for name in names))
+            moved = await conn.fetchrow(write, *(parameters[name] for name in names))
         except asyncpg.UniqueViolationError:
             if how != "known":
                 raise
@@ -437,12 +437,13 @@ class PostgresCommitter:
             # (the head has not moved); the read adds what was missing.
             self.wrong_guesses += 1
             return False
-        assert outcome is not None
-        if outcome["moved"] != 1:
+        if moved is None:  # the head's guarded move wrote nothing, so nothing was written
             if how == "locked":  # the head is ours under the lock: it cannot have moved
                 raise RuntimeError("the ledger head moved under its lock")
-            if outcome["taken"]:  # a stream taken to be new was not
-                self.wrong_guesses += how == "known"
+            if how == "known" and parameters["new_streams"]:
+                taken, names = positional(_PG_TAKEN)
+                if await conn.fetchval(taken, *(parameters[name] for name in names)):
+                    self.wrong_guesses += 1  # a stream taken to be new was not
             return False  # the read that follows shows the new head: learn() forgets
         if how == "locked":
             await conn.execute("COMMIT")

@@ -13,7 +13,9 @@ from typing import Any
 
 import orjson
 import pytest
+from sqlalchemy import text
 
+from ledger.audit import checkpointer as checkpointer_module
 from ledger.audit.checkpoint_audit import CheckpointAudit
 from ledger.audit.checkpointer import Checkpointer, LedgerMismatch, Schedule
 from ledger.audit.checkpoints import Checkpoint, PublicKeys, SigningKey, generate_key
@@ -520,3 +522,32 @@ async def test_the_readmes_checkpoint_walkthrough_runs_as_written(
     readme = (Path(__file__).parents[2] / "README.md").read_text()
     block = readme[readme.index("waybill checkpoint keygen --out keys") :].split("```")[0]
     assert "keys/checkpoint-<id>.pub" in block.split("verify-proof")[1].splitlines()[0]
+
+
+async def test_a_hole_longer_than_a_page_stops_the_checkpointer(
+    store: EventStore,
+    database_url: str,
+    keys: tuple[SigningKey, Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A page reads the rows up to its last position only, so a hole longer than a page
+    # leaves a page with nothing after the frontier: still an edit, never signed over.
+    monkeypatch.setattr(checkpointer_module, "_PAGE", 2)
+    await _requests(store, 0, 3)
+    rows = [position async for position in _row_positions(store)]
+    async with store.engine.begin() as conn:
+        if database_url.startswith("postgresql"):
+            await conn.execute(text("ALTER TABLE appends DISABLE TRIGGER USER"))
+        else:
+            await conn.execute(text("DROP TRIGGER IF EXISTS appends_no_delete"))
+        await conn.execute(text("DELETE FROM appends WHERE position = :p"), {"p": rows[1]})
+    assert rows[2] - rows[1] > 2  # the hole is longer than a page
+    with pytest.raises(LedgerMismatch, match=f"no event at position {rows[1]} "):
+        await _checkpoint(store, keys[0], tmp_path / "sink")
+
+
+async def _row_positions(store: EventStore) -> AsyncIterator[int]:
+    async with store.engine.connect() as conn:
+        for (position,) in await conn.execute(text("SELECT position FROM appends ORDER BY 1")):
+            yield int(position)
