@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from ledger.support.frozen import evolve
+from ledger.support.frozen import direct_init, evolve
 from router.config import Defaults
 from router.request.decision import AttemptOutcome, Decision, decide, next_context
 from router.request.moves import (
@@ -69,6 +69,7 @@ MAX_BUDGET_RACES: Final = 5  # reservations lost to concurrent requests before g
 _MOVE_FORBIDDEN: Final = ("failover_forbidden_by_header", "failover_not_granted")
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class WalkPolicy:
     """What is fixed for the whole request: the group's effective policy and the caller's
@@ -95,6 +96,7 @@ class WalkPolicy:
         return self.hedge_after_ms, self.max_ways
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class _Way:
     attempt_id: str
@@ -102,6 +104,7 @@ class _Way:
     kind: Kind
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class _Resume:
     attempt_id: str
@@ -110,6 +113,7 @@ class _Resume:
     own_blocked: bool = False  # its own outcome opened a breaker of that mapping
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Walk:
     """Everything the walk has learnt so far."""
@@ -137,6 +141,7 @@ class Walk:
         return next((w for w in self.running if w.attempt_id == attempt_id), None)
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Step:
     walk: Walk
