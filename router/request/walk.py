@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, Literal
 
 from ledger.support.frozen import direct_init, evolve
@@ -67,6 +67,7 @@ MAX_BUDGET_RACES: Final = 5  # reservations lost to concurrent requests before g
 # Stops that forbid moving to another endpoint, not going on: a broken stream may still be
 # resumed on its own mapping.
 _MOVE_FORBIDDEN: Final = ("failover_forbidden_by_header", "failover_not_granted")
+_FIRST_CONTEXT: Final = RouteContext()  # frozen: every walk begins with the same one
 
 
 @direct_init
@@ -121,7 +122,7 @@ class Walk:
     policy: WalkPolicy
     attempts: int = 0
     retries: tuple[tuple[str, int], ...] = ()  # endpoint → same-endpoint retries made
-    context: RouteContext = field(default_factory=RouteContext)
+    context: RouteContext = _FIRST_CONTEXT
     budget_races: int = 0
     running: tuple[_Way, ...] = ()  # started and not yet finished (two while hedged)
     winner: str | None = None  # the attempt whose content reached the client first
@@ -335,8 +336,9 @@ def _answered(walk: Walk, attempt_id: str) -> Step:
     if walk.way(attempt_id) is None:
         return Step(walk, ())
     losers = tuple(Cancel(w.attempt_id) for w in walk.running if w.attempt_id != attempt_id)
-    walk = evolve(walk, winner=attempt_id, running=())
-    return _end(walk, *losers, Deliver(attempt_id))
+    # The request's end: one copy of the walk, not two (every buffered answer comes here).
+    walk = evolve(walk, winner=attempt_id, running=(), ended=True)
+    return Step(walk, (*losers, Deliver(attempt_id)))
 
 
 def _failed(walk: Walk, failed: Failed, rng: random.Random) -> Step:
