@@ -18,7 +18,6 @@ model, and that a failed way of a hedged request leaves the request to the other
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -242,7 +241,7 @@ def _retry_refused(walk: Walk, refused: Refusal) -> Step:
         return _end(walk, Decided(after, stop), Fail("decision", after, stop))
     # A failover from that endpoint, as any other: it is never entered again.
     tried = walk.context.tried_endpoints | {way.target.endpoint}
-    context = dataclasses.replace(walk.context, tried_endpoints=tried)
+    context = evolve(walk.context, tried_endpoints=tried)
     step = _route(evolve(walk, retry_of=None, context=context), "failover")
     return Step(step.walk, (Decided(after, Decision("failover", reason)), *step.actions))
 
@@ -307,7 +306,7 @@ def _hedge_due(walk: Walk) -> Step:
     # Where moving needs a grant the request lacks (`failover: on_grant`), no other endpoint
     # may carry it: the evaluation is still made, and records each one excluded for that.
     running = frozenset(w.target.endpoint for w in walk.running)
-    context = dataclasses.replace(
+    context = evolve(
         walk.context,
         tried_endpoints=walk.context.tried_endpoints | running,
         failover_not_granted=policy.failover_not_granted,
