@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import field
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -19,7 +19,7 @@ import orjson
 
 from ledger.events import Event, decode_event
 from ledger.store.stored import stored_events
-from ledger.support.frozen import read_only
+from ledger.support.frozen import direct_init
 
 __all__ = [
     "ANY_VERSION",
@@ -55,10 +55,10 @@ class WrongExpectedVersion(Exception):
         return (WrongExpectedVersion, (self.stream_id, self.expected, self.actual))
 
 
-@read_only
+@direct_init  # one per event an append writes or a reader reads
+@dataclass(frozen=True, slots=True)
 class RecordedEvent:
-    """An event as it stands in the ledger. Immutable: frozen to the type checker, built as an
-    unfrozen dataclass (``read_only``), one per event an append writes or a reader reads."""
+    """An event as it stands in the ledger."""
 
     position: int
     stream_id: str

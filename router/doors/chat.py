@@ -21,6 +21,7 @@ from typing import Any, Final, NamedTuple
 import orjson
 
 from ledger.events import Requirements
+from ledger.support.frozen import direct_init
 from ledger.types import money_str
 from router.config import Limits, Workspace
 from router.doors.headers import (
@@ -78,6 +79,7 @@ _CLIENT_TOOL_TYPES: Final = frozenset({"function", "custom"})
 _SERVER_SIDE_FIELDS: Final = ("web_search_options", "mcp_servers")
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class ChatCall:
     """One chat request as the gateway understands it."""

@@ -18,6 +18,7 @@ from ledger.events import (
     data_class_rank,
     retention_rank,
 )
+from ledger.support.frozen import direct_init
 from ledger.types import MONEY_LIMIT, parse_money
 from router.config import Workspace
 from router.errors import GatewayError, invalid_request
@@ -50,6 +51,7 @@ _TRACESTATE_MAX_MEMBERS: Final = 32
 _RETENTION = re.compile(RETENTION_PATTERN)
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class HeaderNarrowing:
     """What the optional contract §3 headers asked for; each may only narrow the policy."""

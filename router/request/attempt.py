@@ -13,6 +13,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from ledger import events as ev
+from ledger.support.frozen import direct_init
 from router.adapters.breakers import BreakerKey
 from router.config import Driver as DriverName
 from router.config import Mapping as ModelMapping
@@ -28,6 +29,7 @@ from router.request.resume import Seam
 __all__ = ["Attempt", "AttemptRoute", "Mailbox"]
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class AttemptRoute:
     """One attempt's binding: chosen at selection, never redirected by a config reload."""

@@ -30,12 +30,14 @@ from ledger.books.accounting import (
 )
 from ledger.events import Api
 from ledger.store import EventStore
+from ledger.support.frozen import direct_init
 from ledger.types import money_of
 from router.config import Workspace
 
 __all__ = ["Balances", "Hold", "RequestBudget", "StepRecord", "StoreBalances"]
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class StepRecord:
     """Events and the book effects that must be appended with them."""

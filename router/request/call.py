@@ -15,6 +15,7 @@ from decimal import Decimal
 from typing import Any, Final, Literal
 
 from ledger.events import Api, Requirements
+from ledger.support.frozen import direct_init
 from router.config import RateLimits, Workspace
 from router.drivers import NativeBody
 
@@ -23,6 +24,7 @@ __all__ = ["Call", "Caller", "Completion", "StreamingCompletion", "TraceContext"
 _HEX: Final = frozenset("0123456789abcdef")
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Caller:
     """The authenticated key behind a request."""
@@ -48,6 +50,7 @@ class Caller:
         return requirements.model_copy(update={"key_endpoints": self.key_endpoints})
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class TraceContext:
     """The caller's W3C trace context: the request joins its trace (contract §8)."""
@@ -57,6 +60,7 @@ class TraceContext:
     tracestate: str | None = None  # opaque, forwarded only beside the traceparent it came with
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Call:
     """One request as the core reads it.
@@ -102,6 +106,7 @@ def trace_context(traceparent: str | None, tracestate: str | None) -> TraceConte
     return TraceContext(trace_id, span_id, tracestate)
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Completion:
     """A buffered answer (``response``: the canonical chat completion)."""
@@ -113,6 +118,7 @@ class Completion:
     cost_usd: Decimal | None
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class StreamingCompletion:
     """A stream committed to one endpoint: its headers are final, its body is to be sent

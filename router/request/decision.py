@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Final, Literal, Protocol, TypeAlias
 
 from ledger.events import Evidence, FailureClass
+from ledger.support.frozen import evolve
 from router.config import Defaults
 from router.request.classify import Classification
 from router.request.selection import RouteContext
@@ -337,11 +338,11 @@ def next_context(
     if failure_class is FailureClass.QUOTA_EXHAUSTED:
         # Its provider account ran out: every endpoint drawing on it is left too.
         exhausted = context.quota_exhausted | {place.endpoint}
-        return dataclasses.replace(context, tried_endpoints=tried, quota_exhausted=exhausted)
+        return evolve(context, tried_endpoints=tried, quota_exhausted=exhausted)
     if failure_class is not FailureClass.CONTEXT_TOO_SMALL:
-        return dataclasses.replace(context, tried_endpoints=tried)
+        return evolve(context, tried_endpoints=tried)
     floor = context.larger_context_than
-    return dataclasses.replace(
+    return evolve(
         context,
         tried_endpoints=tried,
         larger_context_than=place.context_window

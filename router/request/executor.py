@@ -367,7 +367,9 @@ class Executor:
         refused the reservation (another request got there first)."""
         routing, journal = self.routing, self.journal
         assert routing.routed is not None, "a start follows its route"
-        route = evolve(routing.routed, cause=action.cause)
+        route = routing.routed
+        if route.cause != action.cause:  # a first attempt's route is bound as it was found
+            route = evolve(route, cause=action.cause)
         attempt_id = new_id("att")
         endpoint = self.ports.config.endpoint(route.choice.endpoint)
         assert endpoint is not None

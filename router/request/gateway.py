@@ -11,7 +11,6 @@ redirected by a reload), then closes.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import random
@@ -23,6 +22,7 @@ from ledger.events import FailureClass
 from ledger.store import ANY_VERSION, EventStore
 from ledger.store.db import is_unavailable
 from ledger.store.outage import Outage
+from ledger.support.frozen import evolve
 from router.adapters.breakers import Admission, BreakerBoard, BreakerKey, Standing, Transition
 from router.adapters.disabling import Disabling
 from router.adapters.latency import InProcessLatency, LatencyBoard
@@ -148,7 +148,9 @@ class Gateway:
         """A request's executor, with the ports of this generation and its own budget and
         journal."""
         plan = self._plans[call.model_group]  # the app resolves the model group first
-        call = dataclasses.replace(call, requirements=caller.narrowing(call.requirements))
+        narrowed = caller.narrowing(call.requirements)
+        if narrowed is not call.requirements:  # the key has a standing endpoint scope
+            call = evolve(call, requirements=narrowed)
         ports = self._ports
         budget = RequestBudget(
             self._balances,

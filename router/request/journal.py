@@ -20,6 +20,7 @@ from typing import Any, Final
 from ledger import events as ev
 from ledger.books.accounting import BudgetDenied, Effect, HoldStateError, Reserve
 from ledger.store import NO_STREAM, LedgerUnavailable, RecordedEvent, WrongExpectedVersion
+from ledger.support.frozen import direct_init
 from router.errors import ErrorCode
 from router.request.budget import StepRecord
 from router.request.ports import Budget, Clock, RequestLedger
@@ -47,6 +48,7 @@ class _Unsure:
     effects: tuple[Effect, ...]
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Submitted:
     """An append on its way to the ledger, and what to restore if it is refused."""

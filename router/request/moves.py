@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, TypeAlias
 
+from ledger.support.frozen import direct_init
 from router.config import ResumeMode
 from router.request.classify import Classification
 from router.request.decision import Decision
@@ -72,6 +73,7 @@ class Begin:
     """The request was received."""
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Routed:
     """A route was found (and its breakers admitted it) for the walk's current purpose."""
@@ -79,6 +81,7 @@ class Routed:
     target: Target
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Unroutable:
     """No candidate is eligible for the walk's current purpose (for a retry or a resume,
@@ -92,6 +95,7 @@ class BudgetRaced:
     """The start's reservation was refused: another request took the budget first."""
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Started:
     """An attempt's start (and its reservation) is on the ledger."""
@@ -101,6 +105,7 @@ class Started:
     kind: Kind = "call"
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Content:
     """A stream's attempt produced its first content (before anything reached the client)."""
@@ -108,6 +113,7 @@ class Content:
     attempt_id: str
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Answered:
     """An attempt finished with an answer (a buffered answer, or a stream's end)."""
@@ -115,6 +121,7 @@ class Answered:
     attempt_id: str
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Failed:
     """An attempt failed (its end and its hold's outcome are being recorded)."""
@@ -142,6 +149,7 @@ Happening: TypeAlias = (
 # --- what to do ----------------------------------------------------------------------------
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Route:
     """Evaluate the group and choose a mapping (``only``: among these targets alone); the
@@ -152,6 +160,7 @@ class Route:
     only: tuple[Target, ...] | None = None
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Start:
     """Reserve the worst case and record the attempt's start; answered with
@@ -165,6 +174,7 @@ class Start:
     hedge_of: str | None = None
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Run:
     """Send the started attempt upstream (in a task of its own)."""
@@ -172,6 +182,7 @@ class Run:
     attempt_id: str
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class ArmHedge:
     """Raise :class:`HedgeDue` after ``after_ms`` unless content arrived first."""
@@ -179,6 +190,7 @@ class ArmHedge:
     after_ms: int
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Wait:
     """Back off before the next action."""
@@ -186,6 +198,7 @@ class Wait:
     ms: int
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Decided:
     """Record the decision taken after a failed attempt."""
@@ -194,6 +207,7 @@ class Decided:
     decision: Decision
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Cancel:
     """Stop a way that lost the race; its usage is settled or held unknown."""
@@ -201,6 +215,7 @@ class Cancel:
     attempt_id: str
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Commit:
     """Commit the stream of this attempt to the client (its first event goes out)."""
@@ -208,6 +223,7 @@ class Commit:
     attempt_id: str
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Deliver:
     """Give this attempt's answer (or the rest of its stream) to the client."""
@@ -215,6 +231,7 @@ class Deliver:
     attempt_id: str
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Fail:
     """End the request with the error of ``why``."""

@@ -10,6 +10,7 @@ the one piece of state, kept by the gateway per config generation, that ``hedge.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from typing import Final, TypeVar
@@ -113,39 +114,69 @@ class FirstAnswerTimes:
     process: each gateway counts the answers it saw."""
 
     def __init__(self) -> None:
-        self._seen: dict[tuple[str, bool], deque[int]] = {}
-        self._by_place: dict[tuple[Place, bool], deque[int]] = {}
+        self._seen: dict[tuple[str, bool], _Window] = {}
+        self._by_place: dict[tuple[Place, bool], _Window] = {}
 
     def add(self, group: str, stream: bool, ms: int, place: Place | None = None) -> None:
         """One answer of ``group`` (through the mapping at ``place``, when given)."""
-        _window(self._seen, (group, stream)).append(ms)
+        _window(self._seen, (group, stream)).add(ms)
         if place is not None:
-            _window(self._by_place, (place, stream)).append(ms)
+            _window(self._by_place, (place, stream)).add(ms)
 
     def p95(self, group: str, stream: bool) -> int | None:
         """The group's 95th percentile, once :data:`_LATENCY_MIN_SAMPLES` were seen (else
         None)."""
-        return _p95(self._seen.get((group, stream)))
+        window = self._seen.get((group, stream))
+        return None if window is None else window.p95()
 
     def place_p95s(self, places: tuple[Place, ...], stream: bool) -> dict[Place, int]:
         """Each mapping's 95th percentile, where measured (once :data:`_LATENCY_MIN_SAMPLES`
         were seen); a mapping left out is unmeasured."""
-        figures = {place: _p95(self._by_place.get((place, stream))) for place in places}
-        return {place: ms for place, ms in figures.items() if ms is not None}
+        figures = {}
+        by_place = self._by_place
+        for place in places:
+            window = by_place.get((place, stream))
+            ms = None if window is None else window.p95()
+            if ms is not None:
+                figures[place] = ms
+        return figures
 
 
 _K = TypeVar("_K")
 
+# The rank of the 95th percentile among n figures, for each n a window may hold.
+_P95_RANKS: Final = tuple(min(n - 1, math.ceil(0.95 * n) - 1) for n in range(_LATENCY_WINDOW + 1))
 
-def _window(windows: dict[_K, deque[int]], key: _K) -> deque[int]:
+
+class _Window:
+    """The last :data:`_LATENCY_WINDOW` figures, in the order they came and sorted: every
+    request reads the p95 of each of its group's mappings, and sorting a window for each
+    read cost many times what keeping it sorted as figures come does (bench/README.md
+    "Decisions")."""
+
+    __slots__ = ("_came", "_sorted")
+
+    def __init__(self) -> None:
+        self._came: deque[int] = deque()
+        self._sorted: list[int] = []
+
+    def add(self, ms: int) -> None:
+        came, ordered = self._came, self._sorted
+        if len(came) == _LATENCY_WINDOW:
+            del ordered[bisect.bisect_left(ordered, came.popleft())]
+        came.append(ms)
+        bisect.insort(ordered, ms)
+
+    def p95(self) -> int | None:
+        ordered = self._sorted
+        count = len(ordered)
+        if count < _LATENCY_MIN_SAMPLES:
+            return None
+        return max(1, ordered[_P95_RANKS[count]])
+
+
+def _window(windows: dict[_K, _Window], key: _K) -> _Window:
     window = windows.get(key)
     if window is None:
-        window = windows[key] = deque(maxlen=_LATENCY_WINDOW)
+        window = windows[key] = _Window()
     return window
-
-
-def _p95(window: deque[int] | None) -> int | None:
-    if window is None or len(window) < _LATENCY_MIN_SAMPLES:
-        return None
-    ordered = sorted(window)
-    return max(1, ordered[min(len(ordered) - 1, math.ceil(0.95 * len(ordered)) - 1)])

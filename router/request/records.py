@@ -19,6 +19,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from ledger import events as ev
+from ledger.support.frozen import direct_init
 from router.adapters.breaker_policy import BreakerSettings, Figures, crossed
 from router.adapters.breakers import Transition
 from router.config import Defaults, Endpoint
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class AttemptEnd:
     """How an attempt ended: its ``AttemptFinished`` but for the ids and the duration."""

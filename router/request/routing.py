@@ -19,6 +19,7 @@ from decimal import Decimal
 from typing import Any
 
 from ledger import events as ev
+from ledger.support.frozen import evolve
 from router.adapters.breaker_interface import FULL_STANDING, Standing
 from router.adapters.breakers import Admission, BreakerKey
 from router.adapters.disabling import detail as disabled_detail
@@ -216,7 +217,7 @@ class Routing:
             # contract §4 deadline_insufficient: held against what is left right now, so a
             # failover does not start what cannot finish.
             left_ms = max(0, int((self._deadline - ports.clock.monotonic()) * 1000))
-            context = dataclasses.replace(context, remaining_ms=left_ms)
+            context = evolve(context, remaining_ms=left_ms)
         candidates = evaluate(
             ports.config,
             self._workspace,

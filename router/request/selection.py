@@ -25,6 +25,7 @@ from ledger.events import (
     data_class_rank,
     retention_rank,
 )
+from ledger.support.frozen import direct_init
 from router.adapters.breaker_policy import RAMP_PLACES
 from router.config import Config, Endpoint, Mapping, ModelGroup, Workspace
 from router.request.scope import EndpointScope, endpoint_scope
@@ -76,7 +77,8 @@ still cooling down, else what happened."""
 # --- the request's policy scope ----------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@direct_init
+@dataclass(frozen=True, slots=True)
 class Scope:
     """The request's effective policy: the workspace's, narrowed by the caller's headers."""
 
@@ -108,7 +110,8 @@ def effective_scope(
     return Scope(regions=regions, data_class=data_class, empty=empty, endpoints=endpoints)
 
 
-@dataclass(frozen=True)
+@direct_init
+@dataclass(frozen=True, slots=True)
 class RouteContext:
     """What changes between the evaluations of one request."""
 
@@ -128,7 +131,8 @@ class RouteContext:
 # --- eligibility ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@direct_init
+@dataclass(frozen=True, slots=True)
 class _Subject:
     """Everything one eligibility check may look at, for one mapping."""
 

@@ -18,12 +18,11 @@ model, and that a failed way of a hedged request leaves the request to the other
 
 from __future__ import annotations
 
-import dataclasses
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final, Literal
 
-from ledger.support.frozen import evolve
+from ledger.support.frozen import direct_init, evolve
 from router.config import Defaults
 from router.request.decision import AttemptOutcome, Decision, decide, next_context
 from router.request.moves import (
@@ -67,8 +66,10 @@ MAX_BUDGET_RACES: Final = 5  # reservations lost to concurrent requests before g
 # Stops that forbid moving to another endpoint, not going on: a broken stream may still be
 # resumed on its own mapping.
 _MOVE_FORBIDDEN: Final = ("failover_forbidden_by_header", "failover_not_granted")
+_FIRST_CONTEXT: Final = RouteContext()  # frozen: every walk begins with the same one
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class WalkPolicy:
     """What is fixed for the whole request: the group's effective policy and the caller's
@@ -95,6 +96,7 @@ class WalkPolicy:
         return self.hedge_after_ms, self.max_ways
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class _Way:
     attempt_id: str
@@ -102,6 +104,7 @@ class _Way:
     kind: Kind
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class _Resume:
     attempt_id: str
@@ -110,6 +113,7 @@ class _Resume:
     own_blocked: bool = False  # its own outcome opened a breaker of that mapping
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Walk:
     """Everything the walk has learnt so far."""
@@ -117,7 +121,7 @@ class Walk:
     policy: WalkPolicy
     attempts: int = 0
     retries: tuple[tuple[str, int], ...] = ()  # endpoint → same-endpoint retries made
-    context: RouteContext = field(default_factory=RouteContext)
+    context: RouteContext = _FIRST_CONTEXT
     budget_races: int = 0
     running: tuple[_Way, ...] = ()  # started and not yet finished (two while hedged)
     winner: str | None = None  # the attempt whose content reached the client first
@@ -137,6 +141,7 @@ class Walk:
         return next((w for w in self.running if w.attempt_id == attempt_id), None)
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Step:
     walk: Walk
@@ -236,7 +241,7 @@ def _retry_refused(walk: Walk, refused: Refusal) -> Step:
         return _end(walk, Decided(after, stop), Fail("decision", after, stop))
     # A failover from that endpoint, as any other: it is never entered again.
     tried = walk.context.tried_endpoints | {way.target.endpoint}
-    context = dataclasses.replace(walk.context, tried_endpoints=tried)
+    context = evolve(walk.context, tried_endpoints=tried)
     step = _route(evolve(walk, retry_of=None, context=context), "failover")
     return Step(step.walk, (Decided(after, Decision("failover", reason)), *step.actions))
 
@@ -301,7 +306,7 @@ def _hedge_due(walk: Walk) -> Step:
     # Where moving needs a grant the request lacks (`failover: on_grant`), no other endpoint
     # may carry it: the evaluation is still made, and records each one excluded for that.
     running = frozenset(w.target.endpoint for w in walk.running)
-    context = dataclasses.replace(
+    context = evolve(
         walk.context,
         tried_endpoints=walk.context.tried_endpoints | running,
         failover_not_granted=policy.failover_not_granted,
@@ -330,8 +335,9 @@ def _answered(walk: Walk, attempt_id: str) -> Step:
     if walk.way(attempt_id) is None:
         return Step(walk, ())
     losers = tuple(Cancel(w.attempt_id) for w in walk.running if w.attempt_id != attempt_id)
-    walk = evolve(walk, winner=attempt_id, running=())
-    return _end(walk, *losers, Deliver(attempt_id))
+    # The request's end: one copy of the walk, not two (every buffered answer comes here).
+    walk = evolve(walk, winner=attempt_id, running=(), ended=True)
+    return Step(walk, (*losers, Deliver(attempt_id)))
 
 
 def _failed(walk: Walk, failed: Failed, rng: random.Random) -> Step:

@@ -3,6 +3,11 @@ caller's narrowing, the hedge delay, and every mapping a broken stream may resum
 
 from __future__ import annotations
 
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
 from ledger.events import Requirements
 from router.config import Defaults, Hedge, ModelGroup
 from router.request.moves import (
@@ -94,6 +99,19 @@ def test_a_mappings_p95_counts_its_own_answers_once_there_are_twenty() -> None:
     times.add("other", False, 5000, slow)  # a mapping's answers count whatever group asked
     assert times.place_p95s((slow,), False) == {slow: 1900}
     assert times.p95("chat", False) == 1800, "the group's p95 counts all its 40 answers"
+
+
+@given(st.lists(st.integers(min_value=0, max_value=10_000), max_size=450))
+def test_a_p95_is_taken_over_the_last_two_hundred_answers_as_they_came(figures: list[int]) -> None:
+    times = FirstAnswerTimes()
+    for ms in figures:
+        times.add("chat", False, ms, ("a", "m"))
+    last = sorted(figures[-200:])
+    expected = None
+    if len(last) >= 20:
+        expected = max(1, last[min(len(last) - 1, math.ceil(0.95 * len(last)) - 1)])
+    assert times.p95("chat", False) == expected
+    assert times.place_p95s((("a", "m"),), False).get(("a", "m")) == expected
 
 
 def test_each_pool_keeps_its_own_hedging_unless_the_request_has_server_side_effects() -> None:
