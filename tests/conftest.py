@@ -23,6 +23,10 @@ from ledger.store import EventStore
 from ledger.store.db import create_engine, migrate
 from tests.trusted import checked_trusted
 
+# The gateways the tests start as processes of their own check their trusted records too
+# (ledger.values.CHECK_TRUSTED); in this process the fixture below does, more strictly.
+os.environ["WAYBILL_CHECK_TRUSTED"] = "1"
+
 # No per-example deadline: the machines that run the suite are shared and noisy, and a
 # property test's examples are judged by what they assert, never by how long they took.
 settings.register_profile("waybill", deadline=None)

@@ -121,3 +121,16 @@ def test_a_trusted_record_refuses_an_unknown_or_missing_field() -> None:
 def test_a_record_with_validators_of_its_own_is_never_built_trusted() -> None:
     with pytest.raises(TypeError, match="validators of its own"):
         ev.KeyLimits.trusted(requests_per_minute=1)
+
+
+def test_a_gateway_process_can_check_its_trusted_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    # WAYBILL_CHECK_TRUSTED=1 (set by tests/conftest.py for the gateways tests start): a
+    # trusted record that is not its validated twin fails where it is built.
+    import ledger.values as values
+
+    monkeypatch.setattr(values, "CHECK_TRUSTED", True)
+    assert values.Usage.trusted(input_tokens=3, output_tokens=4) == values.Usage(
+        input_tokens=3, output_tokens=4
+    )
+    with pytest.raises(AssertionError, match="not its twin"):
+        values.Usage.trusted(input_tokens="3", output_tokens=4)
