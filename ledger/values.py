@@ -17,6 +17,7 @@ from enum import StrEnum
 from functools import partial
 from typing import Annotated, Any, Final, Literal, Self, get_args
 
+import orjson
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -244,13 +245,28 @@ CHECK_TRUSTED = os.environ.get("WAYBILL_CHECK_TRUSTED") == "1"
 
 def trusted_difference(fast: Record, validated: Record) -> str | None:
     """Where ``fast``, built by ``Record.trusted``, differs from ``validated``, built from the
-    same values by validation (None: nowhere): its fields' values, the fields given, its JSON."""
-    if fast != validated:
-        return f"fields {fast!r} against {validated!r}"
+    same values by validation (None: nowhere): the class, the fields in order holding equal
+    values of the same types (a list is not a tuple, a str not an enum), the fields given,
+    pydantic's own attributes, and the JSON, byte for byte, as recorded and hashed."""
+    if type(fast) is not type(validated):
+        return f"a {type(fast).__name__} against a {type(validated).__name__}"
+    if list(fast.__dict__) != list(validated.__dict__):
+        return f"fields {list(fast.__dict__)} against {list(validated.__dict__)}"
+    for name, value in validated.__dict__.items():
+        mine = fast.__dict__[name]
+        if type(mine) is not type(value) or mine != value:
+            return f"{name}: {mine!r} against {value!r}"
     if fast.model_fields_set != validated.model_fields_set:
         given, expected = sorted(fast.model_fields_set), sorted(validated.model_fields_set)
         return f"fields given {given} against {expected}"
-    if fast.model_dump_json() != validated.model_dump_json():
+    for record in (fast, validated):
+        if record.__pydantic_extra__ is not None or record.__pydantic_private__ is not None:
+            return "pydantic's extra or private values"
+    if fast != validated:
+        return f"{fast!r} against {validated!r}"
+    if orjson.dumps(fast.model_dump(mode="json")) != orjson.dumps(
+        validated.model_dump(mode="json")
+    ):
         return "its JSON"
     return None
 

@@ -31,6 +31,7 @@ __all__ = [
     "decode_payload",
     "decode_row",
     "payloads_from_parts",
+    "recorded_time",
 ]
 
 ANY_VERSION: None = None
@@ -177,7 +178,7 @@ def decode_payload(position: int, hash_: str, payload: bytes) -> RecordedEvent:
         schema_version=body["schema_version"],
         data=body["data"],
         metadata=body["metadata"],
-        recorded_at=_recorded_at(body["recorded_at"]),
+        recorded_at=recorded_time(body["recorded_at"]),
         hash=hash_,
         payload=payload,
     )
@@ -196,4 +197,4 @@ def decode_row(
 
 # The events of one append batch share their recorded time: a page of events holds few
 # distinct ones, so each is parsed once (datetimes are immutable).
-_recorded_at = functools.lru_cache(maxsize=256)(datetime.fromisoformat)
+recorded_time = functools.lru_cache(maxsize=256)(datetime.fromisoformat)

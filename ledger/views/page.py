@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
 from ledger.events import CATALOGUE, Event, UnknownEventType, decode_event
+from ledger.store.recorded import recorded_time
 from ledger.store.stored import payloads_of
 
 __all__ = ["DecodedEvent", "PageEvent", "decode", "decode_row", "fields_of", "with_defaults"]
@@ -64,11 +65,6 @@ class DecodedEvent:
         return self._event
 
 
-# The events of one append share their recorded time: a page holds few distinct ones, so
-# each is parsed once (datetimes are immutable).
-_recorded_at = functools.lru_cache(maxsize=256)(datetime.fromisoformat)
-
-
 def decode(position: int, payload: bytes) -> DecodedEvent:
     """The event at ``position`` from its canonical payload."""
     body = orjson.loads(payload)
@@ -77,7 +73,7 @@ def decode(position: int, payload: bytes) -> DecodedEvent:
         body["type"],
         body["schema_version"],
         body["data"],
-        _recorded_at(body["recorded_at"]),
+        recorded_time(body["recorded_at"]),
     )
 
 

@@ -206,7 +206,7 @@ class StreamRelay:
                         attempt = await owner.resume(attempt)
                     except GatewayError as error:
                         finished = True
-                        yield last + encode_json([{"error": _in_band(error, owner.request_id)}])
+                        yield last + _error_event(error, owner.request_id)
                         return
                     continue
                 break
@@ -218,8 +218,7 @@ class StreamRelay:
                 # stream ends with the error, as a broken one does, and nothing reaches the
                 # server as an exception to log with its traceback.
                 finished = True
-                unrecorded = _in_band(ledger_unavailable(), owner.request_id)
-                yield encode_json([{"error": unrecorded}])
+                yield _error_event(ledger_unavailable(), owner.request_id)
                 return
             finished = True
             yield last + DONE_FRAME
@@ -390,6 +389,11 @@ def _with_id(chunk: dict[str, Any], chunk_id: str | None) -> dict[str, Any]:
     if chunk_id is None or "id" not in chunk:
         return chunk
     return {**chunk, "id": chunk_id}
+
+
+def _error_event(error: GatewayError, request_id: str) -> bytes:
+    """The stream's final SSE event, its error."""
+    return encode_json([{"error": _in_band(error, request_id)}])
 
 
 def _in_band(error: GatewayError, request_id: str) -> dict[str, Any]:
